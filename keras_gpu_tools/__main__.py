@@ -1,0 +1,5 @@
+import sys
+
+from keras_gpu_tools.cli import main
+
+sys.exit(main())

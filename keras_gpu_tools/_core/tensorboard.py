@@ -1,0 +1,104 @@
+"""Writing TensorBoard event files on every Keras backend.
+
+Uses the ``tensorboard`` package's own event writer, which needs no TensorFlow:
+the same code path serves the TensorFlow, JAX and torch backends, and it runs no
+TensorFlow op on our background threads (``tf.summary`` would). Scalars are
+written as ``simple_value`` and text with the text plugin's metadata, both of
+which TensorBoard reads natively.
+
+Each callback writes to a run of its own (``log_dir/<run>``, for example
+``logs/gpu``), so it shows next to Keras's ``train``/``validation`` runs and never
+shares a directory with another writer (TensorBoard follows only the newest
+event file of a run while it is being written).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Dict, Optional
+
+from keras_gpu_tools._core import deps
+
+
+def check_log_dir(log_dir, argument: str = "log_dir") -> Optional[str]:
+    """Validates a log directory without creating it; returns it as a str.
+
+    Raises ``ValueError`` when it exists and is not a directory, or when the
+    nearest existing parent is not a writable directory.
+    """
+    if log_dir is None:
+        return None
+    try:
+        path = os.fspath(log_dir)
+    except TypeError:
+        raise TypeError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={log_dir!r} "
+            f"of type {type(log_dir).__name__}. Expected a path (str or os.PathLike) or None."
+        ) from None
+    if path.startswith(("gs://", "s3://", "hdfs://")):
+        return path  # remote file systems: let the writer report problems
+    probe = os.path.abspath(path)
+    if os.path.exists(probe) and not os.path.isdir(probe):
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, "
+            "which is a file. Expected a directory (existing or to be created)."
+        )
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, "
+            f"but {probe!r} is not a writable directory. Expected a directory this "
+            "process can create and write to."
+        )
+    return path
+
+
+class EventWriter:
+    """A thread-safe writer of scalars and text into one TensorBoard run."""
+
+    def __init__(self, run_dir: str):
+        event_file_writer = deps.tensorboard_event_writer()
+        self.run_dir = run_dir
+        os.makedirs(run_dir, exist_ok=True)
+        self._writer = event_file_writer.EventFileWriter(run_dir, flush_secs=10)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def scalars(self, values: Dict[str, float], step: int, wall_time: Optional[float] = None) -> None:
+        if not values:
+            return
+        summary_pb2, event_pb2 = deps.tensorboard_protos()
+        summary = summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()]
+        )
+        self._add(event_pb2.Event(wall_time=wall_time or time.time(), step=int(step), summary=summary))
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        from tensorboard.plugins.text import summary_v2  # no TensorFlow needed
+
+        _, event_pb2 = deps.tensorboard_protos()
+        summary = summary_v2.text_pb(tag, text)
+        self._add(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def _add(self, event) -> None:
+        with self._lock:
+            if not self._closed:
+                self._writer.add_event(event)
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._writer.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._writer.close()

@@ -1,0 +1,309 @@
+"""GPUUtilizationLogger: per-GPU metrics in TensorBoard and the epoch logs."""
+
+from __future__ import annotations
+
+import collections
+import numbers
+import os
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import keras
+
+from keras_gpu_tools._core import backends
+from keras_gpu_tools._core.devices import DeviceSelectionError, select_devices, visible_gpus
+from keras_gpu_tools._core.gpu_sampler import (
+    GPU_FIELDS,
+    HOST_FIELDS,
+    Aggregate,
+    GPUProbe,
+    HostProbe,
+    MetricSampler,
+    SamplingThread,
+    WarnOnce,
+)
+from keras_gpu_tools._core.lifecycle import FitGuard
+from keras_gpu_tools._core.nvml import NVML, NVMLUnavailable, default_nvml
+from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+
+
+def _key_table() -> str:
+    rows = [f"    - `gpu/<i>/{k}`: {doc}" for k, doc in GPU_FIELDS.items()]
+    rows += [f"    - `host/{k}`: {doc}" for k, doc in HOST_FIELDS.items()]
+    return "\n".join(rows)
+
+
+class GPUUtilizationLogger(keras.callbacks.Callback):
+    """Logs per-GPU utilization, memory, power, clocks and more while training.
+
+    A background thread samples NVML (and the framework's allocator, and the
+    host process) every `interval` seconds. The training thread only counts
+    steps: it never makes an NVML call and never forces a device sync, so the
+    callback does not slow the training it measures. It is `async_safe`, so on
+    JAX Keras keeps dispatching batch hooks asynchronously.
+
+    What is logged:
+    - TensorBoard (when `log_dir` is set): one time series per metric in the
+      run `log_dir/<run_name>` on the global training-step axis (continued
+      across `fit()` calls); each point is the mean of the samples taken since
+      the previous point. Readable on every backend; TensorFlow is not needed.
+    - Epoch logs: the epoch mean of every metric, plus `<key>_max` for memory,
+      power, temperature and host memory, added to `logs` in `on_epoch_end`,
+      so `History`, `CSVLogger`, Keras's `TensorBoard` and the progress bar
+      see them (place this callback before those in the list). An epoch
+      shorter than `interval` gets the latest sample.
+
+    Keys (`<i>` is the GPU's index as the framework numbers it, `GPU:<i>`):
+{keys}
+
+    A metric a GPU cannot report (NVML says NotSupported, for example on a MIG
+    instance or a consumer card) is warned about once and left out; it is
+    never logged as 0. Without NVML, a driver or a GPU, one warning is issued
+    and the host metrics are logged alone.
+
+    GPUs are those the process can use: `CUDA_VISIBLE_DEVICES` is mapped to
+    NVML entry by entry (UUIDs, MIG UUIDs or indices). Integer entries follow
+    NVML's PCI bus order; set `CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA agrees on
+    machines with mixed GPU models.
+
+    Args:
+        log_dir: directory of the TensorBoard logs (the same you give Keras's
+            `TensorBoard` callback), or None to log to the epoch logs only.
+            Defaults to `"logs"`.
+        interval: seconds between samples. Defaults to `0.25`.
+        devices: GPUs to monitor: indices as the framework numbers them
+            (`0` is `GPU:0`) or UUID strings; None monitors every visible
+            GPU. Defaults to `None`.
+        pcie: whether to sample PCIe throughput, which blocks the sampling
+            thread about 20 ms per GPU and direction. Defaults to `True`.
+        gpm: whether to read SM activity, SM occupancy and tensor activity
+            from NVML's GPM where the GPU supports it (Hopper and later).
+            Defaults to `True`.
+        epoch_logs: whether to add the epoch means to `logs`. Defaults to
+            `True`.
+        run_name: name of the TensorBoard run under `log_dir`. Defaults to
+            `"gpu"`.
+        nvml: an `NVML` accessor to use instead of the process-wide one (for
+            tests with a fake NVML). Defaults to `None`.
+
+    Example:
+
+    ```python
+    from keras_gpu_tools import GPUUtilizationLogger
+
+    model.fit(x, y, epochs=5, callbacks=[
+        GPUUtilizationLogger(log_dir="logs"),
+        keras.callbacks.TensorBoard(log_dir="logs"),
+    ])
+    # tensorboard --logdir logs   (the "gpu" run holds the GPU series)
+    ```
+    """
+
+    async_safe = True
+
+    def __init__(
+        self,
+        log_dir: Optional[Union[str, os.PathLike]] = "logs",
+        interval: float = 0.25,
+        devices: Optional[Sequence[Union[int, str]]] = None,
+        pcie: bool = True,
+        gpm: bool = True,
+        epoch_logs: bool = True,
+        run_name: str = "gpu",
+        nvml: Optional[NVML] = None,
+    ):
+        super().__init__()
+        if isinstance(interval, bool) or not isinstance(interval, numbers.Real) or not interval > 0:
+            raise ValueError(
+                "Invalid value for argument `interval`. "
+                f"Received: interval={interval!r}. Expected a number of seconds > 0."
+            )
+        if devices is not None:
+            if isinstance(devices, (str, int)) or not isinstance(devices, collections.abc.Sequence):
+                raise TypeError(
+                    "Invalid value for argument `devices`. "
+                    f"Received: devices={devices!r}. Expected a list of GPU indices "
+                    "(ints, as the framework numbers them) or UUID strings, or None."
+                )
+            for d in devices:
+                bad_int = isinstance(d, int) and (isinstance(d, bool) or d < 0)
+                if bad_int or not isinstance(d, (int, str)) or d == "":
+                    raise ValueError(
+                        "Invalid value for argument `devices`. "
+                        f"Received: devices={list(devices)!r}; entry {d!r} is not valid. "
+                        "Expected GPU indices >= 0 or UUID strings such as 'GPU-5c2f...'."
+                    )
+        if not isinstance(run_name, str) or not run_name or os.sep in run_name or run_name in (".", ".."):
+            raise ValueError(
+                "Invalid value for argument `run_name`. "
+                f"Received: run_name={run_name!r}. Expected a non-empty directory name."
+            )
+        self.log_dir = check_log_dir(log_dir)
+        self.interval = float(interval)
+        self.devices = list(devices) if devices is not None else None
+        self.pcie = bool(pcie)
+        self.gpm = bool(gpm)
+        self.epoch_logs = bool(epoch_logs)
+        self.run_name = run_name
+        self._nvml = nvml
+
+        self.gpus: List[Any] = []  # (index, GPUInfo) monitored in the last fit
+        self.epoch_history: List[Dict[str, float]] = []
+        self.timeline = collections.deque(maxlen=100_000)  # (wall_time, step, means)
+        self.warnings = WarnOnce()
+        self._lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._step = 0
+        self._epoch_base = 0
+        self._running = False
+        self._thread: Optional[SamplingThread] = None
+        self._guard: Optional[FitGuard] = None
+        self._writer: Optional[EventWriter] = None
+        self._sampler: Optional[MetricSampler] = None
+        self._point = Aggregate()
+        self._epoch = Aggregate()
+        self._last_sample: Dict[str, float] = {}
+        self._last_written_step = -1
+
+    __doc__ = __doc__.replace("{keys}", _key_table())
+
+    # -- properties ---------------------------------------------------------
+    @property
+    def global_step(self) -> int:
+        """Training steps seen by this instance, across fit() calls."""
+        return self._step
+
+    @property
+    def run_dir(self) -> Optional[str]:
+        return os.path.join(self.log_dir, self.run_name) if self.log_dir else None
+
+    def latest(self) -> Dict[str, float]:
+        """The most recent sample (empty before the first one)."""
+        with self._lock:
+            return dict(self._last_sample)
+
+    # -- Keras hooks ----------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        self._shutdown()  # a fit that died before the guard noticed
+        self.gpus = self._resolve_devices()
+        warn = self.warnings
+        nvml = self._nvml or default_nvml()
+        probes = [GPUProbe(nvml, i, g, warn, pcie=self.pcie, gpm=self.gpm) for i, g in self.gpus]
+        allocator = backends.for_backend(keras.backend.backend()).allocator_memory if self.gpus else None
+        self._sampler = MetricSampler(probes, HostProbe(warn), allocator, warn)
+        self._writer = EventWriter(self.run_dir) if self.log_dir else None
+        if self._writer is not None and self.gpus:
+            self._writer.text("gpu/devices", self._device_table(), step=self._step)
+        with self._lock:
+            self._point = Aggregate()
+            self._epoch = Aggregate()
+            self._last_written_step = self._step - 1 if self._step else -1
+        self._epoch_base = self._step
+        self._running = True
+        self._thread = SamplingThread(self.interval, self._tick, self._on_error, name="keras_gpu_tools-GPUUtilizationLogger")
+        self._thread.start()
+        self._guard = FitGuard(self.model, self._shutdown)
+
+    def on_train_batch_end(self, batch, logs=None):
+        # The only per-step work: one integer. With steps_per_execution=N,
+        # Keras reports the last step of the execution, so this stays exact.
+        step = self._epoch_base + batch + 1
+        if step > self._step:
+            self._step = step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        with self._lock:
+            self._epoch = Aggregate()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._epoch_base = self._step
+        with self._lock:
+            agg, self._epoch = self._epoch, Aggregate()
+            values = agg.summary() if agg.count else dict(self._last_sample)
+        self.epoch_history.append(values)
+        if self.epoch_logs and logs is not None:
+            logs.update(values)
+
+    def on_train_end(self, logs=None):
+        self._shutdown()
+
+    # -- internals ------------------------------------------------------------
+    def _resolve_devices(self):
+        nvml = self._nvml or default_nvml()
+        try:
+            visible = visible_gpus(nvml)
+        except NVMLUnavailable as e:
+            self.warnings(
+                "nvml",
+                f"GPUUtilizationLogger: {e}. GPU metrics are not logged; host/* metrics are. "
+                "Run `keras-gpu-tools doctor` to see what the process can use.",
+            )
+            return []
+        except Exception as e:  # a broken driver must not stop training
+            self.warnings("nvml", f"GPUUtilizationLogger: reading the GPU list from NVML failed ({e}); host/* metrics only.")
+            return []
+        try:
+            chosen = select_devices(visible, self.devices)
+        except DeviceSelectionError as e:
+            raise ValueError(str(e)) from None
+        if not chosen:
+            self.warnings(
+                "nogpu",
+                "GPUUtilizationLogger: NVML works but this process sees no GPU "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); host/* metrics only.",
+            )
+        return chosen
+
+    def _device_table(self) -> str:
+        lines = ["| index | GPU | UUID | memory (MiB) | compute capability |", "|---|---|---|---|---|"]
+        for i, g in self.gpus:
+            mem = f"{g.memory_total_bytes / 2**20:.0f}" if g.memory_total_bytes else "?"
+            cc = ".".join(map(str, g.compute_capability)) if g.compute_capability else "?"
+            lines.append(f"| {i} | {g.name}{' (MIG)' if g.is_mig else ''} | {g.uuid} | {mem} | {cc} |")
+        return "\n".join(lines)
+
+    def _tick(self) -> None:
+        sample = self._sampler.sample()
+        now = time.time()
+        with self._lock:
+            self._point.add(sample)
+            self._epoch.add(sample)
+            self._last_sample = sample
+        self._write_point(now)
+
+    def _write_point(self, now: float) -> None:
+        step = self._step
+        with self._lock:
+            if not self._point.count or step <= self._last_written_step:
+                return
+            means = self._point.means()
+            self._point = Aggregate()
+            self._last_written_step = step
+        self.timeline.append((now, step, means))
+        if self._writer is not None:
+            self._writer.scalars(means, step=step, wall_time=now)
+
+    def _on_error(self, error: BaseException) -> None:
+        self.warnings(("tick", type(error).__name__), f"GPUUtilizationLogger: sampling failed ({type(error).__name__}: {error}); it goes on.")
+
+    def _shutdown(self) -> None:
+        with self._state_lock:
+            if not self._running:
+                return
+            self._running = False
+            thread, guard = self._thread, self._guard
+            self._thread = self._guard = None
+        if thread is not None:
+            thread.stop()
+        if guard is not None:
+            guard.close()
+        try:
+            self._write_point(time.time())  # what was sampled since the last point
+        finally:
+            if self._sampler is not None:
+                self._sampler.close()
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+

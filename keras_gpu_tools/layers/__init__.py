@@ -1,0 +1,3 @@
+"""The package's Keras layers."""
+
+__all__ = []
