@@ -198,7 +198,6 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
         with self._lock:
             self._point = Aggregate()
             self._epoch = Aggregate()
-            self._last_written_step = self._step - 1 if self._step else -1
         self._epoch_base = self._step
         self._running = True
         self._thread = SamplingThread(self.interval, self._tick, self._on_error, name="keras_gpu_tools-GPUUtilizationLogger")

@@ -1,0 +1,274 @@
+"""GPUUtilizationLogger end to end: a real model.fit, real event files read back
+with TensorBoard's own reader. NVML is faked (no GPU here); the GPU paths run in
+test_gpu_utilization_logger_gpu.py on the GPU machine."""
+
+import csv
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGPU, FakeNVML
+
+from keras_gpu_tools import GPUUtilizationLogger
+from keras_gpu_tools._core.gpu_sampler import GPUMonitoringWarning
+from keras_gpu_tools._core.nvml import NVML
+
+pytestmark = pytest.mark.multibackend
+
+THREAD_PREFIX = "keras_gpu_tools"
+
+
+def make_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def data(n=256):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 8)).astype("float32"), rng.normal(size=(n, 1)).astype("float32")
+
+
+class SlowSteps(keras.callbacks.Callback):
+    """Makes each step take a little wall time, so the sampler ticks during fit."""
+
+    def __init__(self, seconds=0.004):
+        super().__init__()
+        self.seconds = seconds
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(self.seconds)
+
+
+def read_scalars(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(run_dir, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc, {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def our_threads():
+    return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX) and t.is_alive()]
+
+
+def wait_for_no_threads(timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while our_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return our_threads()
+
+
+@pytest.fixture(autouse=True)
+def no_cuda_env(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def fake_nvml(**gpu_kwargs):
+    fake = FakeNVML([FakeGPU(**gpu_kwargs)])
+    return fake, NVML(fake)
+
+
+def test_epoch_logs_and_tensorboard_series(tmp_path):
+    fake, nvml = fake_nvml()
+    x, y = data()
+    cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)
+    history = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
+    h = history.history
+    # Epoch means of what NVML reported, in the documented units.
+    assert h["gpu/0/utilization_percent"] == [87.0, 87.0]
+    assert h["gpu/0/power_watts"] == [350.0, 350.0]
+    assert h["gpu/0/memory_used_mib"] == [1024.0, 1024.0]
+    assert h["gpu/0/memory_used_mib_max"] == [1024.0, 1024.0]
+    assert h["gpu/0/sm_activity_percent"] == [91.5, 91.5]
+    assert all(v > 0 for v in h["host/rss_mib"])
+    assert len(h["loss"]) == 2  # the model's own logs are untouched
+
+    steps = 2 * 256 // 16
+    assert cb.global_step == steps
+    acc, scalars = read_scalars(os.path.join(str(tmp_path), "gpu"))
+    series = scalars["gpu/0/utilization_percent"]
+    assert len(series) >= 3
+    assert all(v == 87.0 for _, v in series)
+    points = [s for s, _ in series]
+    assert points == sorted(set(points)), "one point per step, increasing"
+    # Step 0 holds what was sampled before the first step ended (compilation).
+    assert 0 <= points[0] and points[-1] <= steps
+    assert "host/cpu_percent" in scalars
+    # The device table is written as text.
+    assert "gpu/devices" in acc.Tags()["tensors"]
+    assert not wait_for_no_threads()
+
+
+def test_no_nvml_warns_once_and_logs_host_metrics(tmp_path):
+    fake = FakeNVML(init_error=NVML_ERROR_LIBRARY_NOT_FOUND)
+    x, y = data()
+    cb = GPUUtilizationLogger(log_dir=None, interval=0.02, nvml=NVML(fake))
+    with pytest.warns(GPUMonitoringWarning) as record:
+        history = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
+    messages = [str(w.message) for w in record if "NVML" in str(w.message)]
+    assert len(messages) == 1 and "host/* metrics" in messages[0]
+    keys = set(history.history)
+    assert {"host/cpu_percent", "host/rss_mib", "loss"} <= keys
+    assert not any(k.startswith("gpu/") for k in keys)
+    assert len(history.history["loss"]) == 2
+    assert not os.listdir(tmp_path)  # log_dir=None: no event files anywhere
+
+
+def test_unsupported_field_is_absent_not_zero(tmp_path):
+    fake, nvml = fake_nvml(unsupported={"nvmlDeviceGetPowerUsage"}, gpm=False)
+    x, y = data()
+    cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)
+    with pytest.warns(GPUMonitoringWarning):
+        history = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
+    assert "gpu/0/power_watts" not in history.history
+    assert "gpu/0/sm_activity_percent" not in history.history
+    assert history.history["gpu/0/power_limit_watts"] == [700.0, 700.0]
+    _, scalars = read_scalars(os.path.join(str(tmp_path), "gpu"))
+    assert "gpu/0/power_watts" not in scalars
+    assert fake.count("nvmlDeviceGetPowerUsage") == 1
+    power_warnings = [m for m in cb.warnings.messages if "power_watts" in m]
+    assert len(power_warnings) == 1
+
+
+def test_training_thread_makes_no_per_step_nvml_call(tmp_path):
+    def main_thread_calls(steps_per_epoch):
+        fake, nvml = fake_nvml()
+        x, y = data(16 * steps_per_epoch)
+        cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.01, nvml=nvml)
+        make_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps(0.002)])
+        me = threading.get_ident()
+        return sum(1 for _, tid in fake.calls if tid == me), len(fake.calls)
+
+    few_main, few_total = main_thread_calls(4)
+    many_main, many_total = main_thread_calls(40)
+    # Device discovery at on_train_begin only: the count does not grow with steps,
+    # while the sampler thread keeps calling NVML.
+    assert few_main == many_main
+    assert many_total > many_main
+
+
+def test_two_fits_continue_the_step_axis(tmp_path):
+    fake, nvml = fake_nvml()
+    x, y = data()
+    cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)
+    model = make_model()
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps()])
+    assert cb.global_step == 16
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps()])
+    assert cb.global_step == 32
+    assert len(cb.epoch_history) == 2
+    _, scalars = read_scalars(os.path.join(str(tmp_path), "gpu"))
+    points = [s for s, _ in scalars["gpu/0/utilization_percent"]]
+    assert points == sorted(set(points))
+    assert any(s <= 16 for s in points) and any(16 < s <= 32 for s in points)
+    assert not wait_for_no_threads()
+
+
+class RaiseAtEpochEnd(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        raise RuntimeError("user callback failed")
+
+
+def test_no_thread_outlives_a_fit_that_raised(tmp_path):
+    fake, nvml = fake_nvml()
+    x, y = data()
+    cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)
+    model = make_model()
+    with pytest.raises(RuntimeError, match="user callback failed"):
+        model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[cb, SlowSteps(), RaiseAtEpochEnd()])
+    assert not wait_for_no_threads(), "sampler or guard thread still running after fit() raised"
+    calls = len(fake.calls)
+    time.sleep(0.1)
+    assert len(fake.calls) == calls, "NVML still being sampled after fit() raised"
+    # What was sampled before the failure reached TensorBoard, and the file was closed.
+    _, scalars = read_scalars(os.path.join(str(tmp_path), "gpu"))
+    assert scalars["gpu/0/utilization_percent"]
+    # The same instance trains again.
+    history = model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps()])
+    assert history.history["gpu/0/utilization_percent"] == [87.0]
+    assert not wait_for_no_threads()
+
+
+def test_unknown_device_raises_before_training(tmp_path):
+    fake, nvml = fake_nvml()
+    x, y = data()
+    model = make_model()
+    cb = GPUUtilizationLogger(log_dir=tmp_path, devices=[3], nvml=nvml)
+    with pytest.raises(ValueError, match=r"devices=\[3\].*GPU index 3 does not exist"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb])
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 0
+    assert not our_threads()
+
+
+def test_csv_logger_after_it_sees_the_keys(tmp_path):
+    fake, nvml = fake_nvml()
+    x, y = data()
+    path = tmp_path / "log.csv"
+    cb = GPUUtilizationLogger(log_dir=None, interval=0.02, nvml=nvml)
+    make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps(), keras.callbacks.CSVLogger(str(path))])
+    rows = list(csv.DictReader(open(path)))
+    assert len(rows) == 2 and float(rows[1]["gpu/0/utilization_percent"]) == 87.0
+
+
+def test_constructible_with_defaults_and_works_without_gpu(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cb = GPUUtilizationLogger()  # the real NVML: no GPU on this machine (or CI)
+    x, y = data(64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GPUMonitoringWarning)
+        history = make_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb])
+    assert "host/rss_mib" in history.history
+    assert os.path.isdir(tmp_path / "logs" / "gpu")  # next to Keras's logs/train
+    assert not wait_for_no_threads()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, fragment",
+    [
+        ({"interval": 0}, ValueError, "interval=0"),
+        ({"interval": -1.5}, ValueError, "interval=-1.5"),
+        ({"interval": "fast"}, ValueError, "interval='fast'"),
+        ({"interval": True}, ValueError, "interval=True"),
+        ({"devices": "0"}, TypeError, "devices='0'"),
+        ({"devices": [-1]}, ValueError, "entry -1"),
+        ({"devices": [0.5]}, ValueError, "entry 0.5"),
+        ({"run_name": ""}, ValueError, "run_name=''"),
+        ({"log_dir": 3}, TypeError, "log_dir=3"),
+    ],
+)
+def test_bad_arguments_raise_at_construction(kwargs, error, fragment):
+    with pytest.raises(error) as info:
+        GPUUtilizationLogger(**kwargs)
+    assert fragment in str(info.value) and "Expected" in str(info.value)
+
+
+def test_log_dir_that_cannot_be_created(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="log_dir"):
+        GPUUtilizationLogger(log_dir=blocker)
+    with pytest.raises(ValueError, match="not a writable directory"):
+        GPUUtilizationLogger(log_dir=blocker / "sub")
+
+
+def test_import_does_not_load_tensorflow():
+    code = "import sys, keras_gpu_tools; assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+    env = dict(os.environ, KERAS_BACKEND="jax" if keras.backend.backend() != "jax" else "torch")
+    for backend, module in (("jax", "jax"), ("torch", "torch")):
+        try:
+            __import__(module)
+        except ImportError:
+            continue
+        env["KERAS_BACKEND"] = backend
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return
+    pytest.skip("neither jax nor torch is installed")

@@ -1,0 +1,180 @@
+"""GPU/host sampling and aggregation against a fake NVML."""
+
+import threading
+import time
+import warnings
+
+import pytest
+from fake_nvml import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN, FakeGPU, FakeNVML
+
+from keras_gpu_tools._core.devices import visible_gpus
+from keras_gpu_tools._core.gpu_sampler import (
+    Aggregate,
+    GPUMonitoringWarning,
+    GPUProbe,
+    HostProbe,
+    MetricSampler,
+    SamplingThread,
+    WarnOnce,
+)
+from keras_gpu_tools._core.nvml import NVML
+
+
+def probe_for(gpu, **kwargs):
+    fake = FakeNVML([gpu])
+    nvml = NVML(fake)
+    info = visible_gpus(nvml, env={})[0]
+    return fake, GPUProbe(nvml, 0, info, WarnOnce(), **kwargs)
+
+
+def test_values_and_units():
+    fake, probe = probe_for(FakeGPU())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = probe.read()
+        second = probe.read()
+    assert first["gpu/0/utilization_percent"] == 87.0
+    assert first["gpu/0/memory_busy_percent"] == 40.0
+    assert first["gpu/0/memory_used_mib"] == 1024.0
+    assert first["gpu/0/memory_total_mib"] == 80 * 1024.0
+    assert first["gpu/0/power_watts"] == 350.0
+    assert first["gpu/0/power_limit_watts"] == 700.0
+    assert first["gpu/0/temperature_celsius"] == 61.0
+    assert first["gpu/0/sm_clock_mhz"] == 1980.0
+    assert first["gpu/0/pcie_tx_mib_per_sec"] == 2.0
+    assert first["gpu/0/pcie_rx_mib_per_sec"] == 4.0
+    # GPM metrics are rates between two samples: none on the first read.
+    assert "gpu/0/sm_activity_percent" not in first
+    assert second["gpu/0/sm_activity_percent"] == 91.5
+    assert second["gpu/0/sm_occupancy_percent"] == 45.25
+    assert second["gpu/0/tensor_activity_percent"] == 60.0
+    probe.close()
+    assert fake.live_gpm_samples == 0  # every GPM sample freed
+
+
+def test_pcie_can_be_switched_off():
+    fake, probe = probe_for(FakeGPU(), pcie=False)
+    values = probe.read()
+    assert not any("pcie" in k for k in values)
+    assert fake.count("nvmlDeviceGetPcieThroughput") == 0
+
+
+def test_unsupported_field_left_out_warned_once_never_asked_again():
+    fake, probe = probe_for(FakeGPU(unsupported={"nvmlDeviceGetPowerUsage", "nvmlDeviceGetUtilizationRates"}))
+    with pytest.warns(GPUMonitoringWarning) as record:
+        for _ in range(5):
+            values = probe.read()
+    assert "gpu/0/power_watts" not in values
+    assert "gpu/0/utilization_percent" not in values and "gpu/0/memory_busy_percent" not in values
+    assert "gpu/0/power_limit_watts" in values  # its neighbours still work
+    assert fake.count("nvmlDeviceGetPowerUsage") == 1
+    assert fake.count("nvmlDeviceGetUtilizationRates") == 1
+    texts = [str(w.message) for w in record]
+    assert sum("power_watts" in t for t in texts) == 1
+    assert sum("utilization_percent" in t for t in texts) == 1
+
+
+def test_gpm_unsupported_device_warns_once():
+    fake, probe = probe_for(FakeGPU(name="Tesla V100-SXM2-16GB", gpm=False))
+    with pytest.warns(GPUMonitoringWarning, match="SM activity"):
+        for _ in range(3):
+            values = probe.read()
+    assert not any("sm_activity" in k for k in values)
+    assert fake.count("nvmlGpmQueryDeviceSupport") == 1
+    assert fake.count("nvmlGpmSampleGet") == 0
+
+
+def test_transient_errors_tolerated_then_field_dropped():
+    gpu = FakeGPU(failing={"nvmlDeviceGetTemperature": NVML_ERROR_UNKNOWN})
+    fake, probe = probe_for(gpu)
+    with pytest.warns(GPUMonitoringWarning, match="temperature"):
+        for _ in range(5):
+            values = probe.read()
+    assert "gpu/0/temperature_celsius" not in values
+    assert fake.count("nvmlDeviceGetTemperature") == 3
+    assert values["gpu/0/power_watts"] == 350.0
+
+
+def test_lost_gpu_stops_its_sampling():
+    gpu = FakeGPU()
+    fake, probe = probe_for(gpu)
+    probe.read()
+    gpu.failing["nvmlDeviceGetUtilizationRates"] = NVML_ERROR_GPU_IS_LOST
+    with pytest.warns(GPUMonitoringWarning, match="fell off the bus"):
+        assert probe.read() == {}
+    n = len(fake.calls)
+    assert probe.read() == {} and len(fake.calls) == n
+
+
+def test_mig_instance_reports_what_it_can():
+    mig = FakeGPU(name="NVIDIA H100 MIG 3g.40gb", uuid="MIG-abc", memory_total=40 * 2**30,
+                  unsupported={"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage",
+                               "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTemperature",
+                               "nvmlDeviceGetClockInfo", "nvmlDeviceGetPcieThroughput"},
+                  gpm_values={2: 33.0, 3: 20.0, 5: 10.0})
+    parent = FakeGPU(mig=[mig])
+    fake = FakeNVML([parent])
+    nvml = NVML(fake)
+    info = visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": "MIG-abc"})[0]
+    probe = GPUProbe(nvml, 0, info, WarnOnce())
+    with pytest.warns(GPUMonitoringWarning):
+        probe.read()
+        values = probe.read()
+    assert values["gpu/0/memory_total_mib"] == 40 * 1024.0
+    assert values["gpu/0/sm_activity_percent"] == 33.0  # per-instance GPM
+    assert set(k.split("/")[-1] for k in values) == {
+        "memory_used_mib", "memory_total_mib", "sm_activity_percent", "sm_occupancy_percent", "tensor_activity_percent"}
+    assert fake.count("nvmlGpmMigSampleGet") == 2
+
+
+def test_allocator_and_host_figures():
+    fake, probe = probe_for(FakeGPU())
+    sampler = MetricSampler([probe], HostProbe(WarnOnce()), allocator=lambda idx: {i: (3 * 2**20, 5 * 2**20) for i in idx})
+    values = sampler.sample()
+    assert values["gpu/0/allocator_memory_mib"] == 3.0
+    assert values["gpu/0/allocator_peak_memory_mib"] == 5.0
+    assert values["host/rss_mib"] > 1.0
+    assert 0.0 <= values["host/system_cpu_percent"] <= 100.0
+
+
+def test_failing_allocator_warns_once_and_sampling_goes_on():
+    def broken(indices):
+        raise RuntimeError("allocator exploded")
+
+    fake, probe = probe_for(FakeGPU())
+    sampler = MetricSampler([probe], None, allocator=broken)
+    with pytest.warns(GPUMonitoringWarning, match="allocator exploded"):
+        values = sampler.sample()
+    assert values["gpu/0/utilization_percent"] == 87.0
+    assert sampler.sample()["gpu/0/utilization_percent"] == 87.0
+
+
+def test_aggregate_mean_max_and_summary():
+    agg = Aggregate()
+    agg.add({"gpu/0/utilization_percent": 10.0, "gpu/0/memory_used_mib": 100.0})
+    agg.add({"gpu/0/utilization_percent": 30.0, "gpu/0/memory_used_mib": 300.0})
+    agg.add({"gpu/0/utilization_percent": 20.0})  # a key can miss from a sample
+    assert agg.means() == {"gpu/0/utilization_percent": 20.0, "gpu/0/memory_used_mib": 200.0}
+    summary = agg.summary()
+    assert summary["gpu/0/memory_used_mib_max"] == 300.0
+    assert "gpu/0/utilization_percent_max" not in summary
+
+
+def test_sampling_thread_survives_errors_and_stops():
+    calls = []
+    errors = []
+
+    def tick():
+        calls.append(time.monotonic())
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+
+    t = SamplingThread(0.01, tick, errors.append, name="test-sampler")
+    t.start()
+    deadline = time.monotonic() + 5
+    while len(calls) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t.stop()
+    assert not t.is_alive()
+    assert len(calls) >= 5 and len(errors) == 1
+    assert t.name not in [x.name for x in threading.enumerate()]
