@@ -1,0 +1,225 @@
+"""`keras-gpu-tools doctor`: is my GPU used, and if not, why?
+
+:func:`diagnose` turns facts (what the framework sees, what NVML sees, the
+environment) into findings; the fact gathering is separate so the reasoning is
+tested with made-up facts. Nothing here raises on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from keras_gpu_tools._core.nvml import NVML, GPUInfo, NVMLUnavailable, default_nvml
+
+
+@dataclass
+class FrameworkFacts:
+    backend: str
+    version: str = "?"
+    gpus: List[str] = field(default_factory=list)
+    built_with_cuda: Optional[bool] = None  # None: unknown
+    cuda_version: Optional[str] = None
+    cudnn_version: Optional[str] = None
+    notes: List[str] = field(default_factory=list)
+    error: Optional[str] = None
+
+
+@dataclass
+class NVMLFacts:
+    available: bool
+    reason: Optional[str] = None
+    driver: Optional[str] = None
+    cuda_driver: Optional[str] = None
+    all_gpus: List[GPUInfo] = field(default_factory=list)
+    visible: List[GPUInfo] = field(default_factory=list)
+
+
+@dataclass
+class Finding:
+    level: str  # "ok", "warn", "problem", "info"
+    text: str
+
+
+def framework_facts(backend: str) -> FrameworkFacts:
+    """What the Keras backend in use sees. Imports only that framework."""
+    facts = FrameworkFacts(backend)
+    try:
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            facts.version = tf.__version__
+            facts.gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+            facts.built_with_cuda = bool(tf.test.is_built_with_cuda())
+            info = dict(tf.sysconfig.get_build_info())
+            facts.cuda_version = info.get("cuda_version")
+            facts.cudnn_version = info.get("cudnn_version")
+        elif backend == "jax":
+            import jax
+
+            facts.version = jax.__version__
+            facts.gpus = [str(d) for d in jax.devices() if d.platform == "gpu"] if _jax_has_gpu(jax) else []
+            facts.notes.append(f"default JAX platform: {jax.default_backend()}")
+            if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() != "false":
+                facts.notes.append(
+                    "JAX preallocates 75% of GPU memory: NVML's 'memory used' says little; "
+                    "GPUUtilizationLogger's allocator_memory_mib shows what is really held"
+                )
+        elif backend == "torch":
+            import torch
+
+            facts.version = torch.__version__
+            facts.built_with_cuda = torch.version.cuda is not None
+            facts.cuda_version = torch.version.cuda
+            cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+            facts.cudnn_version = str(cudnn) if cudnn else None
+            if torch.cuda.is_available():
+                facts.gpus = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+        else:
+            facts.error = f"backend {backend!r} has no GPU support in this tool"
+    except Exception as e:  # a broken install is a finding, not a crash
+        facts.error = f"{type(e).__name__}: {e}"
+    return facts
+
+
+def _jax_has_gpu(jax) -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:  # "Unknown backend: 'gpu' requested" on CPU-only jaxlib
+        return False
+
+
+def nvml_facts(nvml: Optional[NVML] = None, env: Optional[Dict[str, str]] = None) -> NVMLFacts:
+    from keras_gpu_tools._core.devices import visible_gpus
+
+    nvml = nvml or default_nvml()
+    try:
+        facts = NVMLFacts(True, driver=nvml.driver_version(), cuda_driver=nvml.cuda_driver_version())
+        facts.all_gpus = nvml.all_gpus()
+        facts.visible = visible_gpus(nvml, env=env)
+        return facts
+    except NVMLUnavailable as e:
+        return NVMLFacts(False, reason=str(e))
+    except Exception as e:
+        return NVMLFacts(False, reason=f"NVML failed: {type(e).__name__}: {e}")
+
+
+_INSTALL_HINT = {
+    "tensorflow": "install a GPU build: `pip install 'tensorflow[and-cuda]'` (tensorflow-cpu never uses a GPU; "
+    "TensorFlow's GPU builds are for Linux/WSL2)",
+    "jax": "install the CUDA plugin: `pip install -U 'jax[cuda13]'` (or jax[cuda12] for CUDA 12 drivers)",
+    "torch": "install a CUDA build of torch (see pytorch.org for the command matching your driver's CUDA version)",
+}
+
+
+def diagnose(fw: FrameworkFacts, nv: NVMLFacts, env: Dict[str, str]) -> List[Finding]:
+    out: List[Finding] = []
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    physical = [g for g in nv.all_gpus if not g.is_mig]
+    if fw.error:
+        out.append(Finding("problem", f"The {fw.backend} backend could not be inspected: {fw.error}"))
+    if not nv.available and not fw.gpus:
+        out.append(Finding("problem", "No NVIDIA GPU is usable: " + (nv.reason or "NVML is unavailable") +
+                           ". On a machine with a GPU, check that the NVIDIA driver is installed "
+                           "(`nvidia-smi` should list the GPU); in a container, run it with GPU access "
+                           "(`docker run --gpus all`). Training runs on the CPU."))
+        if fw.built_with_cuda is False:
+            out.append(Finding("warn", f"This {fw.backend} build has no CUDA support either: on a GPU machine, "
+                                       + _INSTALL_HINT.get(fw.backend, "install a GPU build") + "."))
+        return out
+    if nv.available and not physical:
+        out.append(Finding("problem", "The NVIDIA driver is loaded but reports no GPU. Training runs on the CPU."))
+        return out
+    if nv.available and not nv.visible:
+        out.append(Finding("problem", f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU from this process "
+                                      f"({len(physical)} installed). Unset it or list the GPUs to use."))
+    if nv.available and nv.visible and not fw.gpus and not fw.error:
+        why = ""
+        if fw.built_with_cuda is False:
+            why = f"this {fw.backend} build has no CUDA support; "
+        out.append(Finding("problem", f"NVML sees {len(nv.visible)} GPU(s) but {fw.backend} sees none: {why}"
+                                      + _INSTALL_HINT.get(fw.backend, "install a GPU build of the framework") + "."))
+    elif nv.available and fw.gpus and len(fw.gpus) != len(nv.visible):
+        out.append(Finding("warn", f"{fw.backend} sees {len(fw.gpus)} GPU(s), NVML maps {len(nv.visible)} from "
+                                   f"CUDA_VISIBLE_DEVICES={cvd!r}: a device was hidden by the framework's own "
+                                   "settings (e.g. tf.config.set_visible_devices) or the mapping is ambiguous."))
+    elif fw.gpus:
+        out.append(Finding("ok", f"{fw.backend} uses {len(fw.gpus)} GPU(s): " + ", ".join(fw.gpus) + "."))
+    if not nv.available and fw.gpus:
+        out.append(Finding("warn", f"{fw.backend} sees GPUs but NVML is unavailable ({nv.reason}): "
+                                   "GPUUtilizationLogger cannot read utilization; `pip install nvidia-ml-py`."))
+    names = {g.name for g in physical}
+    if len(names) > 1 and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and cvd and any(c.isdigit() for c in cvd.split(",")[0]):
+        out.append(Finding("warn", "GPUs of different models and numeric CUDA_VISIBLE_DEVICES: CUDA orders them "
+                                   "fastest first, NVML by PCI bus. Set CUDA_DEVICE_ORDER=PCI_BUS_ID so the "
+                                   "numbers agree."))
+    for i, g in enumerate(nv.visible):
+        out.append(Finding("info", f"GPU:{i} mixed precision: {mixed_precision_advice(g.compute_capability)}"))
+    for note in fw.notes:
+        out.append(Finding("info", note))
+    return out
+
+
+def mixed_precision_advice(cc) -> str:
+    if not cc:
+        return "compute capability unknown."
+    major, minor = cc
+    if (major, minor) >= (8, 0):
+        return (f"compute capability {major}.{minor}: tensor cores for float16 and bfloat16; "
+                "use keras.mixed_precision.set_global_policy('mixed_bfloat16') (no loss scaling needed).")
+    if (major, minor) >= (7, 0):
+        return (f"compute capability {major}.{minor}: tensor cores for float16 only; use 'mixed_float16' "
+                "(Keras adds loss scaling); bfloat16 would be emulated and slow.")
+    return f"compute capability {major}.{minor}: no tensor cores; mixed precision will not speed training up."
+
+
+def render(fw: FrameworkFacts, nv: NVMLFacts, findings: List[Finding], env: Dict[str, str]) -> str:
+    import keras
+
+    lines = ["keras-gpu-tools doctor", "=" * 22, ""]
+    lines.append(f"Python {platform.python_version()} on {platform.system()} {platform.machine()}")
+    lines.append(f"Keras {keras.__version__}, backend: {fw.backend} {fw.version}")
+    policy = keras.config.dtype_policy().name
+    lines.append(f"Global dtype policy: {policy}")
+    lines.append("")
+    lines.append(f"[{fw.backend}]")
+    lines.append(f"  GPUs seen: {', '.join(fw.gpus) if fw.gpus else 'none'}")
+    if fw.built_with_cuda is not None:
+        lines.append(f"  built with CUDA: {'yes' if fw.built_with_cuda else 'no'}")
+    if fw.cuda_version or fw.cudnn_version:
+        lines.append(f"  CUDA {fw.cuda_version or '?'}, cuDNN {fw.cudnn_version or '?'}")
+    lines.append("")
+    lines.append("[NVML]")
+    if nv.available:
+        lines.append(f"  driver {nv.driver or '?'}, CUDA driver API {nv.cuda_driver or '?'}")
+        for g in nv.all_gpus:
+            mem = f"{g.memory_total_bytes / 2**30:.1f} GiB" if g.memory_total_bytes else "? GiB"
+            cc = ".".join(map(str, g.compute_capability)) if g.compute_capability else "?"
+            lines.append(f"  {g.label}: {mem}, compute capability {cc}")
+        lines.append(f"  CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} -> this process uses: "
+                     + (", ".join(f"GPU:{i} = {g.label}" for i, g in enumerate(nv.visible)) or "none"))
+    else:
+        lines.append(f"  unavailable: {nv.reason}")
+    lines.append("")
+    lines.append("Findings")
+    marks = {"ok": "OK  ", "warn": "WARN", "problem": "FAIL", "info": "INFO"}
+    for f in findings:
+        lines.append(f"  [{marks[f.level]}] {f.text}")
+    return "\n".join(lines)
+
+
+def run(backend: Optional[str] = None, nvml: Optional[NVML] = None, env: Optional[Dict[str, str]] = None) -> str:
+    import keras
+
+    env = dict(os.environ if env is None else env)
+    fw = framework_facts(backend or keras.backend.backend())
+    nv = nvml_facts(nvml, env)
+    return render(fw, nv, diagnose(fw, nv, env), env)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(run())
+    sys.exit(0)

@@ -1,0 +1,81 @@
+"""GPUUtilizationLogger on a real GPU (run on the GPU machine, JAX and torch backends).
+
+    KERAS_BACKEND=jax python -m pytest -m gpu -s tests
+    KERAS_BACKEND=torch python -m pytest -m gpu -s tests
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_gpu_tools import GPUUtilizationLogger
+from keras_gpu_tools._core import backends
+
+pytestmark = pytest.mark.gpu
+
+
+def heavy_model(width=8192, depth=4):
+    model = keras.Sequential([keras.Input((width,))] + [keras.layers.Dense(width) for _ in range(depth)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def framework_allocated_bytes():
+    name = keras.backend.backend()
+    if name == "torch":
+        import torch
+
+        return torch.cuda.memory_allocated(0)
+    if name == "jax":
+        import jax
+
+        return [d for d in jax.local_devices() if d.platform == "gpu"][0].memory_stats()["bytes_in_use"]
+    pytest.skip(f"no allocator check for backend {name}")
+
+
+def test_heavy_matmul_loop_is_seen_as_busy(tmp_path):
+    width, batch, steps = 8192, 8192, 40
+    x = np.random.default_rng(0).normal(size=(batch * steps, width)).astype("float32")
+    y = np.zeros((batch * steps, width), "float32")
+    model = heavy_model(width)
+    model.fit(x[: batch * 2], y[: batch * 2], batch_size=batch, epochs=1, verbose=0)  # compile first
+    cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.1)
+    history = model.fit(x, y, batch_size=batch, epochs=2, verbose=0, callbacks=[cb])
+    h = {k: v[-1] for k, v in history.history.items()}
+    report = {k: round(v, 2) for k, v in h.items() if k.startswith(("gpu/0/", "host/"))}
+    report["backend"] = keras.backend.backend()
+    report["gpu"] = cb.gpus[0][1].name
+    print("\nGPU_FIGURES " + json.dumps(report, sort_keys=True))
+    out = os.environ.get("KGT_GPU_REPORT_DIR")
+    if out:
+        with open(os.path.join(out, f"gpu_logger_{keras.backend.backend()}.json"), "w") as f:
+            json.dump(report, f, indent=1, sort_keys=True)
+
+    assert h["gpu/0/utilization_percent"] > 80, report
+    # GPM is supported on Hopper: the finer figures are there and high too.
+    assert h["gpu/0/sm_activity_percent"] > 50, report
+    assert h["gpu/0/power_watts"] > 0.2 * h["gpu/0/power_limit_watts"], report
+    # Memory: NVML's figure covers everything the allocator holds.
+    assert h["gpu/0/memory_used_mib_max"] >= h["gpu/0/allocator_memory_mib"], report
+    # The allocator figure is the framework's own.
+    ours = backends.for_backend(keras.backend.backend()).allocator_memory([0])[0][0]
+    assert ours == framework_allocated_bytes()
+    weights_mib = sum(np.prod(w.shape) * 4 for w in model.weights) / 2**20
+    assert h["gpu/0/allocator_memory_mib"] >= weights_mib, report
+    assert not [t for t in __import__("threading").enumerate() if t.name.startswith("keras_gpu_tools")]
+
+
+def test_cuda_visible_devices_maps_to_the_right_gpu():
+    from keras_gpu_tools._core.devices import visible_gpus
+    from keras_gpu_tools._core.nvml import default_nvml
+
+    nvml = default_nvml()
+    every = visible_gpus(nvml, env={})
+    last = every[-1]
+    mapped = visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": last.uuid})
+    assert [g.uuid for g in mapped] == [last.uuid]
+    by_index = visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": str(len(every) - 1)})
+    assert [g.uuid for g in by_index] == [last.uuid]

@@ -1,0 +1,101 @@
+"""The keras-gpu-tools command: doctor's reasoning and both commands end to end."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from fake_nvml import FakeGPU, FakeNVML
+
+from keras_gpu_tools._core import doctor
+from keras_gpu_tools._core.nvml import NVML
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args, timeout=600):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "keras_gpu_tools", *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def facts_with(gpus, env, fw_gpus=(), built_with_cuda=None, backend="tensorflow"):
+    nv = doctor.nvml_facts(NVML(FakeNVML(gpus)), env=env)
+    fw = doctor.FrameworkFacts(backend, gpus=list(fw_gpus), built_with_cuda=built_with_cuda)
+    return fw, nv, doctor.diagnose(fw, nv, env)
+
+
+def texts(findings, level):
+    return [f.text for f in findings if f.level == level]
+
+
+def test_doctor_runs_on_this_machine_and_exits_0():
+    proc = run_cli("doctor")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "Keras 3." in out and "backend:" in out and "[NVML]" in out and "Findings" in out
+
+
+def test_gpu_present_but_cpu_only_framework_build():
+    gpus = [FakeGPU(uuid="GPU-a"), FakeGPU(uuid="GPU-b")]
+    fw, nv, findings = facts_with(gpus, env={}, built_with_cuda=False)
+    problems = texts(findings, "problem")
+    assert len(problems) == 1
+    assert "NVML sees 2 GPU(s) but tensorflow sees none" in problems[0]
+    assert "no CUDA support" in problems[0] and "tensorflow[and-cuda]" in problems[0]
+
+
+def test_cuda_visible_devices_hides_everything():
+    fw, nv, findings = facts_with([FakeGPU()], env={"CUDA_VISIBLE_DEVICES": ""})
+    assert any("hides every GPU" in t for t in texts(findings, "problem"))
+
+
+def test_all_good_and_mixed_precision_advice():
+    gpus = [FakeGPU(name="NVIDIA H100 80GB HBM3", uuid="GPU-a", compute_capability=(9, 0))]
+    fw, nv, findings = facts_with(gpus, env={}, fw_gpus=["/physical_device:GPU:0"], built_with_cuda=True)
+    assert not texts(findings, "problem")
+    assert any("uses 1 GPU(s)" in t for t in texts(findings, "ok"))
+    assert any("bfloat16" in t and "9.0" in t for t in texts(findings, "info"))
+    report = doctor.render(fw, nv, findings, {})
+    assert "NVIDIA H100 80GB HBM3" in report and "GPU-a" in report and "80.0 GiB" in report
+
+
+@pytest.mark.parametrize(
+    "cc, expected",
+    [((9, 0), "float16 and bfloat16"), ((7, 5), "float16 only"), ((6, 1), "no tensor cores"), (None, "unknown")],
+)
+def test_mixed_precision_advice_by_compute_capability(cc, expected):
+    assert expected in doctor.mixed_precision_advice(cc)
+
+
+def test_mixed_models_with_numeric_visible_devices_warn_about_order():
+    gpus = [FakeGPU(name="NVIDIA A100", uuid="GPU-a"), FakeGPU(name="NVIDIA T4", uuid="GPU-b")]
+    _, _, findings = facts_with(gpus, env={"CUDA_VISIBLE_DEVICES": "1,0"}, fw_gpus=["a", "b"])
+    assert any("CUDA_DEVICE_ORDER=PCI_BUS_ID" in t for t in texts(findings, "warn"))
+
+
+def test_no_driver_no_gpu():
+    nv = doctor.NVMLFacts(False, reason="NVML Shared Library Not Found")
+    findings = doctor.diagnose(doctor.FrameworkFacts("jax"), nv, {})
+    assert "No NVIDIA GPU is usable" in texts(findings, "problem")[0]
+
+
+def test_demo_writes_tensorboard_logs(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = tmp_path / "demo"
+    proc = run_cli("demo", "--logdir", str(logdir), "--epochs", "2", "--samples", "2000")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"tensorboard --logdir {logdir}" in proc.stdout
+    acc = EventAccumulator(str(logdir / "gpu"))
+    acc.Reload()
+    assert "host/cpu_percent" in acc.Tags()["scalars"]
+    assert (logdir / "train").is_dir()  # Keras's own TensorBoard run next to ours
+
+
+def test_demo_rejects_bad_arguments(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = run_cli("demo", "--logdir", str(blocker))
+    assert proc.returncode == 2 and "--logdir" in proc.stderr
+    proc = run_cli("demo", "--epochs", "0")
+    assert proc.returncode == 2 and "positive integer" in proc.stderr
