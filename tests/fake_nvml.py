@@ -8,6 +8,7 @@ same names, argument order, units and error type (``NVMLError`` with a
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Dict, List, Optional
@@ -54,6 +55,7 @@ class FakeGPU:
     mig: List["FakeGPU"] = field(default_factory=list)
     gpu_instance_id: Optional[int] = None
     parent: Optional["FakeGPU"] = None
+    delay: float = 0.0  # seconds each utilization query blocks, like PCIe throughput does
 
 
 class _Metric:
@@ -169,6 +171,8 @@ class FakeNVML:
     # metrics
     def nvmlDeviceGetUtilizationRates(self, h):
         self._call("nvmlDeviceGetUtilizationRates", h)
+        if h.delay:
+            time.sleep(h.delay)
         return SimpleNamespace(gpu=h.utilization, memory=h.memory_busy)
 
     def nvmlDeviceGetMemoryInfo(self, h, version=None):

@@ -52,7 +52,9 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
       power, temperature and host memory, added to `logs` in `on_epoch_end`,
       so `History`, `CSVLogger`, Keras's `TensorBoard` and the progress bar
       see them (place this callback before those in the list). An epoch
-      shorter than `interval` gets the latest sample.
+      shorter than `interval` gets the latest sample; if the very first
+      sample of a fit is still being taken when the first epoch ends, that
+      epoch end waits for it (once, bounded by one second plus `interval`).
 
     Keys (`<i>` is the GPU's index as the framework numbers it, `GPU:<i>`):
 {keys}
@@ -165,6 +167,7 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
         self._epoch = Aggregate()
         self._last_sample: Dict[str, float] = {}
         self._last_written_step = -1
+        self._first_sample = threading.Event()
 
     __doc__ = __doc__.replace("{keys}", _key_table())
 
@@ -199,6 +202,7 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
             self._point = Aggregate()
             self._epoch = Aggregate()
         self._epoch_base = self._step
+        self._first_sample.clear()
         self._running = True
         self._thread = SamplingThread(self.interval, self._tick, self._on_error, name="keras_gpu_tools-GPUUtilizationLogger")
         self._thread.start()
@@ -217,6 +221,10 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._epoch_base = self._step
+        if not self._first_sample.is_set() and self._running:
+            # An epoch shorter than the first sample: wait for it, once per fit,
+            # so every epoch's logs carry the same keys.
+            self._first_sample.wait(1.0 + self.interval)
         with self._lock:
             agg, self._epoch = self._epoch, Aggregate()
             values = agg.summary() if agg.count else dict(self._last_sample)
@@ -269,6 +277,7 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
             self._point.add(sample)
             self._epoch.add(sample)
             self._last_sample = sample
+        self._first_sample.set()
         self._write_point(now)
 
     def _write_point(self, now: float) -> None:

@@ -138,6 +138,14 @@ def test_unsupported_field_is_absent_not_zero(tmp_path):
     assert len(power_warnings) == 1
 
 
+def test_epoch_shorter_than_the_first_sample_still_gets_the_keys(tmp_path):
+    fake, nvml = fake_nvml(delay=0.3)  # a slow first sample (PCIe, GPM on a real GPU)
+    x, y = data(32)
+    cb = GPUUtilizationLogger(log_dir=None, interval=0.05, nvml=nvml)
+    history = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb])
+    assert history.history["gpu/0/utilization_percent"] == [87.0, 87.0]
+
+
 def test_training_thread_makes_no_per_step_nvml_call(tmp_path):
     def main_thread_calls(steps_per_epoch):
         fake, nvml = fake_nvml()
