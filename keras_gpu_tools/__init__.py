@@ -2,6 +2,20 @@
 
 __version__ = "0.1.0"
 
-from keras_gpu_tools.callbacks import GPUUtilizationLogger  # noqa: E402
+from keras_gpu_tools._core.mixed_precision import (  # noqa: E402
+    MixedPrecisionFinding,
+    MixedPrecisionWarning,
+    check_mixed_precision,
+)
+from keras_gpu_tools.callbacks import GPUUtilizationLogger, MixedPrecisionCheck  # noqa: E402
+from keras_gpu_tools.layers import MixedPrecisionOutput  # noqa: E402
 
-__all__ = ["GPUUtilizationLogger", "__version__"]
+__all__ = [
+    "GPUUtilizationLogger",
+    "MixedPrecisionCheck",
+    "MixedPrecisionFinding",
+    "MixedPrecisionOutput",
+    "MixedPrecisionWarning",
+    "__version__",
+    "check_mixed_precision",
+]

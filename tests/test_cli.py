@@ -99,3 +99,17 @@ def test_demo_rejects_bad_arguments(tmp_path):
     assert proc.returncode == 2 and "--logdir" in proc.stderr
     proc = run_cli("demo", "--epochs", "0")
     assert proc.returncode == 2 and "positive integer" in proc.stderr
+
+
+def test_doctor_reports_a_policy_without_tensor_cores():
+    import keras
+
+    nv = doctor.nvml_facts(NVML(FakeNVML([FakeGPU(name="Tesla P100", uuid="GPU-p", compute_capability=(6, 0))])), env={})
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        findings = doctor.policy_findings(nv)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    assert any("6.0" in f.text and f.level == "warn" for f in findings), [f.text for f in findings]
+    assert doctor.policy_findings(nv) == []  # float32: nothing to say

@@ -217,7 +217,20 @@ def run(backend: Optional[str] = None, nvml: Optional[NVML] = None, env: Optiona
     env = dict(os.environ if env is None else env)
     fw = framework_facts(backend or keras.backend.backend())
     nv = nvml_facts(nvml, env)
-    return render(fw, nv, diagnose(fw, nv, env), env)
+    findings = diagnose(fw, nv, env) + policy_findings(nv)
+    return render(fw, nv, findings, env)
+
+
+def policy_findings(nv: NVMLFacts) -> List[Finding]:
+    """The global dtype policy against the GPUs in use (check_mixed_precision)."""
+    from keras_gpu_tools._core.mixed_precision import check_mixed_precision
+
+    caps = [g.compute_capability for g in nv.visible if g.compute_capability]
+    try:
+        found = check_mixed_precision(None, compute_capabilities=caps)
+    except Exception as e:  # the doctor reports, it does not crash
+        return [Finding("warn", f"The mixed-precision check failed: {type(e).__name__}: {e}")]
+    return [Finding("warn", f"mixed precision: {f.message}") for f in found]
 
 
 if __name__ == "__main__":  # pragma: no cover

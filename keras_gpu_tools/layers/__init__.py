@@ -1,3 +1,5 @@
 """The package's Keras layers."""
 
-__all__ = []
+from keras_gpu_tools.layers.mixed_precision_output import MixedPrecisionOutput
+
+__all__ = ["MixedPrecisionOutput"]
