@@ -291,16 +291,23 @@ class HostProbe:
         # cpu_percent measures since the previous call: prime both counters.
         self.process.cpu_percent(None)
         psutil.cpu_percent(None)
+        self._cpu_since = time.monotonic()
+
+    # Over a shorter span cpu_percent is mostly rounding noise (one sample
+    # right after priming read 680% on a 2-core machine).
+    MIN_CPU_SPAN = 0.1
 
     def read(self) -> Dict[str, float]:
         if self.process is None:
             return {}
         try:
-            return {
-                "host/cpu_percent": float(self.process.cpu_percent(None)),
-                "host/system_cpu_percent": float(self.psutil.cpu_percent(None)),
-                "host/rss_mib": self.process.memory_info().rss / MIB,
-            }
+            out = {"host/rss_mib": self.process.memory_info().rss / MIB}
+            now = time.monotonic()
+            if now - self._cpu_since >= self.MIN_CPU_SPAN:
+                out["host/cpu_percent"] = float(self.process.cpu_percent(None))
+                out["host/system_cpu_percent"] = float(self.psutil.cpu_percent(None))
+                self._cpu_since = now
+            return out
         except Exception as e:
             self.warn("host", f"host metrics could not be read ({e}); left out from now on.")
             self.process = None

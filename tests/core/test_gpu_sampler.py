@@ -130,11 +130,21 @@ def test_mig_instance_reports_what_it_can():
 def test_allocator_and_host_figures():
     fake, probe = probe_for(FakeGPU())
     sampler = MetricSampler([probe], HostProbe(WarnOnce()), allocator=lambda idx: {i: (3 * 2**20, 5 * 2**20) for i in idx})
+    time.sleep(HostProbe.MIN_CPU_SPAN + 0.02)
     values = sampler.sample()
     assert values["gpu/0/allocator_memory_mib"] == 3.0
     assert values["gpu/0/allocator_peak_memory_mib"] == 5.0
     assert values["host/rss_mib"] > 1.0
     assert 0.0 <= values["host/system_cpu_percent"] <= 100.0
+
+
+def test_host_cpu_is_not_read_over_a_too_short_span(monkeypatch):
+    host = HostProbe(WarnOnce())
+    first = host.read()  # right after priming: no cpu figure, memory only
+    assert "host/cpu_percent" not in first and first["host/rss_mib"] > 0
+    time.sleep(HostProbe.MIN_CPU_SPAN + 0.02)
+    second = host.read()
+    assert 0 <= second["host/system_cpu_percent"] <= 100
 
 
 def test_failing_allocator_warns_once_and_sampling_goes_on():
