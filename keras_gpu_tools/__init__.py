@@ -7,15 +7,29 @@ from keras_gpu_tools._core.mixed_precision import (  # noqa: E402
     MixedPrecisionWarning,
     check_mixed_precision,
 )
-from keras_gpu_tools.callbacks import GPUUtilizationLogger, MixedPrecisionCheck  # noqa: E402
+from keras_gpu_tools._core.report import TrainingReport, report  # noqa: E402
+from keras_gpu_tools.callbacks import (  # noqa: E402
+    GPUUtilizationLogger,
+    InputBoundDetector,
+    LiveView,
+    MixedPrecisionCheck,
+    OOMBatchSizeReducer,
+    ProfilerWindow,
+)
 from keras_gpu_tools.layers import MixedPrecisionOutput  # noqa: E402
 
 __all__ = [
     "GPUUtilizationLogger",
+    "InputBoundDetector",
+    "LiveView",
     "MixedPrecisionCheck",
     "MixedPrecisionFinding",
     "MixedPrecisionOutput",
     "MixedPrecisionWarning",
+    "OOMBatchSizeReducer",
+    "ProfilerWindow",
+    "TrainingReport",
     "__version__",
     "check_mixed_precision",
+    "report",
 ]

@@ -79,7 +79,9 @@ def test_no_driver_no_gpu():
     assert "No NVIDIA GPU is usable" in texts(findings, "problem")[0]
 
 
-def test_demo_writes_tensorboard_logs(tmp_path):
+def test_demo_writes_tensorboard_logs_and_the_report_then_report_rebuilds_it(tmp_path):
+    import re
+
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logdir = tmp_path / "demo"
@@ -90,6 +92,34 @@ def test_demo_writes_tensorboard_logs(tmp_path):
     acc.Reload()
     assert "host/cpu_percent" in acc.Tags()["scalars"]
     assert (logdir / "train").is_dir()  # Keras's own TensorBoard run next to ours
+    for run in ("input", "profile", "report"):
+        assert (logdir / run).is_dir(), run
+    assert "InputBoundDetector: Your program is" in proc.stdout and "ProfilerWindow: steps" in proc.stdout
+    html_path = logdir / "report.html"
+    assert f"HTML report:      {html_path}" in proc.stdout
+    page = html_path.read_text()
+    figures = re.findall(r'data-figure="([^"]+)"><img alt="[^"]*" src="data:image/png;base64,', page)
+    assert {"host", "step_time", "training"} <= set(figures)
+    assert sorted(p.name for p in (logdir / "report_png").iterdir()) == sorted(f"{f}.png" for f in figures)
+
+    out = tmp_path / "again.html"
+    proc = run_cli("report", str(logdir), "--output", str(out), "--png", str(tmp_path / "png"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for heading in ("GPUs and host", "Step time", "Input pipeline", "Profiler windows", "Mixed precision"):
+        assert f"\n{heading}\n" in proc.stdout
+    assert "No mixed-precision finding." in proc.stdout  # kept in the log dir by the demo
+    again = out.read_text()
+    assert set(re.findall(r'data-figure="([^"]+)"', again)) == set(figures)
+    assert len(list((tmp_path / "png").iterdir())) == len(figures)
+
+
+def test_report_of_a_directory_without_logs_fails_clearly(tmp_path, capsys):
+    from keras_gpu_tools import cli
+
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert "no TensorBoard event file" in capsys.readouterr().err
+    assert cli.main(["report", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_demo_rejects_bad_arguments(tmp_path):

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one go, for the lent GPU machine
+# (../shared/GPU-MACHINE.md): gpu-marked tests on JAX and torch, then the
+# benchmarks. Results land in $OUT (or ./gpu-results).
+#   bash benchmarks/gpu_suite.sh tests        # the tests
+#   bash benchmarks/gpu_suite.sh benchmarks   # the benchmarks
+set -u
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 KGT_GPU_REPORT_DIR="$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/card.txt"
+python3 -c "import jax, torch, keras; print('keras', keras.__version__, 'jax', jax.__version__, 'torch', torch.__version__)" | tee -a "$OUT/card.txt"
+case "${1:-tests}" in
+tests)
+  for b in jax torch; do
+    KERAS_BACKEND=$b timeout 280 python3 -m pytest -m gpu -s -q -p no:cacheprovider --disable-warnings tests 2>&1 \
+      | tee "$OUT/gpu_tests_$b.log" | grep -E "FIGURES|passed|failed|Error|assert" | tail -30
+  done
+  ;;
+benchmarks)
+  for b in jax torch; do
+    KERAS_BACKEND=$b timeout 150 python3 benchmarks/gpu_logger_overhead.py --width 4096 --batch 2048 --steps 600 --repeats 7 \
+      --out "$OUT/logger_overhead_$b.json" 2>&1 | tail -1
+  done
+  [ -f benchmarks/input_bound_overhead.py ] && KERAS_BACKEND=jax timeout 150 python3 benchmarks/input_bound_overhead.py --out "$OUT/input_overhead_jax.json" 2>&1 | tail -12
+  [ -f benchmarks/input_bound_accuracy.py ] && KERAS_BACKEND=jax timeout 150 python3 benchmarks/input_bound_accuracy.py --out "$OUT/input_accuracy_jax.json" 2>&1 | tail -16
+  [ -f benchmarks/oom_recovery.py ] && for b in jax torch; do KERAS_BACKEND=$b timeout 120 python3 benchmarks/oom_recovery.py --out "$OUT/oom_recovery_$b.json" 2>&1 | tail -8; done
+  ;;
+esac
+exit 0

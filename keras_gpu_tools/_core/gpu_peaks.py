@@ -1,0 +1,155 @@
+"""Dense peak FLOP/s of NVIDIA GPUs, by NVML name and compute dtype.
+
+Figures are NVIDIA's datasheet numbers for dense math (no structured
+sparsity: where a datasheet quotes "with sparsity", the figure here is half).
+``fp32`` is the plain FP32 (CUDA core) rate, ``tf32``/``fp16``/``bf16``/``fp8``
+the Tensor Core rates. A GPU or dtype that is not in the table has no peak,
+and then no MFU is reported: it is never guessed.
+
+The dtype that matters is that of the matrix multiplications. For a float32
+model that is TF32 where the framework uses it: TensorFlow by default (on
+Ampere and later), JAX by default (``jax_default_matmul_precision`` unset), and
+torch only with ``torch.backends.cuda.matmul.allow_tf32 = True``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Optional, Tuple
+
+T = 1e12
+
+# (pattern matched against the normalised NVML name, label, {dtype: TFLOP/s dense})
+# More specific patterns first.
+_PEAKS: Tuple[Tuple[str, str, Dict[str, float]], ...] = (
+    (r"gh200", "GH200", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}),
+    (r"h200 nvl", "H200 NVL", {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5, "fp8": 1670.5}),
+    (r"h200", "H200 SXM", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}),
+    (r"h100 nvl", "H100 NVL", {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5, "fp8": 1670.5}),
+    (r"h100 pcie", "H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0, "fp8": 1513.0}),
+    (r"h100", "H100 SXM", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}),
+    (r"h800", "H800 SXM", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}),
+    (r"b200", "B200", {"fp32": 75.0, "tf32": 1100.0, "fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0}),
+    (r"a100", "A100", {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),
+    (r"a800", "A800", {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),
+    (r"l40s", "L40S", {"fp32": 91.6, "tf32": 183.0, "fp16": 362.05, "bf16": 362.05, "fp8": 733.0}),
+    (r"l40", "L40", {"fp32": 90.5, "tf32": 90.5, "fp16": 181.0, "bf16": 181.0, "fp8": 362.0}),
+    (r"\bl4\b", "L4", {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0, "fp8": 242.5}),
+    (r"\ba10\b", "A10", {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}),
+    (r"\ba40\b", "A40", {"fp32": 37.4, "tf32": 74.8, "fp16": 149.7, "bf16": 149.7}),
+    (r"v100.*pcie", "V100 PCIe", {"fp32": 14.0, "fp16": 112.0}),
+    (r"v100", "V100 SXM2", {"fp32": 15.7, "fp16": 125.0}),
+    (r"rtx 6000 ada", "RTX 6000 Ada", {"fp32": 91.1, "tf32": 182.1, "fp16": 364.2, "bf16": 364.2, "fp8": 728.5}),
+    (r"rtx a6000", "RTX A6000", {"fp32": 38.7, "tf32": 77.4, "fp16": 154.8, "bf16": 154.8}),
+)
+
+_DTYPE_ALIASES = {
+    "float32": "fp32",
+    "fp32": "fp32",
+    "tf32": "tf32",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp16": "fp16",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float8": "fp8",
+    "fp8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+}
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"\s+", " ", name.lower().replace("nvidia", "").replace("tesla", "").replace("-", " ")).strip()
+
+
+def lookup(nvml_name: str) -> Optional[Tuple[str, Dict[str, float]]]:
+    """(label, {dtype: TFLOP/s}) for an NVML device name, or None if unknown."""
+    if not nvml_name:
+        return None
+    name = _normalise(nvml_name)
+    for pattern, label, peaks in _PEAKS:
+        if re.search(pattern, name):
+            return label, dict(peaks)
+    return None
+
+
+def peak_flops(nvml_name: str, dtype: str) -> Optional[float]:
+    """Dense peak FLOP/s of the GPU for ``dtype``, or None where unknown."""
+    found = lookup(nvml_name)
+    key = _DTYPE_ALIASES.get(str(dtype).lower())
+    if found is None or key is None:
+        return None
+    value = found[1].get(key)
+    return value * T if value else None
+
+
+def matmul_dtype(compute_dtype: str, backend: str) -> str:
+    """The dtype whose peak applies: float32 becomes tf32 where the framework uses it."""
+    key = _DTYPE_ALIASES.get(str(compute_dtype).lower(), str(compute_dtype).lower())
+    if key != "fp32":
+        return key
+    from keras_gpu_tools._core import deps
+
+    try:
+        if backend == "tensorflow":
+            tf = deps.loaded("tensorflow")
+            if tf is not None and tf.config.experimental.is_tensor_float_32_execution_enabled():
+                return "tf32"
+        elif backend == "jax":
+            jax = deps.loaded("jax")
+            if jax is not None and jax.config.jax_default_matmul_precision in (None, "default", "tensorfloat32"):
+                return "tf32"
+        elif backend == "torch":
+            torch = deps.loaded("torch")
+            if torch is not None and torch.backends.cuda.matmul.allow_tf32:
+                return "tf32"
+    except Exception:
+        pass
+    return "fp32"
+
+
+# -- FLOPs of a JAX step -------------------------------------------------------------
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def jaxpr_flops(jaxpr) -> float:
+    """Matmul and convolution FLOPs of a (closed) jaxpr, sub-jaxprs included.
+
+    The count MFU conventionally uses: ``2 * M * N * K`` per ``dot_general``
+    and ``2 * output elements * kernel window * input features per group``
+    per convolution; elementwise work is left out. A ``scan`` counts its body
+    ``length`` times, a ``cond`` its most expensive branch, a ``while`` its
+    body once (its trip count is not known before it runs).
+    """
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    total = 0.0
+    for eqn in inner.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += 2.0 * _prod(eqn.outvars[0].aval.shape) * _prod(lhs[i] for i in contract)
+        elif name == "conv_general_dilated":
+            rhs = eqn.invars[1].aval.shape
+            spec = eqn.params["dimension_numbers"].rhs_spec  # (out feature, in feature, spatial...)
+            total += 2.0 * _prod(eqn.outvars[0].aval.shape) * rhs[spec[1]] * _prod(rhs[d] for d in spec[2:])
+        subs = []
+        for value in eqn.params.values():
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns"):
+                    subs.append(v)
+        if not subs:
+            continue
+        counts = [jaxpr_flops(s) for s in subs]
+        if name == "cond":
+            total += max(counts)
+        elif name == "scan":
+            total += sum(counts) * int(eqn.params.get("length", 1))
+        else:
+            total += sum(counts)
+    return total

@@ -1,0 +1,207 @@
+"""The live view's logic: what to show during fit() and how to draw it cheaply.
+
+Nothing here imports Keras, IPython or matplotlib at module level. The view is
+one small HTML block (a header line, a table, inline SVG sparklines): drawing it
+takes well under a millisecond, so it can be redrawn on the training thread
+every few seconds without slowing training, and it needs no plotting library.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+SPARK_POINTS = 120  # points per sparkline (the latest ones)
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (notebook, JupyterLab, VS Code), False in a terminal or script."""
+    ipython_mod = sys.modules.get("IPython")
+    if ipython_mod is None:
+        return False
+    try:
+        shell = ipython_mod.get_ipython()
+    except Exception:
+        return False
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class NotebookDisplay:
+    """Shows one HTML block in the running cell and replaces it in place."""
+
+    def __init__(self):
+        from IPython.display import HTML, display
+
+        self._html = HTML
+        self._handle = display(HTML("<i>keras_gpu_tools: waiting for the first step...</i>"), display_id=True)
+
+    def __call__(self, markup: str) -> None:
+        self._handle.update(self._html(markup))
+
+
+def sparkline(values: Sequence[float], width: int = 160, height: int = 28, color: str = "#1f77b4",
+              low: Optional[float] = None, high: Optional[float] = None) -> str:
+    """An inline SVG polyline of `values` (empty string for fewer than 2)."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if len(vals) < 2:
+        return ""
+    lo = min(vals) if low is None else low
+    hi = max(vals) if high is None else high
+    span = (hi - lo) or 1.0
+    n = len(vals)
+    pts = " ".join(
+        f"{2 + (width - 4) * i / (n - 1):.1f},{height - 2 - (height - 4) * (min(max(v, lo), hi) - lo) / span:.1f}"
+        for i, v in enumerate(vals)
+    )
+    return (f'<svg width="{width}" height="{height}" style="vertical-align:middle">'
+            f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/></svg>')
+
+
+def _fmt(v: Optional[float], unit: str = "", digits: int = 1) -> str:
+    if v is None or not math.isfinite(v):
+        return "-"
+    return f"{v:,.{digits}f}{unit}"
+
+
+class LiveState:
+    """What the view shows, read from the other callbacks of the same fit()."""
+
+    def __init__(self):
+        self.gpu_logger: Any = None
+        self.detector: Any = None
+        self.oom: Any = None
+        self.profiler: Any = None
+        self.epochs: Optional[int] = None
+        self.epoch = 0
+        self.step = 0
+        self.started = 0.0
+        self.logs: Dict[str, Any] = {}
+        self.loss_points: List[float] = []  # the loss at each redraw
+        self.step_ms_points: List[float] = []
+        self.last_steps: Tuple[float, int] = (0.0, 0)
+        self.done = False
+
+    def attach(self, callbacks: Sequence[Any]) -> None:
+        for cb in callbacks:
+            if hasattr(cb, "timeline") and hasattr(cb, "gpus"):
+                self.gpu_logger = cb
+            elif hasattr(cb, "verdict") and hasattr(cb, "window_verdicts"):
+                self.detector = cb
+            elif hasattr(cb, "captures"):
+                self.profiler = cb
+            elif hasattr(cb, "micro_batches") or "oom" in type(cb).__name__.lower():
+                self.oom = cb
+
+    def note_redraw(self, now: float) -> Optional[float]:
+        """Records the loss and the step rate since the last redraw; returns ms per step."""
+        loss = self.logs.get("loss")
+        try:
+            loss = float(loss) if loss is not None else None  # converted here, every few seconds only
+        except (TypeError, ValueError):
+            loss = None
+        if loss is not None and math.isfinite(loss):
+            self.loss_points = (self.loss_points + [loss])[-SPARK_POINTS:]
+        t_prev, s_prev = self.last_steps
+        self.last_steps = (now, self.step)
+        if t_prev and self.step > s_prev:
+            ms = 1e3 * (now - t_prev) / (self.step - s_prev)
+            self.step_ms_points = (self.step_ms_points + [ms])[-SPARK_POINTS:]
+            return ms
+        return None
+
+
+def step_times(points: Sequence[Tuple[float, int, Dict[str, float]]]) -> List[float]:
+    """Milliseconds per step between consecutive (wall time, step, ...) points."""
+    out = []
+    for (w0, s0, _), (w1, s1, _) in zip(points, points[1:]):
+        if s1 > s0 and w1 > w0:
+            out.append(1e3 * (w1 - w0) / (s1 - s0))
+    return out
+
+
+def render(state: LiveState, now: float) -> str:
+    """The view's HTML: a header and a table; never raises for missing data."""
+    e = html.escape
+    elapsed = max(0.0, now - state.started)
+    loss = state.loss_points[-1] if state.loss_points else None
+    head = (f"<b>{'Done' if state.done else 'Training'}</b> &middot; epoch {state.epoch + 1}"
+            f"{'/' + str(state.epochs) if state.epochs else ''} &middot; step {state.step} &middot; {elapsed:.0f} s"
+            + (f" &middot; loss {loss:.4g}" if loss is not None else ""))
+    rows: List[Tuple[str, str, str]] = []
+    lg = state.gpu_logger
+    points = []
+    if lg is not None:
+        try:
+            points = list(lg.timeline)[-SPARK_POINTS:]
+        except Exception:
+            points = []
+    # Step time: from the GPU logger's points (one per sampling interval) where
+    # there is one, else from this view's own redraws.
+    step_ms_points = step_times(points) if len(points) > 2 else []
+    if len(step_ms_points) < 2:
+        step_ms_points = state.step_ms_points
+    step_ms = step_ms_points[-1] if step_ms_points else None
+    rows.append(("step time", _fmt(step_ms, " ms", 2), sparkline(step_ms_points, low=0, color="#555")))
+    if state.loss_points:
+        rows.append(("loss", _fmt(loss, "", 4), sparkline(state.loss_points, color="#9467bd")))
+
+    if lg is not None:
+        latest = points[-1][2] if points else {}
+        indices = [str(i) for i, _ in (getattr(lg, "gpus", None) or [])]
+        for i in indices:
+            util_key = f"gpu/{i}/sm_activity_percent" if f"gpu/{i}/sm_activity_percent" in latest else f"gpu/{i}/utilization_percent"
+            util = [p[2].get(util_key) for p in points]
+            used, total = latest.get(f"gpu/{i}/memory_used_mib"), latest.get(f"gpu/{i}/memory_total_mib")
+            what = "SM activity" if "sm_activity" in util_key else "utilization"
+            rows.append((f"GPU {i} {what}", _fmt(latest.get(util_key), "%", 0), sparkline(util, low=0, high=100, color="#2ca02c")))
+            mem = [p[2].get(f"gpu/{i}/memory_used_mib") for p in points]
+            rows.append((f"GPU {i} memory", f"{_fmt(used, '', 0)} / {_fmt(total, ' MiB', 0)}",
+                         sparkline(mem, low=0, high=total, color="#ff7f0e")))
+        if not indices:
+            cpu = [p[2].get("host/cpu_percent") for p in points]
+            rows.append(("host CPU (no GPU)", _fmt(latest.get("host/cpu_percent"), "%", 0), sparkline(cpu, low=0, color="#2ca02c")))
+
+    det = state.detector
+    if det is not None:
+        wv = list(getattr(det, "window_verdicts", []) or [])
+        hist = list(getattr(det, "epoch_history", []) or [])
+        if wv:
+            step, v = wv[-1]
+            frac = v.wait_fraction
+            rows.append((f"input wait (last {getattr(det, 'window', '')} steps)", f"{_fmt(None if frac is None else 100 * frac, '%', 1)} ({e(v.category)})",
+                         sparkline([100 * (x.wait_fraction or 0.0) for _, x in wv][-SPARK_POINTS:], low=0, high=100, color="#d62728")))
+        elif hist:
+            frac = hist[-1].get("input/wait_fraction")
+            rows.append(("input wait", _fmt(None if frac is None else 100 * frac, "%", 1), ""))
+        if hist and "throughput/samples_per_sec" in hist[-1]:
+            rows.append(("samples/s (last epoch)", _fmt(hist[-1]["throughput/samples_per_sec"], "", 0), ""))
+
+    oom = state.oom
+    if oom is not None:
+        n = None
+        for attr in ("recoveries", "events", "records"):
+            recs = getattr(oom, attr, None)
+            if isinstance(recs, (list, tuple)):
+                n = len(recs)
+                break
+        mb = getattr(oom, "micro_batches", None)
+        rows.append(("OOM recoveries", "-" if n is None else str(n), f"micro-batches: {e(str(mb))}" if mb is not None else ""))
+
+    prof = state.profiler
+    if prof is not None:
+        caps = list(getattr(prof, "captures", []) or [])
+        last = ""
+        if caps:
+            a = getattr(caps[-1], "analysis", None)
+            last = (a.conclusion if a is not None and a.conclusion else caps[-1].line()) if hasattr(caps[-1], "line") else ""
+        rows.append(("profiler windows", str(len(caps)), e(last[:140])))
+
+    body = "".join(
+        f'<tr><td style="padding:1px 8px 1px 0;color:#555">{e(a)}</td>'
+        f'<td style="padding:1px 8px;text-align:right;font-variant-numeric:tabular-nums">{b}</td><td>{c}</td></tr>'
+        for a, b, c in rows
+    )
+    return (f'<div class="kgt-live" style="font-family:sans-serif;font-size:12px">{head}'
+            f'<table style="border-collapse:collapse;margin-top:3px">{body}</table></div>')

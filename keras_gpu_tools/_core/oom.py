@@ -1,0 +1,387 @@
+"""Out-of-memory errors: recognising them, choosing the split, explaining a failure.
+
+Nothing here knows about Keras or imports a framework. :func:`is_oom` tells an
+out-of-memory error of any backend from every other error, by type (looked up
+in the framework modules already loaded). :class:`SplitController` decides in
+how many micro-batches a batch runs: after an out-of-memory error the split
+doubles (2, 4, 8, ...) until a micro-batch would be smaller than
+``min_batch_size``; later batches start at the micro-batch size that worked;
+with ``regrow_after`` a smaller split is tried again after that many good
+steps. :func:`final_error` builds the error raised when nothing fits.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from keras_gpu_tools._core import deps
+
+logger = logging.getLogger("keras_gpu_tools")
+
+# The message of a CPU allocation failure in torch ("DefaultCPUAllocator: can't
+# allocate memory"): torch raises a plain RuntimeError there, not
+# torch.OutOfMemoryError (which it raises for CUDA).
+_TORCH_CPU_OOM = "can't allocate memory"
+_XLA_OOM_PREFIX = "RESOURCE_EXHAUSTED"
+
+
+def oom_kind(exc: BaseException) -> Optional[str]:
+    """Which backend's out-of-memory error ``exc`` is, or None for any other error.
+
+    - TensorFlow: ``tf.errors.ResourceExhaustedError`` (by type).
+    - JAX/XLA: ``jax.errors.JaxRuntimeError`` (older jaxlib: ``XlaRuntimeError``)
+      whose message starts ``RESOURCE_EXHAUSTED`` (or, XLA's CPU runtime,
+      carries "Out of memory allocating N bytes").
+    - torch: ``torch.OutOfMemoryError`` (by type), and the CPU allocator's
+      ``RuntimeError`` "DefaultCPUAllocator: can't allocate memory".
+    """
+    if not isinstance(exc, Exception):
+        return None
+    tf = deps.loaded("tensorflow")
+    if tf is not None:
+        errors = getattr(tf, "errors", None)
+        cls = getattr(errors, "ResourceExhaustedError", None)
+        if cls is not None and isinstance(exc, cls):
+            return "tensorflow"
+    torch = deps.loaded("torch")
+    if torch is not None:
+        cls = getattr(torch, "OutOfMemoryError", None) or getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+        if cls is not None and isinstance(exc, cls):
+            return "torch"
+        if type(exc) is RuntimeError and "DefaultCPUAllocator" in str(exc) and _TORCH_CPU_OOM in str(exc):
+            return "torch"
+    if deps.loaded("jax") is not None or deps.loaded("jaxlib") is not None:
+        for cls in _jax_runtime_errors():
+            if isinstance(exc, cls) and _is_xla_oom_message(str(exc)):
+                return "jax"
+    return None
+
+
+def _is_xla_oom_message(message: str) -> bool:
+    # GPU: "RESOURCE_EXHAUSTED: Out of memory while trying to allocate ...".
+    # XLA's CPU runtime reports a failed temporary allocation as
+    # "INTERNAL: Error dispatching computation: ... Out of memory allocating N bytes".
+    m = message.lstrip()
+    return m.startswith(_XLA_OOM_PREFIX) or "Out of memory allocating" in m or "Out of memory while trying to allocate" in m
+
+
+def is_oom(exc: BaseException) -> bool:
+    return oom_kind(exc) is not None
+
+
+def _jax_runtime_errors() -> Tuple[type, ...]:
+    out = []
+    jax = deps.loaded("jax")
+    errors = getattr(jax, "errors", None) if jax is not None else None
+    for name in ("JaxRuntimeError", "XlaRuntimeError"):
+        cls = getattr(errors, name, None)
+        if isinstance(cls, type):
+            out.append(cls)
+    xc = deps.loaded("jaxlib.xla_client")
+    cls = getattr(xc, "XlaRuntimeError", None) if xc is not None else None
+    if isinstance(cls, type):
+        out.append(cls)
+    return tuple(out)
+
+
+def split_sizes(n: int, k: int) -> List[int]:
+    """Sizes of ``k`` micro-batches of a batch of ``n`` (as even as possible, larger first)."""
+    if n < 1 or k < 1:
+        raise ValueError(f"split_sizes needs n >= 1 and k >= 1, got n={n}, k={k}")
+    k = min(k, n)
+    q, r = divmod(n, k)
+    return [q + 1] * r + [q] * (k - r)
+
+
+def describe_split(n: int, k: int) -> str:
+    sizes = split_sizes(n, k)
+    if len(set(sizes)) == 1:
+        return f"{len(sizes)} x {sizes[0]}"
+    counts: Dict[int, int] = {}
+    for s in sizes:
+        counts[s] = counts.get(s, 0) + 1
+    return " + ".join(f"{c} x {s}" for s, c in sorted(counts.items(), reverse=True))
+
+
+@dataclass
+class OOMEvent:
+    """One out-of-memory error that was recovered from (or not)."""
+
+    step: int  # global step (train-function call) of the failed attempt
+    batch_size: int
+    failed_split: int  # micro-batches in the attempt that failed
+    next_split: Optional[int]  # the split tried next (None: gave up)
+    kind: str  # backend of the error
+    regrow: bool = False  # the failed attempt was a regrow trial
+    seconds: float = 0.0  # time of the failed attempt
+
+    def line(self) -> str:
+        what = f"out of memory at batch {self.batch_size}"
+        if self.failed_split > 1:
+            what += f" (as {describe_split(self.batch_size, self.failed_split)})"
+        if self.next_split is None:
+            return f"step {self.step}: {what}; no smaller split is allowed"
+        if self.regrow:
+            return f"step {self.step}: {what} while trying a smaller split; back to {describe_split(self.batch_size, self.next_split)}"
+        return f"step {self.step}: {what}, retrying as {describe_split(self.batch_size, self.next_split)}"
+
+
+class SplitController:
+    """Chooses the split of each batch; knows nothing of models.
+
+    The state is the micro-batch size that works (``None`` until an
+    out-of-memory error). A batch of ``n`` runs as ``ceil(n / micro_size)``
+    micro-batches, so the last, smaller batch of an epoch keeps the same
+    micro-batch size.
+
+    Args:
+        min_batch_size: the smallest micro-batch to try. Defaults to `1`.
+        regrow_after: after this many good steps at a split, try half as many
+            micro-batches again (a failure doubles the wait). `None` never
+            regrows. Defaults to `None`.
+    """
+
+    def __init__(self, min_batch_size: int = 1, regrow_after: Optional[int] = None):
+        self.min_batch_size = int(min_batch_size)
+        self.regrow_after = regrow_after
+        self.micro_size: Optional[int] = None  # None: whole batches
+        self._good_steps = 0
+        self._regrow_wait = regrow_after
+        self._trial_from: Optional[int] = None  # micro size before a regrow trial
+
+    def split_for(self, n: int) -> int:
+        """Micro-batches for a batch of ``n`` (1 = unsplit), regrow trials included."""
+        if self.micro_size is None or n <= self.micro_size:
+            return 1
+        return min(n, math.ceil(n / self.micro_size))
+
+    def next_split(self, n: int, k: int) -> Optional[int]:
+        """The split to try after ``k`` micro-batches of a batch of ``n`` ran out of memory."""
+        floor = max(1, self.min_batch_size)
+        most = max(1, math.ceil(n / floor))
+        if k >= most:
+            return None
+        return min(2 * k, most)
+
+    def on_oom(self, n: int, k: int) -> Optional[int]:
+        """Records a failure at ``k``; returns the next split, or None to give up."""
+        self._good_steps = 0
+        if self._trial_from is not None:  # a regrow trial failed: back to what worked
+            self.micro_size = self._trial_from
+            self._trial_from = None
+            if self.regrow_after is not None:
+                self._regrow_wait = 2 * (self._regrow_wait or self.regrow_after)
+            return self.split_for(n)
+        nxt = self.next_split(n, k)
+        if nxt is not None:
+            self.micro_size = max(1, math.ceil(n / nxt))
+        return nxt
+
+    @property
+    def in_trial(self) -> bool:
+        return self._trial_from is not None
+
+    def on_success(self, n: int, k: int) -> None:
+        if self._trial_from is not None:
+            self._trial_from = None
+            self._regrow_wait = self.regrow_after
+        self._good_steps += 1
+        if (self.regrow_after is not None and self.micro_size is not None
+                and self._good_steps >= (self._regrow_wait or self.regrow_after)):
+            self._good_steps = 0
+            self._trial_from = self.micro_size
+            self.micro_size = 2 * self.micro_size  # half as many micro-batches
+
+    def reset(self) -> None:
+        self.micro_size = None
+        self._good_steps = 0
+        self._regrow_wait = self.regrow_after
+        self._trial_from = None
+
+
+def format_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024.0
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def final_message(tried: Sequence[Tuple[int, int]], min_batch_size: int, memory: Optional[Dict[str, Any]] = None,
+                  original: Optional[BaseException] = None) -> str:
+    """The message of the error raised when even the smallest split runs out of memory."""
+    tried_txt = ", ".join(f"{n} as {describe_split(n, k)}" if k > 1 else f"{n}" for n, k in tried)
+    lines = [
+        f"OOMBatchSizeReducer: out of memory even at micro-batches of {min_batch_size} "
+        f"(min_batch_size={min_batch_size}). Batch sizes tried: {tried_txt}."
+    ]
+    if memory:
+        parts = []
+        for key, label in (("device", "device"), ("bytes_limit", "memory limit"), ("bytes_in_use", "in use"),
+                           ("peak_bytes_in_use", "peak"), ("needed_bytes", "the step needs about")):
+            if memory.get(key) is not None:
+                value = memory[key]
+                parts.append(f"{label} {format_bytes(value) if key != 'device' else value}")
+        if parts:
+            lines.append("Device memory: " + ", ".join(parts) + ".")
+    lines.append(
+        "Even one micro-batch does not fit: the model itself (weights, optimizer state, one micro-batch's "
+        "activations) needs more memory than the device has. What to do: use mixed precision "
+        "(keras.mixed_precision.set_global_policy('mixed_bfloat16' or 'mixed_float16')), a smaller model or "
+        "shorter inputs, rematerialisation (keras.config.set_remat / keras.RematScope) to trade compute for "
+        "activation memory, or a device with more memory."
+    )
+    if original is not None:
+        text = [ln.strip() for ln in str(original).strip().splitlines() if ln.strip()]
+        keys = ("out of memory", "can't allocate memory", "oom when allocating", "resource_exhausted")
+        memory_lines = [ln for ln in text if any(k in ln.lower() for k in keys)]
+        first = (memory_lines or text or [type(original).__name__])[0]
+        lines.append(f"Last error: {type(original).__name__}: {first[:300]}")
+    return "\n".join(lines)
+
+
+class OutOfMemoryError(MemoryError):
+    """Raised when even ``min_batch_size`` runs out of memory, where the backend's own type cannot be built."""
+
+
+def final_error(original: BaseException, message: str) -> BaseException:
+    """An error of the original out-of-memory type carrying ``message``.
+
+    Keeps ``except tf.errors.ResourceExhaustedError`` / ``except
+    torch.OutOfMemoryError`` working in user code; falls back to
+    :class:`OutOfMemoryError` where the type cannot be built.
+    """
+    cls = type(original)
+    kind = oom_kind(original)
+    err: BaseException = OutOfMemoryError(message)
+    try:
+        if kind == "tensorflow":
+            err = cls(getattr(original, "node_def", None), getattr(original, "op", None), message)
+        elif kind in ("torch", "jax"):
+            made = cls(message)
+            if isinstance(made, BaseException):
+                err = made
+    except Exception:
+        pass
+    try:
+        # Keras's traceback filtering re-raises ``from None``: keep the original reachable.
+        err.oom_original = original
+    except Exception:
+        pass
+    return err
+
+
+class UnrecoverableOOM(MemoryError):
+    """An out-of-memory error that could not be retried without losing or repeating an update."""
+
+
+@dataclass
+class Counters:
+    """Per-epoch and whole-fit counts of the callback."""
+
+    events: int = 0
+    micro_batch_steps: int = 0  # steps that ran split
+    lost_seconds: float = 0.0  # failed attempts and restores
+    history: List[OOMEvent] = field(default_factory=list)
+
+
+def _clear_frames(exc: BaseException) -> None:
+    """Frees the tensors the failed step's frames hold (torch: retry outside the except block)."""
+    import traceback
+
+    tb = exc.__traceback__
+    if tb is not None:
+        try:
+            traceback.clear_frames(tb)
+        except Exception:
+            pass
+
+
+class Recovery:
+    """Runs one batch with retries; the backend work is done by ``runner``.
+
+    ``runner`` has ``run(batch, n, k, state, guarded)``, ``protect(state,
+    guarded)``, ``restore(snapshot, state)`` and, optionally,
+    ``predict(batch, n, k, state) -> (fits, bytes_needed)`` (see
+    ``grad_accum``). An attempt is *guarded* the first time a split runs at a
+    batch shape, and for regrow trials: then the runner keeps a full copy of
+    the state and (JAX) waits for the step to finish inside the attempt.
+
+    Args:
+        controller: the :class:`SplitController`.
+        on_event: called with each :class:`OOMEvent`.
+        memory: returns the device's memory figures for the final message.
+        clock: a monotonic clock.
+        probe: ask ``runner.predict`` before guarded attempts and skip the
+            ones predicted not to fit.
+    """
+
+    def __init__(self, controller: SplitController, on_event=None, memory=None, clock=None, probe: bool = False):
+        import time
+
+        self.controller = controller
+        self.on_event = on_event or (lambda e: None)
+        self.memory = memory or (lambda: {})
+        self.clock = clock or time.perf_counter
+        self.probe = probe
+        self.known = set()  # (signature, k) that ran without error
+        self.last_split = 1
+        self.last_need: Optional[int] = None
+        self.restored_state = None
+
+    def run(self, runner, batch, n: int, signature, state=None, step: int = 0):
+        ctl = self.controller
+        k = ctl.split_for(n)
+        tried: List[Tuple[int, int]] = []
+        self.restored_state = None
+        while True:
+            guarded = (signature, k) not in self.known or ctl.in_trial
+            trial = ctl.in_trial
+            failure: Optional[BaseException] = None
+            t0 = self.clock()
+            predicted = None
+            if guarded and self.probe and hasattr(runner, "predict"):
+                predicted, self.last_need = runner.predict(batch, n, k, state)
+            if predicted is False:
+                failure = None
+            else:
+                snap = runner.protect(state, guarded)
+                try:
+                    result = runner.run(batch, n, k, state, guarded)
+                except Exception as e:
+                    if oom_kind(e) is None:
+                        raise  # not ours: unchanged, with its traceback
+                    failure = e
+                    _clear_frames(e)
+                else:
+                    self.known.add((signature, k))
+                    ctl.on_success(n, k)
+                    self.last_split = k
+                    return result, k
+                # Outside the except block: the failed step's tensors are free now.
+                try:
+                    state = runner.restore(snap, state)
+                except UnrecoverableOOM as u:
+                    raise u from failure
+                self.restored_state = state  # the state from before the failed attempt
+                snap = None
+            tried.append((n, k))
+            nxt = ctl.on_oom(n, k)
+            event = OOMEvent(step=step, batch_size=n, failed_split=k, next_split=nxt,
+                             kind=oom_kind(failure) if failure is not None else "predicted", regrow=trial,
+                             seconds=self.clock() - t0)
+            self.on_event(event)
+            if nxt is None:
+                memory = dict(self.memory() or {})
+                if self.last_need is not None:
+                    memory.setdefault("needed_bytes", self.last_need)
+                message = final_message(tried, max(1, ctl.min_batch_size), memory, failure)
+                if failure is None:
+                    raise OutOfMemoryError(message + "\n(Predicted from the compiled step's memory analysis; not run.)")
+                raise final_error(failure, message) from failure
+            k = nxt

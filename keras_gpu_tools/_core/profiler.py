@@ -1,0 +1,295 @@
+"""Profiler sessions per backend, window schedules, and reading traces back.
+
+Each backend has the same four operations: ``available()`` (and why not),
+``start(run_dir)``, ``step(step_num)`` (a context manager that marks one training
+step for the profiler) and ``stop()`` (returns the trace files written). The
+frameworks are imported lazily, only the one the Keras backend uses.
+
+Trace layout (what TensorBoard's Profile tab reads):
+``<run_dir>/plugins/profile/<timestamp>/<host>.xplane.pb`` for TensorFlow and
+JAX. torch writes a Chrome/Perfetto trace, ``<host>.pt.trace.json``, in the
+same kind of folder; TensorBoard's profile plugin does not read it (open it at
+https://ui.perfetto.dev or chrome://tracing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+logger = logging.getLogger("keras_gpu_tools")
+
+LARGE_TRACE_BYTES = 1 << 30  # TensorBoard is known to crash loading traces over ~1 GB
+
+
+class ProfilerBusy(RuntimeError):
+    """Another profiler session (not ours) is running."""
+
+
+@dataclass
+class TracerOptions:
+    host_tracer_level: int = 2  # 1: user annotations; 2: + high-level runtime; 3: verbose
+    python_tracer: bool = False  # Python function calls (costly)
+    device_tracer_level: int = 1  # 0 off, 1 on
+
+
+def session_dirs(run_dir: str) -> set:
+    return set(glob.glob(os.path.join(run_dir, "plugins", "profile", "*")))
+
+
+def claim_session(run_dir: str, before: set, pattern: str, label: str) -> List[str]:
+    """Renames the session folder(s) a capture just wrote to ``<name>_<label>``.
+
+    The profilers name sessions by the second, so two windows in one second
+    would write into the same folder; a unique name per window prevents that
+    and tells the windows apart in TensorBoard's session list.
+    """
+    files = []
+    for folder in sorted(session_dirs(run_dir) - before):
+        target = f"{folder}_{label}"
+        n = 1
+        while os.path.exists(target):
+            n += 1
+            target = f"{folder}_{label}_{n}"
+        os.rename(folder, target)
+        files.extend(sorted(glob.glob(os.path.join(target, pattern))))
+    return files
+
+
+class _TF:
+    name = "tensorflow"
+    pattern = "*.xplane.pb"
+
+    def available(self) -> Tuple[bool, str]:
+        return True, ""
+
+    def start(self, run_dir: str, options: TracerOptions) -> None:
+        import tensorflow as tf
+
+        opts = tf.profiler.experimental.ProfilerOptions(
+            host_tracer_level=options.host_tracer_level,
+            python_tracer_level=1 if options.python_tracer else 0,
+            device_tracer_level=options.device_tracer_level,
+        )
+        try:
+            tf.profiler.experimental.start(run_dir, options=opts)
+        except tf.errors.AlreadyExistsError as e:
+            raise ProfilerBusy(str(e) or "another TensorFlow profiler session is running") from None
+
+    def step(self, step_num: int):
+        import tensorflow as tf
+
+        # `_r=1` makes this a root event: what xprof's step analysis looks for.
+        return tf.profiler.experimental.Trace("train", step_num=step_num, _r=1)
+
+    def stop(self, outputs=None) -> None:
+        import tensorflow as tf
+
+        tf.profiler.experimental.stop()
+
+
+class _JAX:
+    name = "jax"
+    pattern = "*.xplane.pb"
+
+    def available(self) -> Tuple[bool, str]:
+        if sys.version_info < (3, 12):
+            # Keras itself disables JAX profiling below 3.12 (a segfault was reported).
+            return False, (
+                "JAX profiling is unavailable on Python < 3.12: Keras disables it there "
+                "because jax.profiler was reported to crash"
+            )
+        return True, ""
+
+    def start(self, run_dir: str, options: TracerOptions) -> None:
+        import jax
+
+        kwargs = {}
+        if hasattr(jax.profiler, "ProfileOptions"):
+            po = jax.profiler.ProfileOptions()
+            for attr, value in (
+                ("host_tracer_level", options.host_tracer_level),
+                ("python_tracer_level", 1 if options.python_tracer else 0),
+            ):
+                if hasattr(po, attr):
+                    setattr(po, attr, value)
+            kwargs["profiler_options"] = po
+        try:
+            jax.profiler.start_trace(run_dir, **kwargs)
+        except RuntimeError as e:
+            if "already" in str(e).lower():
+                raise ProfilerBusy(str(e)) from None
+            raise
+
+    def step(self, step_num: int):
+        import jax
+
+        return jax.profiler.StepTraceAnnotation("train", step_num=step_num)
+
+    def stop(self, outputs=None) -> None:
+        import jax
+
+        if outputs is not None:
+            jax.block_until_ready(outputs)  # let the window's kernels finish inside the trace
+        jax.profiler.stop_trace()
+
+
+class _Torch:
+    name = "torch"
+    pattern = "*.pt.trace.json"
+
+    def __init__(self):
+        self._prof = None
+        self._run_dir = None
+
+    def available(self) -> Tuple[bool, str]:
+        return True, ""
+
+    def start(self, run_dir: str, options: TracerOptions) -> None:
+        import torch
+
+        if torch.autograd.profiler._is_profiler_enabled:
+            raise ProfilerBusy("another torch profiler session is running")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available() and options.device_tracer_level:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._prof = torch.profiler.profile(activities=activities, with_stack=options.python_tracer)
+        self._prof.start()
+        self._run_dir = run_dir
+
+    def step(self, step_num: int):
+        import torch
+
+        # The name torch.profiler.profile.step() gives its step ranges.
+        return torch.profiler.record_function(f"ProfilerStep#{step_num}")
+
+    def stop(self, outputs=None) -> None:
+        import torch
+
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        prof.stop()
+        folder = os.path.join(self._run_dir, "plugins", "profile", time.strftime("%Y_%m_%d_%H_%M_%S"))
+        os.makedirs(folder, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(folder, f"{socket.gethostname()}.pt.trace.json"))
+
+
+def for_backend(name: str):
+    return {"tensorflow": _TF, "jax": _JAX, "torch": _Torch}[name]()
+
+
+# ---------------------------------------------------------------------------
+# Schedules
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    start: int  # first global step (0-based) captured
+    steps: int
+
+    @property
+    def end(self) -> int:  # exclusive
+        return self.start + self.steps
+
+
+def validate_windows(windows: Sequence[Tuple[int, int]], argument: str = "windows") -> List[Window]:
+    out = []
+    for item in windows:
+        try:
+            start, steps = item
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"Invalid value for argument `{argument}`. Received: {argument}={list(windows)!r}; "
+                f"entry {item!r} is not a pair. Expected (start_step, num_steps) pairs."
+            ) from None
+        for name, value, low in (("start_step", start, 0), ("num_steps", steps, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(
+                    f"Invalid value for argument `{argument}`. Received: {argument}={list(windows)!r}; "
+                    f"{name}={value!r} in {item!r}. Expected an integer >= {low}."
+                )
+        out.append(Window(start, steps))
+    out.sort(key=lambda w: w.start)
+    for a, b in zip(out, out[1:]):
+        if b.start < a.end:
+            raise ValueError(
+                f"Invalid value for argument `{argument}`. Received: {argument}={list(windows)!r}; "
+                f"windows {(a.start, a.steps)} and {(b.start, b.steps)} overlap. Expected windows that do not overlap."
+            )
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Reading a captured trace back with xprof
+# ---------------------------------------------------------------------------
+@dataclass
+class TraceAnalysis:
+    conclusion: str = ""
+    step_rows: List[dict] = field(default_factory=list)  # step name, step ms, input ms
+    step_time_ms: Optional[float] = None
+    input_percent: Optional[float] = None
+    hardware: str = ""
+    error: str = ""
+
+
+def xprof_available() -> bool:
+    try:
+        from xprof.convert import raw_to_tool_data  # noqa: F401
+
+        return True
+    except Exception:
+        return False
+
+
+def tool_data(paths: Iterable[str], tool: str):
+    """Runs one of xprof's converters on ``.xplane.pb`` files; returns parsed JSON."""
+    from xprof.convert import raw_to_tool_data
+
+    data, _ = raw_to_tool_data.xspace_to_tool_data(list(paths), tool, {})
+    if data is None:
+        raise RuntimeError(f"xprof could not convert the trace with {tool!r}")
+    if isinstance(data, bytes):
+        data = data.decode()
+    return json.loads(data)
+
+
+def analyze_input_pipeline(paths: Sequence[str]) -> TraceAnalysis:
+    """xprof's input-pipeline analysis of a trace: per-step rows and its verdict."""
+    out = TraceAnalysis()
+    try:
+        tables = tool_data(paths, "input_pipeline_analyzer")
+    except Exception as e:
+        out.error = f"{type(e).__name__}: {e}"
+        return out
+    for table in tables:
+        props = table.get("p", {}) if isinstance(table, dict) else {}
+        if "input_conclusion" not in props:
+            continue
+        out.conclusion = props.get("input_conclusion", "")
+        out.hardware = props.get("hardware_type", "")
+        cols = [c.get("id") for c in table.get("cols", [])]
+        for row in table.get("rows", []):
+            values = [c.get("v") if isinstance(c, dict) else None for c in row.get("c", [])]
+            rec = dict(zip(cols, values))
+            out.step_rows.append(
+                {"step": rec.get("stepnum"), "step_ms": rec.get("stepTimeMs"), "input_ms": rec.get("infeedTimeMs")}
+            )
+        try:
+            out.step_time_ms = float(props.get("steptime_ms_average"))
+        except (TypeError, ValueError):
+            pass
+        total = sum(r["step_ms"] or 0 for r in out.step_rows)
+        if total > 0:
+            out.input_percent = 100.0 * sum(r["input_ms"] or 0 for r in out.step_rows) / total
+        break
+    return out

@@ -1,0 +1,1065 @@
+"""A report of a training run: what the callbacks measured, in one view.
+
+:func:`report` gathers what the package's callbacks recorded (or, after the
+fact, what they wrote to a TensorBoard log directory) into a
+:class:`TrainingReport`, which renders as plain text (``str(report)``), as HTML
+with matplotlib plots in a notebook (``_repr_html_``), and saves as one HTML
+file with the plots embedded as PNG (``report.save("report.html")``).
+
+Sections: per GPU, utilization (SM activity where the GPU reports it) and
+memory over time; the host's CPU and memory; step time split into input wait,
+compute and other; the input-bound verdict and its advice; OOM recoveries;
+profiler windows and their xprof conclusion; mixed-precision findings; the
+training curves Keras wrote.
+
+Sources are read by duck typing, not by class, so this module imports neither
+Keras nor a framework: matplotlib is imported when a figure is first drawn,
+TensorBoard's event reader when a log directory is read.
+
+Keys read (a missing one leaves its part of the report out):
+
+| source | what |
+|---|---|
+| `GPUUtilizationLogger.timeline` / run `gpu` | `gpu/<i>/*`, `host/*` scalars, text `gpu/devices` |
+| `InputBoundDetector.epoch_history` / run `input` | `input/*_ms`, `input/wait_fraction`, `throughput/*`; text `input/verdict` |
+| `ProfilerWindow.captures` / run `profile` | text `profile/steps_<a>_<b>` and `.../input_pipeline` |
+| an OOM callback (`micro_batches`, recoveries) / any run | epoch logs and scalars `oom/*`, text tags `oom/*` |
+| `MixedPrecisionCheck.findings` / run `report` | text `mixed_precision/findings` (see `TrainingReport.write_to_tensorboard`) |
+| `History` / runs `train`, `validation` | Keras's `epoch_*` summaries |
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import io
+import math
+import os
+import re
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+GPU_KEY = re.compile(r"^gpu/([^/]+)/(.+)$")
+SPLIT_KEYS = (("input/wait_ms", "input wait"), ("input/compute_ms", "compute"), ("input/other_ms", "other"))
+SPLIT_COLORS = ("#d62728", "#1f77b4", "#bbbbbb")
+UTIL_FIELDS = ("utilization_percent", "sm_activity_percent", "tensor_activity_percent", "memory_busy_percent")
+MEMORY_FIELDS = ("memory_used_mib", "allocator_memory_mib", "allocator_peak_memory_mib", "memory_total_mib")
+MP_TAG = "mixed_precision/findings"
+_OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "oom/")
+_NO_FINDING = "No mixed-precision finding."
+
+
+# ---------------------------------------------------------------------------
+# The data
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class Series:
+    """One metric over time: wall-clock seconds, the training step, the value."""
+
+    key: str
+    wall: List[float] = dataclasses.field(default_factory=list)
+    steps: List[int] = dataclasses.field(default_factory=list)
+    values: List[float] = dataclasses.field(default_factory=list)
+
+    def add(self, wall: float, step: int, value: float) -> None:
+        self.wall.append(float(wall))
+        self.steps.append(int(step))
+        self.values.append(float(value))
+
+    def stats(self) -> Tuple[float, float, float, float]:
+        v = self.values
+        return min(v), sum(v) / len(v), max(v), v[-1]
+
+
+@dataclasses.dataclass
+class ReportData:
+    """Everything a report shows; filled from callbacks or from a log directory."""
+
+    title: str = "Training report"
+    sources: List[str] = dataclasses.field(default_factory=list)
+    gpus: List[Dict[str, str]] = dataclasses.field(default_factory=list)  # index, name, memory, ...
+    series: Dict[str, Series] = dataclasses.field(default_factory=dict)  # gpu/* and host/*
+    t0: Optional[float] = None  # wall time of the first GPU/host point
+    # Step time split: x (epoch numbers or steps) and per-key values in ms.
+    split_axis: str = "epoch"
+    split_x: List[float] = dataclasses.field(default_factory=list)
+    split: Dict[str, List[Optional[float]]] = dataclasses.field(default_factory=dict)
+    throughput: Dict[str, float] = dataclasses.field(default_factory=dict)  # last figures of the run
+    verdict: Optional[Dict[str, Any]] = None  # category, message, evidence, advice, text
+    oom_events: List[str] = dataclasses.field(default_factory=list)
+    oom_series: Dict[str, Series] = dataclasses.field(default_factory=dict)
+    oom_summary: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    oom_seen: bool = False  # an OOM callback (or its logs) was there
+    profiles: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # steps, line, conclusion
+    findings: Optional[List[Dict[str, Optional[str]]]] = None  # None: the check did not run
+    training: Dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    def oom_count(self) -> Optional[int]:
+        """Recoveries: from the callback's records, else from the logged counts."""
+        if self.oom_events:
+            return len(self.oom_events)
+        total = self.oom_series.get("oom/events_total")
+        if total is not None and total.values:
+            return int(max(total.values))
+        per_epoch = self.oom_series.get("oom/events")
+        if per_epoch is not None and per_epoch.values:
+            return int(sum(per_epoch.values))
+        return 0 if self.oom_seen else None
+
+    def gpu_indices(self) -> List[str]:
+        seen = []
+        for key in self.series:
+            m = GPU_KEY.match(key)
+            if m and m.group(1) not in seen:
+                seen.append(m.group(1))
+        for g in self.gpus:
+            if g.get("index") not in seen:
+                seen.append(g.get("index"))
+        return sorted(seen, key=lambda s: (len(s), s))
+
+
+# ---------------------------------------------------------------------------
+# Gathering from callbacks
+# ---------------------------------------------------------------------------
+def _is_gpu_logger(obj) -> bool:
+    return hasattr(obj, "timeline") and hasattr(obj, "gpus")
+
+
+def _is_detector(obj) -> bool:
+    return hasattr(obj, "verdict") and hasattr(obj, "epoch_history") and hasattr(obj, "measurement")
+
+
+def _is_profiler(obj) -> bool:
+    return hasattr(obj, "captures")
+
+
+def _is_mp_check(obj) -> bool:
+    return hasattr(obj, "findings") and not hasattr(obj, "verdict")
+
+
+def _is_oom(obj) -> bool:
+    return hasattr(obj, "micro_batches") or "oom" in type(obj).__name__.lower()
+
+
+def _is_history(obj) -> bool:
+    return isinstance(getattr(obj, "history", None), dict) and hasattr(obj, "epoch")
+
+
+def _is_model(obj) -> bool:
+    return hasattr(obj, "layers") and hasattr(obj, "compile")
+
+
+def _flatten(sources: Iterable[Any]) -> List[Any]:
+    out = []
+    for s in sources:
+        if isinstance(s, (list, tuple)):
+            out.extend(_flatten(s))
+        elif s is not None:
+            out.append(s)
+    return out
+
+
+def _finite(v) -> Optional[float]:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _from_gpu_logger(data: ReportData, lg) -> None:
+    data.sources.append(type(lg).__name__)
+    for index, info in list(getattr(lg, "gpus", []) or []):
+        mem = getattr(info, "memory_total_bytes", None)
+        cc = getattr(info, "compute_capability", None)
+        data.gpus.append({
+            "index": str(index),
+            "name": str(getattr(info, "name", "?")) + (" (MIG)" if getattr(info, "is_mig", False) else ""),
+            "uuid": str(getattr(info, "uuid", "")),
+            "memory": f"{mem / 2**20:.0f} MiB" if mem else "?",
+            "compute capability": ".".join(map(str, cc)) if cc else "?",
+        })
+    for wall, step, means in list(lg.timeline):
+        if data.t0 is None or wall < data.t0:
+            data.t0 = wall
+        for key, value in means.items():
+            v = _finite(value)
+            if v is not None:
+                data.series.setdefault(key, Series(key)).add(wall, step, v)
+
+
+def _from_detector(data: ReportData, det) -> None:
+    data.sources.append(type(det).__name__)
+    history = list(getattr(det, "epoch_history", []) or [])
+    if history:
+        data.split_axis = "epoch"
+        data.split_x = [float(i + 1) for i in range(len(history))]
+        data.split = {k: [_finite(h.get(k)) for h in history] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)}
+    m = getattr(det, "measurement", None)
+    if m is not None and hasattr(m, "logs"):
+        data.throughput = dict(m.logs())
+    v = getattr(det, "verdict", None)
+    if v is not None:
+        text = det.summary() if hasattr(det, "summary") else str(v)
+        data.verdict = {
+            "category": v.category,
+            "message": v.message,
+            "evidence": list(v.evidence),
+            "advice": list(v.advice),
+            "text": text,
+        }
+
+
+def _capture_dict(c) -> Dict[str, Any]:
+    a = getattr(c, "analysis", None)
+    conclusion = ""
+    if a is not None:
+        conclusion = a.conclusion or (f"xprof gave no conclusion ({a.error})" if a.error else "")
+    return {
+        "steps": f"{c.start_step}-{c.start_step + c.num_steps}",
+        "start": c.start_step,
+        "num_steps": c.num_steps,
+        "reason": c.reason,
+        "trace_dir": c.trace_dir or "",
+        "size_mib": c.size_bytes / 2**20,
+        "mean_step_ms": c.mean_step_ms,
+        "line": c.line() if hasattr(c, "line") else "",
+        "conclusion": conclusion,
+    }
+
+
+def _from_profiler(data: ReportData, prof) -> None:
+    data.sources.append(type(prof).__name__)
+    if hasattr(prof, "wait_for_analysis"):
+        try:
+            prof.wait_for_analysis(timeout=60.0)
+        except Exception:
+            pass
+    data.profiles = [_capture_dict(c) for c in list(prof.captures)]
+
+
+def _record_text(r) -> str:
+    if isinstance(r, str):
+        return r
+    for attr in ("line", "message", "text"):
+        v = getattr(r, attr, None)
+        if callable(v):
+            try:
+                v = v()
+            except Exception:
+                v = None
+        if isinstance(v, str) and v:
+            return v
+    if dataclasses.is_dataclass(r):
+        return ", ".join(f"{f.name}={getattr(r, f.name)!r}" for f in dataclasses.fields(r))
+    if isinstance(r, dict):
+        return ", ".join(f"{k}={v!r}" for k, v in r.items())
+    return str(r)
+
+
+def _from_oom(data: ReportData, cb) -> None:
+    data.sources.append(type(cb).__name__)
+    data.oom_seen = True
+    for attr in ("recoveries", "events", "records", "oom_events"):
+        recs = getattr(cb, attr, None)
+        if isinstance(recs, (list, tuple)) or (recs is not None and hasattr(recs, "__iter__") and not isinstance(recs, (str, dict))):
+            data.oom_events = [_record_text(r) for r in list(recs)]
+            break
+    mb = getattr(cb, "micro_batches", None)
+    if isinstance(mb, (int, float)) and not isinstance(mb, bool):
+        data.oom_summary["micro-batches per batch now"] = mb
+    seconds = getattr(cb, "recovery_seconds", None)
+    if isinstance(seconds, (int, float)) and seconds:
+        data.oom_summary["seconds spent in failed attempts"] = round(float(seconds), 2)
+    for attr in ("epoch_history",):
+        hist = getattr(cb, attr, None)
+        if isinstance(hist, list):
+            for i, h in enumerate(hist):
+                for k, v in (h or {}).items():
+                    if k.startswith("oom/") and _finite(v) is not None:
+                        data.oom_series.setdefault(k, Series(k)).add(0.0, i + 1, float(v))
+
+
+def _from_history(data: ReportData, hist: Dict[str, List[Any]]) -> None:
+    for key, values in hist.items():
+        if key.startswith(_OWN_PREFIXES[:-1]):
+            continue
+        if key.startswith("oom/"):
+            if key not in data.oom_series:
+                s = Series(key)
+                for i, v in enumerate(values):
+                    if _finite(v) is not None:
+                        s.add(0.0, i + 1, float(v))
+                if s.values:
+                    data.oom_series[key] = s
+                    data.oom_seen = True
+            continue
+        s = Series(key)
+        for i, v in enumerate(values):
+            if _finite(v) is not None:
+                s.add(0.0, i + 1, float(v))
+        if s.values:
+            data.training[key] = s
+
+
+def _findings_dicts(findings) -> List[Dict[str, Optional[str]]]:
+    return [{"kind": getattr(f, "kind", "?"), "layer": getattr(f, "layer", None), "message": getattr(f, "message", str(f))} for f in findings]
+
+
+def gather(sources: Sequence[Any], title: Optional[str] = None) -> ReportData:
+    """Reads the callbacks, History or model given into a `ReportData`."""
+    data = ReportData(title=title or "Training report")
+    models = []
+    for s in _flatten(sources):
+        if _is_model(s):
+            models.append(s)
+        elif _is_gpu_logger(s):
+            _from_gpu_logger(data, s)
+        elif _is_detector(s):
+            _from_detector(data, s)
+        elif _is_profiler(s):
+            _from_profiler(data, s)
+        elif _is_oom(s):
+            _from_oom(data, s)
+        elif _is_mp_check(s):
+            data.sources.append(type(s).__name__)
+            data.findings = _findings_dicts(s.findings)
+        elif _is_history(s):
+            _from_history(data, s.history)
+        elif isinstance(s, dict) and all(isinstance(v, list) for v in s.values()):
+            _from_history(data, s)  # history.history
+        # Anything else (Keras's TensorBoard, a LiveView, ...) has nothing to add.
+    for model in models:
+        h = getattr(model, "history", None)
+        if h is not None and _is_history(h) and not data.training:
+            _from_history(data, h.history)
+        if data.findings is None:
+            try:
+                from keras_gpu_tools._core.mixed_precision import check_mixed_precision
+
+                data.findings = _findings_dicts(check_mixed_precision(model))
+                data.sources.append("check_mixed_precision(model)")
+            except Exception as e:
+                data.notes.append(f"The mixed-precision check failed ({type(e).__name__}: {e}).")
+    return data
+
+
+# ---------------------------------------------------------------------------
+# Gathering from a TensorBoard log directory
+# ---------------------------------------------------------------------------
+def _text_of(tensor_event) -> str:
+    proto = tensor_event.tensor_proto
+    if proto.string_val:
+        return proto.string_val[0].decode("utf-8", "replace")
+    return ""
+
+
+def _scalar_of(tensor_event) -> Optional[float]:
+    from tensorboard.util import tensor_util
+
+    try:
+        return _finite(tensor_util.make_ndarray(tensor_event.tensor_proto).item())
+    except Exception:
+        return None
+
+
+def _runs(log_dir: str) -> List[Tuple[str, str]]:
+    """(run name, directory) of every folder under log_dir holding event files."""
+    runs = []
+    for root, dirs, files in os.walk(log_dir):
+        dirs[:] = [d for d in dirs if d != "plugins"]
+        if any(".tfevents." in f for f in files):
+            rel = os.path.relpath(root, log_dir)
+            runs.append(("." if rel == "." else rel.replace(os.sep, "/"), root))
+    return sorted(runs)
+
+
+def _parse_findings(text: str) -> List[Dict[str, Optional[str]]]:
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^- \[(\w+)\](?: `([^`]*)`)?: (.*)$", line.strip())
+        if m:
+            out.append({"kind": m.group(1), "layer": m.group(2) or None, "message": m.group(3)})
+    return out
+
+
+_SUMMARY_ROWS = {"steps/s": "throughput/steps_per_sec", "samples/s": "throughput/samples_per_sec"}
+
+
+def _figures_of(summary: str) -> Dict[str, float]:
+    """The whole-run figures of an InputBoundDetector summary's table."""
+    out = {}
+    for line in summary.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] in _SUMMARY_ROWS:
+            v = _finite(cells[1])
+            if v is not None:
+                out[_SUMMARY_ROWS[cells[0]]] = v
+    return out
+
+
+def _parse_device_table(text: str) -> List[Dict[str, str]]:
+    gpus = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 5 and cells[0].isdigit():
+            gpus.append({"index": cells[0], "name": cells[1], "uuid": cells[2], "memory": f"{cells[3]} MiB",
+                         "compute capability": cells[4]})
+    return gpus
+
+
+def gather_log_dir(log_dir: str, title: Optional[str] = None) -> ReportData:
+    """Reads every run under a TensorBoard log directory into a `ReportData`."""
+    from keras_gpu_tools._core.tensorboard import check_log_dir
+
+    log_dir = check_log_dir(log_dir)
+    if not os.path.isdir(log_dir):
+        raise ValueError(f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which does not exist. "
+                         "Expected a TensorBoard log directory written by keras_gpu_tools callbacks.")
+    try:
+        from tensorboard.backend.event_processing import event_accumulator as ea
+    except ImportError as e:  # pragma: no cover - tensorboard is a requirement
+        raise ImportError(f"Reading a log directory needs `tensorboard` ({e}). Install it with `pip install tensorboard`.") from e
+
+    data = ReportData(title=title or f"Training report: {log_dir}")
+    runs = _runs(log_dir)
+    if not runs:
+        raise ValueError(f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which holds no "
+                         "TensorBoard event file. Expected the `log_dir` given to the callbacks.")
+    window_points: Dict[int, Dict[str, float]] = {}
+    texts: List[Tuple[str, str, int, float, str]] = []  # run, tag, step, wall, text
+    for run, path in runs:
+        acc = ea.EventAccumulator(path, size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
+        acc.Reload()
+        tags = acc.Tags()
+        data.sources.append(f"{run}")
+        for tag in tags.get("scalars", []):
+            events = acc.Scalars(tag)
+            if tag.startswith(("gpu/", "host/")):
+                s = data.series.setdefault(tag, Series(tag))
+                for e in events:
+                    s.add(e.wall_time, e.step, e.value)
+                    data.t0 = e.wall_time if data.t0 is None else min(data.t0, e.wall_time)
+            elif tag.startswith(("input/", "throughput/")):
+                for e in events:
+                    window_points.setdefault(e.step, {})[tag] = e.value
+            elif tag.startswith("oom/"):
+                data.oom_seen = True
+                s = data.oom_series.setdefault(tag, Series(tag))
+                for e in events:
+                    s.add(e.wall_time, e.step, e.value)
+        for tag in tags.get("tensors", []):
+            events = acc.Tensors(tag)
+            if not events:
+                continue
+            dtype = events[0].tensor_proto.dtype
+            if dtype == 7:  # DT_STRING: text summaries
+                for e in events:
+                    texts.append((run, tag, e.step, e.wall_time, _text_of(e)))
+            elif tag.startswith("epoch_"):
+                name = tag[len("epoch_"):]
+                if name.startswith(_OWN_PREFIXES):
+                    continue  # our own epoch logs, which Keras's TensorBoard copies
+                key = name if run in ("train", ".") else f"{run.split('/')[-1][:3]}_{name}" if run != "validation" else f"val_{name}"
+                s = Series(key)
+                for e in events:
+                    v = _scalar_of(e)
+                    if v is not None:
+                        s.add(e.wall_time, e.step + 1, v)
+                if s.values:
+                    data.training[key] = s
+            elif tag.startswith("oom/"):
+                data.oom_seen = True
+                s = data.oom_series.setdefault(tag, Series(tag))
+                for e in events:
+                    v = _scalar_of(e)
+                    if v is not None:
+                        s.add(e.wall_time, e.step, v)
+
+    texts.sort(key=lambda t: (t[3], t[2]))
+    verdict_text = None
+    profiles: Dict[str, Dict[str, Any]] = {}
+    for run, tag, step, wall, text in texts:
+        if tag == "gpu/devices":
+            data.gpus = _parse_device_table(text)
+        elif tag == "input/verdict":
+            verdict_text = text  # the last one written: the whole fit's summary
+        elif tag.startswith("profile/"):
+            m = re.match(r"^profile/steps_(\d+)_(\d+)(/input_pipeline)?$", tag)
+            if not m:
+                continue
+            a, b = int(m.group(1)), int(m.group(2))
+            p = profiles.setdefault(f"{a}-{b}", {"steps": f"{a}-{b}", "start": a, "num_steps": b - a, "line": "", "conclusion": "",
+                                                 "reason": "", "trace_dir": "", "size_mib": None, "mean_step_ms": None})
+            if m.group(3):
+                p["conclusion"] = text
+            else:
+                p["line"] = text
+                lm = re.search(r"\(([^()]*)\) -> (.*) \(([\d.]+) MiB(?:, mean step ([\d.]+) ms)?\)$", text)
+                if lm:
+                    p["reason"], p["trace_dir"] = lm.group(1), lm.group(2)
+                    p["size_mib"] = float(lm.group(3))
+                    p["mean_step_ms"] = float(lm.group(4)) if lm.group(4) else None
+        elif tag == MP_TAG:
+            data.findings = [] if text.strip().startswith(_NO_FINDING) else _parse_findings(text)
+        elif tag.startswith("oom/"):
+            data.oom_seen = True
+            data.oom_events.append(text)
+    data.profiles = sorted(profiles.values(), key=lambda p: p["start"])
+    if window_points:
+        steps = sorted(window_points)
+        last = dict(window_points[steps[-1]])
+        steps = [s for s in steps if any(window_points[s].get(k) is not None for k, _ in SPLIT_KEYS)]
+        data.split_axis = "step"
+        data.split_x = [float(s) for s in steps]
+        data.split = {k: [_finite(window_points[s].get(k)) for s in steps] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)}
+        data.throughput = last
+    if verdict_text:
+        data.throughput.update(_figures_of(verdict_text))
+        first = verdict_text.splitlines()[0] if verdict_text else ""
+        category = first.split(":", 1)[1].strip() if ":" in first else "unknown"
+        lines = verdict_text.splitlines()
+        message = next((ln for ln in lines[1:] if ln.strip()), "")
+        advice = [ln[2:] for ln in lines if ln.startswith("- ")]
+        data.verdict = {"category": category, "message": message, "evidence": [], "advice": advice, "text": verdict_text}
+    return data
+
+
+# ---------------------------------------------------------------------------
+# Figures (matplotlib, imported lazily; no pyplot, so no global state)
+# ---------------------------------------------------------------------------
+def _new_figure(rows: int = 1, height: float = 2.6, width: float = 8.0):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height * rows), dpi=100, layout="constrained")
+    axes = [fig.add_subplot(rows, 1, i + 1) for i in range(rows)]
+    return fig, axes
+
+
+def _seconds(data: ReportData, s: Series) -> List[float]:
+    t0 = data.t0 or (s.wall[0] if s.wall else 0.0)
+    return [w - t0 for w in s.wall]
+
+
+def _gpu_figure(data: ReportData, index: str):
+    fig, (ax_u, ax_m) = _new_figure(2)
+    name = next((g["name"] for g in data.gpus if g.get("index") == index), "")
+    fig.suptitle(f"GPU {index}" + (f": {name}" if name else ""), fontsize=11)
+    plotted = False
+    for field in UTIL_FIELDS:
+        s = data.series.get(f"gpu/{index}/{field}")
+        if s and s.values:
+            ax_u.plot(_seconds(data, s), s.values, label=field, linewidth=1.4 if field in UTIL_FIELDS[:2] else 0.9)
+            plotted = True
+    ax_u.set_ylabel("%")
+    ax_u.set_ylim(0, 105)
+    ax_u.set_title("utilization", fontsize=9, loc="left")
+    if plotted:
+        ax_u.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    plotted = False
+    for field in MEMORY_FIELDS:
+        s = data.series.get(f"gpu/{index}/{field}")
+        if s and s.values:
+            style = "--" if field == "memory_total_mib" else "-"
+            ax_m.plot(_seconds(data, s), s.values, style, label=field, linewidth=1.2)
+            plotted = True
+    ax_m.set_ylabel("MiB")
+    ax_m.set_xlabel("seconds since the first sample")
+    ax_m.set_title("memory", fontsize=9, loc="left")
+    if plotted:
+        ax_m.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def _host_figure(data: ReportData):
+    fig, (ax_c, ax_m) = _new_figure(2, height=2.0)
+    fig.suptitle("Host", fontsize=11)
+    for key in ("host/cpu_percent", "host/system_cpu_percent"):
+        s = data.series.get(key)
+        if s and s.values:
+            ax_c.plot(_seconds(data, s), s.values, label=key.split("/")[1], linewidth=1.2)
+    ax_c.set_ylabel("%")
+    ax_c.set_title("CPU", fontsize=9, loc="left")
+    ax_c.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    s = data.series.get("host/rss_mib")
+    if s and s.values:
+        ax_m.plot(_seconds(data, s), s.values, label="rss_mib", color="#2ca02c", linewidth=1.2)
+        ax_m.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax_m.set_ylabel("MiB")
+    ax_m.set_xlabel("seconds since the first sample")
+    ax_m.set_title("resident memory", fontsize=9, loc="left")
+    return fig
+
+
+def _split_figure(data: ReportData):
+    fig, (ax,) = _new_figure(1, height=3.0)
+    n = len(data.split_x)
+    pos = list(range(n))
+    bottom = [0.0] * n
+    for (key, label), color in zip(SPLIT_KEYS, SPLIT_COLORS):
+        vals = [v or 0.0 for v in data.split.get(key, [None] * n)]
+        ax.bar(pos, vals, bottom=bottom, label=label, color=color, width=0.7)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i in range(n):  # a split the detector could not measure: say so, do not draw 0
+        if all((data.split.get(k) or [None] * n)[i] is None for k, _ in SPLIT_KEYS):
+            ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=8, color="#777")
+    ax.set_xticks(pos)
+    ax.set_xticklabels([f"{x:g}" for x in data.split_x], fontsize=8)
+    if n > 20:
+        for i, t in enumerate(ax.get_xticklabels()):
+            t.set_visible(i % max(1, n // 10) == 0)
+    ax.set_xlabel("epoch" if data.split_axis == "epoch" else "training step (end of window)")
+    ax.set_ylabel("ms per step")
+    ax.set_title("Step time: input wait, compute, other", fontsize=10, loc="left")
+    ax.set_ylim(0, max(bottom + [0.0]) * 1.25 or 1.0)
+    ax.legend(fontsize=8, ncol=3, loc="upper right")
+    return fig
+
+
+def _oom_figure(data: ReportData):
+    fig, (ax,) = _new_figure(1, height=2.4)
+    for key, s in data.oom_series.items():
+        if s.values:
+            ax.plot(s.steps, s.values, label=key, linewidth=1.4, marker="o", markersize=4)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("epoch" if all(w == 0.0 for s in data.oom_series.values() for w in s.wall) else "training step")
+    ax.set_title("Out of memory: events and micro-batches", fontsize=10, loc="left")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _training_figure(data: ReportData):
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    names = sorted({k[4:] if k.startswith("val_") else k for k in data.training})
+    names = [n for n in names if n != "learning_rate"] or names
+    cols = min(len(names), 2)
+    rows = -(-len(names) // cols)
+    fig = Figure(figsize=(8.0, 2.4 * rows + 0.3), dpi=100, layout="constrained")
+    axes = [fig.add_subplot(rows, cols, i + 1) for i in range(len(names))]
+    for ax, name in zip(axes, names):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("epoch", fontsize=8)
+        for key, style in ((name, "-"), (f"val_{name}", "--")):
+            s = data.training.get(key)
+            if s and s.values:
+                ax.plot(s.steps, s.values, style, marker="o", markersize=3, label=key)
+        ax.set_title(name, fontsize=9, loc="left")
+        ax.legend(fontsize=7)
+    fig.suptitle("Training curves", fontsize=11)
+    return fig
+
+
+# ---------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------
+class TrainingReport:
+    """One view of a training run; see `report()`.
+
+    Renders as text (`str(report)`, `report.text()`), as HTML in a notebook,
+    and saves as an HTML file with its plots embedded (`report.save(path)`)
+    or as PNG files (`report.save_figures(directory)`).
+    """
+
+    def __init__(self, data: ReportData):
+        self.data = data
+        self._figures = None
+        self._pngs: Optional[Dict[str, bytes]] = None
+
+    # -- figures ------------------------------------------------------------------
+    def figures(self) -> Dict[str, Any]:
+        """The report's plots as matplotlib `Figure`s, by name (drawn once)."""
+        if self._figures is None:
+            d = self.data
+            figs: Dict[str, Any] = {}
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                note = "The plots need matplotlib, which could not be imported: `pip install matplotlib`."
+                if note not in d.notes:
+                    d.notes.append(note)
+                self._figures = figs
+                return figs
+            for index in d.gpu_indices():
+                if any(k.startswith(f"gpu/{index}/") for k in d.series):
+                    figs[f"gpu_{index}"] = _gpu_figure(d, index)
+            if any(k.startswith("host/") for k in d.series):
+                figs["host"] = _host_figure(d)
+            if d.split_x and any(v is not None for k, _ in SPLIT_KEYS for v in d.split.get(k, [])):
+                figs["step_time"] = _split_figure(d)
+            if d.oom_count() or any(v > 1 for k, s in d.oom_series.items() if k.endswith("micro_batches") for v in s.values):
+                figs["oom"] = _oom_figure(d)  # not for a run without a single OOM
+            if d.training:
+                figs["training"] = _training_figure(d)
+            self._figures = figs
+        return self._figures
+
+    def pngs(self) -> Dict[str, bytes]:
+        if self._pngs is None:
+            out = {}
+            for name, fig in self.figures().items():
+                buf = io.BytesIO()
+                fig.savefig(buf, format="png", dpi=100)
+                out[name] = buf.getvalue()
+            self._pngs = out
+        return self._pngs
+
+    def save_figures(self, directory) -> List[str]:
+        """Writes each plot as `<directory>/<name>.png`; returns the paths."""
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        paths = []
+        for name, png in self.pngs().items():
+            path = os.path.join(directory, f"{name}.png")
+            with open(path, "wb") as f:
+                f.write(png)
+            paths.append(path)
+        return paths
+
+    # -- text -----------------------------------------------------------------------
+    def text(self) -> str:
+        d = self.data
+        out = [d.title, "=" * len(d.title)]
+        if d.sources:
+            out.append(f"From: {', '.join(d.sources)}")
+        for heading, body in self._sections_text():
+            out += ["", heading, "-" * len(heading)] + body
+        missing = self.not_measured()
+        if missing:
+            out += ["", "Not measured in this run: " + "; ".join(missing) + "."]
+        for n in d.notes:
+            out += ["", f"Note: {n}"]
+        return "\n".join(out)
+
+    __str__ = text
+
+    def __repr__(self) -> str:
+        return f"<TrainingReport {self.data.title!r}: {', '.join(self.figures()) or 'no plots'}>"
+
+    def not_measured(self) -> List[str]:
+        """What this run's report has no data for, and which callback measures it."""
+        d = self.data
+        out = []
+        if not d.series and not d.gpus:
+            out.append("GPU and host metrics (GPUUtilizationLogger)")
+        if not d.split_x and not d.verdict:
+            out.append("step time and the input-bound verdict (InputBoundDetector)")
+        if not d.profiles:
+            out.append("profiler windows (ProfilerWindow)")
+        if d.findings is None:
+            out.append("mixed-precision findings (MixedPrecisionCheck, or pass the model)")
+        return out
+
+    def _sections_text(self) -> List[Tuple[str, List[str]]]:
+        d = self.data
+        sections = []
+        body = []
+        for g in d.gpus:
+            body.append(f"GPU {g['index']}: {g['name']}, {g['memory']}, compute capability {g['compute capability']}")
+        rows = [(k, s) for k, s in d.series.items() if s.values]
+        if rows:
+            body.append(f"{'metric':42s} {'min':>9s} {'mean':>9s} {'max':>9s} {'last':>9s}")
+            for k, s in sorted(rows):
+                body.append(f"{k:42s} " + " ".join(f"{v:9.1f}" for v in s.stats()))
+        if not d.gpu_indices() and rows:
+            body.insert(0, "No GPU was monitored (host metrics only).")
+        if body:
+            sections.append(("GPUs and host", body))
+
+        body = []
+        if d.split_x:
+            body.append(f"{d.split_axis:>8s} " + " ".join(f"{label:>11s}" for _, label in SPLIT_KEYS) + f" {'step':>9s}")
+            for i, x in enumerate(d.split_x):
+                vals = [d.split.get(k, [None] * len(d.split_x))[i] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)]
+                body.append(f"{x:8g} " + " ".join("        n/a" if v is None else f"{v:8.2f} ms" for v in vals[:3])
+                            + ("      n/a" if vals[3] is None else f" {vals[3]:6.2f} ms"))
+        for k in ("throughput/samples_per_sec", "throughput/steps_per_sec", "throughput/mfu"):
+            if k in d.throughput:
+                body.append(f"{k}: {d.throughput[k]:.4g}")
+        if body:
+            sections.append(("Step time", body))
+
+        if d.verdict:
+            v = d.verdict
+            body = [f"Verdict: {v['category']}", v["message"]] + list(v["evidence"])
+            if v["advice"]:
+                body += ["What to change:"] + [f"- {a}" for a in v["advice"]]
+            sections.append(("Input pipeline", body))
+
+        if d.oom_seen:
+            n = d.oom_count() or 0
+            body = [f"{n} recover{'y' if n == 1 else 'ies'} from out-of-memory errors."]
+            body += [f"{k}: {v}" for k, v in d.oom_summary.items()]
+            body += [f"- {e}" for e in d.oom_events]
+            if n and not d.oom_events:
+                body.append("(The log directory holds the counts; the callback's `summary()` has each recovery.)")
+            sections.append(("Out of memory", body))
+
+        if d.profiles:
+            body = []
+            for p in d.profiles:
+                body.append(f"steps {p['steps']}: " + (p["line"] or "(trace)"))
+                body.append(f"  conclusion: {p['conclusion'] or 'none (no xprof analysis)'}")
+            sections.append(("Profiler windows", body))
+
+        if d.findings is not None:
+            if not d.findings:
+                body = [_NO_FINDING]
+            else:
+                body = [f"- [{f['kind']}]" + (f" {f['layer']}" if f["layer"] else "") + f": {f['message']}" for f in d.findings]
+            sections.append(("Mixed precision", body))
+
+        if d.training:
+            body = [f"{k}: " + ", ".join(f"{v:.4g}" for v in s.values) for k, s in sorted(d.training.items())]
+            sections.append(("Training curves", body))
+        return sections
+
+    # -- HTML ------------------------------------------------------------------------
+    def html(self, full_page: bool = False) -> str:
+        d = self.data
+        pngs = self.pngs()
+        e = html.escape
+
+        def img(name: str, alt: str) -> str:
+            if name not in pngs:
+                return ""
+            b64 = base64.b64encode(pngs[name]).decode("ascii")
+            return (f'<figure class="kgt-fig" data-figure="{e(name)}"><img alt="{e(alt)}" '
+                    f'src="data:image/png;base64,{b64}"/></figure>')
+
+        def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+            h = "".join(f"<th>{e(str(c))}</th>" for c in header)
+            body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+            return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+
+        parts = [f"<h2>{e(d.title)}</h2>"]
+        if d.sources:
+            parts.append(f'<p class="kgt-src">From: {e(", ".join(d.sources))}</p>')
+        summary = self._badges()
+        if summary:
+            parts.append('<p class="kgt-badges">' + " ".join(
+                f'<span class="kgt-badge kgt-{cls}">{e(t)}</span>' for t, cls in summary) + "</p>")
+
+        if d.series or d.gpus:
+            parts.append("<h3>GPUs and host</h3>")
+            if d.gpus:
+                parts.append(table(["GPU", "name", "memory", "compute capability", "UUID"],
+                                   [(g["index"], g["name"], g["memory"], g["compute capability"], g.get("uuid", "")) for g in d.gpus]))
+            else:
+                parts.append("<p>No GPU was monitored: host metrics only.</p>")
+            for index in d.gpu_indices():
+                parts.append(img(f"gpu_{index}", f"GPU {index} utilization and memory over time"))
+            parts.append(img("host", "host CPU and memory over time"))
+            if d.series:
+                parts.append("<details><summary>All series (min / mean / max / last)</summary>" + table(
+                    ["metric", "min", "mean", "max", "last"],
+                    [(k, *(f"{v:.1f}" for v in s.stats())) for k, s in sorted(d.series.items()) if s.values]) + "</details>")
+
+        if "step_time" in pngs:
+            parts.append("<h3>Step time</h3>")
+            parts.append(img("step_time", "step time split into input wait, compute and other"))
+            tp = [(k, f"{d.throughput[k]:.4g}") for k in sorted(d.throughput)]
+            if tp:
+                parts.append("<details><summary>Figures of the whole run</summary>" + table(["figure", "value"], tp) + "</details>")
+
+        if d.verdict:
+            v = d.verdict
+            parts.append("<h3>Input pipeline</h3>")
+            parts.append(f'<p><b class="kgt-verdict">{e(v["category"])}</b>: {e(v["message"])}</p>')
+            parts += [f"<p>{e(x)}</p>" for x in v["evidence"]]
+            if v["advice"]:
+                parts.append("<p>What to change:</p><ul>" + "".join(f"<li>{e(a)}</li>" for a in v["advice"]) + "</ul>")
+
+        if d.oom_seen:
+            parts.append("<h3>Out of memory</h3>")
+            n = d.oom_count() or 0
+            parts.append(f"<p>{n} recover{'y' if n == 1 else 'ies'} from out-of-memory errors.</p>")
+            if d.oom_events:
+                parts.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in d.oom_events) + "</ul>")
+            rows = [(k, v) for k, v in d.oom_summary.items()]
+            if rows:
+                parts.append(table(["figure", "value"], rows))
+            parts.append(img("oom", "out-of-memory events and micro-batches"))
+
+        if d.profiles:
+            parts.append("<h3>Profiler windows</h3>")
+            parts.append(table(["steps", "reason", "mean step", "trace", "size", "xprof conclusion"], [
+                (p["steps"], p["reason"], "" if p["mean_step_ms"] is None else f"{p['mean_step_ms']:.2f} ms",
+                 p["trace_dir"], "" if p["size_mib"] is None else f"{p['size_mib']:.1f} MiB", p["conclusion"] or "-")
+                for p in d.profiles]))
+
+        if d.findings is not None:
+            parts.append("<h3>Mixed precision</h3>")
+            if not d.findings:
+                parts.append(f"<p>{_NO_FINDING}</p>")
+            else:
+                parts.append(table(["kind", "layer", "finding"], [(f["kind"], f["layer"] or "", f["message"]) for f in d.findings]))
+
+        if "training" in pngs:
+            parts.append("<h3>Training curves</h3>")
+            parts.append(img("training", "loss and metrics per epoch"))
+        missing = self.not_measured()
+        if missing:
+            parts.append(f'<p class="kgt-src">Not measured in this run: {e("; ".join(missing))}.</p>')
+        for n in d.notes:
+            parts.append(f"<p><i>{e(n)}</i></p>")
+        body = f'<div class="kgt-report">{_CSS}{"".join(p for p in parts if p)}</div>'
+        if not full_page:
+            return body
+        return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{e(d.title)}</title></head>'
+                f"<body>{body}</body></html>\n")
+
+    def _badges(self) -> List[Tuple[str, str]]:
+        d = self.data
+        out = []
+        for index in d.gpu_indices():
+            s = d.series.get(f"gpu/{index}/sm_activity_percent") or d.series.get(f"gpu/{index}/utilization_percent")
+            if s and s.values:
+                what = "SM activity" if s.key.endswith("sm_activity_percent") else "utilization"
+                mean = s.stats()[1]
+                out.append((f"GPU {index}: {what} {mean:.0f}%", "ok" if mean >= 70 else "warn"))
+        if d.verdict:
+            cat = d.verdict["category"]
+            out.append((cat, "bad" if cat.startswith("highly") else "warn" if cat.startswith("moderately") else "ok"))
+        if d.oom_seen:
+            n = d.oom_count() or 0
+            out.append((f"{n} OOM recover{'y' if n == 1 else 'ies'}", "warn" if n else "ok"))
+        if d.profiles:
+            out.append((f"{len(d.profiles)} profiler window(s)", "info"))
+        if d.findings is not None:
+            n = len(d.findings)
+            out.append((f"{n} mixed-precision finding(s)", "warn" if n else "ok"))
+        return out
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def save(self, path) -> str:
+        """Writes the report as one HTML file with the plots embedded; returns the path."""
+        path = os.fspath(path)
+        parent = os.path.dirname(os.path.abspath(path))
+        os.makedirs(parent, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.html(full_page=True))
+        return path
+
+    def write_to_tensorboard(self, log_dir, run_name: str = "report") -> str:
+        """Writes the mixed-precision findings and the text report into `log_dir/<run_name>`.
+
+        The callbacks write everything else themselves; this keeps the
+        findings for a report built later from the log directory, and puts
+        the text report in TensorBoard's Text tab.
+        """
+        from keras_gpu_tools._core.tensorboard import EventWriter
+
+        run_dir = os.path.join(os.fspath(log_dir), run_name)
+        writer = EventWriter(run_dir)
+        try:
+            if self.data.findings is not None:
+                writer.text(MP_TAG, findings_markdown(self.data.findings), step=0)
+            writer.text("report/summary", "```\n" + self.text() + "\n```", step=0)
+        finally:
+            writer.close()
+        return run_dir
+
+
+def findings_markdown(findings: Sequence[Dict[str, Optional[str]]]) -> str:
+    if not findings:
+        return _NO_FINDING
+    return "\n".join(f"- [{f['kind']}]" + (f" `{f['layer']}`" if f["layer"] else "") + f": {f['message']}" for f in findings)
+
+
+_CSS = """<style>
+.kgt-report{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;font-size:13px;max-width:900px;color:#222}
+.kgt-report h2{margin:4px 0 2px 0;font-size:20px}
+.kgt-report h3{margin:18px 0 6px 0;font-size:15px;border-bottom:1px solid #ddd;padding-bottom:2px}
+.kgt-report table{border-collapse:collapse;margin:4px 0;font-size:12px}
+.kgt-report th,.kgt-report td{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}
+.kgt-report th{background:#f4f4f4}
+.kgt-report figure{margin:6px 0}
+.kgt-report img{max-width:100%}
+.kgt-src{color:#777;margin:0}
+.kgt-badge{display:inline-block;border-radius:10px;padding:2px 9px;margin:2px;font-size:12px;background:#eee}
+.kgt-ok{background:#d9f2d9}.kgt-warn{background:#fff0c2}.kgt-bad{background:#f8d0d0}.kgt-info{background:#dde8f8}
+</style>"""
+
+
+def report(*sources: Any, log_dir: Optional[Any] = None, title: Optional[str] = None) -> TrainingReport:
+    """Combines what the callbacks measured into one report.
+
+    Pass the callbacks of a `fit()` (any of the package's callbacks, in any
+    order, or the list you gave to `fit()`), the `History` or the model
+    (whose mixed-precision setup is then checked), or a TensorBoard log
+    directory to build the report after the fact from what the callbacks
+    wrote there. With both, the callbacks' own records are used and the log
+    directory fills in what they lack (Keras's training curves, for
+    example).
+
+    Args:
+        *sources: callbacks, a `History`, a model, lists of these, or one
+            log directory (a path).
+        log_dir: a TensorBoard log directory to read. Defaults to `None`.
+        title: the report's title. Defaults to `None` ("Training report").
+
+    Returns:
+        A `TrainingReport`: `str(r)` is the text, `r` displays as HTML with
+        plots in a notebook, `r.save("report.html")` writes one HTML file
+        with the plots embedded, `r.figures()` gives the matplotlib figures.
+
+    Example:
+
+    ```python
+    from keras_gpu_tools import GPUUtilizationLogger, InputBoundDetector, report
+
+    callbacks = [GPUUtilizationLogger(log_dir="logs"), InputBoundDetector(log_dir="logs")]
+    model.fit(dataset, epochs=3, callbacks=callbacks)
+    r = report(callbacks, model)     # shows as HTML in a notebook
+    print(r)                         # plain text in a terminal
+    r.save("logs/report.html")
+    report("logs").save("again.html")  # later, from the logs alone
+    ```
+    """
+    objs = list(sources)
+    if log_dir is None and len(objs) == 1 and isinstance(objs[0], (str, os.PathLike)):
+        log_dir, objs = objs[0], []
+    bad = [o for o in _flatten(objs) if isinstance(o, (str, bytes, os.PathLike))]
+    if bad:
+        raise TypeError(f"Invalid value for argument `sources`. Received: {bad[0]!r} next to other sources. "
+                        "Expected callbacks, a History or a model; pass a log directory as `log_dir=`.")
+    if not objs and log_dir is None:
+        raise ValueError("Invalid arguments: nothing to report on. Expected callbacks (or the list given to fit()), "
+                         "a History or a model, or `log_dir=` a TensorBoard log directory.")
+    if objs:
+        data = gather(objs, title)
+        if log_dir is not None:
+            _fill_from(data, gather_log_dir(os.fspath(log_dir)))
+    else:
+        data = gather_log_dir(os.fspath(log_dir), title)
+    if title:
+        data.title = title
+    return TrainingReport(data)
+
+
+def _fill_from(data: ReportData, other: ReportData) -> None:
+    """Fills the parts `data` lacks from `other` (read from a log directory)."""
+    if not data.series:
+        data.series, data.t0, data.gpus = other.series, other.t0, other.gpus or data.gpus
+    if not data.split_x:
+        data.split_axis, data.split_x, data.split = other.split_axis, other.split_x, other.split
+        data.throughput = data.throughput or other.throughput
+    if data.verdict is None:
+        data.verdict = other.verdict
+    if not data.oom_seen and other.oom_seen:
+        data.oom_seen, data.oom_events, data.oom_series = True, other.oom_events, other.oom_series
+    if not data.profiles:
+        data.profiles = other.profiles
+    if data.findings is None:
+        data.findings = other.findings
+    if not data.training:
+        data.training = other.training
+    data.sources.append("log dir")
+

@@ -1,0 +1,147 @@
+"""LiveView: a compact view of the running fit() that updates in place in Jupyter."""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import time
+from typing import Callable, Optional, Union
+
+import keras
+
+from keras_gpu_tools._core import compat
+from keras_gpu_tools._core.live_view import LiveState, NotebookDisplay, in_notebook, render
+
+logger = logging.getLogger("keras_gpu_tools")
+
+
+class LiveView(keras.callbacks.Callback):
+    """Shows a small table with sparklines that updates in place during `fit()` in Jupyter.
+
+    It reads what the package's other callbacks in the same `fit()` measure
+    (GPU utilization and memory from `GPUUtilizationLogger`, the input wait
+    from `InputBoundDetector`, OOM recoveries, profiler windows) plus the
+    loss and the step time, and redraws every `interval` seconds. Outside a
+    notebook it does nothing (the default `enabled="auto"`).
+
+    A redraw is an HTML table with inline SVG sparklines, drawn on the
+    training thread (no matplotlib, no device sync: the loss is read every
+    `interval` seconds, not every step). Measured on a 2-core CPU in a real
+    Jupyter kernel (`benchmarks/live_view_overhead.py`): about 0.2 ms to draw
+    and 3 ms to draw and send, so 0.15% of the time at the default 2 s; the
+    per-step cost is one clock read (about 0.1 us).
+
+    Args:
+        interval: seconds between redraws. Defaults to `2.0`.
+        enabled: `"auto"` (on in a Jupyter kernel, off elsewhere), `True`
+            or `False`. Defaults to `"auto"`.
+        display: a function taking the view's HTML, used instead of the
+            notebook's display (for tests, or to send it elsewhere).
+            Defaults to `None`.
+
+    Example:
+
+    ```python
+    from keras_gpu_tools import GPUUtilizationLogger, InputBoundDetector, LiveView
+
+    model.fit(dataset, epochs=5, callbacks=[
+        GPUUtilizationLogger(log_dir="logs"), InputBoundDetector(log_dir="logs"), LiveView()])
+    ```
+    """
+
+    async_safe = True
+
+    def __init__(
+        self,
+        interval: float = 2.0,
+        enabled: Union[bool, str] = "auto",
+        display: Optional[Callable[[str], None]] = None,
+    ):
+        super().__init__()
+        if isinstance(interval, bool) or not isinstance(interval, numbers.Real) or not interval > 0:
+            raise ValueError(
+                f"Invalid value for argument `interval`. Received: interval={interval!r}. Expected a number of seconds > 0."
+            )
+        if enabled not in ("auto", True, False):
+            raise ValueError(
+                f"Invalid value for argument `enabled`. Received: enabled={enabled!r}. Expected 'auto', True or False."
+            )
+        if display is not None and not callable(display):
+            raise TypeError(
+                f"Invalid value for argument `display`. Received: display={display!r}. Expected a function of one HTML string, or None."
+            )
+        self.interval = float(interval)
+        self.enabled = enabled
+        self.display = display
+        self.redraws = 0
+        self.redraw_seconds = 0.0  # time spent drawing, for the overhead benchmark
+        self._active = False
+        self._out: Optional[Callable[[str], None]] = None
+        self._state = LiveState()
+        self._next = 0.0
+        self._epoch_base = 0
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def on_train_begin(self, logs=None):
+        on = self.enabled is True or (self.enabled == "auto" and (self.display is not None or in_notebook()))
+        self._active = False
+        if not on:
+            return
+        try:
+            self._out = self.display or NotebookDisplay()
+        except Exception as e:  # no IPython: nothing to show, never fatal
+            logger.info("LiveView: no notebook display (%s: %s); off for this fit().", type(e).__name__, e)
+            return
+        st = LiveState()
+        try:
+            st.attach([cb for cb in compat.find_callback_list(self.model) if cb is not self])
+        except Exception:
+            pass
+        st.epochs = (self.params or {}).get("epochs")
+        st.started = time.monotonic()
+        self._state = st
+        self._active = True
+        self._next = st.started + min(self.interval, 1.0)  # a first picture soon
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._state.epoch = epoch
+        self._epoch_base = self._state.step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._active:
+            return
+        st = self._state
+        # With steps_per_execution=N, Keras reports the last batch of the execution.
+        st.step = max(st.step, self._epoch_base + batch + 1)
+        if logs is not None:
+            st.logs = logs
+        now = time.monotonic()
+        if now >= self._next:
+            self._redraw(now)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._active:
+            if logs is not None:
+                self._state.logs = logs
+            self._redraw(time.monotonic())
+
+    def on_train_end(self, logs=None):
+        if self._active:
+            self._state.done = True
+            self._redraw(time.monotonic())
+            self._active = False
+
+    def _redraw(self, now: float) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._state.note_redraw(now)
+            self._out(render(self._state, now))
+        except Exception as e:  # a display problem must never stop training
+            logger.warning("LiveView: redraw failed (%s: %s); the view is off for this fit().", type(e).__name__, e)
+            self._active = False
+        self.redraws += 1
+        self.redraw_seconds += time.perf_counter() - t0
+        self._next = now + self.interval

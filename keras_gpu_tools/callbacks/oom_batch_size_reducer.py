@@ -1,0 +1,334 @@
+"""OOMBatchSizeReducer: a training step that runs out of memory is retried as micro-batches."""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import os
+from typing import List, Optional, Union
+
+import keras
+
+from keras_gpu_tools._core import oom_compat
+from keras_gpu_tools._core.gpu_sampler import WarnOnce
+from keras_gpu_tools._core.grad_accum import make_runner
+from keras_gpu_tools._core.lifecycle import FitGuard
+from keras_gpu_tools._core.oom import OOMEvent, Recovery, SplitController
+from keras_gpu_tools._core.step_hook import StepHook, batch_signature, leading_dim
+from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+
+logger = logging.getLogger("keras_gpu_tools")
+
+_MODES = ("accumulate", "split")
+
+
+def _int_at_least(name, value, low, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected an integer >= {low}{extra}.")
+    return int(value)
+
+
+class OOMBatchSizeReducer(keras.callbacks.Callback):
+    """Recovers from out-of-memory errors by retrying the batch as micro-batches.
+
+    When a training step runs out of device memory, the same batch is run
+    again as 2, then 4, 8, ... micro-batches until it fits; later batches
+    start at the micro-batch size that worked. Out-of-memory errors are
+    recognised by type: TensorFlow `ResourceExhaustedError`, JAX/XLA
+    `RESOURCE_EXHAUSTED` runtime errors, torch `OutOfMemoryError` (and torch's
+    CPU allocator error). Every other exception passes through unchanged.
+
+    Modes:
+
+    - `"accumulate"` (default): the model's own `train_step` runs on each
+      micro-batch, the gradients are accumulated (weighted by micro-batch
+      size) and the optimizer is applied once. The number of optimizer
+      updates, the learning-rate schedule, the loss and the metrics are those
+      of the unsplit batch, up to floating-point rounding, for losses that
+      are a mean over the batch (Keras's default reduction). Loss scaling
+      (`mixed_float16`) is applied once, on the accumulated gradients.
+    - `"split"`: the micro-batches run as separate training steps: a truly
+      smaller batch. This changes the optimisation: k optimizer updates per
+      original batch (`optimizer.iterations` and learning-rate schedules
+      advance k times as fast), noisier gradients, and the batch-end
+      callbacks still fire once per original batch.
+
+    Either way, layers with batch statistics (`BatchNormalization`) normalise
+    each micro-batch by its own statistics, and their moving averages are
+    updated once per micro-batch (k times per original batch, with the
+    layer's momentum each time): use `GroupNormalization`/`LayerNormalization`
+    where that matters.
+
+    Nothing is lost or repeated: the failed batch is retried (on TensorFlow
+    it is fetched in Python before the step, so the error cannot consume it);
+    the weights, the optimizer state, the non-trainable variables and the
+    metrics are put back to what they were before the failed attempt.
+    The first attempt at each batch shape and split keeps a host copy of
+    the whole state (when it is at most 4 GiB), later attempts a device copy
+    of the small state (non-trainable and metric variables, the optimizer's
+    counters). On JAX, Keras's step donates the state to the call, so an
+    out-of-memory error in a step that had already run at that shape (the
+    copy is not kept then) cannot be retried: it is raised with an
+    explanation; `probe=True` avoids running steps predicted not to fit.
+
+    When the split reaches `min_batch_size` and still does not fit, the
+    out-of-memory error is raised (same type) with the batch sizes tried,
+    the device's memory figures where known, and what to do next.
+
+    Logged keys (per epoch into `logs`; to TensorBoard in the run
+    `log_dir/<run_name>` when `log_dir` is given, on the step axis):
+
+    | key | unit | meaning |
+    |---|---|---|
+    | `oom/events` | count | out-of-memory errors recovered from in the epoch |
+    | `oom/micro_batches` | count | micro-batches per batch at the end of the epoch (1 = unsplit) |
+
+    Args:
+        min_batch_size: the smallest micro-batch to try. Defaults to `1`.
+        regrow_after: after this many good steps at a split, try half as many
+            micro-batches again, so one spike does not slow a whole run (a
+            failed trial doubles the wait). `None` keeps the split. Defaults
+            to `None`.
+        mode: `"accumulate"` or `"split"` (see above). Defaults to
+            `"accumulate"`.
+        probe: before a batch shape first runs, predict whether the step fits
+            from the compiled step's memory analysis against the device's
+            memory limit, and start at the split that fits (JAX on GPU; other
+            backends cannot tell and warn once). Defaults to `False`.
+        log_dir: TensorBoard log directory, or `None` for none. Defaults to
+            `None`.
+        run_name: TensorBoard run of the scalars. Defaults to `"oom"`.
+        verbose: print each recovery (it is always logged to the
+            `keras_gpu_tools` logger). Defaults to `0`.
+
+    Example:
+
+    ```python
+    from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+
+    reducer = OOMBatchSizeReducer(regrow_after=500)
+    model.fit(x, y, batch_size=1024, epochs=3, callbacks=[reducer])
+    print(reducer.micro_batches)  # e.g. 4: each batch of 1024 ran as 4 x 256
+    ```
+    """
+
+    async_safe = True
+
+    def __init__(
+        self,
+        min_batch_size: int = 1,
+        regrow_after: Optional[int] = None,
+        mode: str = "accumulate",
+        probe: bool = False,
+        log_dir: Optional[Union[str, os.PathLike]] = None,
+        run_name: str = "oom",
+        verbose: int = 0,
+    ):
+        super().__init__()
+        self.min_batch_size = _int_at_least("min_batch_size", min_batch_size, 1)
+        self.regrow_after = _int_at_least("regrow_after", regrow_after, 1, allow_none=True)
+        if mode not in _MODES:
+            raise ValueError(f"Invalid value for argument `mode`. Received: mode={mode!r}. Expected one of {_MODES}.")
+        self.mode = mode
+        if not isinstance(probe, bool):
+            raise TypeError(f"Invalid value for argument `probe`. Received: probe={probe!r}. Expected True or False.")
+        self.probe = probe
+        self.log_dir = check_log_dir(log_dir)
+        if not isinstance(run_name, str) or not run_name or os.sep in run_name:
+            raise ValueError(f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name.")
+        self.run_name = run_name
+        self.verbose = verbose
+        self.warnings = WarnOnce()
+        self.controller = SplitController(self.min_batch_size, self.regrow_after)
+        self.events: List[OOMEvent] = []
+        self.recovery_seconds = 0.0
+        self._recovery = Recovery(self.controller, on_event=self._on_event, memory=self._memory,
+                                  probe=probe)
+        self._micro_batches = 1
+        self._global_step = 0
+        self._epoch_events = 0
+        self._backend: Optional[str] = None
+        self._runner = None
+        self._inner_fn = None
+        self._attachment = None
+        self._guard: Optional[FitGuard] = None
+        self._writer: Optional[EventWriter] = None
+        self._spe = 1
+
+    # -- public ---------------------------------------------------------------
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per batch in the last step (1 = unsplit)."""
+        return self._micro_batches
+
+    @property
+    def micro_batch_size(self) -> Optional[int]:
+        """The micro-batch size in use, or None while batches run whole."""
+        return self.controller.micro_size
+
+    # -- Keras hooks ------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        self._finish()  # leftovers of a fit that died unnoticed
+        model = self.model
+        self._backend = keras.backend.backend()
+        if self._backend == "tensorflow":
+            problem = oom_compat.tf_check_strategy(model)
+            if problem:
+                raise ValueError(problem)
+        self._spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        if self.probe and self._backend != "jax":
+            self.warnings("probe", f"OOMBatchSizeReducer: probe=True needs the JAX backend (XLA's memory analysis); "
+                                   f"{self._backend} cannot tell before running, so the first step is simply retried if it runs out of memory.")
+        elif self.probe and not oom_compat.jax_device_memory().get("bytes_limit"):
+            self.warnings("probe-device", "OOMBatchSizeReducer: probe=True: this device reports no memory limit "
+                                          "(CPU); nothing is predicted, out-of-memory errors are retried.")
+        self._inner_fn = {"tensorflow": self._inner_tf, "jax": self._inner_jax, "torch": self._inner_torch}[self._backend]
+        self._attachment = StepHook.attach(model, self)  # calls self.inner(fn)
+        if self.log_dir is not None:
+            self._writer = EventWriter(os.path.join(self.log_dir, self.run_name))
+        self._guard = FitGuard(model, self._finish, name="keras_gpu_tools-OOMBatchSizeReducer-guard")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_events = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._backend == "jax":
+            self._check_late_jax_error()
+        values = {"oom/events": float(self._epoch_events), "oom/micro_batches": float(self._micro_batches)}
+        if logs is not None:
+            logs.update(values)
+        if self._writer is not None:
+            self._writer.scalars(values, step=self._global_step)
+            self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        self._finish()
+
+    # -- step hook observer -------------------------------------------------------
+    def sample(self, index: int) -> bool:
+        return False
+
+    def on_step(self, record) -> None:
+        pass
+
+    def inner(self, fn):
+        """Step-hook extension: each train-function call runs our retrying function instead of `fn`."""
+        if self._runner is None:
+            self._runner = make_runner(self._backend, self.model, fn, self.mode)
+        else:
+            self._runner.original = fn
+        return self._inner_fn
+
+    def on_detach(self, stale: bool) -> None:
+        pass
+
+    # -- the train function, per backend ---------------------------------------------
+    def _inner_tf(self, iterator):
+        batches = oom_compat.tf_fetch(iterator, self._spe)
+        if not batches:
+            raise StopIteration
+        out = None
+        for batch in batches:
+            out = self._one(batch)
+        return out
+
+    def _inner_jax(self, state, iterator):
+        logs = None
+        for i in range(self._spe):
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                if i == 0:
+                    raise
+                break
+            logs, state = self._one(batch, state)
+        return logs, state
+
+    def _inner_torch(self, data):
+        logs = None
+        for batch in data:
+            logs = self._one(batch)
+        return logs
+
+    def _one(self, batch, state=None):
+        n = leading_dim(batch) or 1
+        try:
+            result, k = self._recovery.run(self._runner, batch, n, batch_signature(batch), state, step=self._global_step)
+        except BaseException:
+            # An error inside the step ends fit() (Keras catches only the end of
+            # data, which never comes from here): clean up now rather than when
+            # the FitGuard notices, and re-raise it unchanged.
+            if self._backend == "jax" and self._recovery.restored_state is not None:
+                oom_compat.jax_hand_back_state(self.model, self._recovery.restored_state)
+            self._finish()
+            raise
+        self._micro_batches = k
+        self._global_step += 1
+        return result
+
+    # -- internals ------------------------------------------------------------------------
+    def _check_late_jax_error(self) -> None:
+        """A JAX out-of-memory error can surface when outputs are read; never let it pass silently."""
+        try:
+            import jax
+
+            jax.block_until_ready([v.value for v in self.model.variables])
+        except Exception as e:
+            from keras_gpu_tools._core.oom import UnrecoverableOOM, is_oom
+
+            if is_oom(e):
+                self._finish()
+                raise UnrecoverableOOM(
+                    "OOMBatchSizeReducer: an out-of-memory error of a JAX step surfaced only when its results were "
+                    "read (asynchronous dispatch), after the step's donated state was gone; it cannot be retried. "
+                    "Use `probe=True`, or lower the batch size.") from e
+            raise
+
+    def _memory(self):
+        return oom_compat.device_memory(self._backend or "")
+
+    def _on_event(self, event: OOMEvent) -> None:
+        self.events.append(event)
+        self.recovery_seconds += event.seconds
+        self._epoch_events += 1
+        line = f"OOMBatchSizeReducer: {event.line()}"
+        logger.warning(line)
+        if self.verbose:
+            print(line)
+        if self._writer is not None:
+            values = {"oom/events_total": float(len(self.events))}
+            if event.next_split is not None:
+                values["oom/micro_batches"] = float(event.next_split)
+            self._writer.scalars(values, step=event.step)
+
+    def summary(self) -> str:
+        """One line per recovery, and the split in use."""
+        if not self.events:
+            return "OOMBatchSizeReducer: no out-of-memory error."
+        lines = [f"OOMBatchSizeReducer: {e.line()}" for e in self.events]
+        size = self.controller.micro_size
+        lines.append(f"OOMBatchSizeReducer: {len(self.events)} recovery(ies), {self.recovery_seconds:.2f} s in failed attempts; "
+                     f"micro-batches of {size if size else 'the whole batch'} now.")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Restores the train function (also done automatically after fit)."""
+        self._finish()
+
+    def _finish(self) -> None:
+        attachment, self._attachment = self._attachment, None
+        guard, self._guard = self._guard, None
+        if attachment is not None:
+            attachment.detach()
+        if guard is not None:
+            guard.close()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+        self._runner = None
+
+
+__all__ = ["OOMBatchSizeReducer"]

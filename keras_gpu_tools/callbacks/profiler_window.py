@@ -1,0 +1,435 @@
+"""ProfilerWindow: a profiler trace of chosen training steps, with step markers."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import numbers
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple, Union
+
+import keras
+
+from keras_gpu_tools._core import profiler as prof
+from keras_gpu_tools._core.gpu_sampler import WarnOnce
+from keras_gpu_tools._core.lifecycle import FitGuard
+from keras_gpu_tools._core.step_hook import StepHook
+from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+
+logger = logging.getLogger("keras_gpu_tools")
+
+_END_OF_DATA = ("StopIteration", "OutOfRangeError")
+
+
+@dataclass
+class WindowCapture:
+    """What one profiled window produced."""
+
+    start_step: int
+    num_steps: int  # steps actually captured
+    files: List[str] = field(default_factory=list)
+    size_bytes: int = 0
+    mean_step_ms: Optional[float] = None
+    reason: str = "scheduled"  # scheduled, triggered, cut short, failed
+    analysis: Optional[prof.TraceAnalysis] = None
+
+    @property
+    def trace_dir(self) -> Optional[str]:
+        return os.path.dirname(self.files[0]) if self.files else None
+
+    def line(self) -> str:
+        where = self.trace_dir or "no trace file"
+        mean = f", mean step {self.mean_step_ms:.2f} ms" if self.mean_step_ms is not None else ""
+        return (f"ProfilerWindow: steps [{self.start_step}, {self.start_step + self.num_steps}) "
+                f"({self.reason}) -> {where} ({self.size_bytes / 2**20:.1f} MiB{mean})")
+
+
+def _check_int(name, value, low):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected an integer >= {low}.")
+    return int(value)
+
+
+class ProfilerWindow(keras.callbacks.Callback):
+    """Captures a profiler trace of chosen training steps, with step markers.
+
+    Each profiled step is marked for the profiler (TensorFlow:
+    `tf.profiler.experimental.Trace("train", step_num=..., _r=1)`; JAX:
+    `jax.profiler.StepTraceAnnotation`; torch: a `ProfilerStep#N` range), so
+    TensorBoard's Profile tab gets a per-step breakdown in its Overview and
+    Input-pipeline pages, which Keras's own `TensorBoard(profile_batch=...)`
+    trace lacks ("No step time measured").
+
+    Steps are counted globally: across epochs and across `fit()` calls on the
+    same instance, from 0. A "step" is one call of Keras's train function: with
+    `steps_per_execution=N` (TensorFlow, JAX) one profiled step covers N
+    batches.
+
+    Where traces go: `log_dir/<run_name>/plugins/profile/<timestamp>/`, which
+    `tensorboard --logdir log_dir` shows in its Profile tab (install
+    `tensorboard-plugin-profile`). TensorFlow and JAX write `.xplane.pb`;
+    torch writes a Chrome trace `.pt.trace.json`, which TensorBoard does not
+    read: open it at https://ui.perfetto.dev or in chrome://tracing. JAX
+    profiling needs Python 3.12 or newer (Keras disables it below; a warning
+    says so and nothing is captured).
+
+    After each window a line gives the trace's path and size and the window's
+    mean step time; with `analyze=True` (TensorFlow and JAX, with xprof
+    installed) the trace is converted with xprof's input-pipeline analyzer in
+    a background thread and its conclusion ("Your program is HIGHLY
+    input-bound because ...") is logged and written to TensorBoard as text
+    (tag `profile/steps_<a>_<b>`, run `log_dir/<run_name>`).
+
+    A profiler session started by someone else (Keras's `profile_batch`, a
+    `tf.profiler.experimental.start` of yours) is left alone: the window is
+    skipped with a warning. A profiler error never stops training. The
+    profiler is always stopped: at the window's end, at the end of training
+    (a window cut short), and when fit() raises.
+
+    Args:
+        log_dir: directory of the TensorBoard logs. Defaults to `"logs"`.
+        start_step: first step of the (first) window. The default skips the
+            first steps, where compilation and warm-up happen. Defaults to
+            `10`.
+        num_steps: steps per window. Defaults to `5`.
+        windows: a list of `(start_step, num_steps)` pairs to capture instead
+            of one window; they may not overlap. Defaults to `None`.
+        every_n_steps: repeat the window every N steps from `start_step`
+            (N >= `num_steps`). Defaults to `None`.
+        every_n_epochs: capture a window in every N-th epoch (epochs 0, N,
+            2N, ... of each fit), starting `start_step` steps into the epoch.
+            Defaults to `None`.
+        host_tracer_level: 1 (your annotations only), 2 (also the runtime's
+            high-level events) or 3 (verbose). TensorFlow and JAX. Defaults
+            to `2`.
+        python_tracer: also trace Python function calls (slower, bigger
+            traces). Defaults to `False`.
+        device_tracer: trace GPU activity. Defaults to `True`.
+        analyze: convert each TensorFlow/JAX trace with xprof and report its
+            input-pipeline conclusion. Defaults to `True`.
+        run_name: TensorBoard run for the traces and the text. Defaults to
+            `"profile"`.
+        verbose: print one line per captured window. Defaults to `1`.
+
+    Example:
+
+    ```python
+    from keras_gpu_tools import ProfilerWindow
+
+    profiler = ProfilerWindow(log_dir="logs", start_step=20, num_steps=5)
+    model.fit(dataset, epochs=3, callbacks=[profiler])
+    print(profiler.captures[0].analysis.conclusion)
+    # tensorboard --logdir logs   -> Profile tab
+    profiler.trigger()  # e.g. from your own callback: profile the next steps
+    ```
+    """
+
+    async_safe = True
+
+    def __init__(
+        self,
+        log_dir: Union[str, os.PathLike] = "logs",
+        start_step: int = 10,
+        num_steps: int = 5,
+        windows: Optional[Sequence[Tuple[int, int]]] = None,
+        every_n_steps: Optional[int] = None,
+        every_n_epochs: Optional[int] = None,
+        host_tracer_level: int = 2,
+        python_tracer: bool = False,
+        device_tracer: bool = True,
+        analyze: bool = True,
+        run_name: str = "profile",
+        verbose: int = 1,
+    ):
+        super().__init__()
+        if log_dir is None:
+            raise ValueError("Invalid value for argument `log_dir`. Received: log_dir=None. "
+                             "Expected a directory to write the traces to.")
+        self.log_dir = check_log_dir(log_dir)
+        self.start_step = _check_int("start_step", start_step, 0)
+        self.num_steps = _check_int("num_steps", num_steps, 1)
+        given = [n for n, v in (("windows", windows), ("every_n_steps", every_n_steps), ("every_n_epochs", every_n_epochs)) if v is not None]
+        if len(given) > 1:
+            raise ValueError(f"Invalid arguments: {' and '.join(f'`{g}`' for g in given)} were both given. "
+                             "Expected at most one of `windows`, `every_n_steps` and `every_n_epochs`.")
+        self.windows = prof.validate_windows(windows) if windows is not None else None
+        if windows is not None and not self.windows:
+            raise ValueError("Invalid value for argument `windows`. Received: windows=[]. Expected at least one (start_step, num_steps) pair.")
+        self.every_n_steps = None
+        if every_n_steps is not None:
+            self.every_n_steps = _check_int("every_n_steps", every_n_steps, 1)
+            if self.every_n_steps < self.num_steps:
+                raise ValueError(
+                    f"Invalid value for argument `every_n_steps`. Received: every_n_steps={every_n_steps} with "
+                    f"num_steps={num_steps}: the windows would overlap. Expected every_n_steps >= num_steps."
+                )
+        self.every_n_epochs = _check_int("every_n_epochs", every_n_epochs, 1) if every_n_epochs is not None else None
+        if host_tracer_level not in (1, 2, 3) or isinstance(host_tracer_level, bool):
+            raise ValueError(f"Invalid value for argument `host_tracer_level`. Received: host_tracer_level={host_tracer_level!r}. Expected 1, 2 or 3.")
+        if not isinstance(run_name, str) or not run_name or os.sep in run_name:
+            raise ValueError(f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name.")
+        self.options = prof.TracerOptions(host_tracer_level, bool(python_tracer), 1 if device_tracer else 0)
+        self.analyze = bool(analyze)
+        self.run_name = run_name
+        self.verbose = verbose
+        if self.num_steps > 500:
+            WarnOnce()(
+                "big", f"ProfilerWindow: num_steps={num_steps} may produce a trace of over 1 GB, which TensorBoard "
+                "is known to crash loading. Profile a few steps instead.")
+
+        self.captures: List[WindowCapture] = []
+        self.warnings = WarnOnce()
+        self._global_step = 0  # next step to run
+        self._epoch_windows: List[prof.Window] = []
+        self._triggered: Optional[int] = None
+        self._active: Optional[prof.Window] = None
+        self._active_reason = ""
+        self._active_started = 0.0
+        self._active_done = 0
+        self._active_wall = 0.0
+        self._skip_until = -1
+        self._backend = None
+        self._writer: Optional[EventWriter] = None
+        self._attachment = None
+        self._guard: Optional[FitGuard] = None
+        self._analyses: List[threading.Thread] = []
+        self._lock = threading.RLock()
+        self._bytes_per_step: Optional[float] = None
+        self._sessions_before: set = set()
+        self._deferred: Optional[prof.Window] = None
+        self._train_thread: Optional[int] = None
+
+    # -- public ---------------------------------------------------------------
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.log_dir, self.run_name)
+
+    @property
+    def global_step(self) -> int:
+        return self._global_step
+
+    def trigger(self, num_steps: Optional[int] = None) -> None:
+        """Profiles the next `num_steps` steps (defaults to `num_steps`), unless a window is running."""
+        n = self.num_steps if num_steps is None else _check_int("num_steps", num_steps, 1)
+        self._triggered = n
+
+    def wait_for_analysis(self, timeout: float = 120.0) -> None:
+        """Waits for the xprof conversions still running."""
+        deadline = time.monotonic() + timeout
+        for t in list(self._analyses):
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    # -- Keras hooks ------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        self._finish(aborted=True)  # leftovers of a fit that died unnoticed
+        self._train_thread = threading.get_ident()
+        self._backend = prof.for_backend(keras.backend.backend())
+        ok, why = self._backend.available()
+        if not ok:
+            self.warnings("unavailable", f"ProfilerWindow: {why}. No trace will be captured in this run.")
+            self._backend = None
+            return
+        os.makedirs(self.run_dir, exist_ok=True)
+        self._writer = EventWriter(self.run_dir)
+        self._attachment = StepHook.attach(self.model, self)
+        self._guard = FitGuard(self.model, lambda: self._finish(aborted=True), name="keras_gpu_tools-ProfilerWindow-guard")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.every_n_epochs and epoch % self.every_n_epochs == 0:
+            self._epoch_windows.append(prof.Window(self._global_step + self.start_step, self.num_steps))
+
+    def on_train_end(self, logs=None):
+        self._finish(aborted=False)
+
+    # -- step hook observer -----------------------------------------------------
+    def sample(self, index: int) -> bool:
+        return False  # no device sync needed: markers only
+
+    def on_step(self, record) -> None:
+        pass
+
+    def on_detach(self, stale: bool) -> None:
+        if stale:
+            self._stop_window("cut short")
+
+    def around(self, record, call):
+        step = self._global_step
+        if self._active is None:
+            window, reason = self._window_starting_at(step)
+            if window is not None:
+                self._start_window(window, reason)
+        if self._active is None:
+            out = call()
+            self._global_step += 1
+            return out
+        t0 = time.perf_counter()
+        try:
+            with self._backend.step(step):
+                out = call()
+        except BaseException as e:
+            if type(e).__name__ not in _END_OF_DATA:
+                self._stop_window("cut short")
+            raise
+        self._active_wall += time.perf_counter() - t0
+        self._active_done += 1
+        self._global_step += 1
+        if self._global_step >= self._active.end:
+            self._stop_window(self._active_reason, outputs=out)
+        return out
+
+    # -- internals ------------------------------------------------------------------
+    def _window_starting_at(self, step: int):
+        if self._triggered is not None:
+            n, self._triggered = self._triggered, None
+            return prof.Window(step, n), "triggered"
+        if step <= self._skip_until:
+            return None, ""
+        if self.windows is not None:
+            for w in self.windows:
+                if w.start == step:
+                    return w, "scheduled"
+            return None, ""
+        if self.every_n_epochs:
+            for w in self._epoch_windows:
+                if w.start == step:
+                    self._epoch_windows.remove(w)
+                    return w, f"every {self.every_n_epochs} epoch(s)"
+            return None, ""
+        if self.every_n_steps:
+            if step >= self.start_step and (step - self.start_step) % self.every_n_steps == 0:
+                return prof.Window(step, self.num_steps), f"every {self.every_n_steps} steps"
+            return None, ""
+        if step == self.start_step:
+            return prof.Window(step, self.num_steps), "scheduled"
+        return None, ""
+
+    def _start_window(self, window: prof.Window, reason: str) -> None:
+        if self._bytes_per_step and self._bytes_per_step * window.steps > prof.LARGE_TRACE_BYTES:
+            self.warnings(("size", window.steps), (
+                f"ProfilerWindow: a {window.steps}-step window will write about "
+                f"{self._bytes_per_step * window.steps / 2**30:.1f} GiB, judging by the last trace; TensorBoard is "
+                "known to crash loading traces over 1 GB. Profile fewer steps."))
+        try:
+            self._sessions_before = prof.session_dirs(self.run_dir)
+            self._backend.start(self.run_dir, self.options)
+        except prof.ProfilerBusy as e:
+            self.warnings("busy", (
+                f"ProfilerWindow: another profiler session is already running ({e}); steps "
+                f"[{window.start}, {window.end}) are not captured. Remove `profile_batch` from keras.callbacks.TensorBoard "
+                "or stop your own profiler to use ProfilerWindow."))
+            self._skip_until = window.end - 1
+            return
+        except Exception as e:
+            logger.exception("ProfilerWindow: the profiler could not start")
+            self.warnings(("start", type(e).__name__), f"ProfilerWindow: the profiler could not start ({type(e).__name__}: {e}); window skipped, training goes on.")
+            self._skip_until = window.end - 1
+            return
+        self._active = window
+        self._active_reason = reason
+        self._active_started = time.time()
+        self._active_done = 0
+        self._active_wall = 0.0
+
+    def _stop_window(self, reason: str, outputs=None) -> None:
+        with self._lock:
+            if (self._active is not None and self._backend.name == "torch"
+                    and threading.get_ident() != self._train_thread):
+                # torch's profiler can only be stopped from the thread that
+                # started it; FitGuard's thread is not that thread (Python
+                # < 3.12, where the cleanup cannot run as fit() raises).
+                self._deferred = self._active
+                self._active = None
+                self.warnings("deferred", (
+                    "ProfilerWindow: fit() raised during a torch profiler window. torch's profiler can only be "
+                    "stopped from the thread that started it, so it keeps running until the next fit() with this "
+                    "callback or `profiler.close()` on the training thread (Python 3.12+ stops it at once)."))
+                return
+            window, self._active = self._active, None
+            if window is None:
+                return
+            failed = False
+            try:
+                self._backend.stop(outputs)
+            except Exception as e:
+                failed = True
+                logger.exception("ProfilerWindow: stopping the profiler failed")
+                self.warnings(("stop", type(e).__name__), f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.")
+            label = f"steps_{window.start}_{window.start + self._active_done}"
+            files = prof.claim_session(self.run_dir, self._sessions_before, self._backend.pattern, label)
+            capture = WindowCapture(
+                start_step=window.start,
+                num_steps=self._active_done,
+                files=files,
+                size_bytes=sum(os.path.getsize(f) for f in files),
+                mean_step_ms=1000 * self._active_wall / self._active_done if self._active_done else None,
+                reason="failed" if failed else reason,
+            )
+            self.captures.append(capture)
+            if capture.num_steps and capture.size_bytes:
+                self._bytes_per_step = capture.size_bytes / capture.num_steps
+            if capture.size_bytes > prof.LARGE_TRACE_BYTES:
+                self.warnings(("big", window.start), f"ProfilerWindow: the trace of steps [{window.start}, {window.end}) is {capture.size_bytes / 2**30:.1f} GiB; TensorBoard may fail to load it.")
+            logger.info(capture.line())
+            if self.verbose:
+                print(capture.line())
+            if self._writer is not None:
+                self._writer.text(f"profile/steps_{window.start}_{window.start + capture.num_steps}", capture.line(), step=window.start)
+            xplanes = [f for f in files if f.endswith(".xplane.pb")]
+            if self.analyze and xplanes and prof.xprof_available():
+                t = threading.Thread(target=self._analyze, args=(capture, xplanes, self._writer),
+                                     name="keras_gpu_tools-ProfilerWindow-xprof", daemon=True)
+                self._analyses.append(t)
+                t.start()
+
+    def _analyze(self, capture: WindowCapture, paths, writer) -> None:
+        try:
+            capture.analysis = prof.analyze_input_pipeline(paths)
+        except Exception as e:  # pragma: no cover - analyze_input_pipeline catches
+            capture.analysis = prof.TraceAnalysis(error=str(e))
+        a = capture.analysis
+        text = a.conclusion or f"xprof gave no conclusion ({a.error or 'no steps found'})"
+        line = f"ProfilerWindow: steps [{capture.start_step}, {capture.start_step + capture.num_steps}): {text}"
+        logger.info(line)
+        if self.verbose:
+            print(line)
+        if writer is not None:
+            writer.text(f"profile/steps_{capture.start_step}_{capture.start_step + capture.num_steps}/input_pipeline", text, step=capture.start_step)
+
+    def close(self) -> None:
+        """Stops a window still running and releases everything; call it on the training thread.
+
+        Needed only after a fit() that raised during a torch profiler window on
+        Python < 3.12; everything else is cleaned up automatically.
+        """
+        self._finish(aborted=True)
+
+    def _finish(self, aborted: bool) -> None:
+        with self._lock:
+            attachment, self._attachment = self._attachment, None
+            guard, self._guard = self._guard, None
+        if attachment is not None:
+            attachment.detach()  # the train function is Keras's own again
+        with self._lock:
+            if self._deferred is not None and threading.get_ident() == self._train_thread:
+                self._active, self._deferred = self._deferred, None
+            if self._active is not None:
+                self._stop_window("cut short")
+        if guard is not None:
+            guard.close()
+        if not aborted and self._backend is not None:
+            pending = [w for w in (self.windows or []) if w.start >= self._global_step]
+            pending += [w for w in self._epoch_windows if w.start >= self._global_step]
+            for w in pending:
+                line = (f"ProfilerWindow: steps [{w.start}, {w.end}) were not captured: training ended at step "
+                        f"{self._global_step}. A later fit() with this callback continues the count.")
+                logger.info(line)
+                if self.verbose:
+                    print(line)
+            self._epoch_windows = []
+        self.wait_for_analysis()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()

@@ -1,0 +1,329 @@
+"""InputBoundDetector end to end: real fit() with inputs of known delay."""
+
+import os
+import time
+import types
+
+import numpy as np
+import pytest
+
+import keras
+
+from keras_gpu_tools._core import step_timing as st
+from keras_gpu_tools._core.step_hook import StepHook
+from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+
+DELAY = 0.02  # seconds per batch: large against the tiny model's ~1 ms step
+
+
+def tiny_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    return model
+
+
+def data(n=256, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, 8), dtype="float32"), rng.random((n, 1), dtype="float32")
+
+
+class SlowSequence(keras.utils.PyDataset):
+    def __init__(self, x, y, batch_size=16, delay=DELAY, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y, self.batch_size, self.delay = x, y, batch_size, delay
+
+    def __len__(self):
+        return len(self.x) // self.batch_size
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        s = slice(i * self.batch_size, (i + 1) * self.batch_size)
+        return self.x[s], self.y[s]
+
+
+def slow_generator(x, y, batch_size=16, delay=DELAY):
+    while True:
+        for i in range(0, len(x) - batch_size + 1, batch_size):
+            time.sleep(delay)
+            yield x[i : i + batch_size], y[i : i + batch_size]
+
+
+def read_events(run_dir):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(run_dir, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+# -- construction ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"window": 0}, "`window`. Received: window=0. Expected a positive integer"),
+        ({"window": 2.5}, "`window`"),
+        ({"window": True}, "`window`"),
+        ({"sample_every": -3}, "`sample_every`. Received: sample_every=-3"),
+        ({"sample_every": "10"}, "`sample_every`"),
+        ({"moderate_threshold": 0.3, "high_threshold": 0.2}, "Expected moderate_threshold < high_threshold"),
+        ({"high_threshold": 1.5}, "`high_threshold`"),
+        ({"peak_flops": 0}, "`peak_flops`"),
+        ({"verbose": 2}, "`verbose`"),
+        ({"run_name": ""}, "`run_name`"),
+    ],
+)
+def test_bad_arguments_raise_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        InputBoundDetector(**kwargs)
+
+
+def test_bad_gpu_logger_type():
+    with pytest.raises(TypeError, match="`gpu_logger`"):
+        InputBoundDetector(gpu_logger=3)
+
+
+def test_defaults():
+    d = InputBoundDetector()
+    assert (d.window, d.sample_every, d.moderate_threshold, d.high_threshold) == (100, 100, 0.05, 0.2)
+    assert d.verdict is None and "no training step" in d.summary()
+
+
+# -- verdicts on known pipelines ----------------------------------------------------------
+@pytest.mark.multibackend
+def test_slow_pydataset_is_highly_input_bound(tmp_path, capsys):
+    x, y = data()
+    model = tiny_model()
+    det = InputBoundDetector(window=8, sample_every=4, log_dir=str(tmp_path), verbose=1)
+    hist = model.fit(SlowSequence(x, y), epochs=1, verbose=0, callbacks=[det])
+    assert det.verdict.category == st.HIGH
+    logs = hist.history
+    assert logs["input/wait_fraction"][0] > 0.75
+    assert logs["input/wait_ms"][0] == pytest.approx(1e3 * DELAY, rel=0.4)
+    for key in ("input/compute_ms", "input/step_ms", "throughput/steps_per_sec", "throughput/samples_per_sec"):
+        assert key in logs
+    assert "throughput/mfu" not in logs  # no GPU here: left out, never guessed
+    assert logs["throughput/samples_per_sec"][0] == pytest.approx(16 / (logs["input/step_ms"][0] / 1e3), rel=0.35)
+    report = det.summary()
+    assert "workers=1" in report and "HIGHLY input-bound" in report
+    out = capsys.readouterr().out
+    assert "InputBoundDetector epoch 1: Your program is HIGHLY input-bound" in out
+    acc = read_events(det.run_dir)
+    assert "input/wait_fraction" in acc.Tags()["scalars"]
+    points = acc.Scalars("input/wait_fraction")
+    assert len(points) >= 1 and all(p.value > 0.5 for p in points)
+    assert [p.step for p in points] == sorted(p.step for p in points)
+    assert "input/verdict" in acc.Tags()["tensors"]
+    assert model.train_function is StepHook.installed(model) or StepHook.installed(model) is None
+    assert StepHook.installed(model) is None  # restored
+
+
+@pytest.mark.multibackend
+def test_generator_is_highly_input_bound_with_generator_advice():
+    x, y = data()
+    model = tiny_model()
+    det = InputBoundDetector(window=10, sample_every=3, log_dir=None, verbose=0)
+    model.fit(slow_generator(x, y), steps_per_epoch=12, epochs=2, verbose=0, callbacks=[det])
+    assert [v.category for v in det.epoch_verdicts] == [st.HIGH, st.HIGH]
+    assert det.global_step == 24
+    assert any("PyDataset" in a for a in det.verdict.advice)
+
+
+@pytest.mark.multibackend
+def test_heavy_model_on_arrays_is_not_input_bound():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((32,))] + [keras.layers.Dense(768, activation="relu") for _ in range(3)] + [keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    rng = np.random.default_rng(0)
+    x = rng.random((256 * 14, 32), dtype="float32")
+    y = rng.random((256 * 14, 1), dtype="float32")
+    det = InputBoundDetector(window=100, sample_every=3, log_dir=None, verbose=0)
+    model.fit(x, y, batch_size=256, epochs=1, verbose=0, shuffle=False, callbacks=[det])
+    m = det.measurement
+    assert m.compute > 0.002
+    # Slicing in-memory arrays costs well under a millisecond against a
+    # compute of several; the margin is for a loaded 2-core CI machine.
+    assert m.wait_fraction < 0.12, det.summary()
+    assert det.verdict.category in (st.NOT, st.MODERATE)
+    assert det.verdict.category == st.NOT or m.wait < 0.1 * m.compute
+
+
+@pytest.mark.multibackend
+def test_tf_data_pipeline_is_inspected():
+    tf = pytest.importorskip("tensorflow")
+    x, y = data()
+
+    def slow(a, b):
+        def sleep(v):
+            time.sleep(DELAY)
+            return v
+
+        return tf.numpy_function(sleep, [a], tf.float32), b
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).map(slow).map(lambda a, b: (tf.ensure_shape(a, [None, 8]), b))
+    det = InputBoundDetector(window=8, sample_every=3, log_dir=None, verbose=0)
+    tiny_model().fit(ds, epochs=1, verbose=0, callbacks=[det])
+    assert det.pipeline["kind"] == "tf.data" and det.pipeline["sequential_map"]
+    assert det.verdict.category == st.HIGH
+    advice = "\n".join(det.verdict.advice)
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in advice and ".prefetch(tf.data.AUTOTUNE)" in advice
+
+
+# -- what is trained does not change --------------------------------------------------------
+@pytest.mark.multibackend
+def test_same_weights_batches_and_steps_with_and_without_detector():
+    x, y = data(n=160)
+    results = []
+    for with_detector in (False, True):
+        model = tiny_model(seed=3)
+        seen = []
+
+        class Count(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                seen.append(batch)
+
+        cbs = [Count()]
+        if with_detector:
+            cbs.append(InputBoundDetector(window=4, sample_every=2, log_dir=None, verbose=0))
+        keras.utils.set_random_seed(7)
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=True, verbose=0, callbacks=cbs)
+        keras.utils.set_random_seed(7)
+        model.fit(slow_generator(x, y, delay=0.0), steps_per_epoch=5, epochs=1, verbose=0, callbacks=cbs)
+        results.append(([np.array(w) for w in model.get_weights()], seen, int(model.optimizer.iterations)))
+    (w0, s0, i0), (w1, s1, i1) = results
+    assert s0 == s1 and i0 == i1 == 25
+    for a, b in zip(w0, w1):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+# -- life cycle (contract) -------------------------------------------------------------------
+@pytest.mark.multibackend
+def test_two_fits_in_a_row(tmp_path):
+    x, y = data(n=64)
+    model = tiny_model()
+    original = None
+    det = InputBoundDetector(window=2, sample_every=2, log_dir=str(tmp_path), verbose=0)
+    for _ in range(2):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[det])
+        original = original or model.train_function
+        assert model.train_function is original
+    assert det.global_step == 8
+    assert len(det.epoch_history) == 2
+    assert StepHook.installed(model) is None
+
+
+@pytest.mark.multibackend
+def test_cleans_up_after_a_fit_that_raised():
+    x, y = data(n=64)
+    model = tiny_model()
+    model.fit(x[:16], y[:16], batch_size=16, verbose=0)
+    original = model.train_function
+
+    class Boom(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                raise RuntimeError("boom")
+
+    det = InputBoundDetector(sample_every=1, log_dir=None, verbose=0)
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[det, Boom()])
+    deadline = time.time() + 3
+    while model.train_function is not original and time.time() < deadline:
+        time.sleep(0.02)
+    assert model.train_function is original
+    assert not det._running
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[det])  # usable again
+    assert model.train_function is original
+
+
+@pytest.mark.multibackend
+def test_stale_hook_removed_by_the_next_fit_when_the_guard_has_not_run_yet():
+    x, y = data(n=64)
+    model = tiny_model()
+    model.fit(x[:16], y[:16], batch_size=16, verbose=0)
+    original = model.train_function
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise KeyboardInterrupt
+
+    det = InputBoundDetector(sample_every=1, log_dir=None, verbose=0)
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[det, Boom()])
+    det2 = InputBoundDetector(sample_every=1, log_dir=None, verbose=0)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[det2])  # immediately, guard or not
+    assert det2.global_step == 4
+    time.sleep(0.5)
+    assert model.train_function is original
+
+
+# -- other callbacks and backends ----------------------------------------------------------------
+@pytest.mark.multibackend
+def test_gpu_logger_found_in_the_same_fit_and_quoted():
+    from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
+
+    x, y = data(n=64)
+    logger_cb = GPUUtilizationLogger(log_dir=None, interval=0.05)
+    det = InputBoundDetector(log_dir=None, verbose=0)
+    with pytest.warns(Warning):
+        tiny_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[logger_cb, det])
+    assert det._gpu_logger is logger_cb
+
+    fake = types.SimpleNamespace(timeline=[(time.time() + 1e6, 1, {"gpu/0/utilization_percent": 12.0})])
+    det = InputBoundDetector(window=8, sample_every=3, log_dir=None, verbose=0, gpu_logger=fake)
+    tiny_model().fit(SlowSequence(*data()), epochs=1, verbose=0, callbacks=[det])
+    assert det.verdict.category == st.HIGH
+    assert any("Confirmed by the GPU: GPU utilization 12%" in e for e in det.verdict.evidence)
+
+
+@pytest.mark.multibackend
+def test_torch_dataloader_on_torch(backend):
+    if backend != "torch":
+        pytest.skip("torch DataLoader input needs the torch backend")
+    import torch
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 160
+
+        def __getitem__(self, i):
+            time.sleep(DELAY / 16)
+            return torch.rand(8), torch.rand(1)
+
+    loader = torch.utils.data.DataLoader(Slow(), batch_size=16)
+    det = InputBoundDetector(window=5, sample_every=3, log_dir=None, verbose=0)
+    tiny_model().fit(loader, epochs=1, verbose=0, callbacks=[det])
+    assert det.pipeline["kind"] == "torch DataLoader" and det.pipeline["num_workers"] == 0
+    assert det.verdict.category == st.HIGH
+    assert any("num_workers=0" in a for a in det.verdict.advice)
+
+
+@pytest.mark.multibackend
+def test_steps_per_execution_on_tensorflow(backend):
+    if backend != "tensorflow":
+        pytest.skip("steps_per_execution > 1 is measured per execution on TensorFlow")
+    x, y = data()
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=4)
+    det = InputBoundDetector(window=8, sample_every=2, log_dir=None, verbose=0)
+    model.fit(slow_generator(x, y), steps_per_epoch=16, epochs=1, verbose=0, callbacks=[det])
+    assert det.global_step == 16
+    assert int(model.optimizer.iterations) == 16
+    assert det.verdict.category == st.HIGH
+    assert det.measurement.wait == pytest.approx(DELAY, rel=0.4)  # per step, not per execution
+    assert any("steps_per_execution=4" in n for n in det.notes)
+
+
+@pytest.mark.multibackend
+def test_jax_flops_and_mfu(backend):
+    if backend != "jax":
+        pytest.skip("XLA cost analysis is read on the JAX backend")
+    x, y = data(n=128)
+    det = InputBoundDetector(sample_every=2, log_dir=None, verbose=0, peak_flops=1e12)
+    hist = tiny_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[det])
+    flops = hist.history["throughput/flops_per_sec"][0]
+    steps = hist.history["throughput/steps_per_sec"][0]
+    per_step = flops / steps
+    dense = 2 * 16 * (8 * 16 + 16 * 1)  # forward matmul FLOPs of one batch
+    assert 2 * dense < per_step < 20 * dense  # forward + backward + update
+    assert hist.history["throughput/mfu"][0] == pytest.approx(flops / 1e12)

@@ -1,0 +1,102 @@
+"""Cross-check against TensorBoard's own input-pipeline analyzer (xprof), on TensorFlow.
+
+The same fit() is profiled with step markers (each train-function call wrapped
+in ``tf.profiler.experimental.Trace("train", step_num=...)`` through the shared
+step hook, as a profiler callback would) and converted with xprof's
+``input_pipeline_analyzer``. Our verdict must agree with xprof's.
+"""
+
+import glob
+import json
+import re
+import time
+
+import numpy as np
+import pytest
+
+import keras
+
+from keras_gpu_tools._core import step_timing as st
+from keras_gpu_tools._core.step_hook import StepHook
+from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+
+XPROF_CATEGORY = {"HIGHLY": st.HIGH, "MODERATELY": st.MODERATE, "NOT": st.NOT, "POTENTIALLY": st.NOT}
+
+
+@pytest.fixture
+def tf(backend):
+    if backend != "tensorflow":
+        pytest.skip("xprof step markers are written by the TensorFlow backend here")
+    pytest.importorskip("xprof.convert.raw_to_tool_data")
+    import tensorflow
+
+    return tensorflow
+
+
+def profiled_fit(tf, tmp_path, dataset, model, steps):
+    class StepMarkers:  # a step-hook observer, as a ProfilerWindow would add
+        def sample(self, index):
+            return False
+
+        def on_step(self, record):
+            pass
+
+        def around(self, record, call):
+            with tf.profiler.experimental.Trace("train", step_num=record.index, _r=1):
+                return call()
+
+    class Profile(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.att = StepHook.attach(self.model, StepMarkers())
+            tf.profiler.experimental.start(str(tmp_path / "profile"))
+
+        def on_train_end(self, logs=None):
+            tf.profiler.experimental.stop()
+            self.att.detach()
+
+    det = InputBoundDetector(sample_every=4, log_dir=None, verbose=0)
+    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[det, Profile()])
+
+    from xprof.convert import raw_to_tool_data
+
+    paths = glob.glob(str(tmp_path / "profile" / "**" / "*.xplane.pb"), recursive=True)
+    assert paths, "no profile written"
+    raw, _ = raw_to_tool_data.xspace_to_tool_data(paths, "input_pipeline_analyzer", {})
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    found = re.search(r"Your program is (\w+) input-bound because (?:only )?([\d.]+)% of the total step time", text)
+    assert found, text[:2000]
+    return det, XPROF_CATEGORY[found.group(1)], float(found.group(2)) / 100.0
+
+
+def dense_model(width, depth, inputs=64):
+    keras.utils.set_random_seed(0)
+    layers = [keras.Input((inputs,))] + [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
+    model = keras.Sequential(layers + [keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+
+
+def test_slow_pipeline_agrees_with_xprof(tf, tmp_path):
+    x = np.random.rand(512, 64).astype("float32")
+    y = np.random.rand(512, 1).astype("float32")
+
+    def slow(a, b):
+        def sleep(v):
+            time.sleep(0.03)
+            return v
+
+        return tf.ensure_shape(tf.numpy_function(sleep, [a], tf.float32), [None, 64]), b
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).map(slow).repeat()
+    det, xprof_category, xprof_fraction = profiled_fit(tf, tmp_path, ds, dense_model(256, 2), steps=16)
+    assert xprof_category == st.HIGH
+    assert det.verdict.category == xprof_category, (det.summary(), xprof_fraction)
+
+
+def test_fast_pipeline_heavy_model_agrees_with_xprof(tf, tmp_path):
+    x = np.random.rand(128 * 8, 512).astype("float32")
+    y = np.random.rand(128 * 8, 1).astype("float32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(128).cache().repeat().prefetch(tf.data.AUTOTUNE)
+    det, xprof_category, xprof_fraction = profiled_fit(tf, tmp_path, ds, dense_model(1024, 3, inputs=512), steps=16)
+    assert xprof_category == st.NOT
+    assert det.verdict.category == xprof_category, (det.summary(), xprof_fraction)

@@ -1,0 +1,419 @@
+"""OOMBatchSizeReducer end to end, with real out-of-memory errors on CPU.
+
+The model has a memory cliff: above `limit` samples per step one of its layers
+materialises a tensor of at least 1 TiB per sample, which the backend's own
+CPU allocator refuses (TensorFlow `ResourceExhaustedError`, XLA's CPU runtime
+"Out of memory allocating", torch's DefaultCPUAllocator error). Nothing is
+faked: the errors come from the allocators, inside the real step.
+
+TensorFlow's default CPU allocator on this machine (oneDNN's, "mklcpu") retries a
+failed allocation for 10 s before it raises, and the choice is fixed when
+TensorFlow is imported. So on TensorFlow these tests run in a subprocess started
+with `TF_ENABLE_ONEDNN_OPTS=0`, whose allocator refuses at once
+(`test_tensorflow_real_oom_suite`).
+
+Every test counts the samples each step trained on with a non-trainable
+counter in the model (`SeenCounter`), which also checks that a failed attempt's
+state updates are undone.
+"""
+
+import glob
+import os
+import subprocess
+import sys
+import traceback
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+
+BACKEND = keras.backend.backend()
+FAST_OOM = BACKEND != "tensorflow" or os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0"
+real_oom = pytest.mark.skipif(not FAST_OOM, reason="TensorFlow: run in a subprocess by test_tensorflow_real_oom_suite")
+pytestmark = pytest.mark.multibackend
+
+HUGE_COLS = 2**38  # float32 columns per sample above the limit: 1 TiB per sample
+
+
+class SeenCounter(keras.layers.Layer):
+    """Counts how often each sample (id in column 0) is trained on; passes the features on."""
+
+    def __init__(self, num_samples, **kw):
+        super().__init__(**kw)
+        self.num_samples = num_samples
+
+    def build(self, shape):
+        self.seen = self.add_weight(shape=(self.num_samples,), initializer="zeros", trainable=False, name="seen")
+
+    def call(self, x, training=False):
+        if training:
+            ids = ops.cast(x[:, 0], "int32")
+            self.seen.assign(self.seen + ops.sum(ops.one_hot(ids, self.num_samples, dtype=self.seen.dtype), axis=0))
+        return x[:, 1:]
+
+
+class MemoryCliff(keras.layers.Layer):
+    """Above `limit` samples, materialises a (batch, 2**38) float32 tensor: the allocator refuses it."""
+
+    def __init__(self, limit, **kw):
+        super().__init__(**kw)
+        self.limit = limit
+
+    def call(self, x):
+        if BACKEND == "tensorflow":
+            import tensorflow as tf
+
+            n = tf.shape(x, out_type=tf.int64)[0]
+            cols = tf.where(n > self.limit, tf.constant(HUGE_COLS, tf.int64), tf.constant(1, tf.int64))
+            big = tf.fill(tf.stack([n, cols]), tf.cast(x[0, 0], tf.float32) * 0.0 + 1.0)  # runtime value: not folded
+            return x + ops.cast(tf.reduce_max(big) - 1.0, x.dtype)
+        n = x.shape[0]
+        if not isinstance(n, int) or n <= self.limit:
+            return x
+        if BACKEND == "jax":
+            import jax.numpy as jnp
+
+            with warnings.catch_warnings():  # an index into 2**38 columns asks for int64
+                warnings.simplefilter("ignore", UserWarning)
+                big = jnp.zeros((n, HUGE_COLS), "float32").at[0, 0].set(x[0, 0].astype("float32"))
+            return x + (0.0 * big.max()).astype(x.dtype)
+        import torch
+
+        big = torch.ones((n, HUGE_COLS), dtype=torch.float32, device=x.device)
+        return x + (big.max() - 1.0).to(x.dtype)
+
+
+class Boom(keras.layers.Layer):
+    armed = False  # armed once the model is built
+
+    def call(self, x):
+        if Boom.armed:
+            raise ValueError("boom from inside the step")
+        return x
+
+
+def make_model(num_samples, limit, opt="adam", batchnorm=False, seed=1, boom=False, loss_scale=None, **compile_kw):
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((4,))
+    h = SeenCounter(num_samples, dtype="float32")(inp)  # counts stay exact under mixed precision
+    h = MemoryCliff(limit)(h)
+    if boom:
+        h = Boom()(h)
+    h = keras.layers.Dense(8, activation="tanh")(h)
+    if batchnorm:
+        h = keras.layers.BatchNormalization()(h)
+    out = keras.layers.Dense(1, dtype="float32")(h)
+    model = keras.Model(inp, out)
+    if opt == "adam":
+        optimizer = keras.optimizers.Adam(0.01)
+    else:
+        optimizer = keras.optimizers.SGD(0.05, momentum=0.9, **({"gradient_accumulation_steps": opt} if isinstance(opt, int) else {}))
+    if loss_scale is not None:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=loss_scale)
+    model.compile(optimizer, "mse", metrics=["mae"], **compile_kw)
+    return model
+
+
+def data(num_samples, seed=0):
+    r = np.random.RandomState(seed)
+    x = r.randn(num_samples, 3).astype("float32")
+    y = (x.sum(1, keepdims=True) + 0.1 * r.randn(num_samples, 1)).astype("float32")
+    return np.concatenate([np.arange(num_samples, dtype="float32")[:, None], x], 1), y
+
+
+def seen(model):
+    return ops.convert_to_numpy(model.layers[1].seen)
+
+
+def iterations(model):
+    return int(ops.convert_to_numpy(model.optimizer.iterations))
+
+
+def weights(model):
+    return [w for w, v in zip(model.get_weights(), model.weights) if "seen" not in v.path]
+
+
+def assert_close(a, b, atol=2e-5):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, atol=atol, rtol=1e-4)
+
+
+def restored(model):
+    return not hasattr(model.train_function, "_keras_gpu_tools_step_hook") if model.train_function else True
+
+
+# -- real out-of-memory errors ------------------------------------------------------
+@real_oom
+def test_recovers_keeps_every_sample_once_and_the_unsplit_optimisation():
+    n, batch, epochs = 48, 16, 2
+    x, y = data(n)
+    model = make_model(n, limit=4)
+    reference = make_model(n, limit=10**9)  # same seed: same initial weights
+    reducer = OOMBatchSizeReducer()
+    history = model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0, callbacks=[reducer])
+
+    # batch 16 ran out of memory, then 2 x 8 did; 4 x 4 fits.
+    assert [(e.batch_size, e.failed_split, e.next_split) for e in reducer.events] == [(16, 1, 2), (16, 2, 4)]
+    assert reducer.micro_batches == 4 and reducer.micro_batch_size == 4
+    assert history.history["oom/events"] == [2.0, 0.0]
+    assert history.history["oom/micro_batches"] == [4.0, 4.0]
+    np.testing.assert_array_equal(seen(model), np.full(n, epochs))  # every sample once per epoch
+    assert iterations(model) == epochs * n // batch  # one optimizer update per original batch
+
+    ref_history = reference.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0)
+    assert_close(weights(model), weights(reference))
+    np.testing.assert_allclose(history.history["loss"], ref_history.history["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history.history["mae"], ref_history.history["mae"], rtol=1e-5)
+    assert restored(model)
+
+
+@real_oom
+def test_weights_match_keras_gradient_accumulation_at_the_working_split():
+    n, batch = 48, 16
+    x, y = data(n)
+    model = make_model(n, limit=4, opt="sgd")
+    reference = make_model(n, limit=10**9, opt=4)  # SGD with gradient_accumulation_steps=4
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[OOMBatchSizeReducer()])
+    reference.fit(x, y, batch_size=batch // 4, epochs=1, shuffle=False, verbose=0)
+    assert_close(weights(model), weights(reference))
+    np.testing.assert_array_equal(seen(model), np.ones(n))
+
+
+@real_oom
+def test_last_smaller_batch_and_split_mode():
+    n, batch = 40, 16  # batches of 16, 16, 8
+    x, y = data(n)
+    model = make_model(n, limit=8)
+    reducer = OOMBatchSizeReducer(mode="split")
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    np.testing.assert_array_equal(seen(model), np.ones(n))
+    assert iterations(model) == 5  # split mode: 2 + 2 + 1 separate steps of 8
+    assert len(reducer.events) == 1
+
+
+@real_oom
+def test_always_oom_ends_with_a_clear_error_of_the_backend_type():
+    n = 16
+    x, y = data(n)
+    model = make_model(n, limit=0)
+    reducer = OOMBatchSizeReducer(min_batch_size=4)
+    with pytest.raises(Exception) as info:
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[reducer])
+    err = info.value
+    message = str(err)
+    assert "Batch sizes tried: 16, 16 as 2 x 8, 16 as 4 x 4" in message
+    assert "min_batch_size=4" in message and "mixed precision" in message and "rematerialisation" in message
+    from keras_gpu_tools._core.oom import is_oom
+
+    original = err.oom_original  # the allocator's own error of the last attempt
+    assert is_oom(original) and type(err) is type(original)
+    assert is_oom(err)
+    np.testing.assert_array_equal(seen(model), np.zeros(n))  # nothing half-trained
+    assert iterations(model) == 0
+    assert restored(model)
+
+
+@real_oom
+def test_regrow_tries_a_smaller_split_again():
+    n, batch = 64, 16
+    x, y = data(n)
+    model = make_model(n, limit=8)
+    reducer = OOMBatchSizeReducer(regrow_after=2)
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    # step 0: 16 fails -> 2 x 8; after 2 good steps a trial at 16 fails -> back to 2 x 8.
+    assert [e.regrow for e in reducer.events] == [False, True]
+    assert reducer.micro_batches == 2
+    np.testing.assert_array_equal(seen(model), np.ones(n))
+    assert iterations(model) == n // batch
+
+
+@real_oom
+@pytest.mark.parametrize("kind", ["generator", "pydataset", "tf.data"])
+def test_input_kinds(kind):
+    if kind == "tf.data" and BACKEND != "tensorflow":
+        pytest.skip("tf.data is tested on TensorFlow")
+    n, batch = 40, 16
+    x, y = data(n)
+    model = make_model(n, limit=8)
+    if kind == "generator":
+        def gen():
+            for i in range(0, n, batch):
+                yield x[i:i + batch], y[i:i + batch]
+        source, kw = gen(), {"steps_per_epoch": 3}
+    elif kind == "pydataset":
+        class Seq(keras.utils.PyDataset):
+            def __len__(self):
+                return 3
+
+            def __getitem__(self, i):
+                return x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+        source, kw = Seq(), {}
+    else:
+        import tensorflow as tf
+
+        source, kw = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch), {}
+    model.fit(source, epochs=1, verbose=0, shuffle=False, callbacks=[OOMBatchSizeReducer()], **kw)
+    np.testing.assert_array_equal(seen(model), np.ones(n))
+    assert iterations(model) == 3
+
+
+@real_oom
+def test_tf_data_two_epochs_every_sample_once():
+    if BACKEND != "tensorflow":
+        pytest.skip("tf.data iterator handling is TensorFlow's")
+    import tensorflow as tf
+
+    n = 48
+    x, y = data(n)
+    model = make_model(n, limit=4)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=0).batch(16).prefetch(2)
+    model.fit(ds, epochs=2, verbose=0, callbacks=[OOMBatchSizeReducer()])
+    np.testing.assert_array_equal(seen(model), np.full(n, 2))
+    assert iterations(model) == 6
+
+
+@real_oom
+def test_batchnorm_and_steps_per_execution():
+    n, batch = 48, 16
+    x, y = data(n)
+    spe = 1 if BACKEND == "torch" else 2
+    model = make_model(n, limit=8, batchnorm=True, steps_per_execution=spe)
+    reducer = OOMBatchSizeReducer()
+    history = model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[reducer])
+    np.testing.assert_array_equal(seen(model), np.full(n, 2))
+    assert iterations(model) == 6
+    assert np.isfinite(history.history["loss"]).all()
+
+
+@real_oom
+def test_mixed_float16_loss_scaling():
+    n, batch = 48, 16
+    x, y = data(n)
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        # A loss scale that overflows in neither run: an overflow is a threshold effect of float16
+        # rounding, which micro-batches change, and it skips an update.
+        model = make_model(n, limit=4, loss_scale=256.0)
+        reference = make_model(n, limit=10**9, loss_scale=256.0)
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[OOMBatchSizeReducer()])
+        reference.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    np.testing.assert_array_equal(seen(model), np.ones(n))
+    assert iterations(model) == iterations(reference) == 3
+    assert_close(weights(model), weights(reference), atol=5e-3)
+
+
+@real_oom
+def test_two_fits_in_a_row_and_tensorboard(tmp_path):
+    n = 32
+    x, y = data(n)
+    model = make_model(n, limit=8)
+    reducer = OOMBatchSizeReducer(log_dir=str(tmp_path))
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    assert restored(model)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    assert len(reducer.events) == 1  # the second fit starts at the split that worked
+    np.testing.assert_array_equal(seen(model), np.full(n, 2))
+    assert restored(model)
+    files = glob.glob(os.path.join(str(tmp_path), "oom", "events.out.tfevents.*"))
+    assert files
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(os.path.dirname(files[0]))
+    acc.Reload()
+    assert {"oom/events", "oom/micro_batches", "oom/events_total"} <= set(acc.Tags()["scalars"])
+
+
+def test_a_non_oom_error_passes_through_unchanged():
+    n = 16
+    x, y = data(n)
+    model = make_model(n, limit=10**9, boom=True)
+    Boom.armed = True
+    try:
+        with pytest.raises(ValueError, match="boom from inside the step") as info:
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer()])
+    finally:
+        Boom.armed = False
+    assert type(info.value) is ValueError
+    assert any(frame.name == "call" and "test_oom_batch_size_reducer" in frame.filename
+               for frame in traceback.extract_tb(info.value.__traceback__))
+    assert restored(model)
+
+
+def test_arguments_are_validated():
+    with pytest.raises(ValueError, match="min_batch_size"):
+        OOMBatchSizeReducer(min_batch_size=0)
+    with pytest.raises(ValueError, match="regrow_after"):
+        OOMBatchSizeReducer(regrow_after=0)
+    with pytest.raises(ValueError, match="mode"):
+        OOMBatchSizeReducer(mode="halve")
+    with pytest.raises(TypeError, match="probe"):
+        OOMBatchSizeReducer(probe="yes")
+
+
+def test_tensorflow_real_oom_suite():
+    """Runs this file's real-OOM tests on TensorFlow with an allocator that fails at once."""
+    if BACKEND != "tensorflow" or FAST_OOM:
+        pytest.skip("only from a TensorFlow run whose allocator retries for 10 s")
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--disable-warnings", "-rfE", os.path.abspath(__file__),
+         "-k", "not test_tensorflow_real_oom_suite"],
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    print(tail)
+    assert proc.returncode == 0, tail
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="probe predicts from XLA's memory analysis (JAX)")
+def test_probe_predicts_the_split_without_running_out_of_memory(monkeypatch):
+    from keras_gpu_tools._core import oom_compat
+
+    # The CPU reports no memory limit; give it the 8 GiB of a small GPU.
+    monkeypatch.setattr(oom_compat, "jax_device_memory", lambda: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0})
+    n = 32
+    x, y = data(n)
+    model = make_model(n, limit=4)
+    reducer = OOMBatchSizeReducer(probe=True)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    assert [e.kind for e in reducer.events] == ["predicted", "predicted"]  # 16 and 2 x 8 never ran
+    assert reducer.micro_batches == 4
+    np.testing.assert_array_equal(seen(model), np.ones(n))
+    assert iterations(model) == 2
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason="JAX can predict")
+def test_probe_warns_where_the_backend_cannot_tell():
+    from keras_gpu_tools._core.gpu_sampler import GPUMonitoringWarning
+
+    n = 16
+    x, y = data(n)
+    model = make_model(n, limit=10**9)
+    with pytest.warns(GPUMonitoringWarning, match="probe=True needs the JAX backend"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer(probe=True)])
+
+
+@real_oom
+@pytest.mark.parametrize("reducer_first", [True, False])
+def test_shares_the_step_hook_with_the_input_bound_detector(reducer_first):
+    from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+
+    n = 48
+    x, y = data(n)
+    model = make_model(n, limit=4)
+    reducer = OOMBatchSizeReducer()
+    detector = InputBoundDetector(sample_every=2, log_dir=None, verbose=0)  # sampled steps take the hook's own path
+    callbacks = [reducer, detector] if reducer_first else [detector, reducer]
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+    np.testing.assert_array_equal(seen(model), np.full(n, 2))
+    assert iterations(model) == 6 and reducer.micro_batches == 4
+    assert restored(model)

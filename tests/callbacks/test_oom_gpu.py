@@ -1,0 +1,113 @@
+"""OOMBatchSizeReducer on a real GPU (JAX and torch backends, H100/H200).
+
+The model's hidden activation is (batch, 65536) float32, 256 KiB per sample,
+and training keeps about three of them per sample: a batch of 2**19 needs
+~400 GiB, far beyond an H100 (80 GB) or H200 (141 GB), while its FLOPs are
+small (8 inputs), so each run takes seconds. The run recovers to the split
+that fits; a reference trained directly at that split with Keras's own
+gradient accumulation ends with the same weights.
+
+Set `OUT` to a directory to get the figures as JSON (`oom_gpu_<backend>.json`).
+"""
+
+import json
+import os
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+
+pytestmark = pytest.mark.gpu
+
+WIDTH = 65536
+INPUTS = 8
+BATCH = 2**19
+STEPS = 3
+
+
+def make_model(accumulation=None):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((INPUTS,)), keras.layers.Dense(WIDTH, activation="relu"), keras.layers.Dense(1)])
+    opt = keras.optimizers.SGD(1e-3, momentum=0.9, gradient_accumulation_steps=accumulation)
+    model.compile(opt, "mse")
+    return model
+
+
+def arrays(n):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, INPUTS), dtype="float32")
+    return x, (x.sum(1, keepdims=True) * 0.1).astype("float32")
+
+
+def card():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else name
+    except Exception:
+        return "unknown"
+
+
+class EpochClock(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.t0 = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.times = getattr(self, "times", []) + [time.perf_counter() - self.t0]
+
+
+def report(name, values):
+    print(f"{name}: {json.dumps(values)}")
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, f"{name}.json"), "w") as f:
+            json.dump(values, f, indent=2)
+
+
+def test_a_batch_too_large_for_the_card_trains_to_the_end_and_matches_the_reference(backend):
+    x, y = arrays(BATCH * STEPS)
+    model = make_model()
+    reducer = OOMBatchSizeReducer()
+    clock = EpochClock()
+    t0 = time.perf_counter()
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=[reducer, clock])
+    wall = time.perf_counter() - t0
+    k = reducer.micro_batches
+    assert reducer.events and k > 1, "the batch fitted: the test needs a batch larger than the card"
+    assert all(e.kind == backend for e in reducer.events)
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2 * STEPS
+    assert np.isfinite(history.history["loss"]).all()
+
+    reference = make_model(accumulation=k)
+    ref_clock = EpochClock()
+    reference.fit(x, y, batch_size=BATCH // k, epochs=2, shuffle=False, verbose=0, callbacks=[ref_clock])
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-5)
+
+    report(f"oom_gpu_{backend}", {
+        "card": card(), "backend": backend, "keras": keras.__version__,
+        "batch_size": BATCH, "split": k, "micro_batch_size": reducer.micro_batch_size,
+        "events": [e.line() for e in reducer.events],
+        "recovery_seconds_failed_attempts": round(reducer.recovery_seconds, 3),
+        "first_epoch_seconds": round(clock.times[0], 3), "second_epoch_seconds": round(clock.times[1], 3),
+        "samples_per_sec_after_recovery": round(BATCH * STEPS / clock.times[1], 1),
+        "reference_first_epoch_seconds": round(ref_clock.times[0], 3),
+        "reference_samples_per_sec": round(BATCH * STEPS / ref_clock.times[1], 1),
+        "wall_seconds": round(wall, 3),
+    })
+
+
+def test_always_too_large_ends_with_the_clear_error_and_memory_figures(backend):
+    x, y = arrays(BATCH)
+    model = make_model()
+    with pytest.raises(Exception) as info:
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer(min_batch_size=BATCH // 2)])
+    message = str(info.value)
+    assert f"Batch sizes tried: {BATCH}, {BATCH} as 2 x {BATCH // 2}" in message
+    assert "memory limit" in message and "mixed precision" in message
+    assert not hasattr(model.train_function, "_keras_gpu_tools_step_hook")

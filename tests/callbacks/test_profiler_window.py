@@ -1,0 +1,231 @@
+"""ProfilerWindow end to end: real fits, real profiler traces, read back with xprof."""
+
+import glob
+import json
+import os
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from keras_gpu_tools._core.gpu_sampler import GPUMonitoringWarning
+from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
+
+pytestmark = pytest.mark.multibackend
+
+BACKEND = keras.backend.backend()
+JAX_UNAVAILABLE = BACKEND == "jax" and sys.version_info < (3, 12)
+needs_profiler = pytest.mark.skipif(JAX_UNAVAILABLE, reason="Keras disables JAX profiling on Python < 3.12")
+tf_only = pytest.mark.skipif(BACKEND != "tensorflow", reason="xprof analysis of TensorFlow traces")
+
+
+def make_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def data(steps, batch=8):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(steps * batch, 8)).astype("float32"), rng.normal(size=(steps * batch, 1)).astype("float32")
+
+
+def fit(model, cb, steps=12, epochs=1, extra=()):
+    x, y = data(steps)
+    return model.fit(x, y, batch_size=8, epochs=epochs, verbose=0, shuffle=False, callbacks=[cb, *extra])
+
+
+def step_names(capture):
+    """The profiled steps as recorded in the trace file."""
+    if BACKEND == "torch":
+        events = json.load(open(capture.files[0]))["traceEvents"]
+        return sorted({int(e["name"].split("#")[1]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")})
+    from keras_gpu_tools._core.profiler import analyze_input_pipeline
+
+    rows = analyze_input_pipeline(capture.files).step_rows
+    return sorted(int(str(r["step"]).split()[-1]) for r in rows)
+
+
+@needs_profiler
+def test_window_is_captured_with_exactly_its_steps(tmp_path):
+    cb = ProfilerWindow(log_dir=tmp_path, start_step=3, num_steps=4, verbose=0)
+    fit(make_model(), cb)
+    cb.wait_for_analysis()
+    assert len(cb.captures) == 1
+    cap = cb.captures[0]
+    assert (cap.start_step, cap.num_steps, cap.reason) == (3, 4, "scheduled")
+    pattern = "*.pt.trace.json" if BACKEND == "torch" else "*.xplane.pb"
+    on_disk = glob.glob(os.path.join(str(tmp_path), "profile", "plugins", "profile", "*", pattern))
+    assert on_disk == cap.files and cap.size_bytes == os.path.getsize(on_disk[0]) > 0
+    assert step_names(cap) == [3, 4, 5, 6]
+    assert cap.mean_step_ms > 0
+
+
+@needs_profiler
+def test_two_windows_and_one_across_an_epoch_boundary(tmp_path):
+    cb = ProfilerWindow(log_dir=tmp_path, windows=[(1, 2), (4, 3)], verbose=0)
+    fit(make_model(), cb, steps=5, epochs=2)  # steps 0-4 in epoch 0, 5-9 in epoch 1
+    assert [(c.start_step, c.num_steps) for c in cb.captures] == [(1, 2), (4, 3)]
+    assert step_names(cb.captures[0]) == [1, 2]
+    assert step_names(cb.captures[1]) == [4, 5, 6]
+
+
+@needs_profiler
+def test_window_reached_in_a_second_fit_and_one_never_reached(tmp_path, capsys):
+    cb = ProfilerWindow(log_dir=tmp_path, windows=[(7, 2), (100, 2)], verbose=1)
+    model = make_model()
+    fit(model, cb, steps=5)
+    assert not cb.captures
+    assert "steps [7, 9) were not captured: training ended at step 5" in capsys.readouterr().out
+    fit(model, cb, steps=5)
+    assert [(c.start_step, c.num_steps) for c in cb.captures] == [(7, 2)]
+    assert step_names(cb.captures[0]) == [7, 8]
+    assert "steps [100, 102) were not captured: training ended at step 10" in capsys.readouterr().out
+
+
+@needs_profiler
+def test_every_n_steps_and_trigger(tmp_path):
+    cb = ProfilerWindow(log_dir=tmp_path, start_step=2, num_steps=2, every_n_steps=5, verbose=0)
+    fit(make_model(), cb, steps=12)
+    assert [c.start_step for c in cb.captures] == [2, 7]
+
+    class TriggerAt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:
+                manual.trigger(3)
+
+    manual = ProfilerWindow(log_dir=tmp_path / "manual", start_step=1000, verbose=0)
+    fit(make_model(), manual, steps=12, extra=[TriggerAt()])
+    assert [(c.start_step, c.num_steps, c.reason) for c in manual.captures] == [(5, 3, "triggered")]
+
+
+@needs_profiler
+def test_every_n_epochs(tmp_path):
+    cb = ProfilerWindow(log_dir=tmp_path, start_step=1, num_steps=2, every_n_epochs=2, verbose=0)
+    fit(make_model(), cb, steps=4, epochs=3)
+    assert [c.start_step for c in cb.captures] == [1, 9]  # epochs 0 and 2
+
+
+class RaiseAt(keras.callbacks.Callback):
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            raise RuntimeError("user callback failed")
+
+
+def profiler_can_start_again(tmp_path):
+    from keras_gpu_tools._core import profiler as prof
+
+    backend = prof.for_backend(BACKEND)
+    backend.start(str(tmp_path / "again"), prof.TracerOptions())
+    backend.stop()
+    return True
+
+
+@needs_profiler
+def test_fit_that_raises_inside_a_window_stops_the_profiler(tmp_path):
+    cb = ProfilerWindow(log_dir=tmp_path, start_step=2, num_steps=6, verbose=0)
+    model = make_model()
+    with pytest.raises(RuntimeError, match="user callback failed"):
+        fit(model, cb, extra=[RaiseAt(4)])
+    if BACKEND == "torch" and sys.version_info < (3, 12):
+        # torch's profiler stops only on the thread that started it: without
+        # sys.monitoring the cleanup waits for the next fit() or close().
+        time.sleep(0.5)
+        assert not cb.captures
+        cb.close()
+    deadline = time.monotonic() + 5
+    while not cb.captures and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cb.captures and cb.captures[0].reason == "cut short"
+    assert profiler_can_start_again(tmp_path)
+    assert not hasattr(model.train_function or (lambda: 0), "_keras_gpu_tools_step_hook")
+
+
+@tf_only
+def test_busy_profiler_is_left_alone(tmp_path):
+    import tensorflow as tf
+
+    tf.profiler.experimental.start(str(tmp_path / "mine"))
+    try:
+        cb = ProfilerWindow(log_dir=tmp_path, start_step=1, num_steps=2, verbose=0)
+        with pytest.warns(GPUMonitoringWarning, match="another profiler session is already running"):
+            history = fit(make_model(), cb)
+        assert not cb.captures and len(history.history["loss"]) == 1
+    finally:
+        tf.profiler.experimental.stop()  # ours is still running: ProfilerWindow did not stop it
+
+
+@tf_only
+def test_slow_input_pipeline_is_reported_input_bound(tmp_path):
+    import tensorflow as tf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    x, y = data(12)
+
+    def slow(a, b):
+        def sleep(a):
+            time.sleep(0.02)
+            return a
+
+        a = tf.numpy_function(sleep, [a], tf.float32)
+        a.set_shape([None, 8])
+        return a, b
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).map(slow)
+    cb = ProfilerWindow(log_dir=tmp_path, start_step=3, num_steps=5, verbose=0)
+    make_model().fit(ds, epochs=1, verbose=0, callbacks=[cb])
+    cb.wait_for_analysis()
+    analysis = cb.captures[0].analysis
+    assert len(analysis.step_rows) == 5
+    assert "No step time measured" not in analysis.conclusion
+    assert "HIGHLY input-bound" in analysis.conclusion, analysis.conclusion
+    acc = EventAccumulator(str(tmp_path / "profile"))
+    acc.Reload()
+    texts = {tag: tf.make_ndarray(acc.Tensors(tag)[0].tensor_proto).item().decode() for tag in acc.Tags()["tensors"]}
+    assert "HIGHLY input-bound" in texts["profile/steps_3_8/input_pipeline"]
+    assert "steps [3, 8)" in texts["profile/steps_3_8"]
+
+
+def test_jax_on_old_python_says_it_cannot_profile(tmp_path):
+    if not JAX_UNAVAILABLE:
+        pytest.skip("only where JAX profiling is unavailable")
+    cb = ProfilerWindow(log_dir=tmp_path, start_step=1, num_steps=2, verbose=0)
+    with pytest.warns(GPUMonitoringWarning, match="Python < 3.12"):
+        history = fit(make_model(), cb)
+    assert not cb.captures and len(history.history["loss"]) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"num_steps": 0}, "num_steps=0"),
+        ({"start_step": -1}, "start_step=-1"),
+        ({"windows": [(0, 5), (3, 2)]}, "overlap"),
+        ({"windows": [(0, 0)]}, "num_steps=0"),
+        ({"windows": []}, "windows=[]"),
+        ({"every_n_steps": 2, "num_steps": 5}, "every_n_steps=2"),
+        ({"every_n_epochs": 0}, "every_n_epochs=0"),
+        ({"windows": [(0, 1)], "every_n_steps": 5}, "at most one"),
+        ({"host_tracer_level": 7}, "host_tracer_level=7"),
+        ({"log_dir": None}, "log_dir=None"),
+    ],
+)
+def test_bad_arguments_raise_at_construction(kwargs, fragment, tmp_path):
+    kwargs.setdefault("log_dir", tmp_path)
+    with pytest.raises(ValueError) as info:
+        ProfilerWindow(**kwargs)
+    assert fragment in str(info.value)
+
+
+def test_unwritable_log_dir(tmp_path):
+    blocker = tmp_path / "f"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="log_dir"):
+        ProfilerWindow(log_dir=blocker / "sub")

@@ -1,0 +1,219 @@
+"""OOM classification, the split policy, the messages and the retry loop, without a model."""
+
+import importlib.util
+
+import pytest
+
+from keras_gpu_tools._core import oom
+from keras_gpu_tools._core.oom import (
+    OOMEvent,
+    Recovery,
+    SplitController,
+    UnrecoverableOOM,
+    describe_split,
+    final_error,
+    final_message,
+    is_oom,
+    oom_kind,
+    split_sizes,
+)
+
+has = lambda m: importlib.util.find_spec(m) is not None  # noqa: E731
+
+
+# -- classification: the real exception types -----------------------------------------
+@pytest.mark.skipif(not has("tensorflow"), reason="needs TensorFlow")
+def test_tensorflow_resource_exhausted_is_oom():
+    import tensorflow as tf
+
+    assert oom_kind(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[8,1024]")) == "tensorflow"
+    assert not is_oom(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes"))
+
+
+@pytest.mark.skipif(not has("jax"), reason="needs JAX")
+def test_xla_resource_exhausted_is_oom():
+    import jax
+
+    assert oom_kind(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00GiB.")) == "jax"
+    # XLA's CPU runtime: a failed temporary allocation comes back as INTERNAL.
+    assert is_oom(jax.errors.JaxRuntimeError("INTERNAL: Error dispatching computation: Out of memory allocating 17592186044416 bytes."))
+    assert not is_oom(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes do not match"))
+
+
+@pytest.mark.skipif(not has("torch"), reason="needs torch")
+def test_torch_out_of_memory_is_oom():
+    import torch
+
+    assert oom_kind(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "torch"
+    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate 17592186044416 bytes."))
+    assert not is_oom(RuntimeError("CUDA error: device-side assert triggered"))
+
+
+def test_other_errors_and_python_memory_error_are_not_oom():
+    assert not is_oom(ValueError("out of memory"))  # by type, not by words
+    assert not is_oom(MemoryError())
+    assert not is_oom(KeyboardInterrupt())
+
+
+# -- the split ----------------------------------------------------------------------------
+def test_split_sizes_are_even_and_cover_the_batch():
+    assert split_sizes(16, 4) == [4, 4, 4, 4]
+    assert split_sizes(10, 4) == [3, 3, 2, 2]
+    assert split_sizes(3, 8) == [1, 1, 1]
+    assert sum(split_sizes(257, 8)) == 257
+    assert describe_split(256, 4) == "4 x 64"
+    assert describe_split(10, 4) == "2 x 3 + 2 x 2"
+    with pytest.raises(ValueError):
+        split_sizes(0, 2)
+
+
+def test_controller_doubles_until_min_batch_size():
+    c = SplitController(min_batch_size=1)
+    assert c.split_for(256) == 1
+    assert c.on_oom(256, 1) == 2
+    assert c.on_oom(256, 2) == 4
+    assert c.micro_size == 64
+    assert c.split_for(256) == 4
+    assert c.split_for(100) == 2  # the last, smaller batch keeps micro-batches of 64
+    c = SplitController(min_batch_size=4)
+    ks = [1]
+    while True:
+        nxt = c.on_oom(16, ks[-1])
+        if nxt is None:
+            break
+        ks.append(nxt)
+    assert ks == [1, 2, 4]
+    c = SplitController()
+    assert c.on_oom(100, 64) == 100  # capped at one sample per micro-batch
+    assert c.on_oom(100, 100) is None
+
+
+def test_controller_regrows_and_backs_off():
+    c = SplitController(regrow_after=3)
+    c.on_oom(64, 1)
+    c.on_oom(64, 2)  # micro 16
+    for _ in range(3):
+        assert c.split_for(64) == 4
+        c.on_success(64, 4)
+    assert c.in_trial and c.split_for(64) == 2  # trial at micro 32
+    assert c.on_oom(64, 2) == 4  # failed trial: back to 4
+    for _ in range(5):
+        c.on_success(64, 4)
+    assert not c.in_trial  # the wait doubled to 6
+    c.on_success(64, 4)
+    assert c.in_trial
+    c.on_success(64, 2)  # the trial worked
+    assert c.micro_size == 32 and not c.in_trial
+
+
+# -- messages -------------------------------------------------------------------------------
+def test_event_lines_in_plain_words():
+    assert OOMEvent(57, 256, 1, 4, "jax").line() == "step 57: out of memory at batch 256, retrying as 4 x 64"
+    assert "while trying a smaller split; back to 2 x 128" in OOMEvent(9, 256, 1, 2, "torch", regrow=True).line()
+    assert "no smaller split is allowed" in OOMEvent(1, 8, 8, None, "torch").line()
+
+
+def test_final_message_says_what_was_tried_and_what_to_do():
+    msg = final_message([(16, 1), (16, 2), (16, 4)], 4,
+                        {"device": "NVIDIA H100", "bytes_limit": 80 * 2**30, "bytes_in_use": 79 * 2**30},
+                        RuntimeError("Something\nCUDA out of memory. Tried to allocate 2 GiB"))
+    assert "Batch sizes tried: 16, 16 as 2 x 8, 16 as 4 x 4." in msg
+    assert "memory limit 80.0 GiB" in msg and "NVIDIA H100" in msg
+    assert "mixed precision" in msg and "rematerialisation" in msg and "smaller model" in msg
+    assert "Last error: RuntimeError: CUDA out of memory" in msg
+
+
+@pytest.mark.skipif(not has("torch"), reason="needs torch")
+def test_final_error_keeps_the_backend_type():
+    import torch
+
+    original = torch.OutOfMemoryError("CUDA out of memory")
+    err = final_error(original, "the message")
+    assert type(err) is torch.OutOfMemoryError and str(err) == "the message" and err.oom_original is original
+
+
+# -- the retry loop ---------------------------------------------------------------------------
+class FakeOOM(Exception):
+    pass
+
+
+class FakeRunner:
+    """Runs out of memory above `limit` samples per micro-batch; records the calls."""
+
+    def __init__(self, limit, fail_other=None):
+        self.limit = limit
+        self.fail_other = fail_other
+        self.calls = []
+        self.restores = 0
+        self.in_except_at_restore = []
+
+    def protect(self, state, guarded):
+        return ("snap", guarded)
+
+    def run(self, batch, n, k, state, guarded):
+        self.calls.append((n, k, guarded))
+        if self.fail_other:
+            raise self.fail_other
+        if -(-n // k) > self.limit:
+            raise FakeOOM("out of memory")
+        return f"logs of {n} as {k}"
+
+    def restore(self, snap, state):
+        import sys
+
+        self.restores += 1
+        self.in_except_at_restore.append(sys.exc_info()[0] is not None)
+        return state
+
+
+@pytest.fixture
+def fake_oom(monkeypatch):
+    monkeypatch.setattr(oom, "oom_kind", lambda e: "fake" if isinstance(e, FakeOOM) else None)
+
+
+def test_recovery_retries_and_remembers(fake_oom):
+    events = []
+    rec = Recovery(SplitController(), on_event=events.append)
+    runner = FakeRunner(limit=64)
+    assert rec.run(runner, None, 256, "sig") == ("logs of 256 as 4", 4)
+    assert [e.line() for e in events] == ["step 0: out of memory at batch 256, retrying as 2 x 128",
+                                          "step 0: out of memory at batch 256 (as 2 x 128), retrying as 4 x 64"]
+    assert runner.restores == 2 and runner.in_except_at_restore == [False, False]  # restored outside except
+    runner.calls.clear()
+    assert rec.run(runner, None, 256, "sig", step=1) == ("logs of 256 as 4", 4)
+    assert runner.calls == [(256, 4, False)]  # starts at the split that worked, unguarded now
+
+
+def test_recovery_passes_other_errors_through_unchanged(fake_oom):
+    boom = KeyError("not memory")
+    runner = FakeRunner(limit=1, fail_other=boom)
+    with pytest.raises(KeyError) as info:
+        Recovery(SplitController()).run(runner, None, 8, "sig")
+    assert info.value is boom and runner.restores == 0
+
+
+def test_recovery_gives_up_at_min_batch_size(fake_oom):
+    runner = FakeRunner(limit=0)
+    with pytest.raises(MemoryError, match="Batch sizes tried: 8, 8 as 2 x 4, 8 as 4 x 2"):
+        Recovery(SplitController(min_batch_size=2)).run(runner, None, 8, "sig")
+
+
+def test_recovery_skips_attempts_predicted_not_to_fit(fake_oom):
+    runner = FakeRunner(limit=64)
+    runner.predict = lambda batch, n, k, state: (-(-n // k) <= 64, 123)
+    events = []
+    rec = Recovery(SplitController(), on_event=events.append, probe=True)
+    assert rec.run(runner, None, 256, "sig") == ("logs of 256 as 4", 4)
+    assert runner.calls == [(256, 4, True)] and [e.kind for e in events] == ["predicted", "predicted"]
+
+
+def test_unrecoverable_restore_is_chained_to_the_oom(fake_oom):
+    runner = FakeRunner(limit=0)
+
+    def restore(snap, state):
+        raise UnrecoverableOOM("state was donated")
+
+    runner.restore = restore
+    with pytest.raises(UnrecoverableOOM) as info:
+        Recovery(SplitController()).run(runner, None, 8, "sig")
+    assert isinstance(info.value.__cause__, FakeOOM)

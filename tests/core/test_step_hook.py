@@ -1,0 +1,299 @@
+"""The shared step hook: exact timing with a fake clock, and real fit() on every backend."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from keras_gpu_tools._core import compat
+from keras_gpu_tools._core.step_hook import MARK, StepHook, batch_signature, leading_dim
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def advance(self, s):
+        self.t += s
+
+
+class FakeJaxModel:
+    """The JAX train function's contract: f(state, iterator) -> (logs, state)."""
+
+    steps_per_execution = 1
+
+    def __init__(self, clock, compute):
+        self.clock = clock
+        self.compute = compute
+
+        def train_function(state, iterator):
+            batch = next(iterator)
+            clock.advance(compute)
+            return {"loss": float(batch[0].sum())}, state + 1
+
+        self.train_function = train_function
+        self.original = train_function
+
+    def make_train_function(self):
+        pass
+
+
+class Recorder:
+    def __init__(self, every=1):
+        self.records = []
+        self.every = every
+        self.detached = []
+
+    def sample(self, index):
+        return index > 0 and index % self.every == 0
+
+    def on_step(self, rec):
+        self.records.append(rec)
+
+    def on_detach(self, stale):
+        self.detached.append(stale)
+
+
+def slow_batches(clock, wait, n):
+    for i in range(n):
+        clock.advance(wait)
+        yield (np.full((8, 2), i, "float32"), np.zeros((8, 1), "float32"))
+
+
+def test_fake_clock_exact_split_on_the_jax_path():
+    clock = FakeClock()
+    model = FakeJaxModel(clock, compute=0.003)
+    rec = Recorder(every=2)
+    att = StepHook.attach(model, rec, backend="jax", clock=clock)
+    assert getattr(model.train_function, MARK).original is model.original
+    it = slow_batches(clock, 0.007, 5)
+    state = 0
+    for _ in range(5):
+        _, state = model.train_function(state, it)
+        clock.advance(0.001)  # callbacks between steps
+    att.hook.flush()
+    assert state == 5
+    assert [r.index for r in rec.records] == [0, 1, 2, 3, 4]
+    assert rec.records[0].warmup and not rec.records[1].warmup
+    for r in rec.records:
+        assert r.fetch == pytest.approx(0.007)
+        assert r.samples == 8 and r.steps == 1
+    sampled = [r for r in rec.records if r.sampled]
+    assert [r.index for r in sampled] == [2, 4]
+    assert sampled[0].compute == pytest.approx(0.003)
+    assert rec.records[1].gap == pytest.approx(0.001)
+    assert rec.records[1].interval == pytest.approx(0.011)
+    assert rec.records[-1].gap is None  # flushed at "epoch end"
+    att.detach()
+    assert model.train_function is model.original
+    assert rec.detached == [False]
+
+
+def test_one_wrapper_for_many_observers_and_around_order():
+    clock = FakeClock()
+    model = FakeJaxModel(clock, compute=0.001)
+    calls = []
+
+    class Around(Recorder):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def around(self, rec, call):
+            calls.append((self.name, "in", rec.index))
+            try:
+                return call()
+            finally:
+                calls.append((self.name, "out", rec.index))
+
+    a, b = Around("a"), Around("b")
+    att_a = StepHook.attach(model, a, backend="jax", clock=clock)
+    wrapper = model.train_function
+    att_b = StepHook.attach(model, b, backend="jax", clock=clock)
+    assert model.train_function is wrapper  # never wrapped twice
+    model.train_function(0, slow_batches(clock, 0.0, 1))
+    assert calls == [("a", "in", 0), ("b", "in", 0), ("b", "out", 0), ("a", "out", 0)]
+    att_a.detach()
+    assert model.train_function is wrapper  # b still uses it
+    att_b.detach()
+    att_b.detach()  # twice is harmless
+    assert model.train_function is model.original
+
+
+def test_stale_wrapper_from_another_fit_is_replaced():
+    clock = FakeClock()
+    model = FakeJaxModel(clock, compute=0.0)
+    old = Recorder()
+    StepHook.attach(model, old, backend="jax", clock=clock)
+    stale_hook = StepHook.installed(model)
+    stale_hook._fit_frame = -1  # as if installed by a fit() that died
+    new = Recorder()
+    att = StepHook.attach(model, new, backend="jax", clock=clock)
+    assert old.detached == [True]
+    assert StepHook.installed(model) is not stale_hook
+    assert StepHook.installed(model).original is model.original  # never wraps a wrapper
+    att.detach()
+    assert model.train_function is model.original
+
+
+def test_errors_pass_through_and_drop_the_pending_step():
+    clock = FakeClock()
+    model = FakeJaxModel(clock, compute=0.0)
+    rec = Recorder()
+    att = StepHook.attach(model, rec, backend="jax", clock=clock)
+    with pytest.raises(StopIteration):
+        model.train_function(0, iter([]))
+    att.hook.flush()
+    assert rec.records == []
+    att.detach()
+
+
+def test_batch_helpers():
+    b = ({"a": np.zeros((4, 3)), "b": np.zeros((4,), "int32")}, np.zeros((4, 1)))
+    assert leading_dim(b) == 4
+    assert batch_signature(b) == (((4, 3), "float64"), ((4,), "int32"), ((4, 1), "float64"))
+    assert leading_dim(()) is None and leading_dim(3) is None
+
+
+# -- real fit() on every backend --------------------------------------------------------
+def _model():
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+
+
+class HookObserverCallback:
+    """A keras callback that attaches a Recorder through the hook."""
+
+    def __new__(cls, recorder, fail_at=None):
+        import keras
+
+        class _CB(keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                self.att = StepHook.attach(self.model, recorder)
+                self.wrapped_during_fit = StepHook.installed(self.model) is not None
+
+            def on_train_batch_end(self, batch, logs=None):
+                if fail_at is not None and batch == fail_at:
+                    raise RuntimeError("boom")
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.att.hook.flush()
+
+            def on_train_end(self, logs=None):
+                self.att.detach()
+
+        return _CB()
+
+
+@pytest.mark.multibackend
+def test_real_fit_records_every_step_and_restores():
+    model = _model()
+    x = np.random.rand(64, 4).astype("float32")
+    y = np.random.rand(64, 1).astype("float32")
+    model.fit(x[:8], y[:8], batch_size=8, verbose=0)  # builds the train function
+    original = model.train_function
+    rec = Recorder(every=3)
+    cb = HookObserverCallback(rec)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
+    assert cb.wrapped_during_fit
+    assert model.train_function is original
+    assert sum(r.steps for r in rec.records) == 16
+    assert [r.index for r in rec.records] == list(range(16))
+    sampled = [r for r in rec.records if r.sampled]
+    assert sampled and all(r.compute is not None and r.compute >= 0 for r in sampled)
+    assert all(r.fetch is not None for r in sampled)
+    assert all(r.samples == 8 for r in sampled)
+    assert rec.detached == [False]
+
+
+@pytest.mark.multibackend
+def test_restored_after_a_fit_that_raised():
+    model = _model()
+    x = np.random.rand(64, 4).astype("float32")
+    y = np.random.rand(64, 1).astype("float32")
+    model.fit(x[:8], y[:8], batch_size=8, verbose=0)
+    original = model.train_function
+    from keras_gpu_tools._core.lifecycle import FitGuard
+
+    rec = Recorder()
+
+    class Guarded(HookObserverCallback.__new__(HookObserverCallback, rec, fail_at=2).__class__):
+        def on_train_begin(self, logs=None):
+            super().on_train_begin(logs)
+            att = self.att
+            self.guard = FitGuard(self.model, att.detach, interval=0.02)
+
+    cb = Guarded()
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+    deadline = time.time() + 3
+    while model.train_function is not original and time.time() < deadline:
+        time.sleep(0.01)
+    assert model.train_function is original
+    assert rec.detached == [False]
+    # and the next fit works, wrapped and restored again
+    rec2 = Recorder()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[HookObserverCallback(rec2)])
+    assert model.train_function is original and len(rec2.records) == 8
+
+
+@pytest.mark.multibackend
+def test_stale_wrapper_left_by_a_dead_fit_is_removed_at_next_fit():
+    model = _model()
+    x = np.random.rand(32, 4).astype("float32")
+    y = np.random.rand(32, 1).astype("float32")
+    model.fit(x[:8], y[:8], batch_size=8, verbose=0)
+    original = model.train_function
+    dead = Recorder()
+    StepHook.attach(model, dead)  # outside any fit: what a dead fit leaves
+    rec = Recorder()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[HookObserverCallback(rec)])
+    assert dead.detached == [True]
+    assert model.train_function is original
+    assert len(rec.records) == 4
+
+
+def test_compat_reports_the_keras_version():
+    class NoTrainFunction:
+        pass
+
+    with pytest.raises(compat.KerasInternalsError, match="keras_gpu_tools relies on a Keras internal .*3.15"):
+        compat.get_train_function(NoTrainFunction())
+
+
+@pytest.mark.multibackend
+def test_compat_finds_fit_locals():
+    import keras
+
+    seen = {}
+
+    class Probe(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            seen["ei"] = compat.find_epoch_iterator(self.model)
+            seen["cbs"] = compat.find_callback_list(self.model)
+            seen["pipe"] = compat.describe_pipeline(self.model)
+
+    model = _model()
+    probe = Probe()
+    model.fit(np.zeros((16, 4), "float32"), np.zeros((16, 1), "float32"), batch_size=8, verbose=0, callbacks=[probe])
+    assert seen["ei"] is not None
+    assert probe in seen["cbs"]
+    assert seen["pipe"]["kind"] == "arrays"
+    assert compat.find_epoch_iterator(model) is None  # outside fit()
+
+
+def test_inspect_tf_dataset():
+    tf = pytest.importorskip("tensorflow")
+    ds = tf.data.Dataset.range(10).map(lambda v: v + 1).batch(2)
+    info = compat.inspect_tf_dataset(ds)
+    assert info["sequential_map"] and not info["parallel_map"] and not info["ends_with_prefetch"] and not info["cache"]
+    ds = tf.data.Dataset.range(10).cache().map(lambda v: v, num_parallel_calls=tf.data.AUTOTUNE).batch(2).prefetch(tf.data.AUTOTUNE)
+    info = compat.inspect_tf_dataset(ds)
+    assert info["parallel_map"] and info["ends_with_prefetch"] and info["cache"] and not info["sequential_map"]
