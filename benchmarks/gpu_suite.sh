@@ -9,7 +9,7 @@ OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 KGT_GPU_REPORT_DIR="$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/card.txt"
-python3 -c "import jax, torch, keras; print('keras', keras.__version__, 'jax', jax.__version__, 'torch', torch.__version__)" | tee -a "$OUT/card.txt"
+KERAS_BACKEND=jax python3 -c "import jax, torch, keras; print('keras', keras.__version__, 'jax', jax.__version__, 'torch', torch.__version__)" | tee -a "$OUT/card.txt"
 case "${1:-tests}" in
 tests)
   for b in jax torch; do

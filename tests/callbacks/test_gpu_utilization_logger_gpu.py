@@ -17,8 +17,12 @@ from keras_gpu_tools._core import backends
 pytestmark = pytest.mark.gpu
 
 
-def heavy_model(width=8192, depth=4):
-    model = keras.Sequential([keras.Input((width,))] + [keras.layers.Dense(width) for _ in range(depth)])
+def heavy_model(width=8192, depth=4, features=64):
+    # Narrow input and output, wide hidden layers: the GPU's matmuls, not the
+    # host-to-device copy of the batch, set the pace.
+    model = keras.Sequential(
+        [keras.Input((features,))] + [keras.layers.Dense(width) for _ in range(depth)] + [keras.layers.Dense(features)]
+    )
     model.compile(optimizer="sgd", loss="mse")
     return model
 
@@ -39,9 +43,9 @@ def framework_allocated_bytes():
 class SameBatch(keras.utils.PyDataset):
     """`steps` copies of one batch: a heavy matmul loop without gigabytes of host data."""
 
-    def __init__(self, batch, width, steps):
+    def __init__(self, batch, features, steps):
         super().__init__()
-        self.x = np.random.default_rng(0).normal(size=(batch, width)).astype("float32")
+        self.x = np.random.default_rng(0).normal(size=(batch, features)).astype("float32")
         self.y = np.zeros_like(self.x)
         self.steps = steps
 
@@ -54,12 +58,12 @@ class SameBatch(keras.utils.PyDataset):
 
 def test_heavy_matmul_loop_is_seen_as_busy(tmp_path):
     # Big enough that the GPU, not Keras's per-step host work, sets the pace
-    # (about 0.1-0.3 s a step on an H100/H200 in float32).
-    width, batch = 8192, 8192
-    model = heavy_model(width)
-    model.fit(SameBatch(batch, width, 3), epochs=1, verbose=0)  # compile first
+    # (about 0.03-0.2 s a step on an H100/H200 in float32 / TF32).
+    batch, features = 8192, 64
+    model = heavy_model(8192, features=features)
+    model.fit(SameBatch(batch, features, 3), epochs=1, verbose=0)  # compile first
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.1)
-    history = model.fit(SameBatch(batch, width, 24), epochs=2, verbose=0, callbacks=[cb])
+    history = model.fit(SameBatch(batch, features, 30), epochs=2, verbose=0, callbacks=[cb])
     h = {k: v[-1] for k, v in history.history.items()}
     report = {k: round(v, 2) for k, v in h.items() if k.startswith(("gpu/0/", "host/"))}
     report["backend"] = keras.backend.backend()
