@@ -5,6 +5,13 @@ clocks or temperature hits both sides alike; the ratio of medians is reported.
 
     KERAS_BACKEND=jax python benchmarks/gpu_logger_overhead.py --out result.json
     python benchmarks/gpu_logger_overhead.py --quick            # CPU smoke run
+    python benchmarks/gpu_logger_overhead.py --micro            # cost per step and per sample
+
+`--micro` measures the two things the logger can cost training, directly: the
+time of its per-step hook (`on_train_batch_end`, run by the training thread),
+and the CPU time its sampling thread spends per sample (Python work that
+holds the GIL; the NVML calls themselves release it). With the real NVML where
+there is one, else a fake NVML whose calls block like the real ones.
 """
 
 import argparse
@@ -32,8 +39,11 @@ def main():
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--interval", type=float, default=0.25)
     p.add_argument("--quick", action="store_true", help="tiny sizes for a CPU smoke run")
+    p.add_argument("--micro", action="store_true", help="per-step and per-sample costs instead of fits")
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    if a.micro:
+        return micro(a)
     if a.quick:
         a.width, a.depth, a.batch, a.steps, a.repeats = 64, 2, 64, 1500, 5
 
@@ -74,6 +84,67 @@ def main():
     print(f"backend={result['backend']} gpu={result['gpu']} step={result['step_ms_without']:.3f} ms "
           f"with/without steps/s = {result['throughput_ratio_with_over_without']:.4f} "
           f"(overhead {result['overhead_percent']:+.2f}%)")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def micro(a):
+    import threading
+
+    from keras_gpu_tools._core.nvml import NVML
+
+    cb = GPUUtilizationLogger(log_dir=None, interval=a.interval)
+    n = 1_000_000
+    t0 = time.perf_counter()
+    for i in range(n):
+        cb.on_train_batch_end(i)
+    hook_ns = (time.perf_counter() - t0) / n * 1e9
+
+    nvml = NVML()
+    source = "real NVML"
+    if not nvml.available():
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+        from fake_nvml import FakeGPU, FakeNVML
+
+        nvml = NVML(FakeNVML([FakeGPU(delay=0.004)]))  # utilization blocks 4 ms, as measured on an H200
+        source = "fake NVML (blocking 4 ms per utilization query)"
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    cb = GPUUtilizationLogger(log_dir=None, interval=a.interval, nvml=nvml)
+    cb.set_model(model)
+    cpu = []
+    wall = []
+    real_tick = cb._tick
+
+    def timed_tick():
+        c, w = time.thread_time(), time.perf_counter()
+        real_tick()
+        cpu.append(time.thread_time() - c)
+        wall.append(time.perf_counter() - w)
+
+    cb._tick = timed_tick
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cb.on_train_begin()
+        time.sleep(max(3.0, 20 * a.interval))
+        cb.on_train_end()
+    cpu_ms = 1000 * statistics.median(cpu[1:])
+    result = {
+        "backend": keras.backend.backend(),
+        "machine": platform.node(),
+        "nvml": source,
+        "gpu": _gpu_name(),
+        "per_step_hook_ns": hook_ns,
+        "samples": len(cpu),
+        "sample_cpu_ms_median": cpu_ms,
+        "sample_wall_ms_median": 1000 * statistics.median(wall[1:]),
+        "sampling_thread_cpu_share_at_interval": cpu_ms / (1000 * a.interval),
+        "interval_s": a.interval,
+        "threads_left": [t.name for t in threading.enumerate() if t.name.startswith("keras_gpu_tools")],
+    }
+    print(f"per-step hook: {hook_ns:.0f} ns; per sample ({source}): {cpu_ms:.3f} ms CPU, "
+          f"{result['sample_wall_ms_median']:.1f} ms wall; sampling thread holds "
+          f"{100 * result['sampling_thread_cpu_share_at_interval']:.2f}% of one core at interval {a.interval} s")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -24,12 +24,18 @@ def _tf_gpu_devices() -> List[str]:
     return [d.name for d in tf.config.list_logical_devices("GPU")]
 
 
+_tf_gpu_count = None  # fixed once TensorFlow has initialised its devices
+
+
 def _tf_allocator_memory(indices: Iterable[int]) -> Stats:
+    global _tf_gpu_count
     tf = loaded("tensorflow")
     out: Stats = {}
     if tf is None:
         return out
-    n = len(tf.config.list_logical_devices("GPU"))
+    if _tf_gpu_count is None:  # listing devices costs ~1 ms: once per process
+        _tf_gpu_count = len(tf.config.list_logical_devices("GPU"))
+    n = _tf_gpu_count
     for i in indices:
         if i < n:
             info = tf.config.experimental.get_memory_info(f"GPU:{i}")
@@ -38,11 +44,17 @@ def _tf_allocator_memory(indices: Iterable[int]) -> Stats:
 
 
 # -- JAX ----------------------------------------------------------------------
+_jax_gpu_list = None
+
+
 def _jax_gpus():
+    global _jax_gpu_list
     jax = loaded("jax")
     if jax is None:
         return []
-    return [d for d in jax.local_devices() if d.platform == "gpu"]
+    if _jax_gpu_list is None:  # the device list is fixed once JAX has started
+        _jax_gpu_list = [d for d in jax.local_devices() if d.platform == "gpu"]
+    return _jax_gpu_list
 
 
 def _jax_gpu_devices() -> List[str]:
