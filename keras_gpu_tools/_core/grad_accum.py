@@ -33,6 +33,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from keras_gpu_tools._core import compat, oom_compat
 from keras_gpu_tools._core.oom import UnrecoverableOOM, split_sizes
+from keras_gpu_tools._core.step_hook import leaves
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -485,24 +486,12 @@ class JaxRunner:
                 return None, None
             need = (int(getattr(ma, "temp_size_in_bytes", 0)) + int(getattr(ma, "output_size_in_bytes", 0))
                     - int(getattr(ma, "alias_size_in_bytes", 0)) + extra)
-            need += sum(_nbytes(x) for x in _leaves(batch) if not hasattr(x, "is_deleted"))  # host inputs to copy
+            need += sum(_nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))  # host inputs to copy
             in_use = mem.get("bytes_in_use", 0)
             return in_use + need <= 0.95 * limit, need
         except Exception as e:
             logger.debug("keras_gpu_tools: memory analysis failed: %s", e)
             return None, None
-
-
-def _leaves(tree):
-    stack = [tree]
-    while stack:
-        t = stack.pop()
-        if isinstance(t, dict):
-            stack.extend(t.values())
-        elif isinstance(t, (list, tuple)):
-            stack.extend(t)
-        elif t is not None:
-            yield t
 
 
 def make_runner(backend: str, model, original: Callable, mode: str = "accumulate", **kwargs):

@@ -509,7 +509,8 @@ def _notify_detach(att: Attachment, stale: bool) -> None:
             logger.exception("keras_gpu_tools: an observer's on_detach raised")
 
 
-def _first_leaf(tree):
+def leaves(tree):
+    """The non-None leaves of nested dicts, lists and tuples (no framework import)."""
     stack = [tree]
     while stack:
         t = stack.pop()
@@ -518,5 +519,8 @@ def _first_leaf(tree):
         elif isinstance(t, (list, tuple)):
             stack.extend(t)
         elif t is not None:
-            return t
-    return None
+            yield t
+
+
+def _first_leaf(tree):
+    return next(leaves(tree), None)
