@@ -90,11 +90,8 @@ def _patched(obj, name: str, value):
                 pass
 
 
-@contextlib.contextmanager
 def _capture(optimizer, name: str, backend: str, sink: Callable):
-    had = name in optimizer.__dict__
-    old = optimizer.__dict__.get(name)
-
+    """Replaces ``optimizer.<name>`` (apply / stateless_apply) by a sink while the block runs."""
     if backend == "jax":
         def replacement(optimizer_variables, grads, trainable_variables):
             sink(list(grads))
@@ -103,17 +100,7 @@ def _capture(optimizer, name: str, backend: str, sink: Callable):
         def replacement(grads, trainable_variables=None):
             sink(list(grads), list(trainable_variables) if trainable_variables is not None else None)
 
-    object.__setattr__(optimizer, name, replacement)
-    try:
-        yield
-    finally:
-        if had:
-            object.__setattr__(optimizer, name, old)
-        else:
-            try:
-                object.__delattr__(optimizer, name)
-            except AttributeError:
-                pass
+    return _patched(optimizer, name, replacement)
 
 
 def real_apply(optimizer, backend: str) -> Callable:
