@@ -81,9 +81,11 @@ def main():
         "config": vars(a),
         "times_s": times,
     }
-    print(f"backend={result['backend']} gpu={result['gpu']} step={result['step_ms_without']:.3f} ms "
-          f"with/without steps/s = {result['throughput_ratio_with_over_without']:.4f} "
-          f"(overhead {result['overhead_percent']:+.2f}%)")
+    print(
+        f"backend={result['backend']} gpu={result['gpu']} step={result['step_ms_without']:.3f} ms "
+        f"with/without steps/s = {result['throughput_ratio_with_over_without']:.4f} "
+        f"(overhead {result['overhead_percent']:+.2f}%)"
+    )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
@@ -142,9 +144,11 @@ def micro(a):
         "interval_s": a.interval,
         "threads_left": [t.name for t in threading.enumerate() if t.name.startswith("keras_gpu_tools")],
     }
-    print(f"per-step hook: {hook_ns:.0f} ns; per sample ({source}): {cpu_ms:.3f} ms CPU, "
-          f"{result['sample_wall_ms_median']:.1f} ms wall; sampling thread holds "
-          f"{100 * result['sampling_thread_cpu_share_at_interval']:.2f}% of one core at interval {a.interval} s")
+    print(
+        f"per-step hook: {hook_ns:.0f} ns; per sample ({source}): {cpu_ms:.3f} ms CPU, "
+        f"{result['sample_wall_ms_median']:.1f} ms wall; sampling thread holds "
+        f"{100 * result['sampling_thread_cpu_share_at_interval']:.2f}% of one core at interval {a.interval} s"
+    )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -68,9 +68,9 @@ def _spawn(args) -> list:
 
 def run_backend(args) -> list:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
     import numpy as np
 
-    import keras
     from keras_gpu_tools._core import step_timing as st
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 
@@ -84,7 +84,9 @@ def run_backend(args) -> list:
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
-        [keras.Input((inputs,))] + [keras.layers.Dense(width, activation="relu") for _ in range(depth)] + [keras.layers.Dense(1)]
+        [keras.Input((inputs,))]
+        + [keras.layers.Dense(width, activation="relu") for _ in range(depth)]
+        + [keras.layers.Dense(1)]
     )
     model.compile(keras.optimizers.SGD(1e-4), "mse")
     rng = np.random.default_rng(0)
@@ -152,7 +154,12 @@ def run_backend(args) -> list:
             tb2 = timed(0.0)
             truths.append(max(0.0, 1.0 - 0.5 * (tb1 + tb2) / clock.per_step()))
             measured.append(det.measurement.wait_fraction)
-            details.append({k: getattr(det.measurement, k) for k in ("fetch", "compute", "other", "step", "wait", "sampled_steps", "overlapped")})
+            details.append(
+                {
+                    k: getattr(det.measurement, k)
+                    for k in ("fetch", "compute", "other", "step", "wait", "sampled_steps", "overlapped")
+                }
+            )
         truth = float(np.median(truths))
         got = float(np.median(measured))
         row = {
@@ -195,7 +202,11 @@ def _row(r) -> str:
     return (
         f"{r['backend']:<11}{r['target']:>7.2f}{r['delay_ms']:>10.2f}{r['base_step_ms']:>10.2f}{r['truth']:>8.3f}"
         f"{r['measured']:>10.3f}{r['error_pp']:>8.1f}  {r['truth_category']:<24}{r['measured_category']:<24}{'yes' if r['ok'] else 'NO ':<5}"
-        + "/".join("n/a" if d.get(k) is None else f"{1e3 * d[k]:.2f}" for d in r.get("detector", [])[:1] for k in ("fetch", "compute", "step"))
+        + "/".join(
+            "n/a" if d.get(k) is None else f"{1e3 * d[k]:.2f}"
+            for d in r.get("detector", [])[:1]
+            for k in ("fetch", "compute", "step")
+        )
     )
 
 
@@ -219,10 +230,16 @@ def main():
         "max_abs_error_pp": max(errs) if errs else None,
         "seconds": time.time() - started,
     }
-    print(f"{summary['ok']}/{summary['cases']} cases within 5 pp with the right verdict; max |error| {summary['max_abs_error_pp']:.1f} pp; {summary['seconds']:.0f} s")
+    print(
+        f"{summary['ok']}/{summary['cases']} cases within 5 pp with the right verdict; max |error| {summary['max_abs_error_pp']:.1f} pp; {summary['seconds']:.0f} s"
+    )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"benchmark": "input_bound_accuracy", "quick": args.quick, "summary": summary, "results": results}, f, indent=2)
+            json.dump(
+                {"benchmark": "input_bound_accuracy", "quick": args.quick, "summary": summary, "results": results},
+                f,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -58,9 +58,9 @@ def _spawn(args) -> list:
 
 def run_backend(args) -> list:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
     import numpy as np
 
-    import keras
     from keras_gpu_tools._core import backends
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 
@@ -73,7 +73,9 @@ def run_backend(args) -> list:
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
-        [keras.Input((inputs,))] + [keras.layers.Dense(width, activation="relu") for _ in range(3)] + [keras.layers.Dense(1)]
+        [keras.Input((inputs,))]
+        + [keras.layers.Dense(width, activation="relu") for _ in range(3)]
+        + [keras.layers.Dense(1)]
     )
     model.compile(keras.optimizers.SGD(1e-4), "mse")
     rng = np.random.default_rng(0)
@@ -99,7 +101,11 @@ def run_backend(args) -> list:
         # is reported apart, as set-up time.
         clock = Clock()
         # The clock comes first: its on_epoch_end must not include the detector's.
-        cbs = [clock, InputBoundDetector(log_dir=None, verbose=0, sample_every=args.sample_every)] if detector else [clock]
+        cbs = (
+            [clock, InputBoundDetector(log_dir=None, verbose=0, sample_every=args.sample_every)]
+            if detector
+            else [clock]
+        )
         t = time.perf_counter()
         model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=cbs)
         setup[detector].append(clock.times[0] - t)

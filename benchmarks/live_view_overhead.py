@@ -120,27 +120,33 @@ def main():
     import nbformat
     from nbclient import NotebookClient
 
-    code = KERNEL_CODE.format(root=ROOT, args={k: getattr(a, k) for k in ("width", "depth", "batch", "steps", "repeats")})
+    code = KERNEL_CODE.format(
+        root=ROOT, args={k: getattr(a, k) for k in ("width", "depth", "batch", "steps", "repeats")}
+    )
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(textwrap.dedent(code))])
     t0 = time.perf_counter()
     NotebookClient(nb, timeout=3600, kernel_name="python3").execute()
     wall = time.perf_counter() - t0
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream")
     line = next(ln for ln in text.splitlines() if ln.startswith("RESULT "))
-    r = json.loads(line[len("RESULT "):])
+    r = json.loads(line[len("RESULT ") :])
 
     import statistics
 
     med = {k: statistics.median(r[k]) for k in ("off", "on", "stress")}
-    print(f"Jupyter kernel; live view displayed: {r['in_notebook']}; {a.repeats} x {a.steps} steps per setting ({wall:.0f} s)")
+    print(
+        f"Jupyter kernel; live view displayed: {r['in_notebook']}; {a.repeats} x {a.steps} steps per setting ({wall:.0f} s)"
+    )
     print(f"  median step without LiveView:        {1e3 * med['off']:.3f} ms")
     for k, label in (("on", "LiveView() (2 s interval)"), ("stress", "LiveView(interval=0.1)")):
         print(f"  median step with {label:26s} {1e3 * med[k]:.3f} ms  ({100 * (med[k] / med['off'] - 1):+.2f}%)")
     pairs = [100 * (on / off - 1) for off, on in zip(r["off"], r["on"])]
     print(f"  per-pair difference (2 s interval):  {', '.join(f'{d:+.1f}%' for d in pairs)}")
     for k in ("on", "stress"):
-        print(f"  redraws per fit ({k}): {statistics.median(r['redraws_' + k]):.0f}; draw + send to the notebook "
-              f"{statistics.median(r['redraw_ms_' + k]):.2f} ms median (worst fit mean {max(r['redraw_ms_' + k]):.2f} ms)")
+        print(
+            f"  redraws per fit ({k}): {statistics.median(r['redraws_' + k]):.0f}; draw + send to the notebook "
+            f"{statistics.median(r['redraw_ms_' + k]):.2f} ms median (worst fit mean {max(r['redraw_ms_' + k]):.2f} ms)"
+        )
     print(f"  drawing alone (HTML + SVG):          {r['render_ms']:.3f} ms")
     print(f"  batch-end hook without a redraw:     {r['hook_us']:.2f} us per step")
     if a.out:

@@ -106,7 +106,7 @@ def main():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for r in range(a.repeats):
-            order = policies[r % len(policies):] + policies[: r % len(policies)]
+            order = policies[r % len(policies) :] + policies[: r % len(policies)]
             for policy in order:
                 model = models[policy]
                 t0 = time.perf_counter()
@@ -142,15 +142,21 @@ def main():
         "policies": rows,
         "total_s": time.perf_counter() - t_start,
     }
-    print(f"\nbackend={result['backend']} ({result['framework']}) device={result['device']} "
-          f"float32 matmul: {result['float32_matmul']}")
-    print(f"MLP {a.features}->{a.depth}x{a.width}->{a.classes}, batch {a.batch}, {a.steps} steps x {a.repeats} "
-          "interleaved repeats, medians")
+    print(
+        f"\nbackend={result['backend']} ({result['framework']}) device={result['device']} "
+        f"float32 matmul: {result['float32_matmul']}"
+    )
+    print(
+        f"MLP {a.features}->{a.depth}x{a.width}->{a.classes}, batch {a.batch}, {a.steps} steps x {a.repeats} "
+        "interleaved repeats, medians"
+    )
     print(f"{'policy':<16}{'step ms':>10}{'steps/s':>10}{'speedup':>9}{'TFLOP/s':>9}  finite  last loss")
     for policy, row in rows.items():
         speed = f"{row['speedup_over_float32']:.2f}x" if row["speedup_over_float32"] else "-"
-        print(f"{policy:<16}{row['step_ms_median']:>10.2f}{row['steps_per_s']:>10.1f}{speed:>9}"
-              f"{row['tflops']:>9.1f}  {str(row['losses_finite']):<6}  {row['last_loss']:.4f}")
+        print(
+            f"{policy:<16}{row['step_ms_median']:>10.2f}{row['steps_per_s']:>10.1f}{speed:>9}"
+            f"{row['tflops']:>9.1f}  {str(row['losses_finite']):<6}  {row['last_loss']:.4f}"
+        )
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)

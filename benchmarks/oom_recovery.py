@@ -113,7 +113,11 @@ def _model(quick, accumulation=None, limit=None):
         layers = [keras.Input((32,))]
         if limit is not None:
             layers.append(_cliff_layer(limit))
-        layers += [keras.layers.Dense(256, activation="relu"), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)]
+        layers += [
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(1),
+        ]
     else:
         layers = [keras.Input((8,)), keras.layers.Dense(65536, activation="relu"), keras.layers.Dense(1)]
     model = keras.Sequential(layers)
@@ -149,8 +153,12 @@ def _timed_fit(model, x, y, batch, epochs, callbacks=()):
 
 def _summary(name, times, samples):
     steady = statistics.median(times[1:]) if len(times) > 1 else times[0]
-    return {"run": name, "epoch_seconds": [round(t, 4) for t in times], "samples_per_sec": round(samples / steady, 1),
-            "first_epoch_extra_seconds": round(times[0] - steady, 4)}
+    return {
+        "run": name,
+        "epoch_seconds": [round(t, 4) for t in times],
+        "samples_per_sec": round(samples / steady, 1),
+        "first_epoch_extra_seconds": round(times[0] - steady, 4),
+    }
 
 
 def run(args) -> list:
@@ -170,15 +178,29 @@ def run(args) -> list:
     rec_times = _timed_fit(_model(quick, limit=limit), x, y, batch, args.epochs, [reducer])
     rec_wall = time.perf_counter() - t0
     k = reducer.micro_batches
-    hand_times = _timed_fit(_model(quick, accumulation=k if k > 1 else None, limit=limit), x, y, batch // k, args.epochs)
-    hand_reducer_times = _timed_fit(_model(quick, accumulation=k if k > 1 else None, limit=limit), x, y, batch // k,
-                                    args.epochs, [OOMBatchSizeReducer()])
+    hand_times = _timed_fit(
+        _model(quick, accumulation=k if k > 1 else None, limit=limit), x, y, batch // k, args.epochs
+    )
+    hand_reducer_times = _timed_fit(
+        _model(quick, accumulation=k if k > 1 else None, limit=limit),
+        x,
+        y,
+        batch // k,
+        args.epochs,
+        [OOMBatchSizeReducer()],
+    )
     samples = batch * steps
     rec = _summary("recovering", rec_times, samples)
     hand = _summary("by_hand", hand_times, samples)
     hand_r = _summary("by_hand_with_reducer", hand_reducer_times, samples)
-    rec.update({"split": k, "events": [e.line() for e in reducer.events],
-                "failed_attempt_seconds": round(reducer.recovery_seconds, 4), "wall_seconds": round(rec_wall, 3)})
+    rec.update(
+        {
+            "split": k,
+            "events": [e.line() for e in reducer.events],
+            "failed_attempt_seconds": round(reducer.recovery_seconds, 4),
+            "wall_seconds": round(rec_wall, 3),
+        }
+    )
     ratio = rec["samples_per_sec"] / hand["samples_per_sec"]
     extra = rec["first_epoch_extra_seconds"] - hand["first_epoch_extra_seconds"]
     verdict = {
@@ -202,24 +224,37 @@ def run(args) -> list:
             device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     except Exception:
         pass
-    meta = {"backend": backend, "device": device, "batch": batch, "steps_per_epoch": steps, "epochs": args.epochs,
-            "keras": keras.__version__, "quick": quick}
+    meta = {
+        "backend": backend,
+        "device": device,
+        "batch": batch,
+        "steps_per_epoch": steps,
+        "epochs": args.epochs,
+        "keras": keras.__version__,
+        "quick": quick,
+    }
     return [dict(meta, **r) for r in (rec, hand, hand_r)] + [dict(meta, run="verdict", **verdict)]
 
 
 def _table(results):
-    lines = [f"{'backend':<11}{'device':<26}{'run':<22}{'split':>6}{'samples/s':>13}{'1st-epoch extra s':>19}{'failed s':>10}"]
+    lines = [
+        f"{'backend':<11}{'device':<26}{'run':<22}{'split':>6}{'samples/s':>13}{'1st-epoch extra s':>19}{'failed s':>10}"
+    ]
     for r in results:
         if "error" in r:
             lines.append(f"{r['backend']:<11}ERROR: {r['error'][-300:]}")
         elif r["run"] == "verdict":
-            lines.append(f"{r['backend']:<11}{r['device'][:25]:<26}verdict: ratio {r['throughput_ratio_after_recovery']:.3f} "
-                         f"(within 5%: {r['within_5_percent']}), extra 1st epoch {r['extra_first_epoch_seconds_vs_by_hand']:+.3f} s "
-                         f"(within compile cost: {r['recovery_within_compile_cost']}), reducer idle overhead "
-                         f"{100 * r['reducer_overhead_when_it_never_fires']:.1f}%")
+            lines.append(
+                f"{r['backend']:<11}{r['device'][:25]:<26}verdict: ratio {r['throughput_ratio_after_recovery']:.3f} "
+                f"(within 5%: {r['within_5_percent']}), extra 1st epoch {r['extra_first_epoch_seconds_vs_by_hand']:+.3f} s "
+                f"(within compile cost: {r['recovery_within_compile_cost']}), reducer idle overhead "
+                f"{100 * r['reducer_overhead_when_it_never_fires']:.1f}%"
+            )
         else:
-            lines.append(f"{r['backend']:<11}{r['device'][:25]:<26}{r['run']:<22}{r.get('split', ''):>6}{r['samples_per_sec']:>13.1f}"
-                         f"{r['first_epoch_extra_seconds']:>19.3f}{r.get('failed_attempt_seconds', ''):>10}")
+            lines.append(
+                f"{r['backend']:<11}{r['device'][:25]:<26}{r['run']:<22}{r.get('split', ''):>6}{r['samples_per_sec']:>13.1f}"
+                f"{r['first_epoch_extra_seconds']:>19.3f}{r.get('failed_attempt_seconds', ''):>10}"
+            )
     return "\n".join(lines)
 
 

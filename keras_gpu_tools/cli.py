@@ -1,8 +1,8 @@
 """The `keras-gpu-tools` command: `doctor`, `demo` and `report`.
 
-    keras-gpu-tools doctor             # is my GPU used? if not, why?
-    keras-gpu-tools demo --logdir DIR  # a small training run with every tool attached
-    keras-gpu-tools report DIR         # the training report, from a TensorBoard log directory
+keras-gpu-tools doctor             # is my GPU used? if not, why?
+keras-gpu-tools demo --logdir DIR  # a small training run with every tool attached
+keras-gpu-tools report DIR         # the training report, from a TensorBoard log directory
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import argparse
 import os
 import sys
 import time
-from typing import List, Optional
 
 
 def _doctor(args) -> int:
@@ -72,16 +71,25 @@ def _demo(args) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         history = model.fit(
-            x, labels, batch_size=args.batch_size, epochs=args.epochs, validation_split=0.1,
-            verbose=2 if args.verbose else 0, callbacks=callbacks,
+            x,
+            labels,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            validation_split=0.1,
+            verbose=2 if args.verbose else 0,
+            callbacks=callbacks,
         )
     seconds = time.perf_counter() - t0
-    for w in sorted({str(w.message) for w in caught if "keras_gpu_tools" in str(w.filename) or "GPU" in str(w.message)}):
+    for w in sorted(
+        {str(w.message) for w in caught if "keras_gpu_tools" in str(w.filename) or "GPU" in str(w.message)}
+    ):
         print(f"note: {w}")
 
     h = history.history
-    print(f"\nTrained {args.epochs} epochs ({gpu_logger.global_step} steps) in {seconds:.1f} s; "
-          f"final accuracy {h['accuracy'][-1]:.3f}, val_accuracy {h['val_accuracy'][-1]:.3f}.")
+    print(
+        f"\nTrained {args.epochs} epochs ({gpu_logger.global_step} steps) in {seconds:.1f} s; "
+        f"final accuracy {h['accuracy'][-1]:.3f}, val_accuracy {h['val_accuracy'][-1]:.3f}."
+    )
     shown = sorted(k for k in h if k.startswith(("gpu/", "host/")) and not k.endswith("_max"))
     if shown:
         print("Last epoch, measured by GPUUtilizationLogger:")
@@ -90,7 +98,9 @@ def _demo(args) -> int:
     if detector.verdict is not None:
         print(f"InputBoundDetector: {detector.verdict.message}")
     for c in profiler.captures:
-        conclusion = c.analysis.conclusion if c.analysis is not None and c.analysis.conclusion else "no xprof conclusion"
+        conclusion = (
+            c.analysis.conclusion if c.analysis is not None and c.analysis.conclusion else "no xprof conclusion"
+        )
         print(f"ProfilerWindow: steps {c.start_step}-{c.start_step + c.num_steps}: {conclusion}")
     print(f"MixedPrecisionCheck: {len(mp_check.findings)} finding(s)")
     if oom is not None:
@@ -102,7 +112,9 @@ def _demo(args) -> int:
     pngs = rep.save_figures(os.path.join(logdir, "report_png"))
     print(f"\nTensorBoard logs: {os.path.abspath(logdir)}")
     print(f"View them with:   tensorboard --logdir {logdir}")
-    print(f"HTML report:      {os.path.abspath(html_path)}  ({len(pngs)} plots, also as PNG in {os.path.join(logdir, 'report_png')})")
+    print(
+        f"HTML report:      {os.path.abspath(html_path)}  ({len(pngs)} plots, also as PNG in {os.path.join(logdir, 'report_png')})"
+    )
     print(f"Rebuild it with:  keras-gpu-tools report {logdir}")
     return 0
 
@@ -146,16 +158,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("doctor", help="report what GPUs Keras and NVML see, and why a GPU may be unused")
     d.set_defaults(func=_doctor)
-    demo = sub.add_parser("demo", help="train a small model with every callback attached; write TensorBoard logs and the HTML report")
+    demo = sub.add_parser(
+        "demo", help="train a small model with every callback attached; write TensorBoard logs and the HTML report"
+    )
     demo.add_argument("--logdir", default="logs/keras-gpu-tools-demo", help="where to write TensorBoard logs")
     demo.add_argument("--epochs", type=_positive_int, default=5)
     demo.add_argument("--samples", type=_positive_int, default=20000)
     demo.add_argument("--batch-size", type=_positive_int, default=128)
     demo.add_argument("--verbose", action="store_true", help="show Keras's per-epoch lines")
     demo.set_defaults(func=_demo)
-    rep = sub.add_parser("report", help="build the training report (text and HTML with plots) from a TensorBoard log directory")
+    rep = sub.add_parser(
+        "report", help="build the training report (text and HTML with plots) from a TensorBoard log directory"
+    )
     rep.add_argument("log_dir", help="the log_dir given to the callbacks (e.g. logs/keras-gpu-tools-demo)")
-    rep.add_argument("--output", "-o", default=None, help="where to write the HTML report (default: LOG_DIR/report.html)")
+    rep.add_argument(
+        "--output", "-o", default=None, help="where to write the HTML report (default: LOG_DIR/report.html)"
+    )
     rep.add_argument("--png", default=None, metavar="DIR", help="also write each plot as a PNG file into DIR")
     rep.add_argument("--quiet", "-q", action="store_true", help="do not print the text report")
     rep.set_defaults(func=_report)
@@ -172,7 +190,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
     args = build_parser().parse_args(argv)
     try:

@@ -11,7 +11,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Dict, List, Optional
 
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -49,12 +48,12 @@ class FakeGPU:
     pcie_tx_kb: int = 2048
     pcie_rx_kb: int = 4096
     gpm: bool = True
-    gpm_values: Dict[int, float] = field(default_factory=lambda: {2: 91.5, 3: 45.25, 5: 60.0})
+    gpm_values: dict[int, float] = field(default_factory=lambda: {2: 91.5, 3: 45.25, 5: 60.0})
     unsupported: set = field(default_factory=set)  # pynvml function names that say NotSupported
-    failing: Dict[str, int] = field(default_factory=dict)  # function -> error code, raised every call
-    mig: List["FakeGPU"] = field(default_factory=list)
-    gpu_instance_id: Optional[int] = None
-    parent: Optional["FakeGPU"] = None
+    failing: dict[str, int] = field(default_factory=dict)  # function -> error code, raised every call
+    mig: list[FakeGPU] = field(default_factory=list)
+    gpu_instance_id: int | None = None
+    parent: FakeGPU | None = None
     delay: float = 0.0  # seconds each utilization query blocks, like PCIe throughput does
 
 
@@ -81,20 +80,20 @@ class FakeNVML:
     c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t
     NVML_GPM_METRICS_GET_VERSION = 1
 
-    def __init__(self, gpus=None, init_error: Optional[int] = None, driver="580.159.04"):
-        self.gpus: List[FakeGPU] = list(gpus if gpus is not None else [FakeGPU()])
+    def __init__(self, gpus=None, init_error: int | None = None, driver="580.159.04"):
+        self.gpus: list[FakeGPU] = list(gpus if gpus is not None else [FakeGPU()])
         for g in self.gpus:
             for j, m in enumerate(g.mig):
                 m.parent = g
                 m.gpu_instance_id = j + 1
         self.init_error = init_error
         self.driver = driver
-        self.calls: List[tuple] = []  # (function name, thread ident)
+        self.calls: list[tuple] = []  # (function name, thread ident)
         self._lock = threading.Lock()
         self.live_gpm_samples = 0
 
     # bookkeeping
-    def _call(self, name, gpu: Optional[FakeGPU] = None):
+    def _call(self, name, gpu: FakeGPU | None = None):
         with self._lock:
             self.calls.append((name, threading.get_ident()))
         if gpu is not None:

@@ -19,7 +19,19 @@ def test_multibackend_suite(backend, module):
         pytest.skip(f"{module} is not installed")
     env = dict(os.environ, KERAS_BACKEND=backend)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "--disable-warnings", "-rfE", "-m", "multibackend", "-p", "no:cacheprovider", "tests"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--disable-warnings",
+            "-rfE",
+            "-m",
+            "multibackend",
+            "-p",
+            "no:cacheprovider",
+            "tests",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,

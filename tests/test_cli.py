@@ -15,7 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_cli(*args, timeout=600):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "keras_gpu_tools", *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "keras_gpu_tools", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 def facts_with(gpus, env, fw_gpus=(), built_with_cuda=None, backend="tensorflow"):
@@ -134,7 +136,9 @@ def test_demo_rejects_bad_arguments(tmp_path):
 def test_doctor_reports_a_policy_without_tensor_cores():
     import keras
 
-    nv = doctor.nvml_facts(NVML(FakeNVML([FakeGPU(name="Tesla P100", uuid="GPU-p", compute_capability=(6, 0))])), env={})
+    nv = doctor.nvml_facts(
+        NVML(FakeNVML([FakeGPU(name="Tesla P100", uuid="GPU-p", compute_capability=(6, 0))])), env={}
+    )
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy("mixed_float16")
     try:

@@ -18,8 +18,13 @@ NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
 
 def test_there_are_notebooks():
     names = [os.path.basename(p) for p in NOTEBOOKS]
-    assert names == ["01_quickstart.ipynb", "02_input_bound.ipynb", "03_out_of_memory.ipynb", "04_mixed_precision.ipynb",
-                     "05_profiling.ipynb"]
+    assert names == [
+        "01_quickstart.ipynb",
+        "02_input_bound.ipynb",
+        "03_out_of_memory.ipynb",
+        "04_mixed_precision.ipynb",
+        "05_profiling.ipynb",
+    ]
 
 
 def test_notebooks_are_stored_without_outputs():
@@ -62,7 +67,9 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
         monkeypatch.setenv("TENSORBOARD_BINARY", os.path.join(bindir, "tensorboard"))
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     t0 = time.perf_counter()
     try:
         client.execute()

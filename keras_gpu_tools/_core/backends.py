@@ -8,16 +8,16 @@ calling them never imports TensorFlow, JAX or torch behind the user's back.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from types import SimpleNamespace
-from typing import Dict, Iterable, List, Tuple
 
 from keras_gpu_tools._core.deps import loaded
 
-Stats = Dict[int, Tuple[float, float]]  # local GPU index -> (current bytes, peak bytes)
+Stats = dict[int, tuple[float, float]]  # local GPU index -> (current bytes, peak bytes)
 
 
 # -- TensorFlow ---------------------------------------------------------------
-def _tf_gpu_devices() -> List[str]:
+def _tf_gpu_devices() -> list[str]:
     tf = loaded("tensorflow")
     if tf is None:
         return []
@@ -57,7 +57,7 @@ def _jax_gpus():
     return _jax_gpu_list
 
 
-def _jax_gpu_devices() -> List[str]:
+def _jax_gpu_devices() -> list[str]:
     return [str(d) for d in _jax_gpus()]
 
 
@@ -80,7 +80,7 @@ def _torch_cuda():
     return torch.cuda
 
 
-def _torch_gpu_devices() -> List[str]:
+def _torch_gpu_devices() -> list[str]:
     cuda = _torch_cuda()
     if cuda is None:
         return []
@@ -99,7 +99,7 @@ def _torch_allocator_memory(indices: Iterable[int]) -> Stats:
     return out
 
 
-def _none_devices() -> List[str]:
+def _none_devices() -> list[str]:
     return []
 
 

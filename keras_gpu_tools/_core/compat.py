@@ -23,7 +23,8 @@ module-level Keras import: this module is part of ``_core``.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core.lifecycle import find_fit_frame
@@ -87,7 +88,7 @@ def tf_end_of_data_errors() -> tuple:
     return (StopIteration, tf.errors.OutOfRangeError) if tf is not None else (StopIteration,)
 
 
-def tf_run_batches(train_function: Callable, batches: List[Any]):
+def tf_run_batches(train_function: Callable, batches: list[Any]):
     """Runs already fetched batches through Keras's Python branch.
 
     Any non-``tf.data`` iterable makes the TensorFlow train function call its
@@ -98,7 +99,7 @@ def tf_run_batches(train_function: Callable, batches: List[Any]):
 
 
 # -- JAX -----------------------------------------------------------------------
-def jax_step_function(train_function: Callable) -> Optional[Callable]:
+def jax_step_function(train_function: Callable) -> Callable | None:
     """The jitted per-batch step the JAX train function closes over, or None."""
     code = getattr(train_function, "__code__", None)
     cells = getattr(train_function, "__closure__", None)
@@ -113,7 +114,7 @@ def jax_step_function(train_function: Callable) -> Optional[Callable]:
 
 
 # -- the locals of fit() ---------------------------------------------------------
-def fit_locals(model) -> Dict[str, Any]:
+def fit_locals(model) -> dict[str, Any]:
     """The locals of the running ``model.fit`` (empty outside fit)."""
     import sys
 
@@ -126,7 +127,7 @@ def fit_locals(model) -> Dict[str, Any]:
         del frame
 
 
-def find_callback_list(model) -> List[Any]:
+def find_callback_list(model) -> list[Any]:
     """The callbacks of the running fit(), or [] where they cannot be found."""
     cbs = fit_locals(model).get("callbacks")
     inner = getattr(cbs, "callbacks", None)
@@ -141,7 +142,7 @@ def find_epoch_iterator(model):
     return ei
 
 
-def training_data(model) -> Dict[str, Any]:
+def training_data(model) -> dict[str, Any]:
     """What fit() is training on: the adapter and the user's ``x``."""
     loc = fit_locals(model)
     ei = loc.get("epoch_iterator")
@@ -180,7 +181,9 @@ class _TimedIterator:
             self._on_fetch(self._clock() - t)
 
 
-def time_epoch_iterator(epoch_iterator, on_fetch: Callable[[float], None], clock: Callable[[], float]) -> Callable[[], None]:
+def time_epoch_iterator(
+    epoch_iterator, on_fetch: Callable[[float], None], clock: Callable[[], float]
+) -> Callable[[], None]:
     """Times every batch fetch of a fit()'s epoch iterator; returns the undo.
 
     Wraps the iterator that ``EpochIterator._get_iterator()`` returns (built
@@ -203,7 +206,7 @@ def time_epoch_iterator(epoch_iterator, on_fetch: Callable[[float], None], clock
 
 
 # -- describing the input pipeline ------------------------------------------------
-def describe_pipeline(model) -> Dict[str, Any]:
+def describe_pipeline(model) -> dict[str, Any]:
     """What kind of input fit() consumes, and what can be read about it.
 
     Returns a dict with ``kind`` (``"tf.data"``, ``"PyDataset"``, ``"generator"``,
@@ -216,7 +219,7 @@ def describe_pipeline(model) -> Dict[str, Any]:
         return {"kind": "unknown"}
     adapter, x = found["adapter"], found["x"]
     name = type(adapter).__name__ if adapter is not None else ""
-    info: Dict[str, Any] = {"kind": "unknown", "adapter": name}
+    info: dict[str, Any] = {"kind": "unknown", "adapter": name}
     try:
         if name == "TFDatasetAdapter":
             info["kind"] = "tf.data"
@@ -262,7 +265,7 @@ _TF_OP_NAMES = {
 }
 
 
-def inspect_tf_dataset(dataset) -> Dict[str, Any]:
+def inspect_tf_dataset(dataset) -> dict[str, Any]:
     """The transformations of a ``tf.data.Dataset``, from the end backwards.
 
     Reads the Python dataset objects (``_inputs()``), which TensorFlow keeps
@@ -270,7 +273,7 @@ def inspect_tf_dataset(dataset) -> Dict[str, Any]:
     ``ends_with_prefetch``, ``parallel_map``, ``sequential_map`` and ``cache``
     summarise what matters for input speed.
     """
-    ops: List[str] = []
+    ops: list[str] = []
     seen = 0
     stack = [dataset]
     while stack and seen < 200:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Optional
 
 
 class MissingDependency(ImportError):
@@ -21,8 +20,7 @@ def _require(module: str, pip_name: str, purpose: str):
         return importlib.import_module(module)
     except ImportError as e:
         raise MissingDependency(
-            f"{purpose} needs `{module}`, which could not be imported ({e}). "
-            f"Install it with `pip install {pip_name}`."
+            f"{purpose} needs `{module}`, which could not be imported ({e}). Install it with `pip install {pip_name}`."
         ) from e
 
 
@@ -49,7 +47,7 @@ def loaded(module: str):
     return sys.modules.get(module)
 
 
-def keras_backend() -> Optional[str]:
+def keras_backend() -> str | None:
     """The Keras backend in use, importing Keras (never a framework) if needed."""
     try:
         import keras

@@ -11,7 +11,7 @@ allowed as CUDA allows them) and by NVML index where it is a number.
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 from keras_gpu_tools._core.nvml import NVML, GPUInfo
 
@@ -20,7 +20,7 @@ class DeviceSelectionError(ValueError):
     pass
 
 
-def parse_visible_devices(value: Optional[str]) -> Optional[list]:
+def parse_visible_devices(value: str | None) -> list | None:
     """Entries of ``CUDA_VISIBLE_DEVICES``; ``None`` when it is unset.
 
     CUDA stops at the first entry it cannot parse and treats ``-1`` or an empty
@@ -42,20 +42,18 @@ def parse_visible_devices(value: Optional[str]) -> Optional[list]:
     return entries
 
 
-def _match_uuid(entry: str, gpus: Sequence[GPUInfo]) -> Optional[GPUInfo]:
+def _match_uuid(entry: str, gpus: Sequence[GPUInfo]) -> GPUInfo | None:
     # CUDA accepts a unique UUID prefix, with or without the GPU-/MIG- prefix.
     key = entry.lower()
-    candidates = [
-        g for g in gpus if g.uuid.lower().startswith(key) or g.uuid.lower().split("-", 1)[-1].startswith(key)
-    ]
+    candidates = [g for g in gpus if g.uuid.lower().startswith(key) or g.uuid.lower().split("-", 1)[-1].startswith(key)]
     if len(candidates) == 1:
         return candidates[0]
     return None
 
 
-def _match_legacy_mig(entry: str, gpus: Sequence[GPUInfo]) -> Optional[GPUInfo]:
+def _match_legacy_mig(entry: str, gpus: Sequence[GPUInfo]) -> GPUInfo | None:
     # "MIG-GPU-<uuid>/<gi>/<ci>" (drivers before R470).
-    body = entry[len("MIG-"):]
+    body = entry[len("MIG-") :]
     parent_uuid = body.split("/", 1)[0]
     parents = [g for g in gpus if not g.is_mig and g.uuid.lower() == parent_uuid.lower()]
     if not parents:
@@ -64,7 +62,7 @@ def _match_legacy_mig(entry: str, gpus: Sequence[GPUInfo]) -> Optional[GPUInfo]:
     return migs[0] if len(migs) == 1 else None
 
 
-def visible_gpus(nvml: NVML, env: Optional[dict] = None) -> list:
+def visible_gpus(nvml: NVML, env: dict | None = None) -> list:
     """The GPUs the process can use, in the frameworks' order (``GPU:0`` first)."""
     env = os.environ if env is None else env
     entries = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
@@ -92,12 +90,10 @@ def visible_gpus(nvml: NVML, env: Optional[dict] = None) -> list:
     return out
 
 
-DeviceSpec = Union[int, str]
+DeviceSpec = int | str
 
 
-def select_devices(
-    visible: Sequence[GPUInfo], devices: Optional[Sequence[DeviceSpec]]
-) -> list:
+def select_devices(visible: Sequence[GPUInfo], devices: Sequence[DeviceSpec] | None) -> list:
     """Picks ``devices`` out of ``visible``; returns (local_index, GPUInfo) pairs.
 
     An int is the framework's index (``GPU:i``), a str a UUID or UUID prefix.

@@ -11,7 +11,6 @@ import os
 import platform
 import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
 
 from keras_gpu_tools._core.nvml import NVML, GPUInfo, NVMLUnavailable, default_nvml
 
@@ -20,22 +19,22 @@ from keras_gpu_tools._core.nvml import NVML, GPUInfo, NVMLUnavailable, default_n
 class FrameworkFacts:
     backend: str
     version: str = "?"
-    gpus: List[str] = field(default_factory=list)
-    built_with_cuda: Optional[bool] = None  # None: unknown
-    cuda_version: Optional[str] = None
-    cudnn_version: Optional[str] = None
-    notes: List[str] = field(default_factory=list)
-    error: Optional[str] = None
+    gpus: list[str] = field(default_factory=list)
+    built_with_cuda: bool | None = None  # None: unknown
+    cuda_version: str | None = None
+    cudnn_version: str | None = None
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
 
 
 @dataclass
 class NVMLFacts:
     available: bool
-    reason: Optional[str] = None
-    driver: Optional[str] = None
-    cuda_driver: Optional[str] = None
-    all_gpus: List[GPUInfo] = field(default_factory=list)
-    visible: List[GPUInfo] = field(default_factory=list)
+    reason: str | None = None
+    driver: str | None = None
+    cuda_driver: str | None = None
+    all_gpus: list[GPUInfo] = field(default_factory=list)
+    visible: list[GPUInfo] = field(default_factory=list)
 
 
 @dataclass
@@ -92,7 +91,7 @@ def _jax_has_gpu(jax) -> bool:
         return False
 
 
-def nvml_facts(nvml: Optional[NVML] = None, env: Optional[Dict[str, str]] = None) -> NVMLFacts:
+def nvml_facts(nvml: NVML | None = None, env: dict[str, str] | None = None) -> NVMLFacts:
     from keras_gpu_tools._core.devices import visible_gpus
 
     nvml = nvml or default_nvml()
@@ -115,47 +114,90 @@ _INSTALL_HINT = {
 }
 
 
-def diagnose(fw: FrameworkFacts, nv: NVMLFacts, env: Dict[str, str]) -> List[Finding]:
-    out: List[Finding] = []
+def diagnose(fw: FrameworkFacts, nv: NVMLFacts, env: dict[str, str]) -> list[Finding]:
+    out: list[Finding] = []
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     physical = [g for g in nv.all_gpus if not g.is_mig]
     if fw.error:
         out.append(Finding("problem", f"The {fw.backend} backend could not be inspected: {fw.error}"))
     if not nv.available and not fw.gpus:
-        out.append(Finding("problem", "No NVIDIA GPU is usable: " + (nv.reason or "NVML is unavailable") +
-                           ". On a machine with a GPU, check that the NVIDIA driver is installed "
-                           "(`nvidia-smi` should list the GPU); in a container, run it with GPU access "
-                           "(`docker run --gpus all`). Training runs on the CPU."))
+        out.append(
+            Finding(
+                "problem",
+                "No NVIDIA GPU is usable: "
+                + (nv.reason or "NVML is unavailable")
+                + ". On a machine with a GPU, check that the NVIDIA driver is installed "
+                "(`nvidia-smi` should list the GPU); in a container, run it with GPU access "
+                "(`docker run --gpus all`). Training runs on the CPU.",
+            )
+        )
         if fw.built_with_cuda is False:
-            out.append(Finding("warn", f"This {fw.backend} build has no CUDA support either: on a GPU machine, "
-                                       + _INSTALL_HINT.get(fw.backend, "install a GPU build") + "."))
+            out.append(
+                Finding(
+                    "warn",
+                    f"This {fw.backend} build has no CUDA support either: on a GPU machine, "
+                    + _INSTALL_HINT.get(fw.backend, "install a GPU build")
+                    + ".",
+                )
+            )
         return out
     if nv.available and not physical:
         out.append(Finding("problem", "The NVIDIA driver is loaded but reports no GPU. Training runs on the CPU."))
         return out
     if nv.available and not nv.visible:
-        out.append(Finding("problem", f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU from this process "
-                                      f"({len(physical)} installed). Unset it or list the GPUs to use."))
+        out.append(
+            Finding(
+                "problem",
+                f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU from this process "
+                f"({len(physical)} installed). Unset it or list the GPUs to use.",
+            )
+        )
     if nv.available and nv.visible and not fw.gpus and not fw.error:
         why = ""
         if fw.built_with_cuda is False:
             why = f"this {fw.backend} build has no CUDA support; "
-        out.append(Finding("problem", f"NVML sees {len(nv.visible)} GPU(s) but {fw.backend} sees none: {why}"
-                                      + _INSTALL_HINT.get(fw.backend, "install a GPU build of the framework") + "."))
+        out.append(
+            Finding(
+                "problem",
+                f"NVML sees {len(nv.visible)} GPU(s) but {fw.backend} sees none: {why}"
+                + _INSTALL_HINT.get(fw.backend, "install a GPU build of the framework")
+                + ".",
+            )
+        )
     elif nv.available and fw.gpus and len(fw.gpus) != len(nv.visible):
-        out.append(Finding("warn", f"{fw.backend} sees {len(fw.gpus)} GPU(s), NVML maps {len(nv.visible)} from "
-                                   f"CUDA_VISIBLE_DEVICES={cvd!r}: a device was hidden by the framework's own "
-                                   "settings (e.g. tf.config.set_visible_devices) or the mapping is ambiguous."))
+        out.append(
+            Finding(
+                "warn",
+                f"{fw.backend} sees {len(fw.gpus)} GPU(s), NVML maps {len(nv.visible)} from "
+                f"CUDA_VISIBLE_DEVICES={cvd!r}: a device was hidden by the framework's own "
+                "settings (e.g. tf.config.set_visible_devices) or the mapping is ambiguous.",
+            )
+        )
     elif fw.gpus:
         out.append(Finding("ok", f"{fw.backend} uses {len(fw.gpus)} GPU(s): " + ", ".join(fw.gpus) + "."))
     if not nv.available and fw.gpus:
-        out.append(Finding("warn", f"{fw.backend} sees GPUs but NVML is unavailable ({nv.reason}): "
-                                   "GPUUtilizationLogger cannot read utilization; `pip install nvidia-ml-py`."))
+        out.append(
+            Finding(
+                "warn",
+                f"{fw.backend} sees GPUs but NVML is unavailable ({nv.reason}): "
+                "GPUUtilizationLogger cannot read utilization; `pip install nvidia-ml-py`.",
+            )
+        )
     names = {g.name for g in physical}
-    if len(names) > 1 and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and cvd and any(c.isdigit() for c in cvd.split(",")[0]):
-        out.append(Finding("warn", "GPUs of different models and numeric CUDA_VISIBLE_DEVICES: CUDA orders them "
-                                   "fastest first, NVML by PCI bus. Set CUDA_DEVICE_ORDER=PCI_BUS_ID so the "
-                                   "numbers agree."))
+    if (
+        len(names) > 1
+        and env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID"
+        and cvd
+        and any(c.isdigit() for c in cvd.split(",")[0])
+    ):
+        out.append(
+            Finding(
+                "warn",
+                "GPUs of different models and numeric CUDA_VISIBLE_DEVICES: CUDA orders them "
+                "fastest first, NVML by PCI bus. Set CUDA_DEVICE_ORDER=PCI_BUS_ID so the "
+                "numbers agree.",
+            )
+        )
     for i, g in enumerate(nv.visible):
         out.append(Finding("info", f"GPU:{i} mixed precision: {mixed_precision_advice(g.compute_capability)}"))
     for note in fw.notes:
@@ -168,15 +210,19 @@ def mixed_precision_advice(cc) -> str:
         return "compute capability unknown."
     major, minor = cc
     if (major, minor) >= (8, 0):
-        return (f"compute capability {major}.{minor}: tensor cores for float16 and bfloat16; "
-                "use keras.mixed_precision.set_global_policy('mixed_bfloat16') (no loss scaling needed).")
+        return (
+            f"compute capability {major}.{minor}: tensor cores for float16 and bfloat16; "
+            "use keras.mixed_precision.set_global_policy('mixed_bfloat16') (no loss scaling needed)."
+        )
     if (major, minor) >= (7, 0):
-        return (f"compute capability {major}.{minor}: tensor cores for float16 only; use 'mixed_float16' "
-                "(Keras adds loss scaling); bfloat16 would be emulated and slow.")
+        return (
+            f"compute capability {major}.{minor}: tensor cores for float16 only; use 'mixed_float16' "
+            "(Keras adds loss scaling); bfloat16 would be emulated and slow."
+        )
     return f"compute capability {major}.{minor}: no tensor cores; mixed precision will not speed training up."
 
 
-def render(fw: FrameworkFacts, nv: NVMLFacts, findings: List[Finding], env: Dict[str, str]) -> str:
+def render(fw: FrameworkFacts, nv: NVMLFacts, findings: list[Finding], env: dict[str, str]) -> str:
     import keras
 
     lines = ["keras-gpu-tools doctor", "=" * 22, ""]
@@ -199,8 +245,10 @@ def render(fw: FrameworkFacts, nv: NVMLFacts, findings: List[Finding], env: Dict
             mem = f"{g.memory_total_bytes / 2**30:.1f} GiB" if g.memory_total_bytes else "? GiB"
             cc = ".".join(map(str, g.compute_capability)) if g.compute_capability else "?"
             lines.append(f"  {g.label}: {mem}, compute capability {cc}")
-        lines.append(f"  CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} -> this process uses: "
-                     + (", ".join(f"GPU:{i} = {g.label}" for i, g in enumerate(nv.visible)) or "none"))
+        lines.append(
+            f"  CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} -> this process uses: "
+            + (", ".join(f"GPU:{i} = {g.label}" for i, g in enumerate(nv.visible)) or "none")
+        )
     else:
         lines.append(f"  unavailable: {nv.reason}")
     lines.append("")
@@ -211,7 +259,7 @@ def render(fw: FrameworkFacts, nv: NVMLFacts, findings: List[Finding], env: Dict
     return "\n".join(lines)
 
 
-def run(backend: Optional[str] = None, nvml: Optional[NVML] = None, env: Optional[Dict[str, str]] = None) -> str:
+def run(backend: str | None = None, nvml: NVML | None = None, env: dict[str, str] | None = None) -> str:
     import keras
 
     env = dict(os.environ if env is None else env)
@@ -221,7 +269,7 @@ def run(backend: Optional[str] = None, nvml: Optional[NVML] = None, env: Optiona
     return render(fw, nv, findings, env)
 
 
-def policy_findings(nv: NVMLFacts) -> List[Finding]:
+def policy_findings(nv: NVMLFacts) -> list[Finding]:
     """The global dtype policy against the GPUs in use (check_mixed_precision)."""
     from keras_gpu_tools._core.mixed_precision import check_mixed_precision
 

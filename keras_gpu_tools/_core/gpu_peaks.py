@@ -15,13 +15,12 @@ torch only with ``torch.backends.cuda.matmul.allow_tf32 = True``.
 from __future__ import annotations
 
 import re
-from typing import Dict, Optional, Tuple
 
 T = 1e12
 
 # (pattern matched against the normalised NVML name, label, {dtype: TFLOP/s dense})
 # More specific patterns first.
-_PEAKS: Tuple[Tuple[str, str, Dict[str, float]], ...] = (
+_PEAKS: tuple[tuple[str, str, dict[str, float]], ...] = (
     (r"gh200", "GH200", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}),
     (r"h200 nvl", "H200 NVL", {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5, "fp8": 1670.5}),
     (r"h200", "H200 SXM", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}),
@@ -63,7 +62,7 @@ def _normalise(name: str) -> str:
     return re.sub(r"\s+", " ", name.lower().replace("nvidia", "").replace("tesla", "").replace("-", " ")).strip()
 
 
-def lookup(nvml_name: str) -> Optional[Tuple[str, Dict[str, float]]]:
+def lookup(nvml_name: str) -> tuple[str, dict[str, float]] | None:
     """(label, {dtype: TFLOP/s}) for an NVML device name, or None if unknown."""
     if not nvml_name:
         return None
@@ -74,7 +73,7 @@ def lookup(nvml_name: str) -> Optional[Tuple[str, Dict[str, float]]]:
     return None
 
 
-def peak_flops(nvml_name: str, dtype: str) -> Optional[float]:
+def peak_flops(nvml_name: str, dtype: str) -> float | None:
     """Dense peak FLOP/s of the GPU for ``dtype``, or None where unknown."""
     found = lookup(nvml_name)
     key = _DTYPE_ALIASES.get(str(dtype).lower())

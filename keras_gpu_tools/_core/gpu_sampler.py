@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import warnings
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterable, Sequence
 
 from keras_gpu_tools._core.nvml import NA, NVML, GPUInfo, NVMLQueryError
 
@@ -32,7 +32,7 @@ class WarnOnce:
     def __init__(self):
         self._seen = set()
         self._lock = threading.Lock()
-        self.messages: List[str] = []
+        self.messages: list[str] = []
 
     def __call__(self, key, message: str) -> None:
         with self._lock:
@@ -57,7 +57,7 @@ GPM_METRICS = {  # NVML_GPM_METRIC_* id -> key
 }
 
 # key -> (doc, unit). Also the documentation table of the callback.
-GPU_FIELDS: Dict[str, str] = {
+GPU_FIELDS: dict[str, str] = {
     "utilization_percent": "time a kernel was running (NVML's coarse utilization), %",
     "memory_busy_percent": "time device memory was read or written, %",
     "memory_used_mib": "device memory in use by all processes, MiB",
@@ -74,18 +74,16 @@ GPU_FIELDS: Dict[str, str] = {
     "allocator_memory_mib": "memory held by the framework's allocator now, MiB",
     "allocator_peak_memory_mib": "peak of the framework's allocator, MiB",
 }
-HOST_FIELDS: Dict[str, str] = {
+HOST_FIELDS: dict[str, str] = {
     "cpu_percent": "this process's CPU use, % of one core (can exceed 100)",
     "system_cpu_percent": "whole machine's CPU use, % of all cores",
     "rss_mib": "this process's resident memory, MiB",
 }
 # Keys whose epoch maximum is logged too (as `<key>_max`).
-MAX_KEYS = frozenset(
-    {"memory_used_mib", "allocator_memory_mib", "power_watts", "temperature_celsius", "rss_mib"}
-)
+MAX_KEYS = frozenset({"memory_used_mib", "allocator_memory_mib", "power_watts", "temperature_celsius", "rss_mib"})
 
 
-def _simple_readers(nvml: NVML, pcie: bool) -> List[Tuple[Tuple[str, ...], Callable]]:
+def _simple_readers(nvml: NVML, pcie: bool) -> list[tuple[tuple[str, ...], Callable]]:
     """(keys, reader(handle, on_unsupported) -> tuple of values)."""
 
     def utilization(h, u):
@@ -172,7 +170,7 @@ class _GPM:
             return False
         return True
 
-    def read(self) -> Dict[str, float]:
+    def read(self) -> dict[str, float]:
         if self.supported is None:
             self.supported = self._check_support()
         if not self.supported:
@@ -220,9 +218,9 @@ class GPUProbe:
         self.readers = _simple_readers(nvml, pcie)
         self.gpm = _GPM(nvml, gpu) if gpm else None
         self.lost = False
-        self._failures: Dict[Tuple[str, ...], int] = {}
+        self._failures: dict[tuple[str, ...], int] = {}
 
-    def _drop(self, keys: Tuple[str, ...], reason: str) -> None:
+    def _drop(self, keys: tuple[str, ...], reason: str) -> None:
         self.readers = [(k, r) for k, r in self.readers if k != keys]
         self.warn(
             (self.index, keys),
@@ -230,18 +228,21 @@ class GPUProbe:
             f"({reason}); left out of the logs from now on.",
         )
 
-    def read(self) -> Dict[str, float]:
+    def read(self) -> dict[str, float]:
         if self.lost:
             return {}
-        out: Dict[str, float] = {}
+        out: dict[str, float] = {}
         for keys, reader in list(self.readers):
-            unsupported: List[str] = []
+            unsupported: list[str] = []
             try:
                 values = reader(self.gpu.handle, unsupported.append)
             except NVMLQueryError as e:
                 if e.lost:
                     self.lost = True
-                    self.warn((self.index, "lost"), f"GPU {self.index} ({self.gpu.name}) fell off the bus: {e}. Its metrics stop here.")
+                    self.warn(
+                        (self.index, "lost"),
+                        f"GPU {self.index} ({self.gpu.name}) fell off the bus: {e}. Its metrics stop here.",
+                    )
                     return out
                 # Transient errors are tolerated; three in a row drop the field.
                 n = self._failures[keys] = self._failures.get(keys, 0) + 1
@@ -264,7 +265,10 @@ class GPUProbe:
                 self.gpm.reason = str(e)
                 gpm_values = {}
             if self.gpm.supported is False:
-                self.warn((self.index, "gpm"), f"GPU {self.index} ({self.gpu.name}): SM activity, SM occupancy and tensor activity not available ({self.gpm.reason}).")
+                self.warn(
+                    (self.index, "gpm"),
+                    f"GPU {self.index} ({self.gpu.name}): SM activity, SM occupancy and tensor activity not available ({self.gpm.reason}).",
+                )
                 self.gpm = None
             for key, value in gpm_values.items():
                 out[self.prefix + key] = value
@@ -297,7 +301,7 @@ class HostProbe:
     # right after priming read 680% on a 2-core machine).
     MIN_CPU_SPAN = 0.1
 
-    def read(self) -> Dict[str, float]:
+    def read(self) -> dict[str, float]:
         if self.process is None:
             return {}
         try:
@@ -320,24 +324,26 @@ class MetricSampler:
     def __init__(
         self,
         gpu_probes: Sequence[GPUProbe],
-        host: Optional[HostProbe],
-        allocator: Optional[Callable[[Iterable[int]], Dict[int, Tuple[float, float]]]] = None,
-        warn: Optional[WarnOnce] = None,
+        host: HostProbe | None,
+        allocator: Callable[[Iterable[int]], dict[int, tuple[float, float]]] | None = None,
+        warn: WarnOnce | None = None,
     ):
         self.gpu_probes = list(gpu_probes)
         self.host = host
         self.allocator = allocator
         self.warn = warn or WarnOnce()
 
-    def sample(self) -> Dict[str, float]:
-        out: Dict[str, float] = {}
+    def sample(self) -> dict[str, float]:
+        out: dict[str, float] = {}
         for probe in self.gpu_probes:
             out.update(probe.read())
         if self.allocator is not None:
             try:
                 stats = self.allocator([p.index for p in self.gpu_probes])
             except Exception as e:
-                self.warn("allocator", f"the framework's allocator statistics could not be read ({e}); left out from now on.")
+                self.warn(
+                    "allocator", f"the framework's allocator statistics could not be read ({e}); left out from now on."
+                )
                 self.allocator = None
                 stats = {}
             for index, (current, peak) in stats.items():
@@ -359,12 +365,12 @@ class Aggregate:
 
     def __init__(self):
         self.count = 0
-        self.sums: Dict[str, float] = {}
-        self.maxs: Dict[str, float] = {}
-        self.counts: Dict[str, int] = {}
-        self.last: Dict[str, float] = {}
+        self.sums: dict[str, float] = {}
+        self.maxs: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.last: dict[str, float] = {}
 
-    def add(self, sample: Dict[str, float]) -> None:
+    def add(self, sample: dict[str, float]) -> None:
         self.count += 1
         for key, value in sample.items():
             self.sums[key] = self.sums.get(key, 0.0) + value
@@ -373,10 +379,10 @@ class Aggregate:
             self.maxs[key] = value if prev is None or value > prev else prev
         self.last = sample
 
-    def means(self) -> Dict[str, float]:
+    def means(self) -> dict[str, float]:
         return {k: self.sums[k] / self.counts[k] for k in self.sums}
 
-    def summary(self, max_keys: frozenset = MAX_KEYS) -> Dict[str, float]:
+    def summary(self, max_keys: frozenset = MAX_KEYS) -> dict[str, float]:
         """Means, plus ``<key>_max`` for the keys where the peak matters."""
         out = self.means()
         for key, value in self.maxs.items():

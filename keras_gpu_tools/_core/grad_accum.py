@@ -29,7 +29,8 @@ No module-level framework import: the runners import their framework when built.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 from keras_gpu_tools._core import compat, oom_compat
 from keras_gpu_tools._core.oom import UnrecoverableOOM, split_sizes
@@ -52,7 +53,7 @@ def slice_batch(batch, a: int, b: int):
     return batch[a:b]
 
 
-def micro_batches(batch, n: int, k: int) -> List[Tuple[Any, float]]:
+def micro_batches(batch, n: int, k: int) -> list[tuple[Any, float]]:
     """``(micro_batch, n_i / n)`` pairs of a batch of ``n`` split in ``k``."""
     out, start = [], 0
     for size in split_sizes(n, k):
@@ -74,7 +75,7 @@ def _nbytes(x) -> int:
 
 
 class _Snapshot:
-    def __init__(self, kind: str, items, iterations: Optional[int] = None):
+    def __init__(self, kind: str, items, iterations: int | None = None):
         self.kind = kind  # "full", "small", "none"
         self.items = items
         self.iterations = iterations
@@ -89,8 +90,13 @@ class _StatefulRunner:
     def _mark_scaled(self) -> None:
         self._scaled = True
 
-    def __init__(self, model, original: Callable, mode: str = "accumulate",
-                 full_snapshot_max_bytes: int = FULL_SNAPSHOT_MAX_BYTES):
+    def __init__(
+        self,
+        model,
+        original: Callable,
+        mode: str = "accumulate",
+        full_snapshot_max_bytes: int = FULL_SNAPSHOT_MAX_BYTES,
+    ):
         self.model = model
         self.original = original
         self.mode = mode
@@ -102,7 +108,10 @@ class _StatefulRunner:
     def _refresh(self) -> None:
         # Compiled metrics (TensorFlow) and optimizer slots are built at the
         # first trace: collect the variables again until their number settles.
-        count = (len(self.model.metrics_variables), len(getattr(getattr(self.model, "optimizer", None), "variables", []) or []))
+        count = (
+            len(self.model.metrics_variables),
+            len(getattr(getattr(self.model, "optimizer", None), "variables", []) or []),
+        )
         if count == self._counted:
             return
         self._counted = count
@@ -131,7 +140,11 @@ class _StatefulRunner:
             import keras
 
             return _Snapshot("full", [(v, keras.ops.convert_to_numpy(v.value)) for v in self._all])
-        return _Snapshot("small", list(zip(self._small, self._copy_small())), oom_compat.iterations_value(self.model) if guarded else None)
+        return _Snapshot(
+            "small",
+            list(zip(self._small, self._copy_small())),
+            oom_compat.iterations_value(self.model) if guarded else None,
+        )
 
     def restore(self, snap: _Snapshot, state):
         self._reset_accumulator()
@@ -149,14 +162,15 @@ class _StatefulRunner:
             raise UnrecoverableOOM(
                 "OOMBatchSizeReducer: the out-of-memory error came after the optimizer had started to update the "
                 f"weights (optimizer.iterations went from {before} to {now}), and no full copy of the state was kept, "
-                "so the step cannot be retried without applying part of an update twice.")
+                "so the step cannot be retried without applying part of an update twice."
+            )
         for v, value in snap.items:
             v.assign(value)
         self._reset_new_metrics(snap)
         self._refresh()
         return state
 
-    def _iterations_from_small(self, snap: _Snapshot) -> Optional[int]:
+    def _iterations_from_small(self, snap: _Snapshot) -> int | None:
         it = oom_compat.iterations_variable(getattr(self.model, "optimizer", None))
         for v, value in snap.items:
             if v is it:
@@ -171,7 +185,7 @@ class _StatefulRunner:
     def finish(self, result, guarded: bool):
         return result
 
-    def predict(self, batch, n: int, k: int, state) -> Tuple[Optional[bool], Optional[int]]:
+    def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
         return None, None  # TensorFlow and torch cannot tell before running
 
     # -- running -------------------------------------------------------------
@@ -225,16 +239,19 @@ class TFRunner(_StatefulRunner):
     def _build(self):
         tf = self.tf
         if self._accs is None:
-            self._accs = [tf.Variable(tf.zeros(tuple(v.shape), dtype=v.dtype), trainable=False, name="kgt_oom_acc")
-                          for v in self.model.trainable_variables]
+            self._accs = [
+                tf.Variable(tf.zeros(tuple(v.shape), dtype=v.dtype), trainable=False, name="kgt_oom_acc")
+                for v in self.model.trainable_variables
+            ]
             strategy = self.model.distribute_strategy
 
             def micro(data, w):
                 def replica(d):
                     self._w = w
                     self._scaled = False
-                    with oom_compat.capture_apply(self.model.optimizer, "tensorflow", self._sink, weight=w,
-                                                  on_scaled=self._mark_scaled):
+                    with oom_compat.capture_apply(
+                        self.model.optimizer, "tensorflow", self._sink, weight=w, on_scaled=self._mark_scaled
+                    ):
                         return self.model.train_step(d)
 
                 return strategy.run(replica, args=(data,))
@@ -258,7 +275,9 @@ class TFRunner(_StatefulRunner):
         for g, v in zip(grads, variables):
             i = self._index.get(id(v))
             if i is None:
-                raise compat.KerasInternalsError("keras_gpu_tools: train_step applied gradients to a variable that is not trainable")
+                raise compat.KerasInternalsError(
+                    "keras_gpu_tools: train_step applied gradients to a variable that is not trainable"
+                )
             if g is None:
                 self._none.add(i)
                 continue
@@ -330,7 +349,9 @@ class TorchRunner(_StatefulRunner):
             for part, w in parts:
                 self._w = w
                 self._scaled = False
-                with oom_compat.capture_apply(model.optimizer, "torch", self._sink, weight=w, on_scaled=self._mark_scaled):
+                with oom_compat.capture_apply(
+                    model.optimizer, "torch", self._sink, weight=w, on_scaled=self._mark_scaled
+                ):
                     logs = model.train_step(part)
             variables = model.trainable_variables
             grads = [self._acc.get(i) for i in range(len(variables))]
@@ -359,8 +380,13 @@ class JaxRunner:
 
     backend = "jax"
 
-    def __init__(self, model, original: Callable, mode: str = "accumulate",
-                 full_snapshot_max_bytes: int = FULL_SNAPSHOT_MAX_BYTES):
+    def __init__(
+        self,
+        model,
+        original: Callable,
+        mode: str = "accumulate",
+        full_snapshot_max_bytes: int = FULL_SNAPSHOT_MAX_BYTES,
+    ):
         import jax
         import jax.numpy as jnp
 
@@ -379,7 +405,9 @@ class JaxRunner:
     # -- traced functions ------------------------------------------------------
     def _micro(self, tv, ntv, ov, mv, acc, data, w):
         box, scaled = [], []
-        with oom_compat.capture_apply(self.model.optimizer, "jax", box.append, weight=w, on_scaled=lambda: scaled.append(1)):
+        with oom_compat.capture_apply(
+            self.model.optimizer, "jax", box.append, weight=w, on_scaled=lambda: scaled.append(1)
+        ):
             logs, state = self.model.train_step((tv, ntv, ov, mv), data)
         if not box:
             raise compat.KerasInternalsError("keras_gpu_tools: train_step did not call optimizer.stateless_apply")
@@ -451,18 +479,21 @@ class JaxRunner:
                 "OOMBatchSizeReducer: out of memory in a JAX step whose state Keras had donated to the failed call "
                 "(the weights and optimizer state were freed with it), and no host copy was kept (the state is over "
                 f"{self.full_snapshot_max_bytes / 2**30:.1f} GiB, or this split had already run at this batch shape). "
-                "Use `probe=True` so the split is chosen from the compiled step's memory analysis before running.")
+                "Use `probe=True` so the split is chosen from the compiled step's memory analysis before running."
+            )
         host, shardings = snap.items
         jax = self.jax
         restored = []
         for values, shards in zip(host, shardings):
-            restored.append([jax.device_put(v, s) if s is not None else jax.device_put(v) for v, s in zip(values, shards)])
+            restored.append(
+                [jax.device_put(v, s) if s is not None else jax.device_put(v) for v, s in zip(values, shards)]
+            )
         return tuple(restored)
 
     def finish(self, result, guarded: bool):
         return result
 
-    def predict(self, batch, n: int, k: int, state) -> Tuple[Optional[bool], Optional[int]]:
+    def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
         """(fits, bytes needed) from XLA's memory analysis, or (None, None) where the device has no limit."""
         mem = oom_compat.jax_device_memory()
         limit = mem.get("bytes_limit")
@@ -484,8 +515,12 @@ class JaxRunner:
             ma = compiled.memory_analysis()
             if ma is None:
                 return None, None
-            need = (int(getattr(ma, "temp_size_in_bytes", 0)) + int(getattr(ma, "output_size_in_bytes", 0))
-                    - int(getattr(ma, "alias_size_in_bytes", 0)) + extra)
+            need = (
+                int(getattr(ma, "temp_size_in_bytes", 0))
+                + int(getattr(ma, "output_size_in_bytes", 0))
+                - int(getattr(ma, "alias_size_in_bytes", 0))
+                + extra
+            )
             need += sum(_nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))  # host inputs to copy
             in_use = mem.get("bytes_in_use", 0)
             return in_use + need <= 0.95 * limit, need
@@ -497,5 +532,7 @@ class JaxRunner:
 def make_runner(backend: str, model, original: Callable, mode: str = "accumulate", **kwargs):
     cls = {"tensorflow": TFRunner, "jax": JaxRunner, "torch": TorchRunner}.get(backend)
     if cls is None:
-        raise ValueError(f"OOMBatchSizeReducer: the Keras backend {backend!r} is not supported (tensorflow, jax, torch).")
+        raise ValueError(
+            f"OOMBatchSizeReducer: the Keras backend {backend!r} is not supported (tensorflow, jax, torch)."
+        )
     return cls(model, original, mode, **kwargs)

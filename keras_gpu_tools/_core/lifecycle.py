@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -41,7 +41,7 @@ def find_fit_frame(model, start=None):
 # -- PY_UNWIND on Python 3.12+ -------------------------------------------------
 _unwind_lock = threading.Lock()
 _unwind_watch: dict = {}  # code object of fit -> list of guards
-_unwind_tool: Optional[int] = None
+_unwind_tool: int | None = None
 _unwind_failed = False
 
 
@@ -55,7 +55,7 @@ def _on_unwind(code, offset, exc):
             guard._fire(on_training_thread=True)
 
 
-def _watch_unwind(guard: "FitGuard") -> bool:
+def _watch_unwind(guard: FitGuard) -> bool:
     global _unwind_tool, _unwind_failed
     monitoring = getattr(sys, "monitoring", None)
     if monitoring is None or _unwind_failed:
@@ -79,7 +79,7 @@ def _watch_unwind(guard: "FitGuard") -> bool:
     return True
 
 
-def _unwatch_unwind(guard: "FitGuard") -> None:
+def _unwatch_unwind(guard: FitGuard) -> None:
     monitoring = getattr(sys, "monitoring", None)
     with _unwind_lock:
         guards = _unwind_watch.get(guard._frame_code)
@@ -102,7 +102,9 @@ class FitGuard:
         interval: seconds between checks. Defaults to `0.2`.
     """
 
-    def __init__(self, model, on_abort: Callable[[], None], interval: float = 0.2, name: str = "keras_gpu_tools-fit-guard"):
+    def __init__(
+        self, model, on_abort: Callable[[], None], interval: float = 0.2, name: str = "keras_gpu_tools-fit-guard"
+    ):
         self._on_abort = on_abort
         self._interval = interval
         self._stop = threading.Event()
@@ -111,7 +113,7 @@ class FitGuard:
         self._frame_id = id(frame) if frame is not None else None
         self._frame_code = frame.f_code if frame is not None else None
         del frame
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._fired = False
         self._fire_lock = threading.Lock()
         self.unwind_hook = False

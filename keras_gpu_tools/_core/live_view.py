@@ -11,7 +11,8 @@ from __future__ import annotations
 import html
 import math
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 SPARK_POINTS = 120  # points per sparkline (the latest ones)
 
@@ -41,8 +42,14 @@ class NotebookDisplay:
         self._handle.update(self._html(markup))
 
 
-def sparkline(values: Sequence[float], width: int = 160, height: int = 28, color: str = "#1f77b4",
-              low: Optional[float] = None, high: Optional[float] = None) -> str:
+def sparkline(
+    values: Sequence[float],
+    width: int = 160,
+    height: int = 28,
+    color: str = "#1f77b4",
+    low: float | None = None,
+    high: float | None = None,
+) -> str:
     """An inline SVG polyline of `values` (empty string for fewer than 2)."""
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if len(vals) < 2:
@@ -55,11 +62,13 @@ def sparkline(values: Sequence[float], width: int = 160, height: int = 28, color
         f"{2 + (width - 4) * i / (n - 1):.1f},{height - 2 - (height - 4) * (min(max(v, lo), hi) - lo) / span:.1f}"
         for i, v in enumerate(vals)
     )
-    return (f'<svg width="{width}" height="{height}" style="vertical-align:middle">'
-            f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/></svg>')
+    return (
+        f'<svg width="{width}" height="{height}" style="vertical-align:middle">'
+        f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/></svg>'
+    )
 
 
-def _fmt(v: Optional[float], unit: str = "", digits: int = 1) -> str:
+def _fmt(v: float | None, unit: str = "", digits: int = 1) -> str:
     if v is None or not math.isfinite(v):
         return "-"
     return f"{v:,.{digits}f}{unit}"
@@ -73,14 +82,14 @@ class LiveState:
         self.detector: Any = None
         self.oom: Any = None
         self.profiler: Any = None
-        self.epochs: Optional[int] = None
+        self.epochs: int | None = None
         self.epoch = 0
         self.step = 0
         self.started = 0.0
-        self.logs: Dict[str, Any] = {}
-        self.loss_points: List[float] = []  # the loss at each redraw
-        self.step_ms_points: List[float] = []
-        self.last_steps: Tuple[float, int] = (0.0, 0)
+        self.logs: dict[str, Any] = {}
+        self.loss_points: list[float] = []  # the loss at each redraw
+        self.step_ms_points: list[float] = []
+        self.last_steps: tuple[float, int] = (0.0, 0)
         self.done = False
 
     def attach(self, callbacks: Sequence[Any]) -> None:
@@ -94,7 +103,7 @@ class LiveState:
             elif hasattr(cb, "micro_batches") or "oom" in type(cb).__name__.lower():
                 self.oom = cb
 
-    def note_redraw(self, now: float) -> Optional[float]:
+    def note_redraw(self, now: float) -> float | None:
         """Records the loss and the step rate since the last redraw; returns ms per step."""
         loss = self.logs.get("loss")
         try:
@@ -112,7 +121,7 @@ class LiveState:
         return None
 
 
-def step_times(points: Sequence[Tuple[float, int, Dict[str, float]]]) -> List[float]:
+def step_times(points: Sequence[tuple[float, int, dict[str, float]]]) -> list[float]:
     """Milliseconds per step between consecutive (wall time, step, ...) points."""
     out = []
     for (w0, s0, _), (w1, s1, _) in zip(points, points[1:]):
@@ -126,10 +135,12 @@ def render(state: LiveState, now: float) -> str:
     e = html.escape
     elapsed = max(0.0, now - state.started)
     loss = state.loss_points[-1] if state.loss_points else None
-    head = (f"<b>{'Done' if state.done else 'Training'}</b> &middot; epoch {state.epoch + 1}"
-            f"{'/' + str(state.epochs) if state.epochs else ''} &middot; step {state.step} &middot; {elapsed:.0f} s"
-            + (f" &middot; loss {loss:.4g}" if loss is not None else ""))
-    rows: List[Tuple[str, str, str]] = []
+    head = (
+        f"<b>{'Done' if state.done else 'Training'}</b> &middot; epoch {state.epoch + 1}"
+        f"{'/' + str(state.epochs) if state.epochs else ''} &middot; step {state.step} &middot; {elapsed:.0f} s"
+        + (f" &middot; loss {loss:.4g}" if loss is not None else "")
+    )
+    rows: list[tuple[str, str, str]] = []
     lg = state.gpu_logger
     points = []
     if lg is not None:
@@ -151,17 +162,38 @@ def render(state: LiveState, now: float) -> str:
         latest = points[-1][2] if points else {}
         indices = [str(i) for i, _ in (getattr(lg, "gpus", None) or [])]
         for i in indices:
-            util_key = f"gpu/{i}/sm_activity_percent" if f"gpu/{i}/sm_activity_percent" in latest else f"gpu/{i}/utilization_percent"
+            util_key = (
+                f"gpu/{i}/sm_activity_percent"
+                if f"gpu/{i}/sm_activity_percent" in latest
+                else f"gpu/{i}/utilization_percent"
+            )
             util = [p[2].get(util_key) for p in points]
             used, total = latest.get(f"gpu/{i}/memory_used_mib"), latest.get(f"gpu/{i}/memory_total_mib")
             what = "SM activity" if "sm_activity" in util_key else "utilization"
-            rows.append((f"GPU {i} {what}", _fmt(latest.get(util_key), "%", 0), sparkline(util, low=0, high=100, color="#2ca02c")))
+            rows.append(
+                (
+                    f"GPU {i} {what}",
+                    _fmt(latest.get(util_key), "%", 0),
+                    sparkline(util, low=0, high=100, color="#2ca02c"),
+                )
+            )
             mem = [p[2].get(f"gpu/{i}/memory_used_mib") for p in points]
-            rows.append((f"GPU {i} memory", f"{_fmt(used, '', 0)} / {_fmt(total, ' MiB', 0)}",
-                         sparkline(mem, low=0, high=total, color="#ff7f0e")))
+            rows.append(
+                (
+                    f"GPU {i} memory",
+                    f"{_fmt(used, '', 0)} / {_fmt(total, ' MiB', 0)}",
+                    sparkline(mem, low=0, high=total, color="#ff7f0e"),
+                )
+            )
         if not indices:
             cpu = [p[2].get("host/cpu_percent") for p in points]
-            rows.append(("host CPU (no GPU)", _fmt(latest.get("host/cpu_percent"), "%", 0), sparkline(cpu, low=0, color="#2ca02c")))
+            rows.append(
+                (
+                    "host CPU (no GPU)",
+                    _fmt(latest.get("host/cpu_percent"), "%", 0),
+                    sparkline(cpu, low=0, color="#2ca02c"),
+                )
+            )
 
     det = state.detector
     if det is not None:
@@ -170,8 +202,18 @@ def render(state: LiveState, now: float) -> str:
         if wv:
             step, v = wv[-1]
             frac = v.wait_fraction
-            rows.append((f"input wait (last {getattr(det, 'window', '')} steps)", f"{_fmt(None if frac is None else 100 * frac, '%', 1)} ({e(v.category)})",
-                         sparkline([100 * (x.wait_fraction or 0.0) for _, x in wv][-SPARK_POINTS:], low=0, high=100, color="#d62728")))
+            rows.append(
+                (
+                    f"input wait (last {getattr(det, 'window', '')} steps)",
+                    f"{_fmt(None if frac is None else 100 * frac, '%', 1)} ({e(v.category)})",
+                    sparkline(
+                        [100 * (x.wait_fraction or 0.0) for _, x in wv][-SPARK_POINTS:],
+                        low=0,
+                        high=100,
+                        color="#d62728",
+                    ),
+                )
+            )
         elif hist:
             frac = hist[-1].get("input/wait_fraction")
             rows.append(("input wait", _fmt(None if frac is None else 100 * frac, "%", 1), ""))
@@ -187,7 +229,9 @@ def render(state: LiveState, now: float) -> str:
                 n = len(recs)
                 break
         mb = getattr(oom, "micro_batches", None)
-        rows.append(("OOM recoveries", "-" if n is None else str(n), f"micro-batches: {e(str(mb))}" if mb is not None else ""))
+        rows.append(
+            ("OOM recoveries", "-" if n is None else str(n), f"micro-batches: {e(str(mb))}" if mb is not None else "")
+        )
 
     prof = state.profiler
     if prof is not None:
@@ -195,7 +239,11 @@ def render(state: LiveState, now: float) -> str:
         last = ""
         if caps:
             a = getattr(caps[-1], "analysis", None)
-            last = (a.conclusion if a is not None and a.conclusion else caps[-1].line()) if hasattr(caps[-1], "line") else ""
+            last = (
+                (a.conclusion if a is not None and a.conclusion else caps[-1].line())
+                if hasattr(caps[-1], "line")
+                else ""
+            )
         rows.append(("profiler windows", str(len(caps)), e(last[:140])))
 
     body = "".join(
@@ -203,5 +251,7 @@ def render(state: LiveState, now: float) -> str:
         f'<td style="padding:1px 8px;text-align:right;font-variant-numeric:tabular-nums">{b}</td><td>{c}</td></tr>'
         for a, b, c in rows
     )
-    return (f'<div class="kgt-live" style="font-family:sans-serif;font-size:12px">{head}'
-            f'<table style="border-collapse:collapse;margin-top:3px">{body}</table></div>')
+    return (
+        f'<div class="kgt-live" style="font-family:sans-serif;font-size:12px">{head}'
+        f'<table style="border-collapse:collapse;margin-top:3px">{body}</table></div>'
+    )

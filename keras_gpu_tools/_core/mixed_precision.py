@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import numbers
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -47,7 +48,7 @@ _SATURATING_ACTIVATIONS = ("softmax", "sigmoid")
 # Variables that are the weight matrix of a matrix product or convolution.
 _KERNEL_ATTRIBUTES = ("kernel", "recurrent_kernel", "pointwise_kernel")
 
-ComputeCapability = Tuple[int, int]
+ComputeCapability = tuple[int, int]
 
 
 class MixedPrecisionWarning(UserWarning):
@@ -73,7 +74,7 @@ class MixedPrecisionFinding:
 
     kind: str
     message: str
-    layer: Optional[str] = None
+    layer: str | None = None
 
     def __str__(self) -> str:
         return self.message
@@ -82,9 +83,9 @@ class MixedPrecisionFinding:
 def check_mixed_precision(
     model: Any = None,
     *,
-    compute_capabilities: Optional[Sequence[ComputeCapability]] = None,
+    compute_capabilities: Sequence[ComputeCapability] | None = None,
     ignore: Iterable[str] = (),
-) -> List[MixedPrecisionFinding]:
+) -> list[MixedPrecisionFinding]:
     """Finds what keeps a model from training well under mixed precision.
 
     Which precision the model runs in is read from its layers' dtype policies
@@ -163,7 +164,7 @@ def check_mixed_precision(
     dtypes = {_compute_dtype(layer) for layer in layers} & set(LOW_PRECISION_DTYPES)
     if not dtypes:
         return []
-    findings: List[MixedPrecisionFinding] = []
+    findings: list[MixedPrecisionFinding] = []
     output_layers = set()  # their activation is part of the output finding
     for finding, layer in _output_findings(model):
         output_layers.add(id(layer))
@@ -186,7 +187,7 @@ def warn_findings(findings: Sequence[MixedPrecisionFinding], source: str, stackl
         warnings.warn(f"{source}: {f.message}", MixedPrecisionWarning, stacklevel=stacklevel + 1)
 
 
-def gpu_compute_capabilities(nvml=None) -> List[ComputeCapability]:
+def gpu_compute_capabilities(nvml=None) -> list[ComputeCapability]:
     """Compute capabilities of the GPUs this process can use, from NVML.
 
     Empty where NVML, its driver or a GPU is missing: never raises.
@@ -220,7 +221,7 @@ def validate_ignore(ignore) -> frozenset:
     return frozenset(ignore)
 
 
-def validate_compute_capabilities(capabilities) -> Optional[List[ComputeCapability]]:
+def validate_compute_capabilities(capabilities) -> list[ComputeCapability] | None:
     if capabilities is None:
         return None
     expected = "Expected a list of (major, minor) pairs of non-negative ints such as [(8, 0)], or None."
@@ -288,7 +289,7 @@ def _is_model(layer) -> bool:
     return isinstance(layer, keras.Model)
 
 
-def _compute_dtype(layer) -> Optional[str]:
+def _compute_dtype(layer) -> str | None:
     import keras
 
     if isinstance(layer, keras.layers.InputLayer):
@@ -301,7 +302,7 @@ def _describe(layer) -> str:
     return f"{type(layer).__name__} `{layer.name}`"
 
 
-def _activation_name(layer) -> Optional[str]:
+def _activation_name(layer) -> str | None:
     """'softmax' or 'sigmoid' where the layer ends in one, else None."""
     import keras
 
@@ -338,9 +339,8 @@ def _output_findings(model):
         elif activation:
             why = f"its {activation} runs in bfloat16, whose 8-bit mantissa rounds the probabilities to 2-3 digits."
         else:
-            why = (
-                f"{dtype} outputs are rounded to {'3' if dtype == 'float16' else '2-3'} significant digits"
-                + (" and overflow past 65504." if dtype == "float16" else ".")
+            why = f"{dtype} outputs are rounded to {'3' if dtype == 'float16' else '2-3'} significant digits" + (
+                " and overflow past 65504." if dtype == "float16" else "."
             )
         if activation and hasattr(layer, "units"):
             fix = (
@@ -362,7 +362,7 @@ def _output_findings(model):
     return out
 
 
-def _activation_findings(model, skip) -> List[MixedPrecisionFinding]:
+def _activation_findings(model, skip) -> list[MixedPrecisionFinding]:
     out = []
     for layer in _user_layers(model):
         if id(layer) in skip or layer is model or _compute_dtype(layer) != "float16":
@@ -382,7 +382,7 @@ def _activation_findings(model, skip) -> List[MixedPrecisionFinding]:
     return out
 
 
-def _loss_scaling_findings(model, layers) -> List[MixedPrecisionFinding]:
+def _loss_scaling_findings(model, layers) -> list[MixedPrecisionFinding]:
     import keras
 
     optimizer = getattr(model, "optimizer", None)
@@ -409,7 +409,7 @@ def _loss_scaling_findings(model, layers) -> List[MixedPrecisionFinding]:
     return [MixedPrecisionFinding(NO_LOSS_SCALING, message, None)]
 
 
-def _gpu_findings(dtypes, capabilities, subject: str) -> List[MixedPrecisionFinding]:
+def _gpu_findings(dtypes, capabilities, subject: str) -> list[MixedPrecisionFinding]:
     if not dtypes:
         return []
     if capabilities is None:
@@ -423,8 +423,7 @@ def _gpu_findings(dtypes, capabilities, subject: str) -> List[MixedPrecisionFind
         gpus = ", ".join(f"GPU:{i} (compute capability {cc[0]}.{cc[1]})" for i, cc in slow)
         if dtype == "bfloat16":
             fix = (
-                "Use `mixed_float16` there (tensor cores from compute capability 7.0, with loss scaling) "
-                "or float32."
+                "Use `mixed_float16` there (tensor cores from compute capability 7.0, with loss scaling) or float32."
                 if any(tuple(cc) >= MIN_COMPUTE_CAPABILITY["float16"] for _, cc in slow)
                 else "Use float32: `keras.mixed_precision.set_dtype_policy('float32')`."
             )
@@ -439,7 +438,7 @@ def _gpu_findings(dtypes, capabilities, subject: str) -> List[MixedPrecisionFind
     return out
 
 
-def _matmul_sizes(layer, kernel) -> Optional[Sequence[Tuple[str, int]]]:
+def _matmul_sizes(layer, kernel) -> Sequence[tuple[str, int]] | None:
     """(what, size) of the matrix dimensions a kernel multiplies, or None."""
     import keras
 
@@ -451,7 +450,7 @@ def _matmul_sizes(layer, kernel) -> Optional[Sequence[Tuple[str, int]]]:
     return [("input channels", shape[-2]), ("output channels", shape[-1])]  # convolutions
 
 
-def _alignment_findings(layers) -> List[MixedPrecisionFinding]:
+def _alignment_findings(layers) -> list[MixedPrecisionFinding]:
     import keras
 
     depthwise = tuple(

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -45,9 +46,7 @@ _ERROR_NO_PERMISSION = 4
 _ERROR_NOT_FOUND = 6
 _ERROR_FUNCTION_NOT_FOUND = 13
 _ERROR_GPU_IS_LOST = 15
-UNSUPPORTED_CODES = frozenset(
-    {_ERROR_NOT_SUPPORTED, _ERROR_NO_PERMISSION, _ERROR_NOT_FOUND, _ERROR_FUNCTION_NOT_FOUND}
-)
+UNSUPPORTED_CODES = frozenset({_ERROR_NOT_SUPPORTED, _ERROR_NO_PERMISSION, _ERROR_NOT_FOUND, _ERROR_FUNCTION_NOT_FOUND})
 
 
 class NVMLUnavailable(RuntimeError):
@@ -61,9 +60,9 @@ class GPUInfo:
     nvml_index: int  # index of the physical GPU in NVML's (PCI bus) order
     uuid: str
     name: str
-    memory_total_bytes: Optional[int]
-    compute_capability: Optional[tuple]
-    mig_index: Optional[int] = None  # index of the MIG instance on its parent
+    memory_total_bytes: int | None
+    compute_capability: tuple | None
+    mig_index: int | None = None  # index of the MIG instance on its parent
     handle: Any = None
 
     @property
@@ -90,7 +89,7 @@ class NVML:
         self._module = module
         self._lock = threading.Lock()
         self._initialised = False
-        self._error: Optional[str] = None
+        self._error: str | None = None
 
     # -- life cycle ---------------------------------------------------------
     def _ensure(self):
@@ -108,10 +107,7 @@ class NVML:
                     self._module = pynvml
                 self._module.nvmlInit()
             except ImportError as e:
-                self._error = (
-                    "The NVML bindings are not installed: "
-                    f"{e}. Install them with `pip install nvidia-ml-py`."
-                )
+                self._error = f"The NVML bindings are not installed: {e}. Install them with `pip install nvidia-ml-py`."
             except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded...
                 self._error = f"NVML could not be initialised: {_describe(e)}"
             if self._error is not None:
@@ -127,7 +123,7 @@ class NVML:
             return False
 
     @property
-    def unavailable_reason(self) -> Optional[str]:
+    def unavailable_reason(self) -> str | None:
         return self._error
 
     @property
@@ -144,7 +140,7 @@ class NVML:
                 self._initialised = False
 
     # -- queries ------------------------------------------------------------
-    def query(self, func_name: str, *args, on_unsupported: Optional[Callable] = None):
+    def query(self, func_name: str, *args, on_unsupported: Callable | None = None):
         """Calls ``pynvml.<func_name>(*args)``.
 
         Returns ``NA`` when the driver reports the function unsupported, not
@@ -168,10 +164,10 @@ class NVML:
                 return NA
             raise NVMLQueryError(func_name, e, lost=code == _ERROR_GPU_IS_LOST) from e
 
-    def driver_version(self) -> Optional[str]:
+    def driver_version(self) -> str | None:
         return _text(self.query("nvmlSystemGetDriverVersion")) or None
 
-    def cuda_driver_version(self) -> Optional[str]:
+    def cuda_driver_version(self) -> str | None:
         v = self.query("nvmlSystemGetCudaDriverVersion")
         if v is NA or not v:
             return None
@@ -180,7 +176,7 @@ class NVML:
     def device_count(self) -> int:
         return int(self.query("nvmlDeviceGetCount"))
 
-    def gpu_info(self, handle, nvml_index: int, mig_index: Optional[int] = None) -> GPUInfo:
+    def gpu_info(self, handle, nvml_index: int, mig_index: int | None = None) -> GPUInfo:
         uuid = _text(self.query("nvmlDeviceGetUUID", handle))
         name = _text(self.query("nvmlDeviceGetName", handle)) or "unknown GPU"
         mem = self.query("nvmlDeviceGetMemoryInfo", handle)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 from keras_gpu_tools._core import deps
 
@@ -28,7 +29,7 @@ _TORCH_CPU_OOM = "can't allocate memory"
 _XLA_OOM_PREFIX = "RESOURCE_EXHAUSTED"
 
 
-def oom_kind(exc: BaseException) -> Optional[str]:
+def oom_kind(exc: BaseException) -> str | None:
     """Which backend's out-of-memory error ``exc`` is, or None for any other error.
 
     - TensorFlow: ``tf.errors.ResourceExhaustedError`` (by type).
@@ -48,7 +49,9 @@ def oom_kind(exc: BaseException) -> Optional[str]:
             return "tensorflow"
     torch = deps.loaded("torch")
     if torch is not None:
-        cls = getattr(torch, "OutOfMemoryError", None) or getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
+        cls = getattr(torch, "OutOfMemoryError", None) or getattr(
+            getattr(torch, "cuda", None), "OutOfMemoryError", None
+        )
         if cls is not None and isinstance(exc, cls):
             return "torch"
         if type(exc) is RuntimeError and "DefaultCPUAllocator" in str(exc) and _TORCH_CPU_OOM in str(exc):
@@ -65,14 +68,18 @@ def _is_xla_oom_message(message: str) -> bool:
     # XLA's CPU runtime reports a failed temporary allocation as
     # "INTERNAL: Error dispatching computation: ... Out of memory allocating N bytes".
     m = message.lstrip()
-    return m.startswith(_XLA_OOM_PREFIX) or "Out of memory allocating" in m or "Out of memory while trying to allocate" in m
+    return (
+        m.startswith(_XLA_OOM_PREFIX)
+        or "Out of memory allocating" in m
+        or "Out of memory while trying to allocate" in m
+    )
 
 
 def is_oom(exc: BaseException) -> bool:
     return oom_kind(exc) is not None
 
 
-def _jax_runtime_errors() -> Tuple[type, ...]:
+def _jax_runtime_errors() -> tuple[type, ...]:
     out = []
     jax = deps.loaded("jax")
     errors = getattr(jax, "errors", None) if jax is not None else None
@@ -87,7 +94,7 @@ def _jax_runtime_errors() -> Tuple[type, ...]:
     return tuple(out)
 
 
-def split_sizes(n: int, k: int) -> List[int]:
+def split_sizes(n: int, k: int) -> list[int]:
     """Sizes of ``k`` micro-batches of a batch of ``n`` (as even as possible, larger first)."""
     if n < 1 or k < 1:
         raise ValueError(f"split_sizes needs n >= 1 and k >= 1, got n={n}, k={k}")
@@ -100,7 +107,7 @@ def describe_split(n: int, k: int) -> str:
     sizes = split_sizes(n, k)
     if len(set(sizes)) == 1:
         return f"{len(sizes)} x {sizes[0]}"
-    counts: Dict[int, int] = {}
+    counts: dict[int, int] = {}
     for s in sizes:
         counts[s] = counts.get(s, 0) + 1
     return " + ".join(f"{c} x {s}" for s, c in sorted(counts.items(), reverse=True))
@@ -113,7 +120,7 @@ class OOMEvent:
     step: int  # global step (train-function call) of the failed attempt
     batch_size: int
     failed_split: int  # micro-batches in the attempt that failed
-    next_split: Optional[int]  # the split tried next (None: gave up)
+    next_split: int | None  # the split tried next (None: gave up)
     kind: str  # backend of the error
     regrow: bool = False  # the failed attempt was a regrow trial
     seconds: float = 0.0  # time of the failed attempt
@@ -144,13 +151,13 @@ class SplitController:
             regrows. Defaults to `None`.
     """
 
-    def __init__(self, min_batch_size: int = 1, regrow_after: Optional[int] = None):
+    def __init__(self, min_batch_size: int = 1, regrow_after: int | None = None):
         self.min_batch_size = int(min_batch_size)
         self.regrow_after = regrow_after
-        self.micro_size: Optional[int] = None  # None: whole batches
+        self.micro_size: int | None = None  # None: whole batches
         self._good_steps = 0
         self._regrow_wait = regrow_after
-        self._trial_from: Optional[int] = None  # micro size before a regrow trial
+        self._trial_from: int | None = None  # micro size before a regrow trial
 
     def split_for(self, n: int) -> int:
         """Micro-batches for a batch of ``n`` (1 = unsplit), regrow trials included."""
@@ -158,7 +165,7 @@ class SplitController:
             return 1
         return min(n, math.ceil(n / self.micro_size))
 
-    def next_split(self, n: int, k: int) -> Optional[int]:
+    def next_split(self, n: int, k: int) -> int | None:
         """The split to try after ``k`` micro-batches of a batch of ``n`` ran out of memory."""
         floor = max(1, self.min_batch_size)
         most = max(1, math.ceil(n / floor))
@@ -166,7 +173,7 @@ class SplitController:
             return None
         return min(2 * k, most)
 
-    def on_oom(self, n: int, k: int) -> Optional[int]:
+    def on_oom(self, n: int, k: int) -> int | None:
         """Records a failure at ``k``; returns the next split, or None to give up."""
         self._good_steps = 0
         if self._trial_from is not None:  # a regrow trial failed: back to what worked
@@ -189,8 +196,11 @@ class SplitController:
             self._trial_from = None
             self._regrow_wait = self.regrow_after
         self._good_steps += 1
-        if (self.regrow_after is not None and self.micro_size is not None
-                and self._good_steps >= (self._regrow_wait or self.regrow_after)):
+        if (
+            self.regrow_after is not None
+            and self.micro_size is not None
+            and self._good_steps >= (self._regrow_wait or self.regrow_after)
+        ):
             self._good_steps = 0
             self._trial_from = self.micro_size
             self.micro_size = 2 * self.micro_size  # half as many micro-batches
@@ -202,7 +212,7 @@ class SplitController:
         self._trial_from = None
 
 
-def format_bytes(n: Optional[float]) -> str:
+def format_bytes(n: float | None) -> str:
     if n is None:
         return "unknown"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -212,8 +222,12 @@ def format_bytes(n: Optional[float]) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-def final_message(tried: Sequence[Tuple[int, int]], min_batch_size: int, memory: Optional[Dict[str, Any]] = None,
-                  original: Optional[BaseException] = None) -> str:
+def final_message(
+    tried: Sequence[tuple[int, int]],
+    min_batch_size: int,
+    memory: dict[str, Any] | None = None,
+    original: BaseException | None = None,
+) -> str:
     """The message of the error raised when even the smallest split runs out of memory."""
     tried_txt = ", ".join(f"{n} as {describe_split(n, k)}" if k > 1 else f"{n}" for n, k in tried)
     lines = [
@@ -222,8 +236,13 @@ def final_message(tried: Sequence[Tuple[int, int]], min_batch_size: int, memory:
     ]
     if memory:
         parts = []
-        for key, label in (("device", "device"), ("bytes_limit", "memory limit"), ("bytes_in_use", "in use"),
-                           ("peak_bytes_in_use", "peak"), ("needed_bytes", "the step needs about")):
+        for key, label in (
+            ("device", "device"),
+            ("bytes_limit", "memory limit"),
+            ("bytes_in_use", "in use"),
+            ("peak_bytes_in_use", "peak"),
+            ("needed_bytes", "the step needs about"),
+        ):
             if memory.get(key) is not None:
                 value = memory[key]
                 parts.append(f"{label} {format_bytes(value) if key != 'device' else value}")
@@ -287,7 +306,7 @@ class Counters:
     events: int = 0
     micro_batch_steps: int = 0  # steps that ran split
     lost_seconds: float = 0.0  # failed attempts and restores
-    history: List[OOMEvent] = field(default_factory=list)
+    history: list[OOMEvent] = field(default_factory=list)
 
 
 def _clear_frames(exc: BaseException) -> None:
@@ -331,18 +350,18 @@ class Recovery:
         self.probe = probe
         self.known = set()  # (signature, k) that ran without error
         self.last_split = 1
-        self.last_need: Optional[int] = None
+        self.last_need: int | None = None
         self.restored_state = None
 
     def run(self, runner, batch, n: int, signature, state=None, step: int = 0):
         ctl = self.controller
         k = ctl.split_for(n)
-        tried: List[Tuple[int, int]] = []
+        tried: list[tuple[int, int]] = []
         self.restored_state = None
         while True:
             guarded = (signature, k) not in self.known or ctl.in_trial
             trial = ctl.in_trial
-            failure: Optional[BaseException] = None
+            failure: BaseException | None = None
             t0 = self.clock()
             predicted = None
             if guarded and self.probe and hasattr(runner, "predict"):
@@ -372,9 +391,15 @@ class Recovery:
                 snap = None
             tried.append((n, k))
             nxt = ctl.on_oom(n, k)
-            event = OOMEvent(step=step, batch_size=n, failed_split=k, next_split=nxt,
-                             kind=oom_kind(failure) if failure is not None else "predicted", regrow=trial,
-                             seconds=self.clock() - t0)
+            event = OOMEvent(
+                step=step,
+                batch_size=n,
+                failed_split=k,
+                next_split=nxt,
+                kind=oom_kind(failure) if failure is not None else "predicted",
+                regrow=trial,
+                seconds=self.clock() - t0,
+            )
             self.on_event(event)
             if nxt is None:
                 memory = dict(self.memory() or {})

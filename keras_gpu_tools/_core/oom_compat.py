@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Iterator, List, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from keras_gpu_tools._core import compat, deps
 
@@ -37,7 +38,7 @@ logger = logging.getLogger("keras_gpu_tools")
 
 # -- the optimizer's apply ---------------------------------------------------------
 @contextlib.contextmanager
-def capture_apply(optimizer, backend: str, sink: Callable, weight=None, on_scaled: Optional[Callable] = None):
+def capture_apply(optimizer, backend: str, sink: Callable, weight=None, on_scaled: Callable | None = None):
     """Routes the optimizer call of ``train_step`` to ``sink`` while the block runs.
 
     TensorFlow/torch: ``sink(grads, variables)`` replaces ``optimizer.apply``.
@@ -53,8 +54,12 @@ def capture_apply(optimizer, backend: str, sink: Callable, weight=None, on_scale
     """
     name = "stateless_apply" if backend == "jax" else "apply"
     if not callable(getattr(optimizer, name, None)):
-        raise compat.KerasInternalsError(f"keras_gpu_tools: the optimizer has no `{name}` to accumulate gradients through.")
-    with _patched(optimizer, "scale_loss", _weighted_scale_loss(optimizer, weight, on_scaled) if weight is not None else None):
+        raise compat.KerasInternalsError(
+            f"keras_gpu_tools: the optimizer has no `{name}` to accumulate gradients through."
+        )
+    with _patched(
+        optimizer, "scale_loss", _weighted_scale_loss(optimizer, weight, on_scaled) if weight is not None else None
+    ):
         with _capture(optimizer, name, backend, sink):
             yield
 
@@ -93,10 +98,12 @@ def _patched(obj, name: str, value):
 def _capture(optimizer, name: str, backend: str, sink: Callable):
     """Replaces ``optimizer.<name>`` (apply / stateless_apply) by a sink while the block runs."""
     if backend == "jax":
+
         def replacement(optimizer_variables, grads, trainable_variables):
             sink(list(grads))
             return list(trainable_variables), list(optimizer_variables)
     else:
+
         def replacement(grads, trainable_variables=None):
             sink(list(grads), list(trainable_variables) if trainable_variables is not None else None)
 
@@ -110,7 +117,9 @@ def real_apply(optimizer, backend: str) -> Callable:
 # -- state -----------------------------------------------------------------------------
 def jax_state_parts(state):
     if not isinstance(state, (tuple, list)) or len(state) != 4:
-        raise compat.KerasInternalsError("keras_gpu_tools: the JAX train function's state is not the 4-tuple of Keras 3.15")
+        raise compat.KerasInternalsError(
+            "keras_gpu_tools: the JAX train function's state is not the 4-tuple of Keras 3.15"
+        )
     return state
 
 
@@ -123,14 +132,18 @@ def jax_hand_back_state(model, state) -> None:
     """
     try:
         tv, ntv, ov, mv = jax_state_parts(state)
-        model._jax_state = {"trainable_variables": tv, "non_trainable_variables": ntv,
-                            "optimizer_variables": ov, "metrics_variables": mv}
+        model._jax_state = {
+            "trainable_variables": tv,
+            "non_trainable_variables": ntv,
+            "optimizer_variables": ov,
+            "metrics_variables": mv,
+        }
         model._jax_state_synced = False
     except Exception:
         logger.debug("keras_gpu_tools: could not hand the JAX state back to the model", exc_info=True)
 
 
-def variables_of(model, which: str) -> List[Any]:
+def variables_of(model, which: str) -> list[Any]:
     """Keras variables of ``model``: ``all``, or ``small`` (non-trainable, metrics, the optimizer's counters)."""
     out, seen = [], set()
 
@@ -165,7 +178,7 @@ def iterations_variable(optimizer):
     return None
 
 
-def iterations_value(model) -> Optional[int]:
+def iterations_value(model) -> int | None:
     v = iterations_variable(getattr(model, "optimizer", None))
     if v is None:
         return None
@@ -177,7 +190,7 @@ def iterations_value(model) -> Optional[int]:
         return None
 
 
-def tf_fetch(iterator, n: int) -> List[Any]:
+def tf_fetch(iterator, n: int) -> list[Any]:
     """Up to ``n`` batches pulled from the train function's iterator in Python."""
     end = compat.tf_end_of_data_errors()
     batches = []
@@ -189,12 +202,14 @@ def tf_fetch(iterator, n: int) -> List[Any]:
     return batches
 
 
-def tf_check_strategy(model) -> Optional[str]:
+def tf_check_strategy(model) -> str | None:
     strategy = getattr(model, "distribute_strategy", None)
     n = getattr(strategy, "num_replicas_in_sync", 1)
     if n and n > 1:
-        return (f"OOMBatchSizeReducer does not support a tf.distribute strategy with {n} replicas "
-                f"({type(strategy).__name__}); train on one device or remove the callback.")
+        return (
+            f"OOMBatchSizeReducer does not support a tf.distribute strategy with {n} replicas "
+            f"({type(strategy).__name__}); train on one device or remove the callback."
+        )
     return None
 
 
@@ -224,9 +239,12 @@ def torch_device_memory() -> dict:
             return {}
         i = torch.cuda.current_device()
         free, total = torch.cuda.mem_get_info(i)
-        return {"device": torch.cuda.get_device_name(i), "bytes_limit": int(total),
-                "bytes_in_use": int(torch.cuda.memory_allocated(i)),
-                "peak_bytes_in_use": int(torch.cuda.max_memory_allocated(i))}
+        return {
+            "device": torch.cuda.get_device_name(i),
+            "bytes_limit": int(total),
+            "bytes_in_use": int(torch.cuda.memory_allocated(i)),
+            "peak_bytes_in_use": int(torch.cuda.max_memory_allocated(i)),
+        }
     except Exception:
         return {}
 
@@ -240,7 +258,11 @@ def tf_device_memory() -> dict:
         if not gpus:
             return {}
         info = tf.config.experimental.get_memory_info("GPU:0")
-        return {"device": "GPU:0", "bytes_in_use": int(info.get("current", 0)), "peak_bytes_in_use": int(info.get("peak", 0))}
+        return {
+            "device": "GPU:0",
+            "bytes_in_use": int(info.get("current", 0)),
+            "peak_bytes_in_use": int(info.get("peak", 0)),
+        }
     except Exception:
         return {}
 

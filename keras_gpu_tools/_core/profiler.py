@@ -14,7 +14,6 @@ https://ui.perfetto.dev or chrome://tracing).
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import json
 import logging
@@ -22,8 +21,8 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Sequence, Tuple
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -45,7 +44,7 @@ def session_dirs(run_dir: str) -> set:
     return set(glob.glob(os.path.join(run_dir, "plugins", "profile", "*")))
 
 
-def claim_session(run_dir: str, before: set, pattern: str, label: str) -> List[str]:
+def claim_session(run_dir: str, before: set, pattern: str, label: str) -> list[str]:
     """Renames the session folder(s) a capture just wrote to ``<name>_<label>``.
 
     The profilers name sessions by the second, so two windows in one second
@@ -68,7 +67,7 @@ class _TF:
     name = "tensorflow"
     pattern = "*.xplane.pb"
 
-    def available(self) -> Tuple[bool, str]:
+    def available(self) -> tuple[bool, str]:
         return True, ""
 
     def start(self, run_dir: str, options: TracerOptions) -> None:
@@ -100,7 +99,7 @@ class _JAX:
     name = "jax"
     pattern = "*.xplane.pb"
 
-    def available(self) -> Tuple[bool, str]:
+    def available(self) -> tuple[bool, str]:
         if sys.version_info < (3, 12):
             # Keras itself disables JAX profiling below 3.12 (a segfault was reported).
             return False, (
@@ -150,7 +149,7 @@ class _Torch:
         self._prof = None
         self._run_dir = None
 
-    def available(self) -> Tuple[bool, str]:
+    def available(self) -> tuple[bool, str]:
         return True, ""
 
     def start(self, run_dir: str, options: TracerOptions) -> None:
@@ -202,7 +201,7 @@ class Window:
         return self.start + self.steps
 
 
-def validate_windows(windows: Sequence[Tuple[int, int]], argument: str = "windows") -> List[Window]:
+def validate_windows(windows: Sequence[tuple[int, int]], argument: str = "windows") -> list[Window]:
     out = []
     for item in windows:
         try:
@@ -235,9 +234,9 @@ def validate_windows(windows: Sequence[Tuple[int, int]], argument: str = "window
 @dataclass
 class TraceAnalysis:
     conclusion: str = ""
-    step_rows: List[dict] = field(default_factory=list)  # step name, step ms, input ms
-    step_time_ms: Optional[float] = None
-    input_percent: Optional[float] = None
+    step_rows: list[dict] = field(default_factory=list)  # step name, step ms, input ms
+    step_time_ms: float | None = None
+    input_percent: float | None = None
     hardware: str = ""
     error: str = ""
 

@@ -37,7 +37,8 @@ import io
 import math
 import os
 import re
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 GPU_KEY = re.compile(r"^gpu/([^/]+)/(.+)$")
 SPLIT_KEYS = (("input/wait_ms", "input wait"), ("input/compute_ms", "compute"), ("input/other_ms", "other"))
@@ -57,16 +58,16 @@ class Series:
     """One metric over time: wall-clock seconds, the training step, the value."""
 
     key: str
-    wall: List[float] = dataclasses.field(default_factory=list)
-    steps: List[int] = dataclasses.field(default_factory=list)
-    values: List[float] = dataclasses.field(default_factory=list)
+    wall: list[float] = dataclasses.field(default_factory=list)
+    steps: list[int] = dataclasses.field(default_factory=list)
+    values: list[float] = dataclasses.field(default_factory=list)
 
     def add(self, wall: float, step: int, value: float) -> None:
         self.wall.append(float(wall))
         self.steps.append(int(step))
         self.values.append(float(value))
 
-    def stats(self) -> Tuple[float, float, float, float]:
+    def stats(self) -> tuple[float, float, float, float]:
         v = self.values
         return min(v), sum(v) / len(v), max(v), v[-1]
 
@@ -76,26 +77,26 @@ class ReportData:
     """Everything a report shows; filled from callbacks or from a log directory."""
 
     title: str = "Training report"
-    sources: List[str] = dataclasses.field(default_factory=list)
-    gpus: List[Dict[str, str]] = dataclasses.field(default_factory=list)  # index, name, memory, ...
-    series: Dict[str, Series] = dataclasses.field(default_factory=dict)  # gpu/* and host/*
-    t0: Optional[float] = None  # wall time of the first GPU/host point
+    sources: list[str] = dataclasses.field(default_factory=list)
+    gpus: list[dict[str, str]] = dataclasses.field(default_factory=list)  # index, name, memory, ...
+    series: dict[str, Series] = dataclasses.field(default_factory=dict)  # gpu/* and host/*
+    t0: float | None = None  # wall time of the first GPU/host point
     # Step time split: x (epoch numbers or steps) and per-key values in ms.
     split_axis: str = "epoch"
-    split_x: List[float] = dataclasses.field(default_factory=list)
-    split: Dict[str, List[Optional[float]]] = dataclasses.field(default_factory=dict)
-    throughput: Dict[str, float] = dataclasses.field(default_factory=dict)  # last figures of the run
-    verdict: Optional[Dict[str, Any]] = None  # category, message, evidence, advice, text
-    oom_events: List[str] = dataclasses.field(default_factory=list)
-    oom_series: Dict[str, Series] = dataclasses.field(default_factory=dict)
-    oom_summary: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    split_x: list[float] = dataclasses.field(default_factory=list)
+    split: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
+    throughput: dict[str, float] = dataclasses.field(default_factory=dict)  # last figures of the run
+    verdict: dict[str, Any] | None = None  # category, message, evidence, advice, text
+    oom_events: list[str] = dataclasses.field(default_factory=list)
+    oom_series: dict[str, Series] = dataclasses.field(default_factory=dict)
+    oom_summary: dict[str, Any] = dataclasses.field(default_factory=dict)
     oom_seen: bool = False  # an OOM callback (or its logs) was there
-    profiles: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # steps, line, conclusion
-    findings: Optional[List[Dict[str, Optional[str]]]] = None  # None: the check did not run
-    training: Dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...
-    notes: List[str] = dataclasses.field(default_factory=list)
+    profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # steps, line, conclusion
+    findings: list[dict[str, str | None]] | None = None  # None: the check did not run
+    training: dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...
+    notes: list[str] = dataclasses.field(default_factory=list)
 
-    def oom_count(self) -> Optional[int]:
+    def oom_count(self) -> int | None:
         """Recoveries: from the callback's records, else from the logged counts."""
         if self.oom_events:
             return len(self.oom_events)
@@ -107,7 +108,7 @@ class ReportData:
             return int(sum(per_epoch.values))
         return 0 if self.oom_seen else None
 
-    def gpu_indices(self) -> List[str]:
+    def gpu_indices(self) -> list[str]:
         seen = []
         for key in self.series:
             m = GPU_KEY.match(key)
@@ -150,7 +151,7 @@ def _is_model(obj) -> bool:
     return hasattr(obj, "layers") and hasattr(obj, "compile")
 
 
-def _flatten(sources: Iterable[Any]) -> List[Any]:
+def _flatten(sources: Iterable[Any]) -> list[Any]:
     out = []
     for s in sources:
         if isinstance(s, (list, tuple)):
@@ -160,7 +161,7 @@ def _flatten(sources: Iterable[Any]) -> List[Any]:
     return out
 
 
-def _finite(v) -> Optional[float]:
+def _finite(v) -> float | None:
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -173,13 +174,15 @@ def _from_gpu_logger(data: ReportData, lg) -> None:
     for index, info in list(getattr(lg, "gpus", []) or []):
         mem = getattr(info, "memory_total_bytes", None)
         cc = getattr(info, "compute_capability", None)
-        data.gpus.append({
-            "index": str(index),
-            "name": str(getattr(info, "name", "?")) + (" (MIG)" if getattr(info, "is_mig", False) else ""),
-            "uuid": str(getattr(info, "uuid", "")),
-            "memory": f"{mem / 2**20:.0f} MiB" if mem else "?",
-            "compute capability": ".".join(map(str, cc)) if cc else "?",
-        })
+        data.gpus.append(
+            {
+                "index": str(index),
+                "name": str(getattr(info, "name", "?")) + (" (MIG)" if getattr(info, "is_mig", False) else ""),
+                "uuid": str(getattr(info, "uuid", "")),
+                "memory": f"{mem / 2**20:.0f} MiB" if mem else "?",
+                "compute capability": ".".join(map(str, cc)) if cc else "?",
+            }
+        )
     for wall, step, means in list(lg.timeline):
         if data.t0 is None or wall < data.t0:
             data.t0 = wall
@@ -211,7 +214,7 @@ def _from_detector(data: ReportData, det) -> None:
         }
 
 
-def _capture_dict(c) -> Dict[str, Any]:
+def _capture_dict(c) -> dict[str, Any]:
     a = getattr(c, "analysis", None)
     conclusion = ""
     if a is not None:
@@ -263,7 +266,9 @@ def _from_oom(data: ReportData, cb) -> None:
     data.oom_seen = True
     for attr in ("recoveries", "events", "records", "oom_events"):
         recs = getattr(cb, attr, None)
-        if isinstance(recs, (list, tuple)) or (recs is not None and hasattr(recs, "__iter__") and not isinstance(recs, (str, dict))):
+        if isinstance(recs, (list, tuple)) or (
+            recs is not None and hasattr(recs, "__iter__") and not isinstance(recs, (str, dict))
+        ):
             data.oom_events = [_record_text(r) for r in list(recs)]
             break
     mb = getattr(cb, "micro_batches", None)
@@ -281,7 +286,7 @@ def _from_oom(data: ReportData, cb) -> None:
                         data.oom_series.setdefault(k, Series(k)).add(0.0, i + 1, float(v))
 
 
-def _from_history(data: ReportData, hist: Dict[str, List[Any]]) -> None:
+def _from_history(data: ReportData, hist: dict[str, list[Any]]) -> None:
     for key, values in hist.items():
         if key.startswith(_OWN_PREFIXES[:-1]):
             continue
@@ -303,11 +308,14 @@ def _from_history(data: ReportData, hist: Dict[str, List[Any]]) -> None:
             data.training[key] = s
 
 
-def _findings_dicts(findings) -> List[Dict[str, Optional[str]]]:
-    return [{"kind": getattr(f, "kind", "?"), "layer": getattr(f, "layer", None), "message": getattr(f, "message", str(f))} for f in findings]
+def _findings_dicts(findings) -> list[dict[str, str | None]]:
+    return [
+        {"kind": getattr(f, "kind", "?"), "layer": getattr(f, "layer", None), "message": getattr(f, "message", str(f))}
+        for f in findings
+    ]
 
 
-def gather(sources: Sequence[Any], title: Optional[str] = None) -> ReportData:
+def gather(sources: Sequence[Any], title: str | None = None) -> ReportData:
     """Reads the callbacks, History or model given into a `ReportData`."""
     data = ReportData(title=title or "Training report")
     models = []
@@ -355,7 +363,7 @@ def _text_of(tensor_event) -> str:
     return ""
 
 
-def _scalar_of(tensor_event) -> Optional[float]:
+def _scalar_of(tensor_event) -> float | None:
     from tensorboard.util import tensor_util
 
     try:
@@ -364,7 +372,7 @@ def _scalar_of(tensor_event) -> Optional[float]:
         return None
 
 
-def _runs(log_dir: str) -> List[Tuple[str, str]]:
+def _runs(log_dir: str) -> list[tuple[str, str]]:
     """(run name, directory) of every folder under log_dir holding event files."""
     runs = []
     for root, dirs, files in os.walk(log_dir):
@@ -375,7 +383,7 @@ def _runs(log_dir: str) -> List[Tuple[str, str]]:
     return sorted(runs)
 
 
-def _parse_findings(text: str) -> List[Dict[str, Optional[str]]]:
+def _parse_findings(text: str) -> list[dict[str, str | None]]:
     out = []
     for line in text.splitlines():
         m = re.match(r"^- \[(\w+)\](?: `([^`]*)`)?: (.*)$", line.strip())
@@ -387,7 +395,7 @@ def _parse_findings(text: str) -> List[Dict[str, Optional[str]]]:
 _SUMMARY_ROWS = {"steps/s": "throughput/steps_per_sec", "samples/s": "throughput/samples_per_sec"}
 
 
-def _figures_of(summary: str) -> Dict[str, float]:
+def _figures_of(summary: str) -> dict[str, float]:
     """The whole-run figures of an InputBoundDetector summary's table."""
     out = {}
     for line in summary.splitlines():
@@ -399,36 +407,49 @@ def _figures_of(summary: str) -> Dict[str, float]:
     return out
 
 
-def _parse_device_table(text: str) -> List[Dict[str, str]]:
+def _parse_device_table(text: str) -> list[dict[str, str]]:
     gpus = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 5 and cells[0].isdigit():
-            gpus.append({"index": cells[0], "name": cells[1], "uuid": cells[2], "memory": f"{cells[3]} MiB",
-                         "compute capability": cells[4]})
+            gpus.append(
+                {
+                    "index": cells[0],
+                    "name": cells[1],
+                    "uuid": cells[2],
+                    "memory": f"{cells[3]} MiB",
+                    "compute capability": cells[4],
+                }
+            )
     return gpus
 
 
-def gather_log_dir(log_dir: str, title: Optional[str] = None) -> ReportData:
+def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     """Reads every run under a TensorBoard log directory into a `ReportData`."""
     from keras_gpu_tools._core.tensorboard import check_log_dir
 
     log_dir = check_log_dir(log_dir)
     if not os.path.isdir(log_dir):
-        raise ValueError(f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which does not exist. "
-                         "Expected a TensorBoard log directory written by keras_gpu_tools callbacks.")
+        raise ValueError(
+            f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which does not exist. "
+            "Expected a TensorBoard log directory written by keras_gpu_tools callbacks."
+        )
     try:
         from tensorboard.backend.event_processing import event_accumulator as ea
     except ImportError as e:  # pragma: no cover - tensorboard is a requirement
-        raise ImportError(f"Reading a log directory needs `tensorboard` ({e}). Install it with `pip install tensorboard`.") from e
+        raise ImportError(
+            f"Reading a log directory needs `tensorboard` ({e}). Install it with `pip install tensorboard`."
+        ) from e
 
     data = ReportData(title=title or f"Training report: {log_dir}")
     runs = _runs(log_dir)
     if not runs:
-        raise ValueError(f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which holds no "
-                         "TensorBoard event file. Expected the `log_dir` given to the callbacks.")
-    window_points: Dict[int, Dict[str, float]] = {}
-    texts: List[Tuple[str, str, int, float, str]] = []  # run, tag, step, wall, text
+        raise ValueError(
+            f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which holds no "
+            "TensorBoard event file. Expected the `log_dir` given to the callbacks."
+        )
+    window_points: dict[int, dict[str, float]] = {}
+    texts: list[tuple[str, str, int, float, str]] = []  # run, tag, step, wall, text
     for run, path in runs:
         acc = ea.EventAccumulator(path, size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
         acc.Reload()
@@ -458,10 +479,16 @@ def gather_log_dir(log_dir: str, title: Optional[str] = None) -> ReportData:
                 for e in events:
                     texts.append((run, tag, e.step, e.wall_time, _text_of(e)))
             elif tag.startswith("epoch_"):
-                name = tag[len("epoch_"):]
+                name = tag[len("epoch_") :]
                 if name.startswith(_OWN_PREFIXES):
                     continue  # our own epoch logs, which Keras's TensorBoard copies
-                key = name if run in ("train", ".") else f"{run.split('/')[-1][:3]}_{name}" if run != "validation" else f"val_{name}"
+                key = (
+                    name
+                    if run in ("train", ".")
+                    else f"{run.split('/')[-1][:3]}_{name}"
+                    if run != "validation"
+                    else f"val_{name}"
+                )
                 s = Series(key)
                 for e in events:
                     v = _scalar_of(e)
@@ -479,8 +506,8 @@ def gather_log_dir(log_dir: str, title: Optional[str] = None) -> ReportData:
 
     texts.sort(key=lambda t: (t[3], t[2]))
     verdict_text = None
-    profiles: Dict[str, Dict[str, Any]] = {}
-    for run, tag, step, wall, text in texts:
+    profiles: dict[str, dict[str, Any]] = {}
+    for _run, tag, _step, _wall, text in texts:
         if tag == "gpu/devices":
             data.gpus = _parse_device_table(text)
         elif tag == "input/verdict":
@@ -490,8 +517,20 @@ def gather_log_dir(log_dir: str, title: Optional[str] = None) -> ReportData:
             if not m:
                 continue
             a, b = int(m.group(1)), int(m.group(2))
-            p = profiles.setdefault(f"{a}-{b}", {"steps": f"{a}-{b}", "start": a, "num_steps": b - a, "line": "", "conclusion": "",
-                                                 "reason": "", "trace_dir": "", "size_mib": None, "mean_step_ms": None})
+            p = profiles.setdefault(
+                f"{a}-{b}",
+                {
+                    "steps": f"{a}-{b}",
+                    "start": a,
+                    "num_steps": b - a,
+                    "line": "",
+                    "conclusion": "",
+                    "reason": "",
+                    "trace_dir": "",
+                    "size_mib": None,
+                    "mean_step_ms": None,
+                },
+            )
             if m.group(3):
                 p["conclusion"] = text
             else:
@@ -513,7 +552,9 @@ def gather_log_dir(log_dir: str, title: Optional[str] = None) -> ReportData:
         steps = [s for s in steps if any(window_points[s].get(k) is not None for k, _ in SPLIT_KEYS)]
         data.split_axis = "step"
         data.split_x = [float(s) for s in steps]
-        data.split = {k: [_finite(window_points[s].get(k)) for s in steps] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)}
+        data.split = {
+            k: [_finite(window_points[s].get(k)) for s in steps] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)
+        }
         data.throughput = last
     if verdict_text:
         data.throughput.update(_figures_of(verdict_text))
@@ -522,7 +563,13 @@ def gather_log_dir(log_dir: str, title: Optional[str] = None) -> ReportData:
         lines = verdict_text.splitlines()
         message = next((ln for ln in lines[1:] if ln.strip()), "")
         advice = [ln[2:] for ln in lines if ln.startswith("- ")]
-        data.verdict = {"category": category, "message": message, "evidence": [], "advice": advice, "text": verdict_text}
+        data.verdict = {
+            "category": category,
+            "message": message,
+            "evidence": [],
+            "advice": advice,
+            "text": verdict_text,
+        }
     return data
 
 
@@ -537,7 +584,7 @@ def _new_figure(rows: int = 1, height: float = 2.6, width: float = 8.0):
     return fig, axes
 
 
-def _seconds(data: ReportData, s: Series) -> List[float]:
+def _seconds(data: ReportData, s: Series) -> list[float]:
     t0 = data.t0 or (s.wall[0] if s.wall else 0.0)
     return [w - t0 for w in s.wall]
 
@@ -668,14 +715,14 @@ class TrainingReport:
     def __init__(self, data: ReportData):
         self.data = data
         self._figures = None
-        self._pngs: Optional[Dict[str, bytes]] = None
+        self._pngs: dict[str, bytes] | None = None
 
     # -- figures ------------------------------------------------------------------
-    def figures(self) -> Dict[str, Any]:
+    def figures(self) -> dict[str, Any]:
         """The report's plots as matplotlib `Figure`s, by name (drawn once)."""
         if self._figures is None:
             d = self.data
-            figs: Dict[str, Any] = {}
+            figs: dict[str, Any] = {}
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
@@ -691,14 +738,16 @@ class TrainingReport:
                 figs["host"] = _host_figure(d)
             if d.split_x and any(v is not None for k, _ in SPLIT_KEYS for v in d.split.get(k, [])):
                 figs["step_time"] = _split_figure(d)
-            if d.oom_count() or any(v > 1 for k, s in d.oom_series.items() if k.endswith("micro_batches") for v in s.values):
+            if d.oom_count() or any(
+                v > 1 for k, s in d.oom_series.items() if k.endswith("micro_batches") for v in s.values
+            ):
                 figs["oom"] = _oom_figure(d)  # not for a run without a single OOM
             if d.training:
                 figs["training"] = _training_figure(d)
             self._figures = figs
         return self._figures
 
-    def pngs(self) -> Dict[str, bytes]:
+    def pngs(self) -> dict[str, bytes]:
         if self._pngs is None:
             out = {}
             for name, fig in self.figures().items():
@@ -708,7 +757,7 @@ class TrainingReport:
             self._pngs = out
         return self._pngs
 
-    def save_figures(self, directory) -> List[str]:
+    def save_figures(self, directory) -> list[str]:
         """Writes each plot as `<directory>/<name>.png`; returns the paths."""
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
@@ -740,7 +789,7 @@ class TrainingReport:
     def __repr__(self) -> str:
         return f"<TrainingReport {self.data.title!r}: {', '.join(self.figures()) or 'no plots'}>"
 
-    def not_measured(self) -> List[str]:
+    def not_measured(self) -> list[str]:
         """What this run's report has no data for, and which callback measures it."""
         d = self.data
         out = []
@@ -754,7 +803,7 @@ class TrainingReport:
             out.append("mixed-precision findings (MixedPrecisionCheck, or pass the model)")
         return out
 
-    def _sections_text(self) -> List[Tuple[str, List[str]]]:
+    def _sections_text(self) -> list[tuple[str, list[str]]]:
         d = self.data
         sections = []
         body = []
@@ -772,11 +821,16 @@ class TrainingReport:
 
         body = []
         if d.split_x:
-            body.append(f"{d.split_axis:>8s} " + " ".join(f"{label:>11s}" for _, label in SPLIT_KEYS) + f" {'step':>9s}")
+            body.append(
+                f"{d.split_axis:>8s} " + " ".join(f"{label:>11s}" for _, label in SPLIT_KEYS) + f" {'step':>9s}"
+            )
             for i, x in enumerate(d.split_x):
                 vals = [d.split.get(k, [None] * len(d.split_x))[i] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)]
-                body.append(f"{x:8g} " + " ".join("        n/a" if v is None else f"{v:8.2f} ms" for v in vals[:3])
-                            + ("      n/a" if vals[3] is None else f" {vals[3]:6.2f} ms"))
+                body.append(
+                    f"{x:8g} "
+                    + " ".join("        n/a" if v is None else f"{v:8.2f} ms" for v in vals[:3])
+                    + ("      n/a" if vals[3] is None else f" {vals[3]:6.2f} ms")
+                )
         for k in ("throughput/samples_per_sec", "throughput/steps_per_sec", "throughput/mfu"):
             if k in d.throughput:
                 body.append(f"{k}: {d.throughput[k]:.4g}")
@@ -810,7 +864,10 @@ class TrainingReport:
             if not d.findings:
                 body = [_NO_FINDING]
             else:
-                body = [f"- [{f['kind']}]" + (f" {f['layer']}" if f["layer"] else "") + f": {f['message']}" for f in d.findings]
+                body = [
+                    f"- [{f['kind']}]" + (f" {f['layer']}" if f["layer"] else "") + f": {f['message']}"
+                    for f in d.findings
+                ]
             sections.append(("Mixed precision", body))
 
         if d.training:
@@ -828,8 +885,10 @@ class TrainingReport:
             if name not in pngs:
                 return ""
             b64 = base64.b64encode(pngs[name]).decode("ascii")
-            return (f'<figure class="kgt-fig" data-figure="{e(name)}"><img alt="{e(alt)}" '
-                    f'src="data:image/png;base64,{b64}"/></figure>')
+            return (
+                f'<figure class="kgt-fig" data-figure="{e(name)}"><img alt="{e(alt)}" '
+                f'src="data:image/png;base64,{b64}"/></figure>'
+            )
 
         def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
             h = "".join(f"<th>{e(str(c))}</th>" for c in header)
@@ -841,30 +900,49 @@ class TrainingReport:
             parts.append(f'<p class="kgt-src">From: {e(", ".join(d.sources))}</p>')
         summary = self._badges()
         if summary:
-            parts.append('<p class="kgt-badges">' + " ".join(
-                f'<span class="kgt-badge kgt-{cls}">{e(t)}</span>' for t, cls in summary) + "</p>")
+            parts.append(
+                '<p class="kgt-badges">'
+                + " ".join(f'<span class="kgt-badge kgt-{cls}">{e(t)}</span>' for t, cls in summary)
+                + "</p>"
+            )
 
         if d.series or d.gpus:
             parts.append("<h3>GPUs and host</h3>")
             if d.gpus:
-                parts.append(table(["GPU", "name", "memory", "compute capability", "UUID"],
-                                   [(g["index"], g["name"], g["memory"], g["compute capability"], g.get("uuid", "")) for g in d.gpus]))
+                parts.append(
+                    table(
+                        ["GPU", "name", "memory", "compute capability", "UUID"],
+                        [
+                            (g["index"], g["name"], g["memory"], g["compute capability"], g.get("uuid", ""))
+                            for g in d.gpus
+                        ],
+                    )
+                )
             else:
                 parts.append("<p>No GPU was monitored: host metrics only.</p>")
             for index in d.gpu_indices():
                 parts.append(img(f"gpu_{index}", f"GPU {index} utilization and memory over time"))
             parts.append(img("host", "host CPU and memory over time"))
             if d.series:
-                parts.append("<details><summary>All series (min / mean / max / last)</summary>" + table(
-                    ["metric", "min", "mean", "max", "last"],
-                    [(k, *(f"{v:.1f}" for v in s.stats())) for k, s in sorted(d.series.items()) if s.values]) + "</details>")
+                parts.append(
+                    "<details><summary>All series (min / mean / max / last)</summary>"
+                    + table(
+                        ["metric", "min", "mean", "max", "last"],
+                        [(k, *(f"{v:.1f}" for v in s.stats())) for k, s in sorted(d.series.items()) if s.values],
+                    )
+                    + "</details>"
+                )
 
         if "step_time" in pngs:
             parts.append("<h3>Step time</h3>")
             parts.append(img("step_time", "step time split into input wait, compute and other"))
             tp = [(k, f"{d.throughput[k]:.4g}") for k in sorted(d.throughput)]
             if tp:
-                parts.append("<details><summary>Figures of the whole run</summary>" + table(["figure", "value"], tp) + "</details>")
+                parts.append(
+                    "<details><summary>Figures of the whole run</summary>"
+                    + table(["figure", "value"], tp)
+                    + "</details>"
+                )
 
         if d.verdict:
             v = d.verdict
@@ -887,17 +965,33 @@ class TrainingReport:
 
         if d.profiles:
             parts.append("<h3>Profiler windows</h3>")
-            parts.append(table(["steps", "reason", "mean step", "trace", "size", "xprof conclusion"], [
-                (p["steps"], p["reason"], "" if p["mean_step_ms"] is None else f"{p['mean_step_ms']:.2f} ms",
-                 p["trace_dir"], "" if p["size_mib"] is None else f"{p['size_mib']:.1f} MiB", p["conclusion"] or "-")
-                for p in d.profiles]))
+            parts.append(
+                table(
+                    ["steps", "reason", "mean step", "trace", "size", "xprof conclusion"],
+                    [
+                        (
+                            p["steps"],
+                            p["reason"],
+                            "" if p["mean_step_ms"] is None else f"{p['mean_step_ms']:.2f} ms",
+                            p["trace_dir"],
+                            "" if p["size_mib"] is None else f"{p['size_mib']:.1f} MiB",
+                            p["conclusion"] or "-",
+                        )
+                        for p in d.profiles
+                    ],
+                )
+            )
 
         if d.findings is not None:
             parts.append("<h3>Mixed precision</h3>")
             if not d.findings:
                 parts.append(f"<p>{_NO_FINDING}</p>")
             else:
-                parts.append(table(["kind", "layer", "finding"], [(f["kind"], f["layer"] or "", f["message"]) for f in d.findings]))
+                parts.append(
+                    table(
+                        ["kind", "layer", "finding"], [(f["kind"], f["layer"] or "", f["message"]) for f in d.findings]
+                    )
+                )
 
         if "training" in pngs:
             parts.append("<h3>Training curves</h3>")
@@ -910,10 +1004,12 @@ class TrainingReport:
         body = f'<div class="kgt-report">{_CSS}{"".join(p for p in parts if p)}</div>'
         if not full_page:
             return body
-        return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{e(d.title)}</title></head>'
-                f"<body>{body}</body></html>\n")
+        return (
+            f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{e(d.title)}</title></head>'
+            f"<body>{body}</body></html>\n"
+        )
 
-    def _badges(self) -> List[Tuple[str, str]]:
+    def _badges(self) -> list[tuple[str, str]]:
         d = self.data
         out = []
         for index in d.gpu_indices():
@@ -967,10 +1063,12 @@ class TrainingReport:
         return run_dir
 
 
-def findings_markdown(findings: Sequence[Dict[str, Optional[str]]]) -> str:
+def findings_markdown(findings: Sequence[dict[str, str | None]]) -> str:
     if not findings:
         return _NO_FINDING
-    return "\n".join(f"- [{f['kind']}]" + (f" `{f['layer']}`" if f["layer"] else "") + f": {f['message']}" for f in findings)
+    return "\n".join(
+        f"- [{f['kind']}]" + (f" `{f['layer']}`" if f["layer"] else "") + f": {f['message']}" for f in findings
+    )
 
 
 _CSS = """<style>
@@ -988,7 +1086,7 @@ _CSS = """<style>
 </style>"""
 
 
-def report(*sources: Any, log_dir: Optional[Any] = None, title: Optional[str] = None) -> TrainingReport:
+def report(*sources: Any, log_dir: Any | None = None, title: str | None = None) -> TrainingReport:
     """Combines what the callbacks measured into one report.
 
     Pass the callbacks of a `fit()` (any of the package's callbacks, in any
@@ -1028,11 +1126,15 @@ def report(*sources: Any, log_dir: Optional[Any] = None, title: Optional[str] = 
         log_dir, objs = objs[0], []
     bad = [o for o in _flatten(objs) if isinstance(o, (str, bytes, os.PathLike))]
     if bad:
-        raise TypeError(f"Invalid value for argument `sources`. Received: {bad[0]!r} next to other sources. "
-                        "Expected callbacks, a History or a model; pass a log directory as `log_dir=`.")
+        raise TypeError(
+            f"Invalid value for argument `sources`. Received: {bad[0]!r} next to other sources. "
+            "Expected callbacks, a History or a model; pass a log directory as `log_dir=`."
+        )
     if not objs and log_dir is None:
-        raise ValueError("Invalid arguments: nothing to report on. Expected callbacks (or the list given to fit()), "
-                         "a History or a model, or `log_dir=` a TensorBoard log directory.")
+        raise ValueError(
+            "Invalid arguments: nothing to report on. Expected callbacks (or the list given to fit()), "
+            "a History or a model, or `log_dir=` a TensorBoard log directory."
+        )
     if objs:
         data = gather(objs, title)
         if log_dir is not None:
@@ -1062,4 +1164,3 @@ def _fill_from(data: ReportData, other: ReportData) -> None:
     if not data.training:
         data.training = other.training
     data.sources.append("log dir")
-

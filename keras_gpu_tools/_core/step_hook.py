@@ -46,7 +46,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 from keras_gpu_tools._core import compat, deps
 from keras_gpu_tools._core.lifecycle import find_fit_frame
@@ -73,7 +74,7 @@ def batch_signature(batch) -> tuple:
     return tuple(out)
 
 
-def leading_dim(batch) -> Optional[int]:
+def leading_dim(batch) -> int | None:
     """The batch size: the first dimension of the first array in the batch."""
     b = batch
     for _ in range(8):
@@ -131,7 +132,7 @@ class _FetchTimer:
 class Attachment:
     """An observer's place on a hook; detach it with :meth:`StepHook.detach`."""
 
-    def __init__(self, hook: "StepHook", observer):
+    def __init__(self, hook: StepHook, observer):
         self.hook = hook
         self.observer = observer
         self.active = True
@@ -153,20 +154,20 @@ class StepHook:
         self.inner = original  # what each call runs: `original`, wrapped by observers' `inner(fn)`
         self.clock = clock
         self.steps_per_execution = compat.steps_per_execution(model)
-        self.attachments: List[Attachment] = []
+        self.attachments: list[Attachment] = []
         self._lock = threading.Lock()
         self._fit_frame = self._current_fit_frame_id(model)
         self._index = 0
-        self._pending: Optional[StepRecord] = None
+        self._pending: StepRecord | None = None
         self._last_outputs = None
         self._pending_fetch = 0.0  # torch: fetch time since the previous call
         self._fetch_known = backend != "torch"
-        self._undo_fetch_timer: Optional[Callable[[], None]] = None
+        self._undo_fetch_timer: Callable[[], None] | None = None
         self._seen_signatures = set()
         self._timer = _FetchTimer(clock)
         self._errors_logged = set()
         self._tf_fetch_overhead = 0.0
-        self._jax_async: Optional[bool] = None
+        self._jax_async: bool | None = None
         self.capture_args = False  # JAX: keep a sampled call's (state, batch) in record.extra["jax_args"]
         self._tf_fetch_overhead_unknown = backend == "tensorflow"
         self.wrapper = self._make_wrapper()
@@ -183,12 +184,14 @@ class StepHook:
             del frame
 
     @classmethod
-    def installed(cls, model) -> Optional["StepHook"]:
+    def installed(cls, model) -> StepHook | None:
         fn = getattr(model, "train_function", None)
         return getattr(fn, MARK, None)
 
     @classmethod
-    def attach(cls, model, observer, backend: Optional[str] = None, clock: Callable[[], float] = time.perf_counter) -> Attachment:
+    def attach(
+        cls, model, observer, backend: str | None = None, clock: Callable[[], float] = time.perf_counter
+    ) -> Attachment:
         """Adds ``observer`` to the model's hook, installing the hook if needed."""
         if backend is None:
             backend = deps.keras_backend()
@@ -266,7 +269,7 @@ class StepHook:
         return self._index
 
     @property
-    def observers(self) -> List[Any]:
+    def observers(self) -> list[Any]:
         return [a.observer for a in self.attachments]
 
     # -- per call -------------------------------------------------------------------
@@ -278,7 +281,10 @@ class StepHook:
                 key = (type(obs).__name__, type(e).__name__)
                 if key not in self._errors_logged:
                     self._errors_logged.add(key)
-                    logger.exception("keras_gpu_tools: %s.on_step raised; it is skipped from now on for this error", type(obs).__name__)
+                    logger.exception(
+                        "keras_gpu_tools: %s.on_step raised; it is skipped from now on for this error",
+                        type(obs).__name__,
+                    )
 
     def flush(self) -> None:
         """Hands the pending call to the observers without a gap (epoch end)."""
@@ -289,7 +295,7 @@ class StepHook:
         if rec is not None and rec.end is not None:
             self._emit(rec)
 
-    def _begin(self, presync: Optional[Callable[[], None]] = None) -> StepRecord:
+    def _begin(self, presync: Callable[[], None] | None = None) -> StepRecord:
         """Closes the previous call's record and opens this call's.
 
         ``presync`` (run only if the call is sampled) waits for the device to
@@ -337,7 +343,7 @@ class StepHook:
     def _around(self, rec: StepRecord, call: Callable[[], Any]):
         arounds = [o.around for o in self.observers if getattr(o, "around", None) is not None]
         for fn in reversed(arounds):
-            call = (lambda f, c: (lambda: f(rec, c)))(fn, call)
+            call = (lambda f, c: lambda: f(rec, c))(fn, call)
         return call()
 
     def _make_wrapper(self) -> Callable:
@@ -451,7 +457,9 @@ class StepHook:
 
     def _call_jax(self, state, iterator):
         jax = deps.loaded("jax")
-        rec = self._begin(lambda: jax.block_until_ready(state) if jax is not None else None)  # before the step donates it
+        rec = self._begin(
+            lambda: jax.block_until_ready(state) if jax is not None else None
+        )  # before the step donates it
         timer = self._timer.reset(iterator)
         rec.start = self.clock()
         out = self._around(rec, lambda: self.inner(state, timer))

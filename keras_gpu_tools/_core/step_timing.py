@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 HIGH = "highly input-bound"
 MODERATE = "moderately input-bound"
@@ -53,16 +54,16 @@ class StepRecord:
     sampled: bool = False  # synced and timed in full
     warmup: bool = False  # compilation or first trace: left out of the statistics
     steps: int = 1
-    samples: Optional[int] = None  # examples in the call's batches, where known
-    start: Optional[float] = None  # clock at the start (after a sampled step's pre-sync)
-    end: Optional[float] = None  # clock when the call returned (after the sync if sampled)
-    fetch: Optional[float] = None  # seconds blocked fetching this call's batches
-    compute: Optional[float] = None  # seconds from fetched to done (sampled calls)
-    dispatch: Optional[float] = None  # host seconds launching the step, where told apart from compute
-    gap: Optional[float] = None  # seconds from return to the next call, less its fetch
-    interval: Optional[float] = None  # seconds from this call's start to the next's
+    samples: int | None = None  # examples in the call's batches, where known
+    start: float | None = None  # clock at the start (after a sampled step's pre-sync)
+    end: float | None = None  # clock when the call returned (after the sync if sampled)
+    fetch: float | None = None  # seconds blocked fetching this call's batches
+    compute: float | None = None  # seconds from fetched to done (sampled calls)
+    dispatch: float | None = None  # host seconds launching the step, where told apart from compute
+    gap: float | None = None  # seconds from return to the next call, less its fetch
+    interval: float | None = None  # seconds from this call's start to the next's
     signature: Any = None  # shapes/dtypes of the batch (sampled calls)
-    extra: Dict[str, Any] = dataclasses.field(default_factory=dict)  # for observers
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # for observers
 
 
 @dataclasses.dataclass
@@ -71,21 +72,21 @@ class Measurement:
 
     steps: int = 0
     sampled_steps: int = 0
-    fetch: Optional[float] = None
-    compute: Optional[float] = None
-    other: Optional[float] = None
-    step: Optional[float] = None
-    wait: Optional[float] = None
-    wait_fraction: Optional[float] = None
-    steps_per_sec: Optional[float] = None
-    samples_per_sec: Optional[float] = None
-    flops_per_sec: Optional[float] = None
-    mfu: Optional[float] = None
+    fetch: float | None = None
+    compute: float | None = None
+    other: float | None = None
+    step: float | None = None
+    wait: float | None = None
+    wait_fraction: float | None = None
+    steps_per_sec: float | None = None
+    samples_per_sec: float | None = None
+    flops_per_sec: float | None = None
+    mfu: float | None = None
     overlapped: bool = False  # the real step was shorter than the serialized one
 
-    def logs(self) -> Dict[str, float]:
+    def logs(self) -> dict[str, float]:
         """The logged keys (units in the names); unknown figures are left out."""
-        out: Dict[str, float] = {}
+        out: dict[str, float] = {}
 
         def put(key, value, scale=1.0):
             if value is not None and math.isfinite(value):
@@ -109,10 +110,10 @@ class StepStats:
 
     def __init__(self):
         self.steps = 0  # every step seen, warm-up included
-        self.first_step: Optional[int] = None
+        self.first_step: int | None = None
         self._fetch_sum = 0.0
         self._fetch_steps = 0
-        self._computes: List[float] = []  # per step, sampled calls
+        self._computes: list[float] = []  # per step, sampled calls
         self._gap_sum = 0.0
         self._gap_steps = 0
         self._interval_sum = 0.0  # unsampled calls: the real rate
@@ -155,7 +156,7 @@ class StepStats:
                 self._interval_sum += r.interval
                 self._interval_steps += n
 
-    def measurement(self, flops_per_step: Optional[float] = None, peak_flops: Optional[float] = None) -> Measurement:
+    def measurement(self, flops_per_step: float | None = None, peak_flops: float | None = None) -> Measurement:
         m = Measurement(steps=self.steps, sampled_steps=self.sampled_steps)
         if self._fetch_steps:
             m.fetch = self._fetch_sum / self._fetch_steps
@@ -183,7 +184,11 @@ class StepStats:
             m.steps_per_sec = self._span_steps / self._span_sum
             samples = self._span_samples
             if self._span_unknown_steps:  # TensorFlow sees batches on sampled steps only
-                samples = samples + self._span_unknown_steps * self._known_samples / self._known_steps if self._known_steps else None
+                samples = (
+                    samples + self._span_unknown_steps * self._known_samples / self._known_steps
+                    if self._known_steps
+                    else None
+                )
             if samples:
                 m.samples_per_sec = samples / self._span_sum
         if flops_per_step and m.steps_per_sec:
@@ -197,10 +202,10 @@ class StepStats:
 @dataclasses.dataclass
 class Verdict:
     category: str  # HIGH, MODERATE, NOT or UNKNOWN
-    wait_fraction: Optional[float]
+    wait_fraction: float | None
     message: str
-    evidence: List[str] = dataclasses.field(default_factory=list)
-    advice: List[str] = dataclasses.field(default_factory=list)
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    advice: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def input_bound(self) -> bool:
@@ -225,7 +230,7 @@ def validate_thresholds(moderate, high) -> None:
         )
 
 
-def classify(wait_fraction: Optional[float], moderate: float = XPROF_MODERATE, high: float = XPROF_HIGH) -> str:
+def classify(wait_fraction: float | None, moderate: float = XPROF_MODERATE, high: float = XPROF_HIGH) -> str:
     if wait_fraction is None:
         return UNKNOWN
     if wait_fraction >= high:
@@ -235,7 +240,7 @@ def classify(wait_fraction: Optional[float], moderate: float = XPROF_MODERATE, h
     return NOT
 
 
-def gpu_evidence(category: str, gpu_means: Dict[str, float]) -> List[str]:
+def gpu_evidence(category: str, gpu_means: dict[str, float]) -> list[str]:
     """What a GPUUtilizationLogger's figures say about the verdict."""
     util = {k: v for k, v in gpu_means.items() if k.endswith("/utilization_percent")}
     sm = {k: v for k, v in gpu_means.items() if k.endswith("/sm_activity_percent")}
@@ -248,11 +253,15 @@ def gpu_evidence(category: str, gpu_means: Dict[str, float]) -> List[str]:
     if category == HIGH:
         if mean < 60:
             return [f"Confirmed by the GPU: {text} while steps wait for input."]
-        return [f"The GPU reports {text}, higher than the wait suggests; NVML counts any kernel running, so the verdict stands on the step timing."]
+        return [
+            f"The GPU reports {text}, higher than the wait suggests; NVML counts any kernel running, so the verdict stands on the step timing."
+        ]
     if category == MODERATE:
         return [f"The GPU reports {text}."]
     if category == NOT and mean < 50:
-        return [f"Input is not the limit, yet {text}: the GPU is idle for another reason (small kernels, Python or callback overhead, host-device copies)."]
+        return [
+            f"Input is not the limit, yet {text}: the GPU is idle for another reason (small kernels, Python or callback overhead, host-device copies)."
+        ]
     if category == NOT:
         return [f"The GPU reports {text}."]
     return []
@@ -262,9 +271,9 @@ def verdict_for(
     m: Measurement,
     moderate: float = XPROF_MODERATE,
     high: float = XPROF_HIGH,
-    gpu_means: Optional[Dict[str, float]] = None,
-    pipeline: Optional[Dict[str, Any]] = None,
-    host: Optional[Dict[str, float]] = None,
+    gpu_means: dict[str, float] | None = None,
+    pipeline: dict[str, Any] | None = None,
+    host: dict[str, float] | None = None,
 ) -> Verdict:
     category = classify(m.wait_fraction, moderate, high)
     if category == UNKNOWN:
@@ -283,11 +292,11 @@ def verdict_for(
 
 
 # -- advice ------------------------------------------------------------------------
-def advise(category: str, m: Measurement, pipeline: Dict[str, Any], host: Dict[str, float]) -> List[str]:
+def advise(category: str, m: Measurement, pipeline: dict[str, Any], host: dict[str, float]) -> list[str]:
     """Short, specific changes for what was measured (empty unless input-bound)."""
     if category not in (HIGH, MODERATE):
         return []
-    tips: List[str] = []
+    tips: list[str] = []
     cpu = host.get("system_cpu_percent")
     cores = host.get("cpu_count")
     if cpu is not None and cpu >= 90:
@@ -299,25 +308,39 @@ def advise(category: str, m: Measurement, pipeline: Dict[str, Any], host: Dict[s
     kind = pipeline.get("kind", "unknown")
     if kind == "tf.data":
         if not pipeline.get("ends_with_prefetch"):
-            tips.append("End the tf.data pipeline with `.prefetch(tf.data.AUTOTUNE)` so batches are prepared while the GPU computes.")
+            tips.append(
+                "End the tf.data pipeline with `.prefetch(tf.data.AUTOTUNE)` so batches are prepared while the GPU computes."
+            )
         if pipeline.get("sequential_map"):
-            tips.append("Pass `num_parallel_calls=tf.data.AUTOTUNE` to `.map(...)`: a map without it runs on one thread.")
+            tips.append(
+                "Pass `num_parallel_calls=tf.data.AUTOTUNE` to `.map(...)`: a map without it runs on one thread."
+            )
         if not pipeline.get("cache"):
-            tips.append("Add `.cache()` after the expensive deterministic steps (decode, resize) and before random augmentation, if the data fits in memory or on local disk.")
+            tips.append(
+                "Add `.cache()` after the expensive deterministic steps (decode, resize) and before random augmentation, if the data fits in memory or on local disk."
+            )
         tips.append("Move random augmentation into the model as Keras preprocessing layers, so it runs on the GPU.")
         if pipeline.get("ends_with_prefetch") and pipeline.get("parallel_map") and pipeline.get("cache"):
-            tips.append("The pipeline already prefetches, maps in parallel and caches: the source is the limit (reads, decoding); read files with `interleave(num_parallel_calls=tf.data.AUTOTUNE)`.")
+            tips.append(
+                "The pipeline already prefetches, maps in parallel and caches: the source is the limit (reads, decoding); read files with `interleave(num_parallel_calls=tf.data.AUTOTUNE)`."
+            )
     elif kind == "PyDataset":
         workers = pipeline.get("workers")
         mp = pipeline.get("use_multiprocessing")
         tips.append(
             f"Your PyDataset runs with workers={workers}, use_multiprocessing={mp}: raise `workers` "
             "(up to the number of CPU cores) so batches load in parallel"
-            + (", and set `use_multiprocessing=True` if `__getitem__` is Python-heavy (the GIL serialises threads)." if not mp else ".")
+            + (
+                ", and set `use_multiprocessing=True` if `__getitem__` is Python-heavy (the GIL serialises threads)."
+                if not mp
+                else "."
+            )
         )
         tips.append("Raise `max_queue_size` if the load time varies from batch to batch.")
     elif kind == "generator":
-        tips.append("A Python generator runs on one thread and Keras cannot parallelise it: rewrite it as a `keras.utils.PyDataset` with `workers=` or as a tf.data pipeline with a parallel map.")
+        tips.append(
+            "A Python generator runs on one thread and Keras cannot parallelise it: rewrite it as a `keras.utils.PyDataset` with `workers=` or as a tf.data pipeline with a parallel map."
+        )
     elif kind == "arrays":
         tips.append(
             "With in-memory arrays the per-step cost is slicing and copying the batch: use a larger `batch_size`, "
@@ -325,7 +348,9 @@ def advise(category: str, m: Measurement, pipeline: Dict[str, Any], host: Dict[s
         )
     elif kind == "torch DataLoader":
         nw = pipeline.get("num_workers")
-        tips.append(f"Your DataLoader has num_workers={nw}: raise it (to the number of CPU cores) so batches load in parallel.")
+        tips.append(
+            f"Your DataLoader has num_workers={nw}: raise it (to the number of CPU cores) so batches load in parallel."
+        )
         if not pipeline.get("pin_memory"):
             tips.append("Set `pin_memory=True` for faster host-to-GPU copies.")
         if nw and not pipeline.get("persistent_workers"):
@@ -335,7 +360,7 @@ def advise(category: str, m: Measurement, pipeline: Dict[str, Any], host: Dict[s
     return tips
 
 
-def _flops(value: Optional[float]) -> str:
+def _flops(value: float | None) -> str:
     if value is None:
         return "n/a"
     for scale, unit in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")):
@@ -344,7 +369,7 @@ def _flops(value: Optional[float]) -> str:
     return f"{value:.0f} FLOP/s"
 
 
-def format_ms(seconds: Optional[float]) -> str:
+def format_ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{1e3 * seconds:.2f} ms"
 
 

@@ -17,12 +17,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Dict, Optional
 
 from keras_gpu_tools._core import deps
 
 
-def check_log_dir(log_dir, argument: str = "log_dir") -> Optional[str]:
+def check_log_dir(log_dir, argument: str = "log_dir") -> str | None:
     """Validates a log directory without creating it; returns it as a str.
 
     Raises ``ValueError`` when it exists and is not a directory, or when the
@@ -70,7 +69,7 @@ class EventWriter:
         self._lock = threading.Lock()
         self._closed = False
 
-    def scalars(self, values: Dict[str, float], step: int, wall_time: Optional[float] = None) -> None:
+    def scalars(self, values: dict[str, float], step: int, wall_time: float | None = None) -> None:
         if not values:
             return
         summary_pb2, event_pb2 = deps.tensorboard_protos()

@@ -7,7 +7,8 @@ import numbers
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Any
 
 import keras
 
@@ -37,83 +38,83 @@ def _key_table() -> str:
 class GPUUtilizationLogger(keras.callbacks.Callback):
     """Logs per-GPU utilization, memory, power, clocks and more while training.
 
-    A background thread samples NVML (and the framework's allocator, and the
-    host process) every `interval` seconds. The training thread only counts
-    steps: it never makes an NVML call and never forces a device sync, so the
-    callback does not slow the training it measures. It is `async_safe`, so on
-    JAX Keras keeps dispatching batch hooks asynchronously.
+        A background thread samples NVML (and the framework's allocator, and the
+        host process) every `interval` seconds. The training thread only counts
+        steps: it never makes an NVML call and never forces a device sync, so the
+        callback does not slow the training it measures. It is `async_safe`, so on
+        JAX Keras keeps dispatching batch hooks asynchronously.
 
-    What is logged:
-    - TensorBoard (when `log_dir` is set): one time series per metric in the
-      run `log_dir/<run_name>` on the global training-step axis (continued
-      across `fit()` calls); each point is the mean of the samples taken since
-      the previous point. Readable on every backend; TensorFlow is not needed.
-    - Epoch logs: the epoch mean of every metric, plus `<key>_max` for memory,
-      power, temperature and host memory, added to `logs` in `on_epoch_end`,
-      so `History`, `CSVLogger`, Keras's `TensorBoard` and the progress bar
-      see them (place this callback before those in the list). An epoch
-      shorter than `interval` gets the latest sample; if the very first
-      sample of a fit is still being taken when the first epoch ends, that
-      epoch end waits for it (once, bounded by one second plus `interval`).
+        What is logged:
+        - TensorBoard (when `log_dir` is set): one time series per metric in the
+          run `log_dir/<run_name>` on the global training-step axis (continued
+          across `fit()` calls); each point is the mean of the samples taken since
+          the previous point. Readable on every backend; TensorFlow is not needed.
+        - Epoch logs: the epoch mean of every metric, plus `<key>_max` for memory,
+          power, temperature and host memory, added to `logs` in `on_epoch_end`,
+          so `History`, `CSVLogger`, Keras's `TensorBoard` and the progress bar
+          see them (place this callback before those in the list). An epoch
+          shorter than `interval` gets the latest sample; if the very first
+          sample of a fit is still being taken when the first epoch ends, that
+          epoch end waits for it (once, bounded by one second plus `interval`).
 
-    Keys (`<i>` is the GPU's index as the framework numbers it, `GPU:<i>`):
-{keys}
+        Keys (`<i>` is the GPU's index as the framework numbers it, `GPU:<i>`):
+    {keys}
 
-    A metric a GPU cannot report (NVML says NotSupported, for example on a MIG
-    instance or a consumer card) is warned about once and left out; it is
-    never logged as 0. Without NVML, a driver or a GPU, one warning is issued
-    and the host metrics are logged alone.
+        A metric a GPU cannot report (NVML says NotSupported, for example on a MIG
+        instance or a consumer card) is warned about once and left out; it is
+        never logged as 0. Without NVML, a driver or a GPU, one warning is issued
+        and the host metrics are logged alone.
 
-    GPUs are those the process can use: `CUDA_VISIBLE_DEVICES` is mapped to
-    NVML entry by entry (UUIDs, MIG UUIDs or indices). Integer entries follow
-    NVML's PCI bus order; set `CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA agrees on
-    machines with mixed GPU models.
+        GPUs are those the process can use: `CUDA_VISIBLE_DEVICES` is mapped to
+        NVML entry by entry (UUIDs, MIG UUIDs or indices). Integer entries follow
+        NVML's PCI bus order; set `CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA agrees on
+        machines with mixed GPU models.
 
-    Args:
-        log_dir: directory of the TensorBoard logs (the same you give Keras's
-            `TensorBoard` callback), or None to log to the epoch logs only.
-            Defaults to `"logs"`.
-        interval: seconds between samples. Defaults to `0.25`.
-        devices: GPUs to monitor: indices as the framework numbers them
-            (`0` is `GPU:0`) or UUID strings; None monitors every visible
-            GPU. Defaults to `None`.
-        pcie: whether to sample PCIe throughput, which blocks the sampling
-            thread about 20 ms per GPU and direction. Defaults to `True`.
-        gpm: whether to read SM activity, SM occupancy and tensor activity
-            from NVML's GPM where the GPU supports it (Hopper and later).
-            Defaults to `True`.
-        epoch_logs: whether to add the epoch means to `logs`. Defaults to
-            `True`.
-        run_name: name of the TensorBoard run under `log_dir`. Defaults to
-            `"gpu"`.
-        nvml: an `NVML` accessor to use instead of the process-wide one (for
-            tests with a fake NVML). Defaults to `None`.
+        Args:
+            log_dir: directory of the TensorBoard logs (the same you give Keras's
+                `TensorBoard` callback), or None to log to the epoch logs only.
+                Defaults to `"logs"`.
+            interval: seconds between samples. Defaults to `0.25`.
+            devices: GPUs to monitor: indices as the framework numbers them
+                (`0` is `GPU:0`) or UUID strings; None monitors every visible
+                GPU. Defaults to `None`.
+            pcie: whether to sample PCIe throughput, which blocks the sampling
+                thread about 20 ms per GPU and direction. Defaults to `True`.
+            gpm: whether to read SM activity, SM occupancy and tensor activity
+                from NVML's GPM where the GPU supports it (Hopper and later).
+                Defaults to `True`.
+            epoch_logs: whether to add the epoch means to `logs`. Defaults to
+                `True`.
+            run_name: name of the TensorBoard run under `log_dir`. Defaults to
+                `"gpu"`.
+            nvml: an `NVML` accessor to use instead of the process-wide one (for
+                tests with a fake NVML). Defaults to `None`.
 
-    Example:
+        Example:
 
-    ```python
-    from keras_gpu_tools import GPUUtilizationLogger
+        ```python
+        from keras_gpu_tools import GPUUtilizationLogger
 
-    model.fit(x, y, epochs=5, callbacks=[
-        GPUUtilizationLogger(log_dir="logs"),
-        keras.callbacks.TensorBoard(log_dir="logs"),
-    ])
-    # tensorboard --logdir logs   (the "gpu" run holds the GPU series)
-    ```
+        model.fit(x, y, epochs=5, callbacks=[
+            GPUUtilizationLogger(log_dir="logs"),
+            keras.callbacks.TensorBoard(log_dir="logs"),
+        ])
+        # tensorboard --logdir logs   (the "gpu" run holds the GPU series)
+        ```
     """
 
     async_safe = True
 
     def __init__(
         self,
-        log_dir: Optional[Union[str, os.PathLike]] = "logs",
+        log_dir: str | os.PathLike | None = "logs",
         interval: float = 0.25,
-        devices: Optional[Sequence[Union[int, str]]] = None,
+        devices: Sequence[int | str] | None = None,
         pcie: bool = True,
         gpm: bool = True,
         epoch_logs: bool = True,
         run_name: str = "gpu",
-        nvml: Optional[NVML] = None,
+        nvml: NVML | None = None,
     ):
         super().__init__()
         if isinstance(interval, bool) or not isinstance(interval, numbers.Real) or not interval > 0:
@@ -150,8 +151,8 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
         self.run_name = run_name
         self._nvml = nvml
 
-        self.gpus: List[Any] = []  # (index, GPUInfo) monitored in the last fit
-        self.epoch_history: List[Dict[str, float]] = []
+        self.gpus: list[Any] = []  # (index, GPUInfo) monitored in the last fit
+        self.epoch_history: list[dict[str, float]] = []
         self.timeline = collections.deque(maxlen=100_000)  # (wall_time, step, means)
         self.warnings = WarnOnce()
         self._lock = threading.Lock()
@@ -159,13 +160,13 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
         self._step = 0
         self._epoch_base = 0
         self._running = False
-        self._thread: Optional[SamplingThread] = None
-        self._guard: Optional[FitGuard] = None
-        self._writer: Optional[EventWriter] = None
-        self._sampler: Optional[MetricSampler] = None
+        self._thread: SamplingThread | None = None
+        self._guard: FitGuard | None = None
+        self._writer: EventWriter | None = None
+        self._sampler: MetricSampler | None = None
         self._point = Aggregate()
         self._epoch = Aggregate()
-        self._last_sample: Dict[str, float] = {}
+        self._last_sample: dict[str, float] = {}
         self._last_written_step = -1
         self._first_sample = threading.Event()
 
@@ -178,10 +179,10 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
         return self._step
 
     @property
-    def run_dir(self) -> Optional[str]:
+    def run_dir(self) -> str | None:
         return os.path.join(self.log_dir, self.run_name) if self.log_dir else None
 
-    def latest(self) -> Dict[str, float]:
+    def latest(self) -> dict[str, float]:
         """The most recent sample (empty before the first one)."""
         with self._lock:
             return dict(self._last_sample)
@@ -204,7 +205,9 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
         self._epoch_base = self._step
         self._first_sample.clear()
         self._running = True
-        self._thread = SamplingThread(self.interval, self._tick, self._on_error, name="keras_gpu_tools-GPUUtilizationLogger")
+        self._thread = SamplingThread(
+            self.interval, self._tick, self._on_error, name="keras_gpu_tools-GPUUtilizationLogger"
+        )
         self._thread.start()
         self._guard = FitGuard(self.model, self._shutdown)
 
@@ -248,7 +251,9 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
             )
             return []
         except Exception as e:  # a broken driver must not stop training
-            self.warnings("nvml", f"GPUUtilizationLogger: reading the GPU list from NVML failed ({e}); host/* metrics only.")
+            self.warnings(
+                "nvml", f"GPUUtilizationLogger: reading the GPU list from NVML failed ({e}); host/* metrics only."
+            )
             return []
         try:
             chosen = select_devices(visible, self.devices)
@@ -293,7 +298,10 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
             self._writer.scalars(means, step=step, wall_time=now)
 
     def _on_error(self, error: BaseException) -> None:
-        self.warnings(("tick", type(error).__name__), f"GPUUtilizationLogger: sampling failed ({type(error).__name__}: {error}); it goes on.")
+        self.warnings(
+            ("tick", type(error).__name__),
+            f"GPUUtilizationLogger: sampling failed ({type(error).__name__}: {error}); it goes on.",
+        )
 
     def _shutdown(self) -> None:
         with self._state_lock:
@@ -314,4 +322,3 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
-

@@ -7,7 +7,7 @@ import numbers
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any
 
 import keras
 
@@ -50,7 +50,7 @@ class _CpuMeter:
         except Exception:
             self.psutil = None
 
-    def read(self) -> Dict[str, float]:
+    def read(self) -> dict[str, float]:
         if self.psutil is None:
             return {}
         try:
@@ -60,12 +60,15 @@ class _CpuMeter:
             self.start = now
             if total <= 0:
                 return {}
-            return {"system_cpu_percent": 100.0 * (1.0 - idle / total), "cpu_count": float(self.psutil.cpu_count() or 0)}
+            return {
+                "system_cpu_percent": 100.0 * (1.0 - idle / total),
+                "cpu_count": float(self.psutil.cpu_count() or 0),
+            }
         except Exception:
             return {}
 
 
-def _flops_of(cost) -> Optional[float]:
+def _flops_of(cost) -> float | None:
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else None
     try:
@@ -192,13 +195,13 @@ class InputBoundDetector(keras.callbacks.Callback):
         sample_every: int = 100,
         moderate_threshold: float = 0.05,
         high_threshold: float = 0.2,
-        log_dir: Optional[Union[str, os.PathLike]] = "logs",
+        log_dir: str | os.PathLike | None = "logs",
         run_name: str = "input",
         verbose: int = 1,
         gpu_logger: Any = "auto",
         epoch_logs: bool = True,
-        flops_per_step: Optional[float] = None,
-        peak_flops: Optional[float] = None,
+        flops_per_step: float | None = None,
+        peak_flops: float | None = None,
     ):
         super().__init__()
         self.window = _positive_int("window", window)
@@ -208,9 +211,13 @@ class InputBoundDetector(keras.callbacks.Callback):
         self.high_threshold = float(high_threshold)
         for name, value in (("flops_per_step", flops_per_step), ("peak_flops", peak_flops)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0):
-                raise ValueError(f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected a number > 0 or None.")
+                raise ValueError(
+                    f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected a number > 0 or None."
+                )
         if not isinstance(run_name, str) or not run_name or os.sep in run_name or run_name in (".", ".."):
-            raise ValueError(f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name.")
+            raise ValueError(
+                f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name."
+            )
         if verbose not in (0, 1, True, False):
             raise ValueError(f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. Expected 0 or 1.")
         if not (gpu_logger is None or gpu_logger == "auto" or hasattr(gpu_logger, "timeline")):
@@ -227,29 +234,29 @@ class InputBoundDetector(keras.callbacks.Callback):
         self.peak_flops = float(peak_flops) if peak_flops else None
 
         self.warnings = WarnOnce()
-        self.verdict: Optional[Verdict] = None
-        self.measurement: Optional[Measurement] = None
-        self.epoch_history: List[Dict[str, float]] = []
-        self.epoch_verdicts: List[Verdict] = []
-        self.window_verdicts: List[Tuple[int, Verdict]] = []  # (global step, verdict)
-        self.pipeline: Dict[str, Any] = {}
-        self.notes: List[str] = []
-        self.flops_source: Optional[str] = "flops_per_step" if flops_per_step else None
+        self.verdict: Verdict | None = None
+        self.measurement: Measurement | None = None
+        self.epoch_history: list[dict[str, float]] = []
+        self.epoch_verdicts: list[Verdict] = []
+        self.window_verdicts: list[tuple[int, Verdict]] = []  # (global step, verdict)
+        self.pipeline: dict[str, Any] = {}
+        self.notes: list[str] = []
+        self.flops_source: str | None = "flops_per_step" if flops_per_step else None
         self._step = 0
         self._running = False
         self._state_lock = threading.Lock()
-        self._attachment: Optional[Attachment] = None
-        self._guard: Optional[FitGuard] = None
-        self._writer: Optional[EventWriter] = None
+        self._attachment: Attachment | None = None
+        self._guard: FitGuard | None = None
+        self._writer: EventWriter | None = None
         self._window = StepStats()
         self._epoch = StepStats()
         self._total = StepStats()
         self._window_t0 = self._epoch_t0 = time.time()
         self._gpu_logger = None
-        self._cpu: Optional[_CpuMeter] = None
-        self._host: Dict[str, float] = {}
-        self._flops: Optional[float] = None
-        self._peak: Optional[float] = None
+        self._cpu: _CpuMeter | None = None
+        self._host: dict[str, float] = {}
+        self._flops: float | None = None
+        self._peak: float | None = None
         self._jax_specs = None
         self._backend = None
         self._epoch_last_call = -1
@@ -261,7 +268,7 @@ class InputBoundDetector(keras.callbacks.Callback):
         return self._step
 
     @property
-    def run_dir(self) -> Optional[str]:
+    def run_dir(self) -> str | None:
         return os.path.join(self.log_dir, self.run_name) if self.log_dir else None
 
     def summary(self) -> str:
@@ -382,7 +389,7 @@ class InputBoundDetector(keras.callbacks.Callback):
         self.measurement = m
         self.verdict = self._verdict(m, None, with_advice=True)
 
-    def _verdict(self, m: Measurement, since: Optional[float], with_advice: bool) -> Verdict:
+    def _verdict(self, m: Measurement, since: float | None, with_advice: bool) -> Verdict:
         return verdict_for(
             m,
             self.moderate_threshold,
@@ -418,7 +425,7 @@ class InputBoundDetector(keras.callbacks.Callback):
                 return cb
         return None
 
-    def _gpu_means(self, since: Optional[float]) -> Dict[str, float]:
+    def _gpu_means(self, since: float | None) -> dict[str, float]:
         lg = self._gpu_logger
         if lg is None:
             return {}
@@ -426,8 +433,8 @@ class InputBoundDetector(keras.callbacks.Callback):
             points = list(lg.timeline)
         except Exception:
             return {}
-        sums: Dict[str, float] = {}
-        counts: Dict[str, int] = {}
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
         for wall, _step, means in points:
             if since is not None and wall < since:
                 continue
@@ -437,7 +444,7 @@ class InputBoundDetector(keras.callbacks.Callback):
                     counts[k] = counts.get(k, 0) + 1
         return {k: sums[k] / counts[k] for k in sums}
 
-    def _table_peak(self) -> Optional[float]:
+    def _table_peak(self) -> float | None:
         try:
             if not backends.for_backend(self._backend).gpu_devices():
                 return None
@@ -450,7 +457,10 @@ class InputBoundDetector(keras.callbacks.Callback):
             dtype = gpu_peaks.matmul_dtype(self.model.dtype_policy.compute_dtype, self._backend)
             peak = gpu_peaks.peak_flops(gpus[0].name, dtype)
             if peak is None:
-                self.warnings(("peak", gpus[0].name, dtype), f"InputBoundDetector: no peak FLOP/s known for {gpus[0].name} in {dtype}; MFU is left out (pass `peak_flops=` to set it).")
+                self.warnings(
+                    ("peak", gpus[0].name, dtype),
+                    f"InputBoundDetector: no peak FLOP/s known for {gpus[0].name} in {dtype}; MFU is left out (pass `peak_flops=` to set it).",
+                )
             return peak
         except Exception:
             return None
@@ -466,7 +476,7 @@ class InputBoundDetector(keras.callbacks.Callback):
         except Exception:
             return None
 
-    def _jax_flops(self) -> Optional[float]:
+    def _jax_flops(self) -> float | None:
         att = self._attachment
         if att is None or self._jax_specs is None:
             return None
@@ -492,10 +502,16 @@ class InputBoundDetector(keras.callbacks.Callback):
                 flops = gpu_peaks.jaxpr_flops(jax.make_jaxpr(step)(*self._jax_specs)) or None
                 self.flops_source = "matmul/convolution FLOPs of the step's jaxpr"
             if not flops:
-                self.warnings("flops", "InputBoundDetector: XLA's cost analysis reported no FLOP count; FLOP/s and MFU are left out.")
+                self.warnings(
+                    "flops",
+                    "InputBoundDetector: XLA's cost analysis reported no FLOP count; FLOP/s and MFU are left out.",
+                )
             return flops
         except Exception as e:
-            self.warnings("flops", f"InputBoundDetector: XLA cost analysis failed ({type(e).__name__}: {e}); FLOP/s and MFU are left out.")
+            self.warnings(
+                "flops",
+                f"InputBoundDetector: XLA cost analysis failed ({type(e).__name__}: {e}); FLOP/s and MFU are left out.",
+            )
             return None
         finally:
             self._jax_specs = None  # one attempt per fit()

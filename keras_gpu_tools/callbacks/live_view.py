@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import numbers
 import time
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 import keras
 
@@ -54,8 +54,8 @@ class LiveView(keras.callbacks.Callback):
     def __init__(
         self,
         interval: float = 2.0,
-        enabled: Union[bool, str] = "auto",
-        display: Optional[Callable[[str], None]] = None,
+        enabled: bool | str = "auto",
+        display: Callable[[str], None] | None = None,
     ):
         super().__init__()
         if isinstance(interval, bool) or not isinstance(interval, numbers.Real) or not interval > 0:
@@ -76,7 +76,7 @@ class LiveView(keras.callbacks.Callback):
         self.redraws = 0
         self.redraw_seconds = 0.0  # time spent drawing, for the overhead benchmark
         self._active = False
-        self._out: Optional[Callable[[str], None]] = None
+        self._out: Callable[[str], None] | None = None
         self._state = LiveState()
         self._next = 0.0
         self._epoch_base = 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
 
 import keras
 
@@ -56,12 +56,12 @@ class MixedPrecisionCheck(keras.callbacks.Callback):
     def __init__(
         self,
         ignore: Iterable[str] = (),
-        compute_capabilities: Optional[Sequence[Tuple[int, int]]] = None,
+        compute_capabilities: Sequence[tuple[int, int]] | None = None,
     ):
         super().__init__()
         self.ignore = sorted(validate_ignore(ignore))
         self.compute_capabilities = validate_compute_capabilities(compute_capabilities)
-        self.findings: List[MixedPrecisionFinding] = []
+        self.findings: list[MixedPrecisionFinding] = []
         self._warned = set()
 
     def on_train_begin(self, logs=None):

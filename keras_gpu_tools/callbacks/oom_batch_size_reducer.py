@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import numbers
 import os
-from typing import List, Optional, Union
 
 import keras
 
@@ -27,7 +26,9 @@ def _int_at_least(name, value, low, allow_none=False):
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         extra = " or None" if allow_none else ""
-        raise ValueError(f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected an integer >= {low}{extra}.")
+        raise ValueError(
+            f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected an integer >= {low}{extra}."
+        )
     return int(value)
 
 
@@ -120,10 +121,10 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
     def __init__(
         self,
         min_batch_size: int = 1,
-        regrow_after: Optional[int] = None,
+        regrow_after: int | None = None,
         mode: str = "accumulate",
         probe: bool = False,
-        log_dir: Optional[Union[str, os.PathLike]] = None,
+        log_dir: str | os.PathLike | None = None,
         run_name: str = "oom",
         verbose: int = 0,
     ):
@@ -138,24 +139,25 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
         self.probe = probe
         self.log_dir = check_log_dir(log_dir)
         if not isinstance(run_name, str) or not run_name or os.sep in run_name:
-            raise ValueError(f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name.")
+            raise ValueError(
+                f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name."
+            )
         self.run_name = run_name
         self.verbose = verbose
         self.warnings = WarnOnce()
         self.controller = SplitController(self.min_batch_size, self.regrow_after)
-        self.events: List[OOMEvent] = []
+        self.events: list[OOMEvent] = []
         self.recovery_seconds = 0.0
-        self._recovery = Recovery(self.controller, on_event=self._on_event, memory=self._memory,
-                                  probe=probe)
+        self._recovery = Recovery(self.controller, on_event=self._on_event, memory=self._memory, probe=probe)
         self._micro_batches = 1
         self._global_step = 0
         self._epoch_events = 0
-        self._backend: Optional[str] = None
+        self._backend: str | None = None
         self._runner = None
         self._inner_fn = None
         self._attachment = None
-        self._guard: Optional[FitGuard] = None
-        self._writer: Optional[EventWriter] = None
+        self._guard: FitGuard | None = None
+        self._writer: EventWriter | None = None
         self._spe = 1
 
     # -- public ---------------------------------------------------------------
@@ -165,7 +167,7 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
         return self._micro_batches
 
     @property
-    def micro_batch_size(self) -> Optional[int]:
+    def micro_batch_size(self) -> int | None:
         """The micro-batch size in use, or None while batches run whole."""
         return self.controller.micro_size
 
@@ -180,12 +182,20 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
                 raise ValueError(problem)
         self._spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         if self.probe and self._backend != "jax":
-            self.warnings("probe", f"OOMBatchSizeReducer: probe=True needs the JAX backend (XLA's memory analysis); "
-                                   f"{self._backend} cannot tell before running, so the first step is simply retried if it runs out of memory.")
+            self.warnings(
+                "probe",
+                f"OOMBatchSizeReducer: probe=True needs the JAX backend (XLA's memory analysis); "
+                f"{self._backend} cannot tell before running, so the first step is simply retried if it runs out of memory.",
+            )
         elif self.probe and not oom_compat.jax_device_memory().get("bytes_limit"):
-            self.warnings("probe-device", "OOMBatchSizeReducer: probe=True: this device reports no memory limit "
-                                          "(CPU); nothing is predicted, out-of-memory errors are retried.")
-        self._inner_fn = {"tensorflow": self._inner_tf, "jax": self._inner_jax, "torch": self._inner_torch}[self._backend]
+            self.warnings(
+                "probe-device",
+                "OOMBatchSizeReducer: probe=True: this device reports no memory limit "
+                "(CPU); nothing is predicted, out-of-memory errors are retried.",
+            )
+        self._inner_fn = {"tensorflow": self._inner_tf, "jax": self._inner_jax, "torch": self._inner_torch}[
+            self._backend
+        ]
         self._attachment = StepHook.attach(model, self)  # calls self.inner(fn)
         if self.log_dir is not None:
             self._writer = EventWriter(os.path.join(self.log_dir, self.run_name))
@@ -256,7 +266,9 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
     def _one(self, batch, state=None):
         n = leading_dim(batch) or 1
         try:
-            result, k = self._recovery.run(self._runner, batch, n, batch_signature(batch), state, step=self._global_step)
+            result, k = self._recovery.run(
+                self._runner, batch, n, batch_signature(batch), state, step=self._global_step
+            )
         except BaseException:
             # An error inside the step ends fit() (Keras catches only the end of
             # data, which never comes from here): clean up now rather than when
@@ -284,7 +296,8 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
                 raise UnrecoverableOOM(
                     "OOMBatchSizeReducer: an out-of-memory error of a JAX step surfaced only when its results were "
                     "read (asynchronous dispatch), after the step's donated state was gone; it cannot be retried. "
-                    "Use `probe=True`, or lower the batch size.") from e
+                    "Use `probe=True`, or lower the batch size."
+                ) from e
             raise
 
     def _memory(self):
@@ -310,8 +323,10 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
             return "OOMBatchSizeReducer: no out-of-memory error."
         lines = [f"OOMBatchSizeReducer: {e.line()}" for e in self.events]
         size = self.controller.micro_size
-        lines.append(f"OOMBatchSizeReducer: {len(self.events)} recovery(ies), {self.recovery_seconds:.2f} s in failed attempts; "
-                     f"micro-batches of {size if size else 'the whole batch'} now.")
+        lines.append(
+            f"OOMBatchSizeReducer: {len(self.events)} recovery(ies), {self.recovery_seconds:.2f} s in failed attempts; "
+            f"micro-batches of {size if size else 'the whole batch'} now."
+        )
         return "\n".join(lines)
 
     def close(self) -> None:

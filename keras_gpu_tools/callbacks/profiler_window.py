@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import glob
 import logging
 import numbers
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Tuple, Union
 
 import keras
 
@@ -30,26 +29,30 @@ class WindowCapture:
 
     start_step: int
     num_steps: int  # steps actually captured
-    files: List[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
     size_bytes: int = 0
-    mean_step_ms: Optional[float] = None
+    mean_step_ms: float | None = None
     reason: str = "scheduled"  # scheduled, triggered, cut short, failed
-    analysis: Optional[prof.TraceAnalysis] = None
+    analysis: prof.TraceAnalysis | None = None
 
     @property
-    def trace_dir(self) -> Optional[str]:
+    def trace_dir(self) -> str | None:
         return os.path.dirname(self.files[0]) if self.files else None
 
     def line(self) -> str:
         where = self.trace_dir or "no trace file"
         mean = f", mean step {self.mean_step_ms:.2f} ms" if self.mean_step_ms is not None else ""
-        return (f"ProfilerWindow: steps [{self.start_step}, {self.start_step + self.num_steps}) "
-                f"({self.reason}) -> {where} ({self.size_bytes / 2**20:.1f} MiB{mean})")
+        return (
+            f"ProfilerWindow: steps [{self.start_step}, {self.start_step + self.num_steps}) "
+            f"({self.reason}) -> {where} ({self.size_bytes / 2**20:.1f} MiB{mean})"
+        )
 
 
 def _check_int(name, value, low):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected an integer >= {low}.")
+        raise ValueError(
+            f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected an integer >= {low}."
+        )
     return int(value)
 
 
@@ -131,12 +134,12 @@ class ProfilerWindow(keras.callbacks.Callback):
 
     def __init__(
         self,
-        log_dir: Union[str, os.PathLike] = "logs",
+        log_dir: str | os.PathLike = "logs",
         start_step: int = 10,
         num_steps: int = 5,
-        windows: Optional[Sequence[Tuple[int, int]]] = None,
-        every_n_steps: Optional[int] = None,
-        every_n_epochs: Optional[int] = None,
+        windows: Sequence[tuple[int, int]] | None = None,
+        every_n_steps: int | None = None,
+        every_n_epochs: int | None = None,
         host_tracer_level: int = 2,
         python_tracer: bool = False,
         device_tracer: bool = True,
@@ -146,18 +149,28 @@ class ProfilerWindow(keras.callbacks.Callback):
     ):
         super().__init__()
         if log_dir is None:
-            raise ValueError("Invalid value for argument `log_dir`. Received: log_dir=None. "
-                             "Expected a directory to write the traces to.")
+            raise ValueError(
+                "Invalid value for argument `log_dir`. Received: log_dir=None. "
+                "Expected a directory to write the traces to."
+            )
         self.log_dir = check_log_dir(log_dir)
         self.start_step = _check_int("start_step", start_step, 0)
         self.num_steps = _check_int("num_steps", num_steps, 1)
-        given = [n for n, v in (("windows", windows), ("every_n_steps", every_n_steps), ("every_n_epochs", every_n_epochs)) if v is not None]
+        given = [
+            n
+            for n, v in (("windows", windows), ("every_n_steps", every_n_steps), ("every_n_epochs", every_n_epochs))
+            if v is not None
+        ]
         if len(given) > 1:
-            raise ValueError(f"Invalid arguments: {' and '.join(f'`{g}`' for g in given)} were both given. "
-                             "Expected at most one of `windows`, `every_n_steps` and `every_n_epochs`.")
+            raise ValueError(
+                f"Invalid arguments: {' and '.join(f'`{g}`' for g in given)} were both given. "
+                "Expected at most one of `windows`, `every_n_steps` and `every_n_epochs`."
+            )
         self.windows = prof.validate_windows(windows) if windows is not None else None
         if windows is not None and not self.windows:
-            raise ValueError("Invalid value for argument `windows`. Received: windows=[]. Expected at least one (start_step, num_steps) pair.")
+            raise ValueError(
+                "Invalid value for argument `windows`. Received: windows=[]. Expected at least one (start_step, num_steps) pair."
+            )
         self.every_n_steps = None
         if every_n_steps is not None:
             self.every_n_steps = _check_int("every_n_steps", every_n_steps, 1)
@@ -168,39 +181,45 @@ class ProfilerWindow(keras.callbacks.Callback):
                 )
         self.every_n_epochs = _check_int("every_n_epochs", every_n_epochs, 1) if every_n_epochs is not None else None
         if host_tracer_level not in (1, 2, 3) or isinstance(host_tracer_level, bool):
-            raise ValueError(f"Invalid value for argument `host_tracer_level`. Received: host_tracer_level={host_tracer_level!r}. Expected 1, 2 or 3.")
+            raise ValueError(
+                f"Invalid value for argument `host_tracer_level`. Received: host_tracer_level={host_tracer_level!r}. Expected 1, 2 or 3."
+            )
         if not isinstance(run_name, str) or not run_name or os.sep in run_name:
-            raise ValueError(f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name.")
+            raise ValueError(
+                f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name."
+            )
         self.options = prof.TracerOptions(host_tracer_level, bool(python_tracer), 1 if device_tracer else 0)
         self.analyze = bool(analyze)
         self.run_name = run_name
         self.verbose = verbose
         if self.num_steps > 500:
             WarnOnce()(
-                "big", f"ProfilerWindow: num_steps={num_steps} may produce a trace of over 1 GB, which TensorBoard "
-                "is known to crash loading. Profile a few steps instead.")
+                "big",
+                f"ProfilerWindow: num_steps={num_steps} may produce a trace of over 1 GB, which TensorBoard "
+                "is known to crash loading. Profile a few steps instead.",
+            )
 
-        self.captures: List[WindowCapture] = []
+        self.captures: list[WindowCapture] = []
         self.warnings = WarnOnce()
         self._global_step = 0  # next step to run
-        self._epoch_windows: List[prof.Window] = []
-        self._triggered: Optional[int] = None
-        self._active: Optional[prof.Window] = None
+        self._epoch_windows: list[prof.Window] = []
+        self._triggered: int | None = None
+        self._active: prof.Window | None = None
         self._active_reason = ""
         self._active_started = 0.0
         self._active_done = 0
         self._active_wall = 0.0
         self._skip_until = -1
         self._backend = None
-        self._writer: Optional[EventWriter] = None
+        self._writer: EventWriter | None = None
         self._attachment = None
-        self._guard: Optional[FitGuard] = None
-        self._analyses: List[threading.Thread] = []
+        self._guard: FitGuard | None = None
+        self._analyses: list[threading.Thread] = []
         self._lock = threading.RLock()
-        self._bytes_per_step: Optional[float] = None
+        self._bytes_per_step: float | None = None
         self._sessions_before: set = set()
-        self._deferred: Optional[prof.Window] = None
-        self._train_thread: Optional[int] = None
+        self._deferred: prof.Window | None = None
+        self._train_thread: int | None = None
 
     # -- public ---------------------------------------------------------------
     @property
@@ -211,7 +230,7 @@ class ProfilerWindow(keras.callbacks.Callback):
     def global_step(self) -> int:
         return self._global_step
 
-    def trigger(self, num_steps: Optional[int] = None) -> None:
+    def trigger(self, num_steps: int | None = None) -> None:
         """Profiles the next `num_steps` steps (defaults to `num_steps`), unless a window is running."""
         n = self.num_steps if num_steps is None else _check_int("num_steps", num_steps, 1)
         self._triggered = n
@@ -235,7 +254,9 @@ class ProfilerWindow(keras.callbacks.Callback):
         os.makedirs(self.run_dir, exist_ok=True)
         self._writer = EventWriter(self.run_dir)
         self._attachment = StepHook.attach(self.model, self)
-        self._guard = FitGuard(self.model, lambda: self._finish(aborted=True), name="keras_gpu_tools-ProfilerWindow-guard")
+        self._guard = FitGuard(
+            self.model, lambda: self._finish(aborted=True), name="keras_gpu_tools-ProfilerWindow-guard"
+        )
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.every_n_epochs and epoch % self.every_n_epochs == 0:
@@ -308,23 +329,34 @@ class ProfilerWindow(keras.callbacks.Callback):
 
     def _start_window(self, window: prof.Window, reason: str) -> None:
         if self._bytes_per_step and self._bytes_per_step * window.steps > prof.LARGE_TRACE_BYTES:
-            self.warnings(("size", window.steps), (
-                f"ProfilerWindow: a {window.steps}-step window will write about "
-                f"{self._bytes_per_step * window.steps / 2**30:.1f} GiB, judging by the last trace; TensorBoard is "
-                "known to crash loading traces over 1 GB. Profile fewer steps."))
+            self.warnings(
+                ("size", window.steps),
+                (
+                    f"ProfilerWindow: a {window.steps}-step window will write about "
+                    f"{self._bytes_per_step * window.steps / 2**30:.1f} GiB, judging by the last trace; TensorBoard is "
+                    "known to crash loading traces over 1 GB. Profile fewer steps."
+                ),
+            )
         try:
             self._sessions_before = prof.session_dirs(self.run_dir)
             self._backend.start(self.run_dir, self.options)
         except prof.ProfilerBusy as e:
-            self.warnings("busy", (
-                f"ProfilerWindow: another profiler session is already running ({e}); steps "
-                f"[{window.start}, {window.end}) are not captured. Remove `profile_batch` from keras.callbacks.TensorBoard "
-                "or stop your own profiler to use ProfilerWindow."))
+            self.warnings(
+                "busy",
+                (
+                    f"ProfilerWindow: another profiler session is already running ({e}); steps "
+                    f"[{window.start}, {window.end}) are not captured. Remove `profile_batch` from keras.callbacks.TensorBoard "
+                    "or stop your own profiler to use ProfilerWindow."
+                ),
+            )
             self._skip_until = window.end - 1
             return
         except Exception as e:
             logger.exception("ProfilerWindow: the profiler could not start")
-            self.warnings(("start", type(e).__name__), f"ProfilerWindow: the profiler could not start ({type(e).__name__}: {e}); window skipped, training goes on.")
+            self.warnings(
+                ("start", type(e).__name__),
+                f"ProfilerWindow: the profiler could not start ({type(e).__name__}: {e}); window skipped, training goes on.",
+            )
             self._skip_until = window.end - 1
             return
         self._active = window
@@ -335,17 +367,24 @@ class ProfilerWindow(keras.callbacks.Callback):
 
     def _stop_window(self, reason: str, outputs=None) -> None:
         with self._lock:
-            if (self._active is not None and self._backend.name == "torch"
-                    and threading.get_ident() != self._train_thread):
+            if (
+                self._active is not None
+                and self._backend.name == "torch"
+                and threading.get_ident() != self._train_thread
+            ):
                 # torch's profiler can only be stopped from the thread that
                 # started it; FitGuard's thread is not that thread (Python
                 # < 3.12, where the cleanup cannot run as fit() raises).
                 self._deferred = self._active
                 self._active = None
-                self.warnings("deferred", (
-                    "ProfilerWindow: fit() raised during a torch profiler window. torch's profiler can only be "
-                    "stopped from the thread that started it, so it keeps running until the next fit() with this "
-                    "callback or `profiler.close()` on the training thread (Python 3.12+ stops it at once)."))
+                self.warnings(
+                    "deferred",
+                    (
+                        "ProfilerWindow: fit() raised during a torch profiler window. torch's profiler can only be "
+                        "stopped from the thread that started it, so it keeps running until the next fit() with this "
+                        "callback or `profiler.close()` on the training thread (Python 3.12+ stops it at once)."
+                    ),
+                )
                 return
             window, self._active = self._active, None
             if window is None:
@@ -356,7 +395,10 @@ class ProfilerWindow(keras.callbacks.Callback):
             except Exception as e:
                 failed = True
                 logger.exception("ProfilerWindow: stopping the profiler failed")
-                self.warnings(("stop", type(e).__name__), f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.")
+                self.warnings(
+                    ("stop", type(e).__name__),
+                    f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.",
+                )
             label = f"steps_{window.start}_{window.start + self._active_done}"
             files = prof.claim_session(self.run_dir, self._sessions_before, self._backend.pattern, label)
             capture = WindowCapture(
@@ -371,16 +413,27 @@ class ProfilerWindow(keras.callbacks.Callback):
             if capture.num_steps and capture.size_bytes:
                 self._bytes_per_step = capture.size_bytes / capture.num_steps
             if capture.size_bytes > prof.LARGE_TRACE_BYTES:
-                self.warnings(("big", window.start), f"ProfilerWindow: the trace of steps [{window.start}, {window.end}) is {capture.size_bytes / 2**30:.1f} GiB; TensorBoard may fail to load it.")
+                self.warnings(
+                    ("big", window.start),
+                    f"ProfilerWindow: the trace of steps [{window.start}, {window.end}) is {capture.size_bytes / 2**30:.1f} GiB; TensorBoard may fail to load it.",
+                )
             logger.info(capture.line())
             if self.verbose:
                 print(capture.line())
             if self._writer is not None:
-                self._writer.text(f"profile/steps_{window.start}_{window.start + capture.num_steps}", capture.line(), step=window.start)
+                self._writer.text(
+                    f"profile/steps_{window.start}_{window.start + capture.num_steps}",
+                    capture.line(),
+                    step=window.start,
+                )
             xplanes = [f for f in files if f.endswith(".xplane.pb")]
             if self.analyze and xplanes and prof.xprof_available():
-                t = threading.Thread(target=self._analyze, args=(capture, xplanes, self._writer),
-                                     name="keras_gpu_tools-ProfilerWindow-xprof", daemon=True)
+                t = threading.Thread(
+                    target=self._analyze,
+                    args=(capture, xplanes, self._writer),
+                    name="keras_gpu_tools-ProfilerWindow-xprof",
+                    daemon=True,
+                )
                 self._analyses.append(t)
                 t.start()
 
@@ -396,7 +449,11 @@ class ProfilerWindow(keras.callbacks.Callback):
         if self.verbose:
             print(line)
         if writer is not None:
-            writer.text(f"profile/steps_{capture.start_step}_{capture.start_step + capture.num_steps}/input_pipeline", text, step=capture.start_step)
+            writer.text(
+                f"profile/steps_{capture.start_step}_{capture.start_step + capture.num_steps}/input_pipeline",
+                text,
+                step=capture.start_step,
+            )
 
     def close(self) -> None:
         """Stops a window still running and releases everything; call it on the training thread.
@@ -423,8 +480,10 @@ class ProfilerWindow(keras.callbacks.Callback):
             pending = [w for w in (self.windows or []) if w.start >= self._global_step]
             pending += [w for w in self._epoch_windows if w.start >= self._global_step]
             for w in pending:
-                line = (f"ProfilerWindow: steps [{w.start}, {w.end}) were not captured: training ended at step "
-                        f"{self._global_step}. A later fit() with this callback continues the count.")
+                line = (
+                    f"ProfilerWindow: steps [{w.start}, {w.end}) were not captured: training ended at step "
+                    f"{self._global_step}. A later fit() with this callback continues the count."
+                )
                 logger.info(line)
                 if self.verbose:
                     print(line)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Optional, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import keras
 from keras import ops
@@ -78,8 +79,8 @@ class MixedPrecisionOutput(keras.layers.Layer):
 
     def __init__(
         self,
-        activation: Optional[Union[str, Callable]] = None,
-        axis: Union[int, Sequence[int]] = -1,
+        activation: str | Callable | None = None,
+        axis: int | Sequence[int] = -1,
         **kwargs: Any,
     ):
         dtype = kwargs.pop("dtype", None)

@@ -221,7 +221,9 @@ def test_csv_logger_after_it_sees_the_keys(tmp_path):
     x, y = data()
     path = tmp_path / "log.csv"
     cb = GPUUtilizationLogger(log_dir=None, interval=0.02, nvml=nvml)
-    make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps(), keras.callbacks.CSVLogger(str(path))])
+    make_model().fit(
+        x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps(), keras.callbacks.CSVLogger(str(path))]
+    )
     rows = list(csv.DictReader(open(path)))
     assert len(rows) == 2 and float(rows[1]["gpu/0/utilization_percent"]) == 87.0
 

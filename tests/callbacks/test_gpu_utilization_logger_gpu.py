@@ -1,7 +1,7 @@
 """GPUUtilizationLogger on a real GPU (run on the GPU machine, JAX and torch backends).
 
-    KERAS_BACKEND=jax python -m pytest -m gpu -s tests
-    KERAS_BACKEND=torch python -m pytest -m gpu -s tests
+KERAS_BACKEND=jax python -m pytest -m gpu -s tests
+KERAS_BACKEND=torch python -m pytest -m gpu -s tests
 """
 
 import json

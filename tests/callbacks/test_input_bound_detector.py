@@ -1,13 +1,11 @@
 """InputBoundDetector end to end: real fit() with inputs of known delay."""
 
-import os
 import time
 import types
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 from keras_gpu_tools._core import step_timing as st
 from keras_gpu_tools._core.step_hook import StepHook
@@ -132,7 +130,9 @@ def test_generator_is_highly_input_bound_with_generator_advice():
 @pytest.mark.multibackend
 def test_heavy_model_on_arrays_is_not_input_bound():
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((32,))] + [keras.layers.Dense(768, activation="relu") for _ in range(3)] + [keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [keras.Input((32,))] + [keras.layers.Dense(768, activation="relu") for _ in range(3)] + [keras.layers.Dense(1)]
+    )
     model.compile("sgd", "mse")
     rng = np.random.default_rng(0)
     x = rng.random((256 * 14, 32), dtype="float32")
@@ -160,7 +160,12 @@ def test_tf_data_pipeline_is_inspected():
 
         return tf.numpy_function(sleep, [a], tf.float32), b
 
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).map(slow).map(lambda a, b: (tf.ensure_shape(a, [None, 8]), b))
+    ds = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .batch(16)
+        .map(slow)
+        .map(lambda a, b: (tf.ensure_shape(a, [None, 8]), b))
+    )
     det = InputBoundDetector(window=8, sample_every=3, log_dir=None, verbose=0)
     tiny_model().fit(ds, epochs=1, verbose=0, callbacks=[det])
     assert det.pipeline["kind"] == "tf.data" and det.pipeline["sequential_map"]
@@ -179,10 +184,14 @@ def test_same_weights_batches_and_steps_with_and_without_detector():
         seen = []
 
         class Count(keras.callbacks.Callback):
-            def on_train_batch_end(self, batch, logs=None):
-                seen.append(batch)
+            def __init__(self, sink):
+                super().__init__()
+                self.sink = sink
 
-        cbs = [Count()]
+            def on_train_batch_end(self, batch, logs=None):
+                self.sink.append(batch)
+
+        cbs = [Count(seen)]
         if with_detector:
             cbs.append(InputBoundDetector(window=4, sample_every=2, log_dir=None, verbose=0))
         keras.utils.set_random_seed(7)

@@ -2,10 +2,9 @@
 
 import time
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 from keras_gpu_tools._core import gpu_peaks
 from keras_gpu_tools._core import step_timing as st

@@ -7,14 +7,12 @@ step hook, as a profiler callback would) and converted with xprof's
 """
 
 import glob
-import json
 import re
 import time
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 from keras_gpu_tools._core import step_timing as st
 from keras_gpu_tools._core.step_hook import StepHook

@@ -73,11 +73,24 @@ def test_render_shows_each_gpu_and_oom_and_profiler():
     st = LiveState()
     st.gpu_logger = SimpleNamespace(
         gpus=[(0, None)],
-        timeline=[(100.0 + i, 10 * i, {"gpu/0/sm_activity_percent": 50.0 + i, "gpu/0/utilization_percent": 90.0,
-                                       "gpu/0/memory_used_mib": 2000.0, "gpu/0/memory_total_mib": 80000.0}) for i in range(5)],
+        timeline=[
+            (
+                100.0 + i,
+                10 * i,
+                {
+                    "gpu/0/sm_activity_percent": 50.0 + i,
+                    "gpu/0/utilization_percent": 90.0,
+                    "gpu/0/memory_used_mib": 2000.0,
+                    "gpu/0/memory_total_mib": 80000.0,
+                },
+            )
+            for i in range(5)
+        ],
     )
     st.oom = SimpleNamespace(micro_batches=4, recoveries=["OOM on step 57"])
-    cap = SimpleNamespace(analysis=SimpleNamespace(conclusion="Your program is NOT input-bound"), line=lambda: "steps [10, 15)")
+    cap = SimpleNamespace(
+        analysis=SimpleNamespace(conclusion="Your program is NOT input-bound"), line=lambda: "steps [10, 15)"
+    )
     st.profiler = SimpleNamespace(captures=[cap])
     html = render(st, now=0.0)
     assert "GPU 0 SM activity" in html and "54%" in html and "2,000 / 80,000 MiB" in html

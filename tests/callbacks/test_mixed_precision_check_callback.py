@@ -3,10 +3,9 @@
 import logging
 import warnings
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 from keras_gpu_tools._core.mixed_precision import MixedPrecisionWarning
 from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck

@@ -111,7 +111,9 @@ def make_model(num_samples, limit, opt="adam", batchnorm=False, seed=1, boom=Fal
     if opt == "adam":
         optimizer = keras.optimizers.Adam(0.01)
     else:
-        optimizer = keras.optimizers.SGD(0.05, momentum=0.9, **({"gradient_accumulation_steps": opt} if isinstance(opt, int) else {}))
+        optimizer = keras.optimizers.SGD(
+            0.05, momentum=0.9, **({"gradient_accumulation_steps": opt} if isinstance(opt, int) else {})
+        )
     if loss_scale is not None:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=loss_scale)
     model.compile(optimizer, "mse", metrics=["mae"], **compile_kw)
@@ -241,17 +243,21 @@ def test_input_kinds(kind):
     x, y = data(n)
     model = make_model(n, limit=8)
     if kind == "generator":
+
         def gen():
             for i in range(0, n, batch):
-                yield x[i:i + batch], y[i:i + batch]
+                yield x[i : i + batch], y[i : i + batch]
+
         source, kw = gen(), {"steps_per_epoch": 3}
     elif kind == "pydataset":
+
         class Seq(keras.utils.PyDataset):
             def __len__(self):
                 return 3
 
             def __getitem__(self, i):
-                return x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+                return x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]
+
         source, kw = Seq(), {}
     else:
         import tensorflow as tf
@@ -342,8 +348,10 @@ def test_a_non_oom_error_passes_through_unchanged():
     finally:
         Boom.armed = False
     assert type(info.value) is ValueError
-    assert any(frame.name == "call" and "test_oom_batch_size_reducer" in frame.filename
-               for frame in traceback.extract_tb(info.value.__traceback__))
+    assert any(
+        frame.name == "call" and "test_oom_batch_size_reducer" in frame.filename
+        for frame in traceback.extract_tb(info.value.__traceback__)
+    )
     assert restored(model)
 
 
@@ -364,10 +372,24 @@ def test_tensorflow_real_oom_suite():
         pytest.skip("only from a TensorFlow run whose allocator retries for 10 s")
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--disable-warnings", "-rfE", os.path.abspath(__file__),
-         "-k", "not test_tensorflow_real_oom_suite"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--disable-warnings",
+            "-rfE",
+            os.path.abspath(__file__),
+            "-k",
+            "not test_tensorflow_real_oom_suite",
+        ],
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-        env=env, capture_output=True, text=True, timeout=900,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     tail = (proc.stdout + proc.stderr)[-6000:]
     print(tail)
@@ -379,7 +401,9 @@ def test_probe_predicts_the_split_without_running_out_of_memory(monkeypatch):
     from keras_gpu_tools._core import oom_compat
 
     # The CPU reports no memory limit; give it the 8 GiB of a small GPU.
-    monkeypatch.setattr(oom_compat, "jax_device_memory", lambda: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0})
+    monkeypatch.setattr(
+        oom_compat, "jax_device_memory", lambda: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0}
+    )
     n = 32
     x, y = data(n)
     model = make_model(n, limit=4)

@@ -30,7 +30,9 @@ STEPS = 3
 
 def make_model(accumulation=None):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((INPUTS,)), keras.layers.Dense(WIDTH, activation="relu"), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [keras.Input((INPUTS,)), keras.layers.Dense(WIDTH, activation="relu"), keras.layers.Dense(1)]
+    )
     opt = keras.optimizers.SGD(1e-3, momentum=0.9, gradient_accumulation_steps=accumulation)
     model.compile(opt, "mse")
     return model
@@ -89,24 +91,34 @@ def test_a_batch_too_large_for_the_card_trains_to_the_end_and_matches_the_refere
     for a, b in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-5)
 
-    report(f"oom_gpu_{backend}", {
-        "card": card(), "backend": backend, "keras": keras.__version__,
-        "batch_size": BATCH, "split": k, "micro_batch_size": reducer.micro_batch_size,
-        "events": [e.line() for e in reducer.events],
-        "recovery_seconds_failed_attempts": round(reducer.recovery_seconds, 3),
-        "first_epoch_seconds": round(clock.times[0], 3), "second_epoch_seconds": round(clock.times[1], 3),
-        "samples_per_sec_after_recovery": round(BATCH * STEPS / clock.times[1], 1),
-        "reference_first_epoch_seconds": round(ref_clock.times[0], 3),
-        "reference_samples_per_sec": round(BATCH * STEPS / ref_clock.times[1], 1),
-        "wall_seconds": round(wall, 3),
-    })
+    report(
+        f"oom_gpu_{backend}",
+        {
+            "card": card(),
+            "backend": backend,
+            "keras": keras.__version__,
+            "batch_size": BATCH,
+            "split": k,
+            "micro_batch_size": reducer.micro_batch_size,
+            "events": [e.line() for e in reducer.events],
+            "recovery_seconds_failed_attempts": round(reducer.recovery_seconds, 3),
+            "first_epoch_seconds": round(clock.times[0], 3),
+            "second_epoch_seconds": round(clock.times[1], 3),
+            "samples_per_sec_after_recovery": round(BATCH * STEPS / clock.times[1], 1),
+            "reference_first_epoch_seconds": round(ref_clock.times[0], 3),
+            "reference_samples_per_sec": round(BATCH * STEPS / ref_clock.times[1], 1),
+            "wall_seconds": round(wall, 3),
+        },
+    )
 
 
 def test_always_too_large_ends_with_the_clear_error_and_memory_figures(backend):
     x, y = arrays(BATCH)
     model = make_model()
     with pytest.raises(Exception) as info:
-        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer(min_batch_size=BATCH // 2)])
+        model.fit(
+            x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer(min_batch_size=BATCH // 2)]
+        )
     message = str(info.value)
     assert f"Batch sizes tried: {BATCH}, {BATCH} as 2 x {BATCH // 2}" in message
     assert "memory limit" in message and "mixed precision" in message

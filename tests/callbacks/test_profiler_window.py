@@ -42,7 +42,9 @@ def step_names(capture):
     """The profiled steps as recorded in the trace file."""
     if BACKEND == "torch":
         events = json.load(open(capture.files[0]))["traceEvents"]
-        return sorted({int(e["name"].split("#")[1]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")})
+        return sorted(
+            {int(e["name"].split("#")[1]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}
+        )
     from keras_gpu_tools._core.profiler import analyze_input_pipeline
 
     rows = analyze_input_pipeline(capture.files).step_rows

@@ -1,6 +1,5 @@
 """ProfilerWindow on a real GPU (GPU machine; JAX needs Python 3.12+, torch too)."""
 
-import glob
 import json
 import os
 
@@ -36,8 +35,12 @@ def test_trace_contains_gpu_kernels(tmp_path):
     cb.wait_for_analysis()
     cap = cb.captures[0]
     assert cap.num_steps == 4 and cap.files
-    report = {"backend": keras.backend.backend(), "trace": os.path.basename(cap.files[0]),
-              "size_mib": round(cap.size_bytes / 2**20, 2), "mean_step_ms": round(cap.mean_step_ms, 3)}
+    report = {
+        "backend": keras.backend.backend(),
+        "trace": os.path.basename(cap.files[0]),
+        "size_mib": round(cap.size_bytes / 2**20, 2),
+        "mean_step_ms": round(cap.mean_step_ms, 3),
+    }
     if keras.backend.backend() == "torch":
         events = json.load(open(cap.files[0]))["traceEvents"]
         kernels = [e for e in events if e.get("cat") == "kernel"]
@@ -49,8 +52,12 @@ def test_trace_contains_gpu_kernels(tmp_path):
         from keras_gpu_tools._core.profiler import tool_data
 
         kernel_rows = _rows(tool_data(cap.files, "kernel_stats"))
-        report.update(kernel_rows=len(kernel_rows), analysis=cap.analysis.conclusion,
-                      hardware=cap.analysis.hardware, steps=len(cap.analysis.step_rows))
+        report.update(
+            kernel_rows=len(kernel_rows),
+            analysis=cap.analysis.conclusion,
+            hardware=cap.analysis.hardware,
+            steps=len(cap.analysis.step_rows),
+        )
         assert kernel_rows, "xprof's kernel_stats found no GPU kernel in the trace"
         assert len(cap.analysis.step_rows) == 4
         assert "No step time measured" not in cap.analysis.conclusion

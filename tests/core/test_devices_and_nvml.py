@@ -61,8 +61,20 @@ def test_no_gpu_visible():
 
 
 def test_mig_instances_by_uuid():
-    migs = [FakeGPU(name="NVIDIA A100 MIG 1g.10gb", uuid=f"MIG-{j}bbbbbbb-0000-0000-0000-00000000000{j}", memory_total=10 * 2**30) for j in range(2)]
-    parent = FakeGPU(name="NVIDIA A100-SXM4-80GB", uuid="GPU-parent00-0000-0000-0000-000000000000", compute_capability=(8, 0), mig=migs)
+    migs = [
+        FakeGPU(
+            name="NVIDIA A100 MIG 1g.10gb",
+            uuid=f"MIG-{j}bbbbbbb-0000-0000-0000-00000000000{j}",
+            memory_total=10 * 2**30,
+        )
+        for j in range(2)
+    ]
+    parent = FakeGPU(
+        name="NVIDIA A100-SXM4-80GB",
+        uuid="GPU-parent00-0000-0000-0000-000000000000",
+        compute_capability=(8, 0),
+        mig=migs,
+    )
     nvml = NVML(FakeNVML([parent]))
     gpus = visible_gpus(nvml, env={"CUDA_VISIBLE_DEVICES": migs[1].uuid})
     assert len(gpus) == 1 and gpus[0].is_mig and gpus[0].mig_index == 1
@@ -80,7 +92,9 @@ def test_select_devices_by_index_and_uuid():
     assert [(i, g.nvml_index) for i, g in select_devices(visible, ["GPU-3aaa"])] == [(0, 3)]
 
 
-@pytest.mark.parametrize("devices, fragment", [([2], "GPU index 2 does not exist"), (["GPU-zzz"], "no visible GPU has the UUID")])
+@pytest.mark.parametrize(
+    "devices, fragment", [([2], "GPU index 2 does not exist"), (["GPU-zzz"], "no visible GPU has the UUID")]
+)
 def test_select_unknown_device_names_argument_and_value(devices, fragment):
     visible = visible_gpus(NVML(four_gpus()), env={"CUDA_VISIBLE_DEVICES": "0,1"})
     with pytest.raises(DeviceSelectionError) as info:

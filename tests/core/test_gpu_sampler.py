@@ -107,11 +107,20 @@ def test_lost_gpu_stops_its_sampling():
 
 
 def test_mig_instance_reports_what_it_can():
-    mig = FakeGPU(name="NVIDIA H100 MIG 3g.40gb", uuid="MIG-abc", memory_total=40 * 2**30,
-                  unsupported={"nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage",
-                               "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTemperature",
-                               "nvmlDeviceGetClockInfo", "nvmlDeviceGetPcieThroughput"},
-                  gpm_values={2: 33.0, 3: 20.0, 5: 10.0})
+    mig = FakeGPU(
+        name="NVIDIA H100 MIG 3g.40gb",
+        uuid="MIG-abc",
+        memory_total=40 * 2**30,
+        unsupported={
+            "nvmlDeviceGetUtilizationRates",
+            "nvmlDeviceGetPowerUsage",
+            "nvmlDeviceGetEnforcedPowerLimit",
+            "nvmlDeviceGetTemperature",
+            "nvmlDeviceGetClockInfo",
+            "nvmlDeviceGetPcieThroughput",
+        },
+        gpm_values={2: 33.0, 3: 20.0, 5: 10.0},
+    )
     parent = FakeGPU(mig=[mig])
     fake = FakeNVML([parent])
     nvml = NVML(fake)
@@ -123,13 +132,20 @@ def test_mig_instance_reports_what_it_can():
     assert values["gpu/0/memory_total_mib"] == 40 * 1024.0
     assert values["gpu/0/sm_activity_percent"] == 33.0  # per-instance GPM
     assert set(k.split("/")[-1] for k in values) == {
-        "memory_used_mib", "memory_total_mib", "sm_activity_percent", "sm_occupancy_percent", "tensor_activity_percent"}
+        "memory_used_mib",
+        "memory_total_mib",
+        "sm_activity_percent",
+        "sm_occupancy_percent",
+        "tensor_activity_percent",
+    }
     assert fake.count("nvmlGpmMigSampleGet") == 2
 
 
 def test_allocator_and_host_figures():
     fake, probe = probe_for(FakeGPU())
-    sampler = MetricSampler([probe], HostProbe(WarnOnce()), allocator=lambda idx: {i: (3 * 2**20, 5 * 2**20) for i in idx})
+    sampler = MetricSampler(
+        [probe], HostProbe(WarnOnce()), allocator=lambda idx: {i: (3 * 2**20, 5 * 2**20) for i in idx}
+    )
     time.sleep(HostProbe.MIN_CPU_SPAN + 0.02)
     values = sampler.sample()
     assert values["gpu/0/allocator_memory_mib"] == 3.0

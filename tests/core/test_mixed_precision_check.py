@@ -2,10 +2,9 @@
 
 import types
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 from keras_gpu_tools._core import mixed_precision as mp
 from keras_gpu_tools._core.mixed_precision import (
@@ -180,9 +179,7 @@ def test_conv_and_recurrent_sizes(policy):
     x = keras.layers.Conv2D(100, 3, name="conv")(x)  # 100 filters: flagged
     sequence = keras.Input((5, 256))
     y = keras.layers.LSTM(250, name="lstm")(sequence)  # recurrent kernel 250 x 1000: flagged
-    outputs = MixedPrecisionOutput()(
-        keras.layers.Concatenate()([keras.layers.GlobalAveragePooling2D()(x), y])
-    )
+    outputs = MixedPrecisionOutput()(keras.layers.Concatenate()([keras.layers.GlobalAveragePooling2D()(x), y]))
     model = keras.Model([images, sequence], outputs)
     findings = check_mixed_precision(model, compute_capabilities=H100)
     assert [(f.kind, f.layer) for f in findings] == [

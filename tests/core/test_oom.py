@@ -26,7 +26,10 @@ has = lambda m: importlib.util.find_spec(m) is not None  # noqa: E731
 def test_tensorflow_resource_exhausted_is_oom():
     import tensorflow as tf
 
-    assert oom_kind(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[8,1024]")) == "tensorflow"
+    assert (
+        oom_kind(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[8,1024]"))
+        == "tensorflow"
+    )
     assert not is_oom(tf.errors.InvalidArgumentError(None, None, "Incompatible shapes"))
 
 
@@ -34,9 +37,16 @@ def test_tensorflow_resource_exhausted_is_oom():
 def test_xla_resource_exhausted_is_oom():
     import jax
 
-    assert oom_kind(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00GiB.")) == "jax"
+    assert (
+        oom_kind(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 8.00GiB."))
+        == "jax"
+    )
     # XLA's CPU runtime: a failed temporary allocation comes back as INTERNAL.
-    assert is_oom(jax.errors.JaxRuntimeError("INTERNAL: Error dispatching computation: Out of memory allocating 17592186044416 bytes."))
+    assert is_oom(
+        jax.errors.JaxRuntimeError(
+            "INTERNAL: Error dispatching computation: Out of memory allocating 17592186044416 bytes."
+        )
+    )
     assert not is_oom(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes do not match"))
 
 
@@ -45,7 +55,11 @@ def test_torch_out_of_memory_is_oom():
     import torch
 
     assert oom_kind(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) == "torch"
-    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate 17592186044416 bytes."))
+    assert is_oom(
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to allocate 17592186044416 bytes."
+        )
+    )
     assert not is_oom(RuntimeError("CUDA error: device-side assert triggered"))
 
 
@@ -114,9 +128,12 @@ def test_event_lines_in_plain_words():
 
 
 def test_final_message_says_what_was_tried_and_what_to_do():
-    msg = final_message([(16, 1), (16, 2), (16, 4)], 4,
-                        {"device": "NVIDIA H100", "bytes_limit": 80 * 2**30, "bytes_in_use": 79 * 2**30},
-                        RuntimeError("Something\nCUDA out of memory. Tried to allocate 2 GiB"))
+    msg = final_message(
+        [(16, 1), (16, 2), (16, 4)],
+        4,
+        {"device": "NVIDIA H100", "bytes_limit": 80 * 2**30, "bytes_in_use": 79 * 2**30},
+        RuntimeError("Something\nCUDA out of memory. Tried to allocate 2 GiB"),
+    )
     assert "Batch sizes tried: 16, 16 as 2 x 8, 16 as 4 x 4." in msg
     assert "memory limit 80.0 GiB" in msg and "NVIDIA H100" in msg
     assert "mixed precision" in msg and "rematerialisation" in msg and "smaller model" in msg
@@ -176,8 +193,10 @@ def test_recovery_retries_and_remembers(fake_oom):
     rec = Recovery(SplitController(), on_event=events.append)
     runner = FakeRunner(limit=64)
     assert rec.run(runner, None, 256, "sig") == ("logs of 256 as 4", 4)
-    assert [e.line() for e in events] == ["step 0: out of memory at batch 256, retrying as 2 x 128",
-                                          "step 0: out of memory at batch 256 (as 2 x 128), retrying as 4 x 64"]
+    assert [e.line() for e in events] == [
+        "step 0: out of memory at batch 256, retrying as 2 x 128",
+        "step 0: out of memory at batch 256 (as 2 x 128), retrying as 4 x 64",
+    ]
     assert runner.restores == 2 and runner.in_except_at_restore == [False, False]  # restored outside except
     runner.calls.clear()
     assert rec.run(runner, None, 256, "sig", step=1) == ("logs of 256 as 4", 4)

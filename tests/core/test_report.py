@@ -20,31 +20,71 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # -- fakes with the attributes the callbacks have ---------------------------------
 class FakeGPULogger:
     def __init__(self, n=30):
-        self.gpus = [(0, SimpleNamespace(name="NVIDIA H100 80GB HBM3", uuid="GPU-a", memory_total_bytes=80 * 2**30,
-                                         compute_capability=(9, 0), is_mig=False))]
+        self.gpus = [
+            (
+                0,
+                SimpleNamespace(
+                    name="NVIDIA H100 80GB HBM3",
+                    uuid="GPU-a",
+                    memory_total_bytes=80 * 2**30,
+                    compute_capability=(9, 0),
+                    is_mig=False,
+                ),
+            )
+        ]
         self.timeline = []
         for i in range(n):
-            self.timeline.append((1000.0 + 0.25 * i, 10 * i, {
-                "gpu/0/utilization_percent": 40.0 + i,
-                "gpu/0/sm_activity_percent": 30.0 + i,
-                "gpu/0/memory_used_mib": 1000.0 + 10 * i,
-                "gpu/0/memory_total_mib": 81559.0,
-                "host/cpu_percent": 100.0,
-                "host/rss_mib": 900.0,
-            }))
+            self.timeline.append(
+                (
+                    1000.0 + 0.25 * i,
+                    10 * i,
+                    {
+                        "gpu/0/utilization_percent": 40.0 + i,
+                        "gpu/0/sm_activity_percent": 30.0 + i,
+                        "gpu/0/memory_used_mib": 1000.0 + 10 * i,
+                        "gpu/0/memory_total_mib": 81559.0,
+                        "host/cpu_percent": 100.0,
+                        "host/rss_mib": 900.0,
+                    },
+                )
+            )
 
 
 class FakeDetector:
     def __init__(self):
         self.epoch_history = [
-            {"input/wait_ms": 3.0, "input/compute_ms": 1.0, "input/other_ms": 0.5, "input/step_ms": 4.5, "input/wait_fraction": 0.66},
-            {"input/wait_ms": 2.0, "input/compute_ms": 1.1, "input/other_ms": 0.4, "input/step_ms": 3.5, "input/wait_fraction": 0.57},
+            {
+                "input/wait_ms": 3.0,
+                "input/compute_ms": 1.0,
+                "input/other_ms": 0.5,
+                "input/step_ms": 4.5,
+                "input/wait_fraction": 0.66,
+            },
+            {
+                "input/wait_ms": 2.0,
+                "input/compute_ms": 1.1,
+                "input/other_ms": 0.4,
+                "input/step_ms": 3.5,
+                "input/wait_fraction": 0.57,
+            },
         ]
-        self.measurement = Measurement(steps=200, step=0.004, wait=0.0025, compute=0.00105, other=0.00045,
-                                       wait_fraction=0.62, samples_per_sec=16000.0, steps_per_sec=250.0)
-        self.verdict = Verdict("highly input-bound", 0.62, "Your program is HIGHLY input-bound because 62.0% ...",
-                               ["Confirmed by the GPU: SM activity 45% while steps wait for input."],
-                               ["End the tf.data pipeline with `.prefetch(tf.data.AUTOTUNE)`."])
+        self.measurement = Measurement(
+            steps=200,
+            step=0.004,
+            wait=0.0025,
+            compute=0.00105,
+            other=0.00045,
+            wait_fraction=0.62,
+            samples_per_sec=16000.0,
+            steps_per_sec=250.0,
+        )
+        self.verdict = Verdict(
+            "highly input-bound",
+            0.62,
+            "Your program is HIGHLY input-bound because 62.0% ...",
+            ["Confirmed by the GPU: SM activity 45% while steps wait for input."],
+            ["End the tf.data pipeline with `.prefetch(tf.data.AUTOTUNE)`."],
+        )
         self.window_verdicts = [(100, self.verdict)]
 
     def summary(self):
@@ -61,7 +101,9 @@ class FakeOOMReducer:
 
 
 def fake_report():
-    mp = SimpleNamespace(findings=[SimpleNamespace(kind="output_dtype", layer="dense_1", message="Output `dense_1` is float16.")])
+    mp = SimpleNamespace(
+        findings=[SimpleNamespace(kind="output_dtype", layer="dense_1", message="Output `dense_1` is float16.")]
+    )
     history = {"loss": [1.0, 0.5], "oom/events": [1.0, 0.0], "oom/micro_batches": [4.0, 4.0]}
     return report([FakeGPULogger(), FakeDetector(), FakeOOMReducer(), mp, history], title="fake run")
 
@@ -79,7 +121,9 @@ def test_figures_plot_exactly_what_the_callbacks_recorded():
     np.testing.assert_array_equal(lines["utilization_percent"].get_ydata(), expected)
     np.testing.assert_allclose(lines["utilization_percent"].get_xdata(), [w - 1000.0 for w, _, _ in lg.timeline])
     mem = {ln.get_label(): ln for ln in ax_mem.lines}
-    np.testing.assert_array_equal(mem["memory_used_mib"].get_ydata(), [m["gpu/0/memory_used_mib"] for _, _, m in lg.timeline])
+    np.testing.assert_array_equal(
+        mem["memory_used_mib"].get_ydata(), [m["gpu/0/memory_used_mib"] for _, _, m in lg.timeline]
+    )
     assert "H100" in figs["gpu_0"].get_suptitle()
     # Stacked bars: wait at the bottom, then compute, then other, per epoch.
     bars = figs["step_time"].axes[0].patches
@@ -95,7 +139,11 @@ def test_text_report_has_every_section():
     assert "Not measured in this run: profiler windows (ProfilerWindow)." in text
     assert "GPU 0: NVIDIA H100 80GB HBM3" in text
     assert "Verdict: highly input-bound" in text and "prefetch" in text
-    assert "step 57: out of memory at batch 256" in text and "micro-batches per batch now: 4" in text and "1 recovery from" in text
+    assert (
+        "step 57: out of memory at batch 256" in text
+        and "micro-batches per batch now: 4" in text
+        and "1 recovery from" in text
+    )
     assert "[output_dtype] dense_1" in text
     assert re.search(r"gpu/0/utilization_percent\s+40\.0\s+54\.5\s+69\.0\s+69\.0", text)
 
@@ -103,7 +151,9 @@ def test_text_report_has_every_section():
 def test_html_embeds_every_figure_as_png(tmp_path):
     r = fake_report()
     page = r.html(full_page=True)
-    images = re.findall(r'<figure class="kgt-fig" data-figure="([^"]+)"><img alt="[^"]*" src="data:image/png;base64,([^"]+)"', page)
+    images = re.findall(
+        r'<figure class="kgt-fig" data-figure="([^"]+)"><img alt="[^"]*" src="data:image/png;base64,([^"]+)"', page
+    )
     assert [name for name, _ in images] == list(r.figures()) == ["gpu_0", "host", "step_time", "oom", "training"]
     for name, b64 in images:
         png = base64.b64decode(b64)
@@ -112,7 +162,13 @@ def test_html_embeds_every_figure_as_png(tmp_path):
     path = r.save(tmp_path / "r" / "report.html")
     assert open(path, encoding="utf-8").read() == page
     pngs = r.save_figures(tmp_path / "png")
-    assert sorted(os.path.basename(p) for p in pngs) == ["gpu_0.png", "host.png", "oom.png", "step_time.png", "training.png"]
+    assert sorted(os.path.basename(p) for p in pngs) == [
+        "gpu_0.png",
+        "host.png",
+        "oom.png",
+        "step_time.png",
+        "training.png",
+    ]
     assert all(open(p, "rb").read().startswith(PNG_MAGIC) for p in pngs)
     assert r._repr_html_() == r.html()
 
@@ -126,10 +182,19 @@ def test_oom_figure_follows_the_reducer_logs():
 def test_empty_sections_say_what_is_missing():
     r = report({"loss": [1.0, 0.5]})
     text = r.text()
-    for heading in ("GPUs and host", "Step time", "Input pipeline", "Out of memory", "Profiler windows", "Mixed precision"):
+    for heading in (
+        "GPUs and host",
+        "Step time",
+        "Input pipeline",
+        "Out of memory",
+        "Profiler windows",
+        "Mixed precision",
+    ):
         assert f"\n{heading}\n" not in text  # no data, no section...
-    assert ("Not measured in this run: GPU and host metrics (GPUUtilizationLogger); step time and the input-bound "
-            "verdict (InputBoundDetector); profiler windows (ProfilerWindow); mixed-precision findings") in text
+    assert (
+        "Not measured in this run: GPU and host metrics (GPUUtilizationLogger); step time and the input-bound "
+        "verdict (InputBoundDetector); profiler windows (ProfilerWindow); mixed-precision findings"
+    ) in text
     assert "Not measured in this run" in r.html()  # ...but one line says what is missing
     assert "loss: 1, 0.5" in text
 
@@ -162,9 +227,11 @@ def test_bad_arguments():
 def test_report_modules_import_nothing_heavy():
     # Keras itself may load matplotlib or IPython where they are installed;
     # the report and the live view add no import of their own.
-    code = ("import sys, keras_gpu_tools; before = set(sys.modules); "
-            "import keras_gpu_tools._core.report, keras_gpu_tools._core.live_view, keras_gpu_tools.callbacks.live_view; "
-            "print(sorted(m.split('.')[0] for m in set(sys.modules) - before if not m.startswith('keras_gpu_tools')))")
+    code = (
+        "import sys, keras_gpu_tools; before = set(sys.modules); "
+        "import keras_gpu_tools._core.report, keras_gpu_tools._core.live_view, keras_gpu_tools.callbacks.live_view; "
+        "print(sorted(m.split('.')[0] for m in set(sys.modules) - before if not m.startswith('keras_gpu_tools')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
 
@@ -172,19 +239,33 @@ def test_report_modules_import_nothing_heavy():
 # -- from a log dir ---------------------------------------------------------------------
 def test_log_dir_with_scalars_and_texts_of_every_callback(tmp_path):
     gpu = EventWriter(str(tmp_path / "gpu"))
-    gpu.text("gpu/devices", "| index | GPU | UUID | memory (MiB) | compute capability |\n|---|---|---|---|---|\n"
-                            "| 0 | NVIDIA A100 | GPU-x | 40960 | 8.0 |", step=0)
+    gpu.text(
+        "gpu/devices",
+        "| index | GPU | UUID | memory (MiB) | compute capability |\n|---|---|---|---|---|\n"
+        "| 0 | NVIDIA A100 | GPU-x | 40960 | 8.0 |",
+        step=0,
+    )
     for i in range(5):
-        gpu.scalars({"gpu/0/utilization_percent": 10.0 * i, "gpu/0/memory_used_mib": 100.0 + i}, step=i, wall_time=50.0 + i)
+        gpu.scalars(
+            {"gpu/0/utilization_percent": 10.0 * i, "gpu/0/memory_used_mib": 100.0 + i}, step=i, wall_time=50.0 + i
+        )
     gpu.close()
     inp = EventWriter(str(tmp_path / "input"))
     inp.scalars({"input/wait_ms": 1.0, "input/compute_ms": 2.0, "input/other_ms": 0.5, "input/step_ms": 3.5}, step=100)
     inp.scalars({"input/step_ms": 3.4}, step=200)  # a window without a synced step: no split
-    inp.text("input/verdict", "InputBoundDetector: moderately input-bound\n\nYour program is MODERATELY input-bound ...\n\n"
-                              "| figure | value |\n|---|---|\n| samples/s | 1234 |\n\nWhat to change:\n- Add `.cache()`.", step=200)
+    inp.text(
+        "input/verdict",
+        "InputBoundDetector: moderately input-bound\n\nYour program is MODERATELY input-bound ...\n\n"
+        "| figure | value |\n|---|---|\n| samples/s | 1234 |\n\nWhat to change:\n- Add `.cache()`.",
+        step=200,
+    )
     inp.close()
     prof = EventWriter(str(tmp_path / "profile"))
-    prof.text("profile/steps_10_15", "ProfilerWindow: steps [10, 15) (scheduled) -> /x/y (2.5 MiB, mean step 3.10 ms)", step=10)
+    prof.text(
+        "profile/steps_10_15",
+        "ProfilerWindow: steps [10, 15) (scheduled) -> /x/y (2.5 MiB, mean step 3.10 ms)",
+        step=10,
+    )
     prof.text("profile/steps_10_15/input_pipeline", "Your program is HIGHLY input-bound because 80% ...", step=10)
     prof.close()
     oom = EventWriter(str(tmp_path / "oom"))
@@ -197,7 +278,13 @@ def test_log_dir_with_scalars_and_texts_of_every_callback(tmp_path):
     assert data.verdict["category"] == "moderately input-bound" and data.verdict["advice"] == ["Add `.cache()`."]
     assert data.throughput["throughput/samples_per_sec"] == 1234.0
     (p,) = data.profiles
-    assert (p["steps"], p["reason"], p["trace_dir"], p["size_mib"], p["mean_step_ms"]) == ("10-15", "scheduled", "/x/y", 2.5, 3.1)
+    assert (p["steps"], p["reason"], p["trace_dir"], p["size_mib"], p["mean_step_ms"]) == (
+        "10-15",
+        "scheduled",
+        "/x/y",
+        2.5,
+        3.1,
+    )
     assert p["conclusion"].startswith("Your program is HIGHLY")
     assert data.oom_seen and data.oom_series["oom/micro_batches"].values == [2.0] and data.oom_count() == 1
     assert data.findings is None
@@ -206,8 +293,10 @@ def test_log_dir_with_scalars_and_texts_of_every_callback(tmp_path):
 
 
 def test_findings_round_trip_through_tensorboard(tmp_path):
-    findings = [{"kind": "output_dtype", "layer": "dense_1", "message": "Output `dense_1` of the model is float16: use X."},
-                {"kind": "no_tensor_cores", "layer": None, "message": "GPU 0 has no tensor cores."}]
+    findings = [
+        {"kind": "output_dtype", "layer": "dense_1", "message": "Output `dense_1` of the model is float16: use X."},
+        {"kind": "no_tensor_cores", "layer": None, "message": "GPU 0 has no tensor cores."},
+    ]
     TrainingReport(ReportData(findings=findings)).write_to_tensorboard(tmp_path)
     assert gather_log_dir(str(tmp_path)).findings == findings
     other = tmp_path / "none"
@@ -228,7 +317,9 @@ def test_report_of_a_real_fit_equals_the_callbacks_and_the_log_dir(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1280, 16)).astype("float32")
     y = rng.integers(0, 4, size=1280)
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4, activation="softmax")])
+    model = keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4, activation="softmax")]
+    )
     model.compile("adam", "sparse_categorical_crossentropy")
     lg = GPUUtilizationLogger(log_dir=logdir, interval=0.05)
     det = InputBoundDetector(log_dir=logdir, window=10, sample_every=5, verbose=0)
@@ -243,12 +334,18 @@ def test_report_of_a_real_fit_equals_the_callbacks_and_the_log_dir(tmp_path):
     figs = r.figures()
     assert {"host", "step_time"} <= set(figs)
     cpu = next(ln for ln in figs["host"].axes[0].lines if ln.get_label() == "cpu_percent")
-    np.testing.assert_array_equal(cpu.get_ydata(), [m["host/cpu_percent"] for _, _, m in lg.timeline if "host/cpu_percent" in m])
+    np.testing.assert_array_equal(
+        cpu.get_ydata(), [m["host/cpu_percent"] for _, _, m in lg.timeline if "host/cpu_percent" in m]
+    )
     heights = [b.get_height() for b in figs["step_time"].axes[0].patches]
-    expected = [h.get(k, 0.0) for k in ("input/wait_ms", "input/compute_ms", "input/other_ms") for h in det.epoch_history]
+    expected = [
+        h.get(k, 0.0) for k in ("input/wait_ms", "input/compute_ms", "input/other_ms") for h in det.epoch_history
+    ]
     np.testing.assert_allclose(heights, expected)
     assert r.data.verdict["category"] == det.verdict.category
-    assert [p["steps"] for p in r.data.profiles] == [f"{c.start_step}-{c.start_step + c.num_steps}" for c in prof.captures]
+    assert [p["steps"] for p in r.data.profiles] == [
+        f"{c.start_step}-{c.start_step + c.num_steps}" for c in prof.captures
+    ]
     if keras.backend.backend() == "tensorflow":
         assert [p["steps"] for p in r.data.profiles] == ["5-8"]
     assert r.data.findings == [] and r.data.training["loss"].values == pytest.approx(model.history.history["loss"])
@@ -260,10 +357,14 @@ def test_report_of_a_real_fit_equals_the_callbacks_and_the_log_dir(tmp_path):
         np.testing.assert_allclose(later.data.series[key].values, r.data.series[key].values, rtol=1e-6)
         assert later.data.series[key].steps == r.data.series[key].steps
     assert later.data.verdict["category"] == det.verdict.category
-    assert [(p["steps"], p["conclusion"]) for p in later.data.profiles] == [(p["steps"], p["conclusion"]) for p in r.data.profiles]
+    assert [(p["steps"], p["conclusion"]) for p in later.data.profiles] == [
+        (p["steps"], p["conclusion"]) for p in r.data.profiles
+    ]
     assert later.data.findings == []
     if keras.backend.backend() == "tensorflow":
         np.testing.assert_allclose(later.data.training["loss"].values, model.history.history["loss"], rtol=1e-6)
-        assert "val_loss" in later.data.training and not any(k.startswith(("host/", "input/")) for k in later.data.training)
+        assert "val_loss" in later.data.training and not any(
+            k.startswith(("host/", "input/")) for k in later.data.training
+        )
     page = later.html()
     assert page.count("data:image/png;base64,") == len(later.figures())

@@ -1,6 +1,5 @@
 """The shared step hook: exact timing with a fake clock, and real fit() on every backend."""
 
-import threading
 import time
 
 import numpy as np
@@ -294,6 +293,12 @@ def test_inspect_tf_dataset():
     ds = tf.data.Dataset.range(10).map(lambda v: v + 1).batch(2)
     info = compat.inspect_tf_dataset(ds)
     assert info["sequential_map"] and not info["parallel_map"] and not info["ends_with_prefetch"] and not info["cache"]
-    ds = tf.data.Dataset.range(10).cache().map(lambda v: v, num_parallel_calls=tf.data.AUTOTUNE).batch(2).prefetch(tf.data.AUTOTUNE)
+    ds = (
+        tf.data.Dataset.range(10)
+        .cache()
+        .map(lambda v: v, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(2)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     info = compat.inspect_tf_dataset(ds)
     assert info["parallel_map"] and info["ends_with_prefetch"] and info["cache"] and not info["sequential_map"]

@@ -75,7 +75,9 @@ def test_overlap_with_device_hides_the_fetch():
     stats = StepStats()
     for i in range(1, 21):
         sampled = i % 5 == 0
-        r = StepRecord(index=i, sampled=sampled, fetch=0.004, start=0.0, end=0.0, interval=0.010 if not sampled else 0.0145)
+        r = StepRecord(
+            index=i, sampled=sampled, fetch=0.004, start=0.0, end=0.0, interval=0.010 if not sampled else 0.0145
+        )
         if sampled:
             r.compute = 0.010
             r.gap = 0.0005
@@ -138,7 +140,20 @@ def test_nothing_measured():
 
 def test_steps_per_execution_counts_steps():
     stats = StepStats()
-    stats.add(StepRecord(index=1, steps=4, sampled=True, fetch=0.008, compute=0.008, gap=0.004, start=0, end=0, interval=0.020, samples=128))
+    stats.add(
+        StepRecord(
+            index=1,
+            steps=4,
+            sampled=True,
+            fetch=0.008,
+            compute=0.008,
+            gap=0.004,
+            start=0,
+            end=0,
+            interval=0.020,
+            samples=128,
+        )
+    )
     stats.add(StepRecord(index=2, steps=4, fetch=None, start=0, end=0, interval=0.020))
     m = stats.measurement()
     assert m.steps == 8
@@ -160,7 +175,15 @@ def test_flops_and_mfu_only_when_known():
 
 @pytest.mark.parametrize(
     "fraction, expected",
-    [(0.0, st.NOT), (0.049, st.NOT), (0.05, st.MODERATE), (0.199, st.MODERATE), (0.2, st.HIGH), (1.0, st.HIGH), (None, st.UNKNOWN)],
+    [
+        (0.0, st.NOT),
+        (0.049, st.NOT),
+        (0.05, st.MODERATE),
+        (0.199, st.MODERATE),
+        (0.2, st.HIGH),
+        (1.0, st.HIGH),
+        (None, st.UNKNOWN),
+    ],
 )
 def test_classify_uses_xprof_thresholds(fraction, expected):
     assert st.classify(fraction) == expected
@@ -178,11 +201,15 @@ def test_bad_thresholds(moderate, high):
 
 
 def _input_bound_measurement():
-    return st.Measurement(steps=10, sampled_steps=5, fetch=0.008, compute=0.002, other=0.0, step=0.010, wait=0.008, wait_fraction=0.8)
+    return st.Measurement(
+        steps=10, sampled_steps=5, fetch=0.008, compute=0.002, other=0.0, step=0.010, wait=0.008, wait_fraction=0.8
+    )
 
 
 def test_verdict_message_and_gpu_evidence():
-    v = st.verdict_for(_input_bound_measurement(), gpu_means={"gpu/0/utilization_percent": 15.0, "gpu/0/memory_used_mib": 100.0})
+    v = st.verdict_for(
+        _input_bound_measurement(), gpu_means={"gpu/0/utilization_percent": 15.0, "gpu/0/memory_used_mib": 100.0}
+    )
     assert v.category == st.HIGH and v.input_bound
     assert "HIGHLY input-bound because 80.0%" in v.message
     assert any("Confirmed by the GPU" in e and "15%" in e for e in v.evidence)
@@ -192,10 +219,20 @@ def test_verdict_message_and_gpu_evidence():
 
 def test_advice_for_tf_data_reads_the_pipeline():
     m = _input_bound_measurement()
-    bare = st.advise(st.HIGH, m, {"kind": "tf.data", "ends_with_prefetch": False, "sequential_map": True, "parallel_map": False, "cache": False}, {})
+    bare = st.advise(
+        st.HIGH,
+        m,
+        {"kind": "tf.data", "ends_with_prefetch": False, "sequential_map": True, "parallel_map": False, "cache": False},
+        {},
+    )
     text = "\n".join(bare)
     assert "prefetch(tf.data.AUTOTUNE)" in text and "num_parallel_calls" in text and ".cache()" in text
-    tuned = st.advise(st.HIGH, m, {"kind": "tf.data", "ends_with_prefetch": True, "sequential_map": False, "parallel_map": True, "cache": True}, {})
+    tuned = st.advise(
+        st.HIGH,
+        m,
+        {"kind": "tf.data", "ends_with_prefetch": True, "sequential_map": False, "parallel_map": True, "cache": True},
+        {},
+    )
     text = "\n".join(tuned)
     assert "prefetch(tf.data.AUTOTUNE)` so" not in text and "num_parallel_calls=tf.data.AUTOTUNE` to `.map" not in text
     assert "source is the limit" in text
@@ -203,7 +240,9 @@ def test_advice_for_tf_data_reads_the_pipeline():
 
 def test_advice_per_pipeline_kind_and_cpu():
     m = _input_bound_measurement()
-    assert "workers=1" in st.advise(st.HIGH, m, {"kind": "PyDataset", "workers": 1, "use_multiprocessing": False}, {})[0]
+    assert (
+        "workers=1" in st.advise(st.HIGH, m, {"kind": "PyDataset", "workers": 1, "use_multiprocessing": False}, {})[0]
+    )
     assert "steps_per_execution" in st.advise(st.MODERATE, m, {"kind": "arrays"}, {})[0]
     assert "num_workers=0" in st.advise(st.HIGH, m, {"kind": "torch DataLoader", "num_workers": 0}, {})[0]
     assert "PyDataset" in st.advise(st.HIGH, m, {"kind": "generator"}, {})[0]
@@ -222,7 +261,9 @@ def test_summary_text_is_a_table():
 
 def test_dispatch_counts_as_other():
     stats = StepStats()
-    stats.add(StepRecord(index=1, sampled=True, fetch=0.001, compute=0.002, dispatch=0.0005, gap=0.0005, start=0, end=0))
+    stats.add(
+        StepRecord(index=1, sampled=True, fetch=0.001, compute=0.002, dispatch=0.0005, gap=0.0005, start=0, end=0)
+    )
     m = stats.measurement()
     assert m.other == pytest.approx(0.001)
     assert m.step == pytest.approx(0.004)

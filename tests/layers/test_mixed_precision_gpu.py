@@ -7,10 +7,9 @@ too when run there (they use the framework's default device). The speedup is
 measured by benchmarks/mixed_precision_speedup.py.
 """
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 from keras_gpu_tools._core import backends
 from keras_gpu_tools._core.mixed_precision import check_mixed_precision, gpu_compute_capabilities
@@ -100,7 +99,9 @@ def test_check_reads_the_gpus_compute_capability(gpu_policy):
         if cc:
             assert capabilities[0] == tuple(int(v) for v in str(cc).split("."))
     gpu_policy("mixed_bfloat16")
-    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(512), keras.layers.Dense(16), MixedPrecisionOutput()])
+    model = keras.Sequential(
+        [keras.Input((256,)), keras.layers.Dense(512), keras.layers.Dense(16), MixedPrecisionOutput()]
+    )
     findings = check_mixed_precision(model)
     if min(capabilities) >= (8, 0):  # Ampere, Hopper: bfloat16 tensor cores
         assert findings == []

@@ -1,9 +1,8 @@
 """MixedPrecisionOutput on CPU, on every backend (float16 and bfloat16 policies)."""
 
+import keras
 import numpy as np
 import pytest
-
-import keras
 
 from keras_gpu_tools.layers.mixed_precision_output import MixedPrecisionOutput
 
@@ -56,7 +55,12 @@ OVERFLOW_LOGITS = np.array([[7e4, 0.0, -7e4], [1e5, 1e5 - 10.0, 0.0]], dtype="fl
 def test_model_output_is_float32_under_mixed_policy(policy, name):
     policy(name)
     model = keras.Sequential(
-        [keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(8), MixedPrecisionOutput("softmax")]
+        [
+            keras.Input((16,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(8),
+            MixedPrecisionOutput("softmax"),
+        ]
     )
     compute = keras.dtype_policies.get(name).compute_dtype
     assert model.layers[1].compute_dtype == compute  # the rest of the model is mixed
@@ -191,12 +195,12 @@ def test_passes_masks_through(policy):
 
 
 @pytest.mark.multibackend
-@pytest.mark.parametrize("save_policy, load_policy", [("mixed_float16", "mixed_bfloat16"), ("mixed_bfloat16", "float16")])
+@pytest.mark.parametrize(
+    "save_policy, load_policy", [("mixed_float16", "mixed_bfloat16"), ("mixed_bfloat16", "float16")]
+)
 def test_keras_file_loads_with_float32_output_under_another_policy(policy, tmp_path, save_policy, load_policy):
     policy(save_policy)
-    model = keras.Sequential(
-        [keras.Input((6,)), keras.layers.Dense(8), MixedPrecisionOutput("softmax", name="probs")]
-    )
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8), MixedPrecisionOutput("softmax", name="probs")])
     x = np.random.default_rng(2).normal(size=(3, 6)).astype("float32")
     before = model.predict(x, verbose=0)
     path = str(tmp_path / "model.keras")
