@@ -28,12 +28,9 @@ from typing import Any
 
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core.lifecycle import find_fit_frame
+from keras_gpu_tools.errors import KerasInternalsError
 
 TESTED_KERAS = "3.15.1"
-
-
-class KerasInternalsError(RuntimeError):
-    """A Keras internal this package relies on is missing or has changed."""
 
 
 def keras_version() -> str:

@@ -10,9 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-
-class MissingDependency(ImportError):
-    pass
+from keras_gpu_tools.errors import MissingDependency
 
 
 def _require(module: str, pip_name: str, purpose: str):

@@ -16,20 +16,18 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 
 from keras_gpu_tools._core.nvml import NA, NVML, GPUInfo, NVMLQueryError
+from keras_gpu_tools.errors import GPUMonitoringWarning
 
 logger = logging.getLogger("keras_gpu_tools")
 
 MIB = 1024.0 * 1024.0
 
 
-class GPUMonitoringWarning(UserWarning):
-    """A metric could not be read; monitoring goes on without it."""
-
-
 class WarnOnce:
-    """Issues each distinct warning once per instance."""
+    """Issues each distinct warning once per instance, in one category."""
 
-    def __init__(self):
+    def __init__(self, category: type[Warning] = GPUMonitoringWarning):
+        self.category = category
         self._seen = set()
         self._lock = threading.Lock()
         self.messages: list[str] = []
@@ -40,7 +38,7 @@ class WarnOnce:
                 return
             self._seen.add(key)
             self.messages.append(message)
-        warnings.warn(message, GPUMonitoringWarning, stacklevel=2)
+        warnings.warn(message, self.category, stacklevel=2)
 
 
 # ---------------------------------------------------------------------------

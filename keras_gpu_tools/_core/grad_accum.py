@@ -33,8 +33,9 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools._core import compat, oom_compat
-from keras_gpu_tools._core.oom import UnrecoverableOOM, split_sizes
+from keras_gpu_tools._core.oom import split_sizes
 from keras_gpu_tools._core.step_hook import leaves
+from keras_gpu_tools.errors import UnrecoverableOOM
 
 logger = logging.getLogger("keras_gpu_tools")
 

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from keras_gpu_tools.errors import MixedPrecisionWarning
+
 logger = logging.getLogger("keras_gpu_tools")
 
 # The kinds of finding, in the order they are reported.
@@ -49,14 +51,6 @@ _SATURATING_ACTIVATIONS = ("softmax", "sigmoid")
 _KERNEL_ATTRIBUTES = ("kernel", "recurrent_kernel", "pointwise_kernel")
 
 ComputeCapability = tuple[int, int]
-
-
-class MixedPrecisionWarning(UserWarning):
-    """Warned by `MixedPrecisionCheck` for each finding of the check.
-
-    Filter it like any warning, e.g. `warnings.simplefilter("error",
-    MixedPrecisionWarning)` to make the findings fatal in a test suite.
-    """
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keras_gpu_tools._core import deps
+from keras_gpu_tools.errors import OutOfMemoryError, UnrecoverableOOM  # noqa: F401 - re-exported
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -264,10 +265,6 @@ def final_message(
     return "\n".join(lines)
 
 
-class OutOfMemoryError(MemoryError):
-    """Raised when even ``min_batch_size`` runs out of memory, where the backend's own type cannot be built."""
-
-
 def final_error(original: BaseException, message: str) -> BaseException:
     """An error of the original out-of-memory type carrying ``message``.
 
@@ -293,10 +290,6 @@ def final_error(original: BaseException, message: str) -> BaseException:
     except Exception:
         pass
     return err
-
-
-class UnrecoverableOOM(MemoryError):
-    """An out-of-memory error that could not be retried without losing or repeating an update."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ from keras_gpu_tools._core.step_timing import (
     verdict_for,
 )
 from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+from keras_gpu_tools.errors import InputPipelineWarning
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -233,7 +234,7 @@ class InputBoundDetector(keras.callbacks.Callback):
         self.flops_per_step = float(flops_per_step) if flops_per_step else None
         self.peak_flops = float(peak_flops) if peak_flops else None
 
-        self.warnings = WarnOnce()
+        self.warnings = WarnOnce(InputPipelineWarning)
         self.verdict: Verdict | None = None
         self.measurement: Measurement | None = None
         self.epoch_history: list[dict[str, float]] = []

@@ -15,6 +15,7 @@ from keras_gpu_tools._core.lifecycle import FitGuard
 from keras_gpu_tools._core.oom import OOMEvent, Recovery, SplitController
 from keras_gpu_tools._core.step_hook import StepHook, batch_signature, leading_dim
 from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+from keras_gpu_tools.errors import OOMWarning
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -144,7 +145,7 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
             )
         self.run_name = run_name
         self.verbose = verbose
-        self.warnings = WarnOnce()
+        self.warnings = WarnOnce(OOMWarning)
         self.controller = SplitController(self.min_batch_size, self.regrow_after)
         self.events: list[OOMEvent] = []
         self.recovery_seconds = 0.0
@@ -289,7 +290,8 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
 
             jax.block_until_ready([v.value for v in self.model.variables])
         except Exception as e:
-            from keras_gpu_tools._core.oom import UnrecoverableOOM, is_oom
+            from keras_gpu_tools._core.oom import is_oom
+            from keras_gpu_tools.errors import UnrecoverableOOM
 
             if is_oom(e):
                 self._finish()

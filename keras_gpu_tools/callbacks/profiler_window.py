@@ -17,6 +17,7 @@ from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.lifecycle import FitGuard
 from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+from keras_gpu_tools.errors import ProfilerWarning
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -193,14 +194,14 @@ class ProfilerWindow(keras.callbacks.Callback):
         self.run_name = run_name
         self.verbose = verbose
         if self.num_steps > 500:
-            WarnOnce()(
+            WarnOnce(ProfilerWarning)(
                 "big",
                 f"ProfilerWindow: num_steps={num_steps} may produce a trace of over 1 GB, which TensorBoard "
                 "is known to crash loading. Profile a few steps instead.",
             )
 
         self.captures: list[WindowCapture] = []
-        self.warnings = WarnOnce()
+        self.warnings = WarnOnce(ProfilerWarning)
         self._global_step = 0  # next step to run
         self._epoch_windows: list[prof.Window] = []
         self._triggered: int | None = None

@@ -7,8 +7,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools._core.mixed_precision import MixedPrecisionWarning
 from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck
+from keras_gpu_tools.errors import MixedPrecisionWarning
 from keras_gpu_tools.layers.mixed_precision_output import MixedPrecisionOutput
 
 X = np.random.default_rng(0).normal(size=(32, 16)).astype("float32")

@@ -417,12 +417,12 @@ def test_probe_predicts_the_split_without_running_out_of_memory(monkeypatch):
 
 @pytest.mark.skipif(BACKEND == "jax", reason="JAX can predict")
 def test_probe_warns_where_the_backend_cannot_tell():
-    from keras_gpu_tools._core.gpu_sampler import GPUMonitoringWarning
+    from keras_gpu_tools.errors import OOMWarning
 
     n = 16
     x, y = data(n)
     model = make_model(n, limit=10**9)
-    with pytest.warns(GPUMonitoringWarning, match="probe=True needs the JAX backend"):
+    with pytest.warns(OOMWarning, match="probe=True needs the JAX backend"):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer(probe=True)])
 
 

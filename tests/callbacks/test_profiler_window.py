@@ -10,8 +10,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools._core.gpu_sampler import GPUMonitoringWarning
 from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
+from keras_gpu_tools.errors import ProfilerWarning
 
 pytestmark = pytest.mark.multibackend
 
@@ -157,7 +157,7 @@ def test_busy_profiler_is_left_alone(tmp_path):
     tf.profiler.experimental.start(str(tmp_path / "mine"))
     try:
         cb = ProfilerWindow(log_dir=tmp_path, start_step=1, num_steps=2, verbose=0)
-        with pytest.warns(GPUMonitoringWarning, match="another profiler session is already running"):
+        with pytest.warns(ProfilerWarning, match="another profiler session is already running"):
             history = fit(make_model(), cb)
         assert not cb.captures and len(history.history["loss"]) == 1
     finally:
@@ -199,7 +199,7 @@ def test_jax_on_old_python_says_it_cannot_profile(tmp_path):
     if not JAX_UNAVAILABLE:
         pytest.skip("only where JAX profiling is unavailable")
     cb = ProfilerWindow(log_dir=tmp_path, start_step=1, num_steps=2, verbose=0)
-    with pytest.warns(GPUMonitoringWarning, match="Python < 3.12"):
+    with pytest.warns(ProfilerWarning, match="Python < 3.12"):
         history = fit(make_model(), cb)
     assert not cb.captures and len(history.history["loss"]) == 1
 
