@@ -185,9 +185,9 @@ def run_backend(args) -> list:
 
 def _device(backend) -> str:
     try:
-        from keras_gpu_tools._core import backends
+        from keras_gpu_tools import _backends as backends
 
-        gpus = backends.for_backend(backend).gpu_devices()
+        gpus = backends.get(backend).gpu_devices()
         return gpus[0] if gpus else f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
     except Exception:
         return "unknown"

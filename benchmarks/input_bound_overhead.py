@@ -61,7 +61,7 @@ def run_backend(args) -> list:
     import keras
     import numpy as np
 
-    from keras_gpu_tools._core import backends
+    from keras_gpu_tools import _backends as backends
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 
     backend = keras.backend.backend()
@@ -120,7 +120,7 @@ def run_backend(args) -> list:
         plain.append(rate[False])
         withd.append(rate[True])
         ratios.append(rate[True] / rate[False])
-    gpus = backends.for_backend(backend).gpu_devices()
+    gpus = backends.get(backend).gpu_devices()
     row = {
         "backend": backend,
         "device": gpus[0] if gpus else f"CPU ({os.cpu_count()} cores)",

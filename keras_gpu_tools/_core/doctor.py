@@ -47,48 +47,12 @@ def framework_facts(backend: str) -> FrameworkFacts:
     """What the Keras backend in use sees. Imports only that framework."""
     facts = FrameworkFacts(backend)
     try:
-        if backend == "tensorflow":
-            import tensorflow as tf
+        from keras_gpu_tools import _backends
 
-            facts.version = tf.__version__
-            facts.gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
-            facts.built_with_cuda = bool(tf.test.is_built_with_cuda())
-            info = dict(tf.sysconfig.get_build_info())
-            facts.cuda_version = info.get("cuda_version")
-            facts.cudnn_version = info.get("cudnn_version")
-        elif backend == "jax":
-            import jax
-
-            facts.version = jax.__version__
-            facts.gpus = [str(d) for d in jax.devices() if d.platform == "gpu"] if _jax_has_gpu(jax) else []
-            facts.notes.append(f"default JAX platform: {jax.default_backend()}")
-            if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() != "false":
-                facts.notes.append(
-                    "JAX preallocates 75% of GPU memory: NVML's 'memory used' says little; "
-                    "GPUUtilizationLogger's allocator_memory_mib shows what is really held"
-                )
-        elif backend == "torch":
-            import torch
-
-            facts.version = torch.__version__
-            facts.built_with_cuda = torch.version.cuda is not None
-            facts.cuda_version = torch.version.cuda
-            cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-            facts.cudnn_version = str(cudnn) if cudnn else None
-            if torch.cuda.is_available():
-                facts.gpus = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
-        else:
-            facts.error = f"backend {backend!r} has no GPU support in this tool"
+        _backends.get(backend).framework_facts(facts)
     except Exception as e:  # a broken install is a finding, not a crash
         facts.error = f"{type(e).__name__}: {e}"
     return facts
-
-
-def _jax_has_gpu(jax) -> bool:
-    try:
-        return bool(jax.devices("gpu"))
-    except RuntimeError:  # "Unknown backend: 'gpu' requested" on CPU-only jaxlib
-        return False
 
 
 def nvml_facts(nvml: NVML | None = None, env: dict[str, str] | None = None) -> NVMLFacts:
@@ -106,12 +70,10 @@ def nvml_facts(nvml: NVML | None = None, env: dict[str, str] | None = None) -> N
         return NVMLFacts(False, reason=f"NVML failed: {type(e).__name__}: {e}")
 
 
-_INSTALL_HINT = {
-    "tensorflow": "install a GPU build: `pip install 'tensorflow[and-cuda]'` (tensorflow-cpu never uses a GPU; "
-    "TensorFlow's GPU builds are for Linux/WSL2)",
-    "jax": "install the CUDA plugin: `pip install -U 'jax[cuda13]'` (or jax[cuda12] for CUDA 12 drivers)",
-    "torch": "install a CUDA build of torch (see pytorch.org for the command matching your driver's CUDA version)",
-}
+def _install_hint(backend: str) -> str:
+    from keras_gpu_tools import _backends
+
+    return _backends.get(backend).install_hint
 
 
 def diagnose(fw: FrameworkFacts, nv: NVMLFacts, env: dict[str, str]) -> list[Finding]:
@@ -136,7 +98,7 @@ def diagnose(fw: FrameworkFacts, nv: NVMLFacts, env: dict[str, str]) -> list[Fin
                 Finding(
                     "warn",
                     f"This {fw.backend} build has no CUDA support either: on a GPU machine, "
-                    + _INSTALL_HINT.get(fw.backend, "install a GPU build")
+                    + _install_hint(fw.backend)
                     + ".",
                 )
             )
@@ -160,7 +122,7 @@ def diagnose(fw: FrameworkFacts, nv: NVMLFacts, env: dict[str, str]) -> list[Fin
             Finding(
                 "problem",
                 f"NVML sees {len(nv.visible)} GPU(s) but {fw.backend} sees none: {why}"
-                + _INSTALL_HINT.get(fw.backend, "install a GPU build of the framework")
+                + _install_hint(fw.backend)
                 + ".",
             )
         )

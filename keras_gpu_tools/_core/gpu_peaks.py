@@ -83,29 +83,12 @@ def peak_flops(nvml_name: str, dtype: str) -> float | None:
     return value * T if value else None
 
 
-def matmul_dtype(compute_dtype: str, backend: str) -> str:
-    """The dtype whose peak applies: float32 becomes tf32 where the framework uses it."""
+def matmul_dtype(compute_dtype: str, tf32: bool) -> str:
+    """The dtype whose peak applies: float32 becomes tf32 where the framework uses TF32 (``Backend.uses_tf32``)."""
     key = _DTYPE_ALIASES.get(str(compute_dtype).lower(), str(compute_dtype).lower())
-    if key != "fp32":
-        return key
-    from keras_gpu_tools._core import deps
-
-    try:
-        if backend == "tensorflow":
-            tf = deps.loaded("tensorflow")
-            if tf is not None and tf.config.experimental.is_tensor_float_32_execution_enabled():
-                return "tf32"
-        elif backend == "jax":
-            jax = deps.loaded("jax")
-            if jax is not None and jax.config.jax_default_matmul_precision in (None, "default", "tensorfloat32"):
-                return "tf32"
-        elif backend == "torch":
-            torch = deps.loaded("torch")
-            if torch is not None and torch.backends.cuda.matmul.allow_tf32:
-                return "tf32"
-    except Exception:
-        pass
-    return "fp32"
+    if key == "fp32" and tf32:
+        return "tf32"
+    return key
 
 
 # -- FLOPs of a JAX step -------------------------------------------------------------

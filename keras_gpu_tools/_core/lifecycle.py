@@ -1,19 +1,29 @@
-"""Cleaning up when fit() ends without calling ``on_train_end``.
+"""One fit() of one model, shared by all our callbacks, and its end however it ends.
 
 Keras calls ``on_train_end`` only when fit() returns normally. When an
-exception escapes fit() (another callback raised, KeyboardInterrupt, an error in
-a step), nothing tells a callback that training is over. :class:`FitGuard`
-records the ``fit`` frame that called ``on_train_begin`` and runs ``on_abort``
-once when that frame goes away without the guard being closed first:
+exception escapes fit() (another callback raised, KeyboardInterrupt, an error
+in a step), nothing tells a callback that training is over. A
+:class:`FitSession` stands for one running ``model.fit`` and runs the
+teardowns its callbacks registered, once, when that fit ends:
 
-- On Python 3.12 and newer, at the moment fit() raises, on the training thread
-  itself (``sys.monitoring``'s PY_UNWIND event, enabled only while a guard is
-  open; the callback is a dict lookup for any other function that unwinds).
-  Cleanup that must run on the thread that started something (the torch
-  profiler) works there.
-- Always, as a safety net and on older Pythons: a light daemon thread checks a
-  few times a second that the frame is still on the training thread's stack
-  and runs ``on_abort`` on its own thread when it is gone.
+- normally: each callback's ``on_train_end`` stops its own part and releases it;
+- on Python 3.12+, at the moment fit() raises, on the training thread
+  (``sys.monitoring``'s PY_UNWIND event, enabled only while a session is open);
+- when a later fit() on the same model calls a step hook left behind, or one
+  of our callbacks starts it (:meth:`FitSession.current`), on the training
+  thread, before that fit runs a step;
+- as a safety net on every version, from one watchdog thread per session,
+  which checks a few times a second that the fit's frame is still on the
+  training thread's stack.
+
+The session keeps a strong reference to fit()'s frame until it closes. That is
+what makes "is this the same fit?" exact: CPython reuses the address of a dead
+frame for the next call, so ``id(frame)`` alone mistook a new fit() for the
+one that had died (issue 10, defect 1).
+
+Teardowns that must run on the training thread (torch's profiler can only be
+stopped there) are deferred when the watchdog notices first, and run at the
+training thread's next contact with the package (:func:`run_deferred`).
 """
 
 from __future__ import annotations
@@ -22,43 +32,204 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
+
+from keras_gpu_tools._core.keras_internals import find_fit_frame
 
 logger = logging.getLogger("keras_gpu_tools")
 
-_FIT_NAMES = ("fit",)
+Teardown = Callable[[bool], None]  # teardown(aborted)
+
+_registry_lock = threading.Lock()
+_sessions: dict[int, FitSession] = {}  # id(model) -> its open session
+_deferred: list[tuple[int, Callable[[], None]]] = []  # (thread id, fn) to run on that thread
 
 
-def find_fit_frame(model, start=None):
-    """The innermost frame of ``model.fit`` on the current stack, or None."""
-    frame = start or sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name in _FIT_NAMES and frame.f_locals.get("self") is model:
-            return frame
-        frame = frame.f_back
-    return None
+def run_deferred() -> None:
+    """Runs the teardowns deferred to the calling thread (cheap when there are none)."""
+    if not _deferred:
+        return
+    me = threading.get_ident()
+    with _registry_lock:
+        mine = [fn for tid, fn in _deferred if tid == me]
+        _deferred[:] = [(tid, fn) for tid, fn in _deferred if tid != me]
+    for fn in mine:
+        _call_safely(fn)
 
 
-# -- PY_UNWIND on Python 3.12+ -------------------------------------------------
+def _call_safely(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # cleanup must never raise into training or a daemon thread
+        logger.exception("keras_gpu_tools: cleanup after fit() raised")
+
+
+class FitSession:
+    """One running ``model.fit``; use :meth:`current` from ``on_train_begin``."""
+
+    interval = 0.2  # seconds between the watchdog's checks
+
+    def __init__(self, model, frame):
+        self.model_id = id(model)
+        self.frame = frame  # strong: its address cannot be reused while we hold it
+        self.code = frame.f_code if frame is not None else None
+        self.thread_id = threading.get_ident()
+        self._lock = threading.RLock()
+        self._teardowns: dict[int, tuple[Any, Teardown, bool]] = {}  # id(owner) -> (owner, fn, training_thread)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.closed = False
+        self.aborted = False
+        self.unwind_hook = False
+
+    # -- finding the session of this fit -------------------------------------------------------
+    @classmethod
+    def current(cls, model) -> FitSession:
+        """The session of the fit() now calling, created if needed.
+
+        A session of an earlier fit() of this model that did not end cleanly is
+        aborted first, here on the training thread, so nothing of it can run
+        inside the new fit.
+        """
+        run_deferred()
+        frame = find_fit_frame(model, sys._getframe(1))
+        with _registry_lock:
+            old = _sessions.get(id(model))
+            if old is not None and not old.closed and frame is not None and old.frame is frame:
+                return old
+        if old is not None and not old.closed:
+            logger.debug("keras_gpu_tools: ending what a fit() that did not end cleanly left behind")
+            old.abort(on_training_thread=True)
+        session = cls(model, frame)
+        del frame
+        with _registry_lock:
+            _sessions[id(model)] = session
+        return session
+
+    @property
+    def watching(self) -> bool:
+        """Whether the session can notice fit()'s end by itself (it found fit()'s frame)."""
+        return self.frame is not None
+
+    # -- registering ----------------------------------------------------------------------------
+    def add(self, owner, teardown: Teardown, training_thread: bool = False) -> None:
+        """Registers ``teardown(aborted)`` of ``owner``, run once when this fit ends.
+
+        With ``training_thread``, an abort noticed on another thread defers it
+        to the training thread's next contact with the package.
+        """
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("keras_gpu_tools: this fit() session has ended")
+            self._teardowns[id(owner)] = (owner, teardown, training_thread)
+            start = self._thread is None and self.frame is not None
+            if start:
+                self._thread = threading.Thread(target=self._watch, name="keras_gpu_tools-fit-watchdog", daemon=True)
+        if start:
+            self.unwind_hook = _watch_unwind(self)
+            self._thread.start()
+
+    def release(self, owner) -> None:
+        """``owner`` has stopped by itself (its ``on_train_end``); the last one closes the session."""
+        with self._lock:
+            self._teardowns.pop(id(owner), None)
+            last = not self._teardowns
+        if last:
+            self._close()
+
+    # -- the end of fit() ----------------------------------------------------------------------
+    def is_fit_frame(self, frame) -> bool:
+        """Whether ``frame`` is, or is called from, this session's fit() (walks at most 8 frames).
+
+        A session that could not find fit()'s frame accepts every caller.
+        """
+        if self.frame is None:
+            return not self.closed
+        for _ in range(8):
+            if frame is None:
+                return False
+            if frame is self.frame:
+                return True
+            frame = frame.f_back
+        return False
+
+    def fit_is_running(self) -> bool:
+        frame = sys._current_frames().get(self.thread_id)
+        while frame is not None:
+            if frame is self.frame:
+                return True
+            frame = frame.f_back
+        return False
+
+    def abort(self, on_training_thread: bool) -> None:
+        """fit() ended without ``on_train_end``: runs every teardown left, once."""
+        with self._lock:
+            if self.closed:
+                return
+            self.aborted = True
+            entries = list(self._teardowns.values())
+            self._teardowns.clear()
+        for _owner, fn, training_thread in entries:
+            if training_thread and not on_training_thread:
+                with _registry_lock:
+                    _deferred.append((self.thread_id, (lambda f: lambda: f(True))(fn)))
+            else:
+                _call_safely((lambda f: lambda: f(True))(fn))
+        self._close()
+
+    def _close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.frame = None  # let fit()'s locals go
+        self._stop.set()
+        _unwatch_unwind(self)
+        with _registry_lock:
+            if _sessions.get(self.model_id) is self:
+                del _sessions[self.model_id]
+        t = self._thread
+        if t is not None and t.is_alive() and threading.current_thread() is not t:
+            t.join(2.0)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                if self.closed:
+                    return
+                running = self.fit_is_running()
+            if not running:
+                logger.debug("keras_gpu_tools: fit() ended without on_train_end: cleaning up")
+                self.abort(on_training_thread=False)
+                return
+
+
+def session_of(model) -> FitSession | None:
+    """The open session of ``model``, if any."""
+    return _sessions.get(id(model))
+
+
+# -- PY_UNWIND on Python 3.12+ ---------------------------------------------------------------
 _unwind_lock = threading.Lock()
-_unwind_watch: dict = {}  # code object of fit -> list of guards
+_unwind_watch: dict = {}  # code object of fit -> sessions
 _unwind_tool: int | None = None
 _unwind_failed = False
 
 
 def _on_unwind(code, offset, exc):
-    guards = _unwind_watch.get(code)
-    if not guards:
+    sessions = _unwind_watch.get(code)
+    if not sessions:
         return
-    frame_id = id(sys._getframe(1))
-    for guard in list(guards):
-        if guard._frame_id == frame_id:
-            guard._fire(on_training_thread=True)
+    frame = sys._getframe(1)
+    for session in list(sessions):
+        if session.frame is frame:
+            session.abort(on_training_thread=True)
 
 
-def _watch_unwind(guard: FitGuard) -> bool:
+def _watch_unwind(session: FitSession) -> bool:
     global _unwind_tool, _unwind_failed
     monitoring = getattr(sys, "monitoring", None)
-    if monitoring is None or _unwind_failed:
+    if monitoring is None or _unwind_failed or session.code is None:
         return False
     with _unwind_lock:
         if _unwind_tool is None:
@@ -75,90 +246,18 @@ def _watch_unwind(guard: FitGuard) -> bool:
                 return False
         if not _unwind_watch:
             monitoring.set_events(_unwind_tool, monitoring.events.PY_UNWIND)
-        _unwind_watch.setdefault(guard._frame_code, []).append(guard)
+        _unwind_watch.setdefault(session.code, []).append(session)
     return True
 
 
-def _unwatch_unwind(guard: FitGuard) -> None:
+def _unwatch_unwind(session: FitSession) -> None:
     monitoring = getattr(sys, "monitoring", None)
     with _unwind_lock:
-        guards = _unwind_watch.get(guard._frame_code)
-        if not guards or guard not in guards:
+        sessions = _unwind_watch.get(session.code)
+        if not sessions or session not in sessions:
             return
-        guards.remove(guard)
-        if not guards:
-            del _unwind_watch[guard._frame_code]
+        sessions.remove(session)
+        if not sessions:
+            del _unwind_watch[session.code]
         if not _unwind_watch and _unwind_tool is not None:
             monitoring.set_events(_unwind_tool, 0)
-
-
-class FitGuard:
-    """Calls ``on_abort`` once if the watched fit() leaves the stack.
-
-    Args:
-        model: the model whose ``fit`` is running.
-        on_abort: called (on the guard's thread) when fit() ended without the
-            guard being closed first.
-        interval: seconds between checks. Defaults to `0.2`.
-    """
-
-    def __init__(
-        self, model, on_abort: Callable[[], None], interval: float = 0.2, name: str = "keras_gpu_tools-fit-guard"
-    ):
-        self._on_abort = on_abort
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread_id = threading.get_ident()
-        frame = find_fit_frame(model, sys._getframe(1))
-        self._frame_id = id(frame) if frame is not None else None
-        self._frame_code = frame.f_code if frame is not None else None
-        del frame
-        self._thread: threading.Thread | None = None
-        self._fired = False
-        self._fire_lock = threading.Lock()
-        self.unwind_hook = False
-        if self._frame_id is not None:
-            self.unwind_hook = _watch_unwind(self)
-            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-            self._thread.start()
-
-    @property
-    def watching(self) -> bool:
-        return self._thread is not None
-
-    def fit_is_running(self) -> bool:
-        frame = sys._current_frames().get(self._thread_id)
-        while frame is not None:
-            if id(frame) == self._frame_id and frame.f_code is self._frame_code:
-                return True
-            frame = frame.f_back
-        return False
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            if not self.fit_is_running():
-                self._fire(on_training_thread=False)
-                return
-
-    def _fire(self, on_training_thread: bool) -> None:
-        with self._fire_lock:
-            if self._fired or self._stop.is_set():
-                return
-            self._fired = True
-        self.aborted_on_training_thread = on_training_thread
-        logger.debug("fit() ended without on_train_end: cleaning up")
-        try:
-            self._on_abort()
-        except Exception:  # cleanup must never raise into training or a daemon thread
-            logger.exception("keras_gpu_tools: cleanup after a failed fit() raised")
-        finally:
-            self._stop.set()
-            _unwatch_unwind(self)
-
-    def close(self) -> None:
-        """Stops watching (call from ``on_train_end`` or the cleanup itself)."""
-        self._stop.set()
-        _unwatch_unwind(self)
-        t = self._thread
-        if t is not None and t.is_alive() and threading.current_thread() is not t:
-            t.join(2.0)

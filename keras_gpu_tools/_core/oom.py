@@ -1,98 +1,26 @@
-"""Out-of-memory errors: recognising them, choosing the split, explaining a failure.
+"""Out-of-memory recovery without a model: the split policy, the retry loop, the messages.
 
-Nothing here knows about Keras or imports a framework. :func:`is_oom` tells an
-out-of-memory error of any backend from every other error, by type (looked up
-in the framework modules already loaded). :class:`SplitController` decides in
+Nothing here knows about Keras or imports a framework; recognising a backend's
+out-of-memory error is the backends' job (``keras_gpu_tools._backends.oom_kind``),
+handed to :class:`Recovery` as ``classify``. :class:`SplitController` decides in
 how many micro-batches a batch runs: after an out-of-memory error the split
 doubles (2, 4, 8, ...) until a micro-batch would be smaller than
 ``min_batch_size``; later batches start at the micro-batch size that worked;
 with ``regrow_after`` a smaller split is tried again after that many good
-steps. :func:`final_error` builds the error raised when nothing fits.
+steps. :func:`final_message` explains what was tried when nothing fits.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from keras_gpu_tools._core import deps
 from keras_gpu_tools.errors import OutOfMemoryError, UnrecoverableOOM  # noqa: F401 - re-exported
 
 logger = logging.getLogger("keras_gpu_tools")
-
-# The message of a CPU allocation failure in torch ("DefaultCPUAllocator: can't
-# allocate memory"): torch raises a plain RuntimeError there, not
-# torch.OutOfMemoryError (which it raises for CUDA).
-_TORCH_CPU_OOM = "can't allocate memory"
-_XLA_OOM_PREFIX = "RESOURCE_EXHAUSTED"
-
-
-def oom_kind(exc: BaseException) -> str | None:
-    """Which backend's out-of-memory error ``exc`` is, or None for any other error.
-
-    - TensorFlow: ``tf.errors.ResourceExhaustedError`` (by type).
-    - JAX/XLA: ``jax.errors.JaxRuntimeError`` (older jaxlib: ``XlaRuntimeError``)
-      whose message starts ``RESOURCE_EXHAUSTED`` (or, XLA's CPU runtime,
-      carries "Out of memory allocating N bytes").
-    - torch: ``torch.OutOfMemoryError`` (by type), and the CPU allocator's
-      ``RuntimeError`` "DefaultCPUAllocator: can't allocate memory".
-    """
-    if not isinstance(exc, Exception):
-        return None
-    tf = deps.loaded("tensorflow")
-    if tf is not None:
-        errors = getattr(tf, "errors", None)
-        cls = getattr(errors, "ResourceExhaustedError", None)
-        if cls is not None and isinstance(exc, cls):
-            return "tensorflow"
-    torch = deps.loaded("torch")
-    if torch is not None:
-        cls = getattr(torch, "OutOfMemoryError", None) or getattr(
-            getattr(torch, "cuda", None), "OutOfMemoryError", None
-        )
-        if cls is not None and isinstance(exc, cls):
-            return "torch"
-        if type(exc) is RuntimeError and "DefaultCPUAllocator" in str(exc) and _TORCH_CPU_OOM in str(exc):
-            return "torch"
-    if deps.loaded("jax") is not None or deps.loaded("jaxlib") is not None:
-        for cls in _jax_runtime_errors():
-            if isinstance(exc, cls) and _is_xla_oom_message(str(exc)):
-                return "jax"
-    return None
-
-
-def _is_xla_oom_message(message: str) -> bool:
-    # GPU: "RESOURCE_EXHAUSTED: Out of memory while trying to allocate ...".
-    # XLA's CPU runtime reports a failed temporary allocation as
-    # "INTERNAL: Error dispatching computation: ... Out of memory allocating N bytes".
-    m = message.lstrip()
-    return (
-        m.startswith(_XLA_OOM_PREFIX)
-        or "Out of memory allocating" in m
-        or "Out of memory while trying to allocate" in m
-    )
-
-
-def is_oom(exc: BaseException) -> bool:
-    return oom_kind(exc) is not None
-
-
-def _jax_runtime_errors() -> tuple[type, ...]:
-    out = []
-    jax = deps.loaded("jax")
-    errors = getattr(jax, "errors", None) if jax is not None else None
-    for name in ("JaxRuntimeError", "XlaRuntimeError"):
-        cls = getattr(errors, name, None)
-        if isinstance(cls, type):
-            out.append(cls)
-    xc = deps.loaded("jaxlib.xla_client")
-    cls = getattr(xc, "XlaRuntimeError", None) if xc is not None else None
-    if isinstance(cls, type):
-        out.append(cls)
-    return tuple(out)
 
 
 def split_sizes(n: int, k: int) -> list[int]:
@@ -265,33 +193,6 @@ def final_message(
     return "\n".join(lines)
 
 
-def final_error(original: BaseException, message: str) -> BaseException:
-    """An error of the original out-of-memory type carrying ``message``.
-
-    Keeps ``except tf.errors.ResourceExhaustedError`` / ``except
-    torch.OutOfMemoryError`` working in user code; falls back to
-    :class:`OutOfMemoryError` where the type cannot be built.
-    """
-    cls = type(original)
-    kind = oom_kind(original)
-    err: BaseException = OutOfMemoryError(message)
-    try:
-        if kind == "tensorflow":
-            err = cls(getattr(original, "node_def", None), getattr(original, "op", None), message)
-        elif kind in ("torch", "jax"):
-            made = cls(message)
-            if isinstance(made, BaseException):
-                err = made
-    except Exception:
-        pass
-    try:
-        # Keras's traceback filtering re-raises ``from None``: keep the original reachable.
-        err.oom_original = original
-    except Exception:
-        pass
-    return err
-
-
 @dataclass
 class Counters:
     """Per-epoch and whole-fit counts of the callback."""
@@ -333,9 +234,20 @@ class Recovery:
             ones predicted not to fit.
     """
 
-    def __init__(self, controller: SplitController, on_event=None, memory=None, clock=None, probe: bool = False):
+    def __init__(
+        self,
+        controller: SplitController,
+        on_event=None,
+        memory=None,
+        clock=None,
+        probe: bool = False,
+        classify: Callable[[BaseException], str | None] | None = None,
+        rebuild: Callable[[BaseException, str], BaseException] | None = None,
+    ):
         import time
 
+        self.classify = classify or (lambda e: None)
+        self.rebuild = rebuild or (lambda e, message: OutOfMemoryError(message))
         self.controller = controller
         self.on_event = on_event or (lambda e: None)
         self.memory = memory or (lambda: {})
@@ -366,7 +278,7 @@ class Recovery:
                 try:
                     result = runner.run(batch, n, k, state, guarded)
                 except Exception as e:
-                    if oom_kind(e) is None:
+                    if self.classify(e) is None:
                         raise  # not ours: unchanged, with its traceback
                     failure = e
                     _clear_frames(e)
@@ -389,7 +301,7 @@ class Recovery:
                 batch_size=n,
                 failed_split=k,
                 next_split=nxt,
-                kind=oom_kind(failure) if failure is not None else "predicted",
+                kind=self.classify(failure) if failure is not None else "predicted",
                 regrow=trial,
                 seconds=self.clock() - t0,
             )
@@ -401,5 +313,5 @@ class Recovery:
                 message = final_message(tried, max(1, ctl.min_batch_size), memory, failure)
                 if failure is None:
                     raise OutOfMemoryError(message + "\n(Predicted from the compiled step's memory analysis; not run.)")
-                raise final_error(failure, message) from failure
+                raise self.rebuild(failure, message) from failure
             k = nxt

@@ -1,9 +1,11 @@
-"""Profiler sessions per backend, window schedules, and reading traces back.
+"""Profiler windows and their schedules, trace folders, and reading traces back.
 
-Each backend has the same four operations: ``available()`` (and why not),
-``start(run_dir)``, ``step(step_num)`` (a context manager that marks one training
-step for the profiler) and ``stop()`` (returns the trace files written). The
-frameworks are imported lazily, only the one the Keras backend uses.
+The sessions themselves live with their backend (``keras_gpu_tools/_backends``,
+``Backend.profiler()``); each has the same four operations: ``available()``
+(and why not), ``start(run_dir, options)``, ``step(step_num)`` (a context manager
+that marks one training step for the profiler) and ``stop(outputs)``, plus
+``pattern`` (the trace files it writes) and ``owner_thread_only`` (torch: it can
+only be stopped from the thread that started it).
 
 Trace layout (what TensorBoard's Profile tab reads):
 ``<run_dir>/plugins/profile/<timestamp>/<host>.xplane.pb`` for TensorFlow and
@@ -18,9 +20,6 @@ import glob
 import json
 import logging
 import os
-import socket
-import sys
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -61,131 +60,6 @@ def claim_session(run_dir: str, before: set, pattern: str, label: str) -> list[s
         os.rename(folder, target)
         files.extend(sorted(glob.glob(os.path.join(target, pattern))))
     return files
-
-
-class _TF:
-    name = "tensorflow"
-    pattern = "*.xplane.pb"
-
-    def available(self) -> tuple[bool, str]:
-        return True, ""
-
-    def start(self, run_dir: str, options: TracerOptions) -> None:
-        import tensorflow as tf
-
-        opts = tf.profiler.experimental.ProfilerOptions(
-            host_tracer_level=options.host_tracer_level,
-            python_tracer_level=1 if options.python_tracer else 0,
-            device_tracer_level=options.device_tracer_level,
-        )
-        try:
-            tf.profiler.experimental.start(run_dir, options=opts)
-        except tf.errors.AlreadyExistsError as e:
-            raise ProfilerBusy(str(e) or "another TensorFlow profiler session is running") from None
-
-    def step(self, step_num: int):
-        import tensorflow as tf
-
-        # `_r=1` makes this a root event: what xprof's step analysis looks for.
-        return tf.profiler.experimental.Trace("train", step_num=step_num, _r=1)
-
-    def stop(self, outputs=None) -> None:
-        import tensorflow as tf
-
-        tf.profiler.experimental.stop()
-
-
-class _JAX:
-    name = "jax"
-    pattern = "*.xplane.pb"
-
-    def available(self) -> tuple[bool, str]:
-        if sys.version_info < (3, 12):
-            # Keras itself disables JAX profiling below 3.12 (a segfault was reported).
-            return False, (
-                "JAX profiling is unavailable on Python < 3.12: Keras disables it there "
-                "because jax.profiler was reported to crash"
-            )
-        return True, ""
-
-    def start(self, run_dir: str, options: TracerOptions) -> None:
-        import jax
-
-        kwargs = {}
-        if hasattr(jax.profiler, "ProfileOptions"):
-            po = jax.profiler.ProfileOptions()
-            for attr, value in (
-                ("host_tracer_level", options.host_tracer_level),
-                ("python_tracer_level", 1 if options.python_tracer else 0),
-            ):
-                if hasattr(po, attr):
-                    setattr(po, attr, value)
-            kwargs["profiler_options"] = po
-        try:
-            jax.profiler.start_trace(run_dir, **kwargs)
-        except RuntimeError as e:
-            if "already" in str(e).lower():
-                raise ProfilerBusy(str(e)) from None
-            raise
-
-    def step(self, step_num: int):
-        import jax
-
-        return jax.profiler.StepTraceAnnotation("train", step_num=step_num)
-
-    def stop(self, outputs=None) -> None:
-        import jax
-
-        if outputs is not None:
-            jax.block_until_ready(outputs)  # let the window's kernels finish inside the trace
-        jax.profiler.stop_trace()
-
-
-class _Torch:
-    name = "torch"
-    pattern = "*.pt.trace.json"
-
-    def __init__(self):
-        self._prof = None
-        self._run_dir = None
-
-    def available(self) -> tuple[bool, str]:
-        return True, ""
-
-    def start(self, run_dir: str, options: TracerOptions) -> None:
-        import torch
-
-        if torch.autograd.profiler._is_profiler_enabled:
-            raise ProfilerBusy("another torch profiler session is running")
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if torch.cuda.is_available() and options.device_tracer_level:
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._prof = torch.profiler.profile(activities=activities, with_stack=options.python_tracer)
-        self._prof.start()
-        self._run_dir = run_dir
-
-    def step(self, step_num: int):
-        import torch
-
-        # The name torch.profiler.profile.step() gives its step ranges.
-        return torch.profiler.record_function(f"ProfilerStep#{step_num}")
-
-    def stop(self, outputs=None) -> None:
-        import torch
-
-        prof, self._prof = self._prof, None
-        if prof is None:
-            return
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        prof.stop()
-        folder = os.path.join(self._run_dir, "plugins", "profile", time.strftime("%Y_%m_%d_%H_%M_%S"))
-        os.makedirs(folder, exist_ok=True)
-        prof.export_chrome_trace(os.path.join(folder, f"{socket.gethostname()}.pt.trace.json"))
-
-
-def for_backend(name: str):
-    return {"tensorflow": _TF, "jax": _JAX, "torch": _Torch}[name]()
 
 
 # ---------------------------------------------------------------------------

@@ -22,111 +22,38 @@ observers around each call:
   retry it. Called again whenever an observer attaches or detaches.
 - ``observer.on_detach(stale)`` (optional): the hook was removed.
 
-Per backend (see ``KERAS-INTERNALS.md``):
+What a call does per backend (fetch, sync, what is timed) is the backend's
+``step_caller`` (``keras_gpu_tools/_backends``); this module is the same for
+all of them. ``docs/architecture.md`` follows one step through it.
 
-- TensorFlow, ``f(iterator)``: unsampled calls go straight to Keras's compiled
-  loop. A sampled call pulls its batches from the iterator in Python (timed)
-  and runs them through Keras's per-batch ``one_step_on_data``; with
-  ``steps_per_execution=N`` it pulls N batches and so measures per execution.
-- JAX, ``f(state, iterator)``: the iterator is wrapped so every ``next()`` is
-  timed (the fetch is measured on every step); a sync is
-  ``jax.block_until_ready``.
-- torch, ``f(batches)``: batches are fetched by fit() before the call, so the
-  epoch iterator is wrapped (``compat.time_epoch_iterator``) to time each
-  fetch; a sync is ``torch.cuda.synchronize()`` on CUDA only.
-
-The wrapper is removed by :meth:`StepHook.detach` when its last observer
-leaves (``on_train_end``, or a :class:`FitGuard` after a fit that raised); a
-wrapper left behind by a fit that died is found and removed at the next
-:meth:`StepHook.attach`.
+The hook belongs to one :class:`~keras_gpu_tools._core.lifecycle.FitSession`.
+It is removed by :meth:`StepHook.detach` when its last observer leaves
+(``on_train_end``, or the session's teardown after a fit that raised). A hook
+left behind by a fit that died steps aside by itself: every call checks that
+it comes from its own fit() (one identity test); a call from another fit
+aborts the old session on the spot, on the training thread, and goes
+straight to Keras's own function.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from keras_gpu_tools._core import compat, deps
-from keras_gpu_tools._core.lifecycle import find_fit_frame
+from keras_gpu_tools._core import keras_internals as ki
+from keras_gpu_tools._core.batches import batch_signature, leading_dim, leaves
+from keras_gpu_tools._core.lifecycle import run_deferred
 from keras_gpu_tools._core.step_timing import StepRecord
 
 logger = logging.getLogger("keras_gpu_tools")
 
 MARK = "_keras_gpu_tools_step_hook"
 
-
-def batch_signature(batch) -> tuple:
-    """Shapes and dtypes of a (nested) batch; cheap, no framework import."""
-    out = []
-    stack = [batch]
-    while stack and len(out) < 64:
-        b = stack.pop()
-        if isinstance(b, (tuple, list)):
-            stack.extend(reversed(b))
-        elif isinstance(b, dict):
-            stack.extend(reversed([b[k] for k in sorted(b, key=str)]))
-        elif b is not None:
-            shape = getattr(b, "shape", None)
-            out.append((tuple(shape) if shape is not None else None, str(getattr(b, "dtype", type(b).__name__))))
-    return tuple(out)
-
-
-def leading_dim(batch) -> int | None:
-    """The batch size: the first dimension of the first array in the batch."""
-    b = batch
-    for _ in range(8):
-        if isinstance(b, (tuple, list)):
-            if not b:
-                return None
-            b = b[0]
-        elif isinstance(b, dict):
-            if not b:
-                return None
-            b = next(iter(b.values()))
-        else:
-            break
-    shape = getattr(b, "shape", None)
-    if shape is None or len(shape) == 0:
-        return None
-    try:
-        return int(shape[0])
-    except (TypeError, ValueError):
-        return None
-
-
-class _FetchTimer:
-    """Wraps the JAX train function's iterator: times and counts each next()."""
-
-    __slots__ = ("it", "clock", "total", "count", "samples", "last")
-
-    def __init__(self, clock):
-        self.clock = clock
-
-    def reset(self, it):
-        self.it = it
-        self.total = 0.0
-        self.count = 0
-        self.samples = 0
-        self.last = None
-        return self
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        t = self.clock()
-        try:
-            batch = next(self.it)
-        finally:
-            self.total += self.clock() - t
-        self.count += 1
-        self.last = batch
-        n = leading_dim(batch)
-        self.samples = None if (n is None or self.samples is None) else self.samples + n
-        return batch
+__all__ = ["MARK", "Attachment", "StepHook", "batch_signature", "leading_dim", "leaves"]
 
 
 class Attachment:
@@ -145,67 +72,54 @@ class StepHook:
     """The wrapper of one model's train function.
 
     Use :meth:`attach` (from ``on_train_begin``); never construct directly.
+    The attributes without a leading underscore are what the backends'
+    step callers use.
     """
 
-    def __init__(self, model, backend: str, original: Callable, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, model, backend, session, original: Callable, clock: Callable[[], float] = time.perf_counter):
         self.model_ref = model
         self.backend = backend
+        self.session = session
         self.original = original
         self.inner = original  # what each call runs: `original`, wrapped by observers' `inner(fn)`
         self.clock = clock
-        self.steps_per_execution = compat.steps_per_execution(model)
+        self.steps_per_execution = ki.steps_per_execution(model)
         self.attachments: list[Attachment] = []
         self._lock = threading.Lock()
-        self._fit_frame = self._current_fit_frame_id(model)
         self._index = 0
         self._pending: StepRecord | None = None
-        self._last_outputs = None
-        self._pending_fetch = 0.0  # torch: fetch time since the previous call
-        self._fetch_known = backend != "torch"
-        self._undo_fetch_timer: Callable[[], None] | None = None
+        self.last_outputs = None
+        self._pending_fetch = 0.0  # fetch time reported before the call (torch)
+        self.fetch_known = backend.fetches_inside_step
+        self.undo_fetch_timer: Callable[[], None] | None = None
         self._seen_signatures = set()
-        self._timer = _FetchTimer(clock)
         self._errors_logged = set()
-        self._tf_fetch_overhead = 0.0
-        self._jax_async: bool | None = None
-        self.capture_args = False  # JAX: keep a sampled call's (state, batch) in record.extra["jax_args"]
-        self._tf_fetch_overhead_unknown = backend == "tensorflow"
+        self.fetch_overhead = 0.0  # TF: the cost of a Python next() itself, subtracted from fetches
+        self.fetch_overhead_unknown = True
+        self.fetch_timer = None
+        self.capture_args = False  # keep a sampled call's arguments in record.extra["jax_args"]
+        self._call = backend.step_caller(self)
         self.wrapper = self._make_wrapper()
 
     # -- installing ---------------------------------------------------------------
-    @staticmethod
-    def _current_fit_frame_id(model):
-        import sys
-
-        frame = find_fit_frame(model, sys._getframe(1))
-        try:
-            return id(frame) if frame is not None else None
-        finally:
-            del frame
-
     @classmethod
     def installed(cls, model) -> StepHook | None:
         fn = getattr(model, "train_function", None)
         return getattr(fn, MARK, None)
 
     @classmethod
-    def attach(
-        cls, model, observer, backend: str | None = None, clock: Callable[[], float] = time.perf_counter
-    ) -> Attachment:
-        """Adds ``observer`` to the model's hook, installing the hook if needed."""
-        if backend is None:
-            backend = deps.keras_backend()
+    def attach(cls, model, observer, backend, session, clock: Callable[[], float] = time.perf_counter) -> Attachment:
+        """Adds ``observer`` to the model's hook for this fit ``session``, installing the hook if needed."""
         hook = cls.installed(model)
-        if hook is not None and hook._fit_frame != cls._current_fit_frame_id(model):
+        if hook is not None and hook.session is not session:
             logger.debug("keras_gpu_tools: removing a step hook left by a fit() that did not end cleanly")
             hook._remove(stale=True)
             hook = None
         if hook is None:
-            original = compat.get_train_function(model)
-            hook = cls(model, backend, original, clock=clock)
-            if backend == "torch":
-                hook._install_fetch_timer()
-            compat.set_train_function(model, hook.wrapper)
+            original = ki.get_train_function(model)
+            hook = cls(model, backend, session, original, clock=clock)
+            backend.prepare_hook(hook)
+            ki.set_train_function(model, hook.wrapper)
         att = Attachment(hook, observer)
         with hook._lock:
             hook.attachments.append(att)
@@ -220,18 +134,8 @@ class StepHook:
                 fn = wrap(fn)
         self.inner = fn
 
-    def _install_fetch_timer(self) -> None:
-        ei = compat.find_epoch_iterator(self.model_ref)
-        if ei is None:
-            logger.warning(
-                "keras_gpu_tools: could not find fit()'s epoch iterator (Keras %s); input fetch time is not measured on torch.",
-                compat.keras_version(),
-            )
-            return
-        self._fetch_known = True
-        self._undo_fetch_timer = compat.time_epoch_iterator(ei, self._on_fetch, self.clock)
-
-    def _on_fetch(self, seconds: float) -> None:
+    def on_fetch(self, seconds: float) -> None:
+        """A fetch that happened before the call (torch's epoch iterator)."""
         self._pending_fetch += seconds
 
     def detach(self, att: Attachment) -> None:
@@ -252,14 +156,14 @@ class StepHook:
             atts, self.attachments = list(self.attachments), []
             for a in atts:
                 a.active = False
-            undo, self._undo_fetch_timer = self._undo_fetch_timer, None
+            undo, self.undo_fetch_timer = self.undo_fetch_timer, None
         model = self.model_ref
         if getattr(model, "train_function", None) is self.wrapper:
-            compat.set_train_function(model, self.original)
+            ki.set_train_function(model, self.original)
         if undo is not None:
             undo()
         self._pending = None
-        self._last_outputs = None
+        self.last_outputs = None
         for a in atts:
             _notify_detach(a, stale)
 
@@ -295,7 +199,7 @@ class StepHook:
         if rec is not None and rec.end is not None:
             self._emit(rec)
 
-    def _begin(self, presync: Callable[[], None] | None = None) -> StepRecord:
+    def begin(self, presync: Callable[[], None] | None = None) -> StepRecord:
         """Closes the previous call's record and opens this call's.
 
         ``presync`` (run only if the call is sampled) waits for the device to
@@ -322,16 +226,16 @@ class StepHook:
         prev = self._pending
         if prev is not None and prev.end is not None:
             prev.interval = t_start - prev.extra.pop("_call_start", prev.start)
-            prev.gap = max(0.0, t - prev.end - (fetch if self.backend == "torch" else 0.0))
+            prev.gap = max(0.0, t - prev.end - (0.0 if self.backend.fetches_inside_step else fetch))
             self._emit(prev)
         rec = StepRecord(index=index, sampled=sampled, warmup=index == 0, steps=self.steps_per_execution)
         rec.extra["_call_start"] = t_start
-        if self.backend == "torch" and self._fetch_known:
+        if not self.backend.fetches_inside_step and self.fetch_known:
             rec.fetch = fetch
         self._pending = rec
         return rec
 
-    def _check_signature(self, rec: StepRecord, batch) -> None:
+    def check_signature(self, rec: StepRecord, batch) -> None:
         if not rec.sampled:
             return
         sig = batch_signature(batch)
@@ -340,20 +244,24 @@ class StepHook:
             self._seen_signatures.add(sig)
             rec.warmup = True  # first time this shape runs on the sampled path
 
-    def _around(self, rec: StepRecord, call: Callable[[], Any]):
+    def around(self, rec: StepRecord, call: Callable[[], Any]):
         arounds = [o.around for o in self.observers if getattr(o, "around", None) is not None]
         for fn in reversed(arounds):
             call = (lambda f, c: lambda: f(rec, c))(fn, call)
         return call()
 
     def _make_wrapper(self) -> Callable:
-        impl = {"tensorflow": self._call_tf, "jax": self._call_jax, "torch": self._call_torch}.get(self.backend)
-        if impl is None:
-            raise ValueError(f"keras_gpu_tools: no step hook for the Keras backend {self.backend!r}.")
+        call = self._call
+        session = self.session
 
         def train_function(*args):
+            caller = sys._getframe(1)
+            if caller is not session.frame and (session.closed or not session.is_fit_frame(caller)):
+                del caller
+                return self._stale_call(args)
+            del caller
             try:
-                return impl(*args)
+                return call(*args)
             except BaseException:
                 self._pending = None  # end of data, or an error: not a step
                 raise
@@ -362,150 +270,20 @@ class StepHook:
         train_function.__wrapped__ = self.original
         return train_function
 
+    def _stale_call(self, args):
+        """A call from another fit(): the fit that installed us died unnoticed."""
+        logger.debug("keras_gpu_tools: a step hook of a fit() that did not end cleanly was called; removing it")
+        run_deferred()  # teardowns the watchdog left to this thread (torch's profiler)
+        self.session.abort(on_training_thread=True)
+        if self.attachments:  # the session did not own every observer: remove the hook anyway
+            self._remove(stale=True)
+        elif getattr(self.model_ref, "train_function", None) is self.wrapper:
+            ki.set_train_function(self.model_ref, self.original)
+        return self.original(*args)
+
     # -- syncs -------------------------------------------------------------------------
     def sync(self, outputs) -> None:
-        if outputs is None:
-            return
-        if self.backend == "jax":
-            jax = deps.loaded("jax")
-            if jax is not None:
-                jax.block_until_ready(outputs)
-        elif self.backend == "tensorflow":
-            leaf = _first_leaf(outputs)
-            if leaf is not None and hasattr(leaf, "numpy"):
-                leaf.numpy()  # a device-to-host copy waits for the stream
-        elif self.backend == "torch":
-            torch = deps.loaded("torch")
-            if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.synchronize()
-
-    # -- TensorFlow --------------------------------------------------------------------
-    def _call_tf(self, iterator):
-        rec = self._begin(lambda: self.sync(self._last_outputs))
-        original = self.inner
-        has_around = any(getattr(o, "around", None) is not None for o in self.observers)
-        if not rec.sampled and compat.tf_is_graph_iterator(iterator):
-            rec.start = self.clock()
-            out = self._around(rec, lambda: original(iterator)) if has_around else original(iterator)
-            rec.end = self.clock()
-            self._last_outputs = out
-            return out
-        clock = self.clock
-        rec.start = clock()
-
-        def call():
-            batches = []
-            end_errors = compat.tf_end_of_data_errors()
-            for _ in range(self.steps_per_execution):
-                try:
-                    batches.append(next(iterator))
-                except end_errors:
-                    break
-            if not batches:
-                raise StopIteration
-            fetched = clock()
-            rec.fetch = max(0.0, fetched - rec.start - self._tf_fetch_overhead * len(batches))
-            rec.steps = len(batches)
-            n = leading_dim(batches[0])
-            rec.samples = n * len(batches) if n is not None else None
-            self._check_signature(rec, batches[0])
-            out = compat.tf_run_batches(original, batches)
-            if rec.sampled:
-                self.sync(out)
-                rec.compute = clock() - fetched
-                if self._tf_fetch_overhead_unknown:
-                    self._calibrate_tf_fetch(batches[0])
-            return out
-
-        out = self._around(rec, call) if has_around else call()
-        rec.end = clock()
-        self._last_outputs = out
-        return out
-
-    def _calibrate_tf_fetch(self, batch) -> None:
-        """The cost of ``next()`` itself on a ready element of this structure.
-
-        A sampled TensorFlow step fetches in Python, which costs ~0.1 ms per
-        batch that Keras's compiled loop does not pay. It is measured once on
-        an in-memory dataset holding this batch and subtracted from the fetch.
-        """
-        self._tf_fetch_overhead_unknown = False
-        tf = deps.loaded("tensorflow")
-        if tf is None:
-            return
-        try:
-            it = iter(tf.data.Dataset.from_tensors(batch).repeat())
-            next(it)
-            best = float("inf")
-            for _ in range(7):
-                t = self.clock()
-                next(it)
-                best = min(best, self.clock() - t)
-            self._tf_fetch_overhead = best if best != float("inf") else 0.0
-        except Exception:
-            self._tf_fetch_overhead = 0.0
-
-    # -- JAX ------------------------------------------------------------------------------
-    def _jax_async_device(self) -> bool:
-        if self._jax_async is None:
-            jax = deps.loaded("jax")
-            try:
-                self._jax_async = jax is not None and jax.default_backend() != "cpu"
-            except Exception:
-                self._jax_async = False
-        return self._jax_async
-
-    def _call_jax(self, state, iterator):
-        jax = deps.loaded("jax")
-        rec = self._begin(
-            lambda: jax.block_until_ready(state) if jax is not None else None
-        )  # before the step donates it
-        timer = self._timer.reset(iterator)
-        rec.start = self.clock()
-        out = self._around(rec, lambda: self.inner(state, timer))
-        returned = self.clock()
-        if rec.sampled and jax is not None:
-            jax.block_until_ready(out)
-        rec.end = self.clock()
-        rec.fetch = timer.total
-        rec.steps = max(timer.count, 1)
-        rec.samples = timer.samples if timer.count else None
-        if rec.sampled:
-            if self._jax_async_device():
-                # On a GPU the step's single executable is launched when the
-                # call returns; the Python before it (argument handling) is
-                # host time that overlaps the previous step in a pipeline.
-                rec.compute = rec.end - returned
-                rec.dispatch = max(0.0, returned - rec.start - timer.total)
-            else:
-                rec.compute = rec.end - rec.start - timer.total
-            self._check_signature(rec, timer.last)
-            if self.capture_args:  # shapes for an observer's cost analysis
-                rec.extra["jax_args"] = (state, timer.last)
-        timer.it = timer.last = None
-        return out
-
-    # -- torch ----------------------------------------------------------------------------
-    def _call_torch(self, data):
-        rec = self._begin(lambda: self.sync(True))
-        rec.start = self.clock()
-        out = self._around(rec, lambda: self.inner(data))
-        if rec.sampled:
-            self.sync(True)
-        rec.end = self.clock()
-        try:
-            rec.steps = max(len(data), 1)
-            n = leading_dim(data[0])
-            rec.samples = n * len(data) if n is not None else None
-        except TypeError:
-            pass
-        if rec.sampled:
-            rec.compute = rec.end - rec.start
-            try:
-                self._check_signature(rec, data[0])
-            except (TypeError, IndexError):
-                pass
-        return out
+        self.backend.sync(outputs)
 
 
 def _notify_detach(att: Attachment, stale: bool) -> None:
@@ -515,20 +293,3 @@ def _notify_detach(att: Attachment, stale: bool) -> None:
             cb(stale)
         except Exception:
             logger.exception("keras_gpu_tools: an observer's on_detach raised")
-
-
-def leaves(tree):
-    """The non-None leaves of nested dicts, lists and tuples (no framework import)."""
-    stack = [tree]
-    while stack:
-        t = stack.pop()
-        if isinstance(t, dict):
-            stack.extend(t.values())
-        elif isinstance(t, (list, tuple)):
-            stack.extend(t)
-        elif t is not None:
-            yield t
-
-
-def _first_leaf(tree):
-    return next(leaves(tree), None)

@@ -10,9 +10,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import keras
-
-from keras_gpu_tools._core import backends
 from keras_gpu_tools._core.devices import DeviceSelectionError, select_devices, visible_gpus
 from keras_gpu_tools._core.gpu_sampler import (
     GPU_FIELDS,
@@ -24,9 +21,9 @@ from keras_gpu_tools._core.gpu_sampler import (
     SamplingThread,
     WarnOnce,
 )
-from keras_gpu_tools._core.lifecycle import FitGuard
 from keras_gpu_tools._core.nvml import NVML, NVMLUnavailable, default_nvml
 from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+from keras_gpu_tools.callbacks._base import FitCallback
 
 
 def _key_table() -> str:
@@ -35,7 +32,7 @@ def _key_table() -> str:
     return "\n".join(rows)
 
 
-class GPUUtilizationLogger(keras.callbacks.Callback):
+class GPUUtilizationLogger(FitCallback):
     """Logs per-GPU utilization, memory, power, clocks and more while training.
 
         A background thread samples NVML (and the framework's allocator, and the
@@ -156,12 +153,10 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
         self.timeline = collections.deque(maxlen=100_000)  # (wall_time, step, means)
         self.warnings = WarnOnce()
         self._lock = threading.Lock()
-        self._state_lock = threading.Lock()
         self._step = 0
         self._epoch_base = 0
         self._running = False
         self._thread: SamplingThread | None = None
-        self._guard: FitGuard | None = None
         self._writer: EventWriter | None = None
         self._sampler: MetricSampler | None = None
         self._point = Aggregate()
@@ -178,23 +173,18 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
         """Training steps seen by this instance, across fit() calls."""
         return self._step
 
-    @property
-    def run_dir(self) -> str | None:
-        return os.path.join(self.log_dir, self.run_name) if self.log_dir else None
-
     def latest(self) -> dict[str, float]:
         """The most recent sample (empty before the first one)."""
         with self._lock:
             return dict(self._last_sample)
 
     # -- Keras hooks ----------------------------------------------------------
-    def on_train_begin(self, logs=None):
-        self._shutdown()  # a fit that died before the guard noticed
+    def _start_fit(self, session) -> None:
         self.gpus = self._resolve_devices()
         warn = self.warnings
         nvml = self._nvml or default_nvml()
         probes = [GPUProbe(nvml, i, g, warn, pcie=self.pcie, gpm=self.gpm) for i, g in self.gpus]
-        allocator = backends.for_backend(keras.backend.backend()).allocator_memory if self.gpus else None
+        allocator = self.backend.allocator_memory if self.gpus else None
         self._sampler = MetricSampler(probes, HostProbe(warn), allocator, warn)
         self._writer = EventWriter(self.run_dir) if self.log_dir else None
         if self._writer is not None and self.gpus:
@@ -209,7 +199,6 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
             self.interval, self._tick, self._on_error, name="keras_gpu_tools-GPUUtilizationLogger"
         )
         self._thread.start()
-        self._guard = FitGuard(self.model, self._shutdown)
 
     def on_train_batch_end(self, batch, logs=None):
         # The only per-step work: one integer. With steps_per_execution=N,
@@ -234,9 +223,6 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
         self.epoch_history.append(values)
         if self.epoch_logs and logs is not None:
             logs.update(values)
-
-    def on_train_end(self, logs=None):
-        self._shutdown()
 
     # -- internals ------------------------------------------------------------
     def _resolve_devices(self):
@@ -303,17 +289,11 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
             f"GPUUtilizationLogger: sampling failed ({type(error).__name__}: {error}); it goes on.",
         )
 
-    def _shutdown(self) -> None:
-        with self._state_lock:
-            if not self._running:
-                return
-            self._running = False
-            thread, guard = self._thread, self._guard
-            self._thread = self._guard = None
+    def _stop_fit(self, aborted: bool) -> None:
+        self._running = False
+        thread, self._thread = self._thread, None
         if thread is not None:
             thread.stop()
-        if guard is not None:
-            guard.close()
         try:
             self._write_point(time.time())  # what was sampled since the last point
         finally:

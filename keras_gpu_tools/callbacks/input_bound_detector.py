@@ -5,15 +5,12 @@ from __future__ import annotations
 import logging
 import numbers
 import os
-import threading
 import time
 from typing import Any
 
-import keras
-
-from keras_gpu_tools._core import backends, compat, gpu_peaks
+from keras_gpu_tools._core import gpu_peaks
+from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
-from keras_gpu_tools._core.lifecycle import FitGuard
 from keras_gpu_tools._core.step_hook import Attachment, StepHook
 from keras_gpu_tools._core.step_timing import (
     UNKNOWN,
@@ -26,7 +23,8 @@ from keras_gpu_tools._core.step_timing import (
     verdict_for,
 )
 from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
-from keras_gpu_tools.errors import InputPipelineWarning
+from keras_gpu_tools.callbacks._base import FitCallback
+from keras_gpu_tools.errors import InputPipelineWarning, KerasInternalsError
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -69,17 +67,7 @@ class _CpuMeter:
             return {}
 
 
-def _flops_of(cost) -> float | None:
-    if isinstance(cost, (list, tuple)):
-        cost = cost[0] if cost else None
-    try:
-        flops = float((cost or {}).get("flops", 0.0))
-    except (TypeError, ValueError, AttributeError):
-        return None
-    return flops if flops > 0 else None
-
-
-class InputBoundDetector(keras.callbacks.Callback):
+class InputBoundDetector(FitCallback):
     """Measures, while training runs, whether the input pipeline starves the device.
 
     For every training step it splits the time into waiting for the next batch
@@ -245,9 +233,7 @@ class InputBoundDetector(keras.callbacks.Callback):
         self.flops_source: str | None = "flops_per_step" if flops_per_step else None
         self._step = 0
         self._running = False
-        self._state_lock = threading.Lock()
         self._attachment: Attachment | None = None
-        self._guard: FitGuard | None = None
         self._writer: EventWriter | None = None
         self._window = StepStats()
         self._epoch = StepStats()
@@ -259,7 +245,6 @@ class InputBoundDetector(keras.callbacks.Callback):
         self._flops: float | None = None
         self._peak: float | None = None
         self._jax_specs = None
-        self._backend = None
         self._epoch_last_call = -1
 
     # -- public -------------------------------------------------------------------------
@@ -267,10 +252,6 @@ class InputBoundDetector(keras.callbacks.Callback):
     def global_step(self) -> int:
         """Training steps seen by this instance, across fit() calls."""
         return self._step
-
-    @property
-    def run_dir(self) -> str | None:
-        return os.path.join(self.log_dir, self.run_name) if self.log_dir else None
 
     def summary(self) -> str:
         """A report of the last fit(): verdict, figures, evidence and advice."""
@@ -302,9 +283,7 @@ class InputBoundDetector(keras.callbacks.Callback):
             logger.debug("InputBoundDetector: hook of an earlier fit() removed")
 
     # -- Keras hooks -----------------------------------------------------------------------
-    def on_train_begin(self, logs=None):
-        self._shutdown()
-        self._backend = keras.backend.backend()
+    def _start_fit(self, session) -> None:
         self.verdict = None
         self.measurement = None
         self.epoch_verdicts = []
@@ -315,24 +294,21 @@ class InputBoundDetector(keras.callbacks.Callback):
         self._window_t0 = time.time()
         self._jax_specs = None
         self._flops = self.flops_per_step
-        self.pipeline = compat.describe_pipeline(self.model)
+        self.pipeline = ki.describe_pipeline(self.model)
         self._gpu_logger = self._find_gpu_logger()
         self._peak = self.peak_flops or self._table_peak()
-        spe = compat.steps_per_execution(self.model)
-        if spe > 1 and self._backend == "tensorflow":
-            self.notes.append(
-                f"steps_per_execution={spe}: timed per execution of {spe} steps; a synced execution runs its "
-                "batches one call each, so its compute includes per-step dispatch the compiled loop avoids."
-            )
-        try:
-            self._attachment = StepHook.attach(self.model, self, backend=self._backend)
-            self._attachment.hook.capture_args = self._backend == "jax" and self._flops is None
-        except compat.KerasInternalsError as e:
-            self.warnings("internals", f"InputBoundDetector is off for this fit(): {e}")
-            self._attachment = None
+        spe = ki.steps_per_execution(self.model)
+        note = self.backend.execution_note(spe) if spe > 1 else None
+        if note:
+            self.notes.append(note)
         self._writer = EventWriter(self.run_dir) if self.log_dir else None
         self._running = True
-        self._guard = FitGuard(self.model, self._shutdown)
+        try:  # last: nothing can fail after the hook is in place
+            self._attachment = StepHook.attach(self.model, self, self.backend, session)
+            self._attachment.hook.capture_args = self.backend.traced_flops and self._flops is None
+        except KerasInternalsError as e:
+            self.warnings("internals", f"InputBoundDetector is off for this fit(): {e}")
+            self._attachment = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = StepStats()
@@ -377,7 +353,7 @@ class InputBoundDetector(keras.callbacks.Callback):
             self._writer.text("input/verdict", self.summary(), step=self._step)
         if self.verbose and self.verdict is not None:
             print(self.summary())
-        self._shutdown()
+        super().on_train_end(logs)
 
     # -- internals -------------------------------------------------------------------------
     def _flush_hook(self) -> None:
@@ -421,7 +397,7 @@ class InputBoundDetector(keras.callbacks.Callback):
             from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
         except Exception:
             return None
-        for cb in compat.find_callback_list(self.model):
+        for cb in ki.find_callback_list(self.model):
             if isinstance(cb, GPUUtilizationLogger):
                 return cb
         return None
@@ -447,7 +423,7 @@ class InputBoundDetector(keras.callbacks.Callback):
 
     def _table_peak(self) -> float | None:
         try:
-            if not backends.for_backend(self._backend).gpu_devices():
+            if not self.backend.gpu_devices():
                 return None
             from keras_gpu_tools._core.devices import visible_gpus
             from keras_gpu_tools._core.nvml import default_nvml
@@ -455,7 +431,7 @@ class InputBoundDetector(keras.callbacks.Callback):
             gpus = visible_gpus(default_nvml())
             if not gpus:
                 return None
-            dtype = gpu_peaks.matmul_dtype(self.model.dtype_policy.compute_dtype, self._backend)
+            dtype = gpu_peaks.matmul_dtype(self.model.dtype_policy.compute_dtype, self.backend.uses_tf32())
             peak = gpu_peaks.peak_flops(gpus[0].name, dtype)
             if peak is None:
                 self.warnings(
@@ -467,42 +443,17 @@ class InputBoundDetector(keras.callbacks.Callback):
             return None
 
     def _shape_specs(self, args):
-        try:
-            import jax
-
-            def spec(a):
-                return jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") and hasattr(a, "dtype") else a
-
-            return jax.tree_util.tree_map(spec, args)
-        except Exception:
-            return None
+        return self.backend.shape_specs(args)
 
     def _jax_flops(self) -> float | None:
         att = self._attachment
         if att is None or self._jax_specs is None:
             return None
         try:
-            step = compat.jax_step_function(att.hook.original)
-            if step is None:
-                return None
-            # XLA's HLO cost analysis of the un-optimised step, lowered for
-            # the CPU platform (a GPU-compiled program hides its matmuls in
-            # cuBLAS custom calls, which count 0). Where this JAX has no
-            # lowered cost analysis, the matmuls and convolutions of the
-            # step's jaxpr are counted instead.
-            flops = None
-            try:
-                flops = _flops_of(step.trace(*self._jax_specs).lower(lowering_platforms=("cpu",)).cost_analysis())
-            except Exception:
-                flops = None
+            flops, source = self.backend.step_flops(att.hook.original, self._jax_specs)
             if flops:
-                self.flops_source = "XLA cost analysis"
+                self.flops_source = source
             else:
-                import jax
-
-                flops = gpu_peaks.jaxpr_flops(jax.make_jaxpr(step)(*self._jax_specs)) or None
-                self.flops_source = "matmul/convolution FLOPs of the step's jaxpr"
-            if not flops:
                 self.warnings(
                     "flops",
                     "InputBoundDetector: XLA's cost analysis reported no FLOP count; FLOP/s and MFU are left out.",
@@ -517,16 +468,9 @@ class InputBoundDetector(keras.callbacks.Callback):
         finally:
             self._jax_specs = None  # one attempt per fit()
 
-    def _shutdown(self) -> None:
-        """Removes the hook and closes the writer; safe to call twice, from any thread."""
-        with self._state_lock:
-            if not self._running:
-                return
-            self._running = False
-            guard, self._guard = self._guard, None
-            att, self._attachment = self._attachment, None
-        if guard is not None:
-            guard.close()
+    def _stop_fit(self, aborted: bool) -> None:
+        self._running = False
+        att, self._attachment = self._attachment, None
         if att is not None:
             att.detach()
         writer, self._writer = self._writer, None

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import keras
 
-from keras_gpu_tools._core import compat
+from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.live_view import LiveState, NotebookDisplay, in_notebook, render
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -97,7 +97,7 @@ class LiveView(keras.callbacks.Callback):
             return
         st = LiveState()
         try:
-            st.attach([cb for cb in compat.find_callback_list(self.model) if cb is not self])
+            st.attach([cb for cb in ki.find_callback_list(self.model) if cb is not self])
         except Exception:
             pass
         st.epochs = (self.params or {}).get("epochs")

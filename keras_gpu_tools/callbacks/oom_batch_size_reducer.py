@@ -6,16 +6,14 @@ import logging
 import numbers
 import os
 
-import keras
-
-from keras_gpu_tools._core import oom_compat
+from keras_gpu_tools import _backends
+from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
-from keras_gpu_tools._core.grad_accum import make_runner
-from keras_gpu_tools._core.lifecycle import FitGuard
 from keras_gpu_tools._core.oom import OOMEvent, Recovery, SplitController
-from keras_gpu_tools._core.step_hook import StepHook, batch_signature, leading_dim
+from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
-from keras_gpu_tools.errors import OOMWarning
+from keras_gpu_tools.callbacks._base import FitCallback
+from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -33,7 +31,7 @@ def _int_at_least(name, value, low, allow_none=False):
     return int(value)
 
 
-class OOMBatchSizeReducer(keras.callbacks.Callback):
+class OOMBatchSizeReducer(FitCallback):
     """Recovers from out-of-memory errors by retrying the batch as micro-batches.
 
     When a training step runs out of device memory, the same batch is run
@@ -149,15 +147,19 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
         self.controller = SplitController(self.min_batch_size, self.regrow_after)
         self.events: list[OOMEvent] = []
         self.recovery_seconds = 0.0
-        self._recovery = Recovery(self.controller, on_event=self._on_event, memory=self._memory, probe=probe)
+        self._recovery = Recovery(
+            self.controller,
+            on_event=self._on_event,
+            memory=self._memory,
+            probe=probe,
+            classify=_backends.oom_kind,
+            rebuild=_backends.oom_error,
+        )
         self._micro_batches = 1
         self._global_step = 0
         self._epoch_events = 0
-        self._backend: str | None = None
         self._runner = None
-        self._inner_fn = None
         self._attachment = None
-        self._guard: FitGuard | None = None
         self._writer: EventWriter | None = None
         self._spe = 1
 
@@ -173,50 +175,40 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
         return self.controller.micro_size
 
     # -- Keras hooks ------------------------------------------------------------
-    def on_train_begin(self, logs=None):
-        self._finish()  # leftovers of a fit that died unnoticed
+    def _start_fit(self, session) -> None:
         model = self.model
-        self._backend = keras.backend.backend()
-        if self._backend == "tensorflow":
-            problem = oom_compat.tf_check_strategy(model)
-            if problem:
-                raise ValueError(problem)
+        backend = self.backend
+        problem = backend.reducer_problem(model)
+        if problem:
+            raise ValueError(problem)
         self._spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
-        if self.probe and self._backend != "jax":
+        if self.probe and not backend.predicts_memory:
             self.warnings(
                 "probe",
                 f"OOMBatchSizeReducer: probe=True needs the JAX backend (XLA's memory analysis); "
-                f"{self._backend} cannot tell before running, so the first step is simply retried if it runs out of memory.",
+                f"{backend.name} cannot tell before running, so the first step is simply retried if it runs out of memory.",
             )
-        elif self.probe and not oom_compat.jax_device_memory().get("bytes_limit"):
+        elif self.probe and not backend.device_memory().get("bytes_limit"):
             self.warnings(
                 "probe-device",
                 "OOMBatchSizeReducer: probe=True: this device reports no memory limit "
                 "(CPU); nothing is predicted, out-of-memory errors are retried.",
             )
-        self._inner_fn = {"tensorflow": self._inner_tf, "jax": self._inner_jax, "torch": self._inner_torch}[
-            self._backend
-        ]
-        self._attachment = StepHook.attach(model, self)  # calls self.inner(fn)
         if self.log_dir is not None:
             self._writer = EventWriter(os.path.join(self.log_dir, self.run_name))
-        self._guard = FitGuard(model, self._finish, name="keras_gpu_tools-OOMBatchSizeReducer-guard")
+        self._attachment = StepHook.attach(model, self, backend, session)  # last; calls self.inner(fn)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_events = 0
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._backend == "jax":
-            self._check_late_jax_error()
+        self._check_late_error()
         values = {"oom/events": float(self._epoch_events), "oom/micro_batches": float(self._micro_batches)}
         if logs is not None:
             logs.update(values)
         if self._writer is not None:
             self._writer.scalars(values, step=self._global_step)
             self._writer.flush()
-
-    def on_train_end(self, logs=None):
-        self._finish()
 
     # -- step hook observer -------------------------------------------------------
     def sample(self, index: int) -> bool:
@@ -228,41 +220,13 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
     def inner(self, fn):
         """Step-hook extension: each train-function call runs our retrying function instead of `fn`."""
         if self._runner is None:
-            self._runner = make_runner(self._backend, self.model, fn, self.mode)
+            self._runner = self.backend.accumulation_runner(self.model, fn, self.mode)
         else:
             self._runner.original = fn
-        return self._inner_fn
+        return self.backend.reducer_call(self._one, self._spe)
 
     def on_detach(self, stale: bool) -> None:
         pass
-
-    # -- the train function, per backend ---------------------------------------------
-    def _inner_tf(self, iterator):
-        batches = oom_compat.tf_fetch(iterator, self._spe)
-        if not batches:
-            raise StopIteration
-        out = None
-        for batch in batches:
-            out = self._one(batch)
-        return out
-
-    def _inner_jax(self, state, iterator):
-        logs = None
-        for i in range(self._spe):
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                if i == 0:
-                    raise
-                break
-            logs, state = self._one(batch, state)
-        return logs, state
-
-    def _inner_torch(self, data):
-        logs = None
-        for batch in data:
-            logs = self._one(batch)
-        return logs
 
     def _one(self, batch, state=None):
         n = leading_dim(batch) or 1
@@ -273,37 +237,32 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
         except BaseException:
             # An error inside the step ends fit() (Keras catches only the end of
             # data, which never comes from here): clean up now rather than when
-            # the FitGuard notices, and re-raise it unchanged.
-            if self._backend == "jax" and self._recovery.restored_state is not None:
-                oom_compat.jax_hand_back_state(self.model, self._recovery.restored_state)
-            self._finish()
+            # the fit session notices, and re-raise it unchanged.
+            if self._recovery.restored_state is not None:
+                self.backend.hand_back_state(self.model, self._recovery.restored_state)
+            self._end_fit(aborted=True)
             raise
         self._micro_batches = k
         self._global_step += 1
         return result
 
     # -- internals ------------------------------------------------------------------------
-    def _check_late_jax_error(self) -> None:
+    def _check_late_error(self) -> None:
         """A JAX out-of-memory error can surface when outputs are read; never let it pass silently."""
-        try:
-            import jax
-
-            jax.block_until_ready([v.value for v in self.model.variables])
-        except Exception as e:
-            from keras_gpu_tools._core.oom import is_oom
-            from keras_gpu_tools.errors import UnrecoverableOOM
-
-            if is_oom(e):
-                self._finish()
-                raise UnrecoverableOOM(
-                    "OOMBatchSizeReducer: an out-of-memory error of a JAX step surfaced only when its results were "
-                    "read (asynchronous dispatch), after the step's donated state was gone; it cannot be retried. "
-                    "Use `probe=True`, or lower the batch size."
-                ) from e
-            raise
+        e = self.backend.check_late_error(self.model)
+        if e is None:
+            return
+        if _backends.is_oom(e):
+            self._end_fit(aborted=True)
+            raise UnrecoverableOOM(
+                "OOMBatchSizeReducer: an out-of-memory error of a JAX step surfaced only when its results were "
+                "read (asynchronous dispatch), after the step's donated state was gone; it cannot be retried. "
+                "Use `probe=True`, or lower the batch size."
+            ) from e
+        raise e
 
     def _memory(self):
-        return oom_compat.device_memory(self._backend or "")
+        return self.backend.device_memory()
 
     def _on_event(self, event: OOMEvent) -> None:
         self.events.append(event)
@@ -331,17 +290,10 @@ class OOMBatchSizeReducer(keras.callbacks.Callback):
         )
         return "\n".join(lines)
 
-    def close(self) -> None:
-        """Restores the train function (also done automatically after fit)."""
-        self._finish()
-
-    def _finish(self) -> None:
+    def _stop_fit(self, aborted: bool) -> None:
         attachment, self._attachment = self._attachment, None
-        guard, self._guard = self._guard, None
         if attachment is not None:
             attachment.detach()
-        if guard is not None:
-            guard.close()
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()

@@ -10,13 +10,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import keras
-
 from keras_gpu_tools._core import profiler as prof
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
-from keras_gpu_tools._core.lifecycle import FitGuard
 from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import ProfilerWarning
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -57,7 +55,7 @@ def _check_int(name, value, low):
     return int(value)
 
 
-class ProfilerWindow(keras.callbacks.Callback):
+class ProfilerWindow(FitCallback):
     """Captures a profiler trace of chosen training steps, with step markers.
 
     Each profiled step is marked for the profiler (TensorFlow:
@@ -211,16 +209,15 @@ class ProfilerWindow(keras.callbacks.Callback):
         self._active_done = 0
         self._active_wall = 0.0
         self._skip_until = -1
-        self._backend = None
+        self._profiler = None  # this fit's profiler session (the backend's)
+        self._fit_start_step = 0
+        self._fit_captures = 0
         self._writer: EventWriter | None = None
         self._attachment = None
-        self._guard: FitGuard | None = None
         self._analyses: list[threading.Thread] = []
         self._lock = threading.RLock()
         self._bytes_per_step: float | None = None
         self._sessions_before: set = set()
-        self._deferred: prof.Window | None = None
-        self._train_thread: int | None = None
 
     # -- public ---------------------------------------------------------------
     @property
@@ -243,28 +240,26 @@ class ProfilerWindow(keras.callbacks.Callback):
             t.join(max(0.0, deadline - time.monotonic()))
 
     # -- Keras hooks ------------------------------------------------------------
-    def on_train_begin(self, logs=None):
-        self._finish(aborted=True)  # leftovers of a fit that died unnoticed
-        self._train_thread = threading.get_ident()
-        self._backend = prof.for_backend(keras.backend.backend())
-        ok, why = self._backend.available()
+    def _start_fit(self, session) -> None:
+        self._fit_start_step = self._global_step
+        self._fit_captures = len(self.captures)
+        profiler = self.backend.profiler()
+        ok, why = profiler.available()
         if not ok:
             self.warnings("unavailable", f"ProfilerWindow: {why}. No trace will be captured in this run.")
-            self._backend = None
             return
+        self._profiler = profiler
         os.makedirs(self.run_dir, exist_ok=True)
         self._writer = EventWriter(self.run_dir)
-        self._attachment = StepHook.attach(self.model, self)
-        self._guard = FitGuard(
-            self.model, lambda: self._finish(aborted=True), name="keras_gpu_tools-ProfilerWindow-guard"
-        )
+        self._attachment = StepHook.attach(self.model, self, self.backend, session)  # last
+
+    def _stop_on_training_thread(self) -> bool:
+        # torch's profiler can only be stopped from the thread that started it.
+        return self._profiler is not None and self._profiler.owner_thread_only
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.every_n_epochs and epoch % self.every_n_epochs == 0:
             self._epoch_windows.append(prof.Window(self._global_step + self.start_step, self.num_steps))
-
-    def on_train_end(self, logs=None):
-        self._finish(aborted=False)
 
     # -- step hook observer -----------------------------------------------------
     def sample(self, index: int) -> bool:
@@ -289,7 +284,7 @@ class ProfilerWindow(keras.callbacks.Callback):
             return out
         t0 = time.perf_counter()
         try:
-            with self._backend.step(step):
+            with self._profiler.step(step):
                 out = call()
         except BaseException as e:
             if type(e).__name__ not in _END_OF_DATA:
@@ -340,7 +335,7 @@ class ProfilerWindow(keras.callbacks.Callback):
             )
         try:
             self._sessions_before = prof.session_dirs(self.run_dir)
-            self._backend.start(self.run_dir, self.options)
+            self._profiler.start(self.run_dir, self.options)
         except prof.ProfilerBusy as e:
             self.warnings(
                 "busy",
@@ -368,31 +363,12 @@ class ProfilerWindow(keras.callbacks.Callback):
 
     def _stop_window(self, reason: str, outputs=None) -> None:
         with self._lock:
-            if (
-                self._active is not None
-                and self._backend.name == "torch"
-                and threading.get_ident() != self._train_thread
-            ):
-                # torch's profiler can only be stopped from the thread that
-                # started it; FitGuard's thread is not that thread (Python
-                # < 3.12, where the cleanup cannot run as fit() raises).
-                self._deferred = self._active
-                self._active = None
-                self.warnings(
-                    "deferred",
-                    (
-                        "ProfilerWindow: fit() raised during a torch profiler window. torch's profiler can only be "
-                        "stopped from the thread that started it, so it keeps running until the next fit() with this "
-                        "callback or `profiler.close()` on the training thread (Python 3.12+ stops it at once)."
-                    ),
-                )
-                return
             window, self._active = self._active, None
             if window is None:
                 return
             failed = False
             try:
-                self._backend.stop(outputs)
+                self._profiler.stop(outputs)
             except Exception as e:
                 failed = True
                 logger.exception("ProfilerWindow: stopping the profiler failed")
@@ -401,7 +377,7 @@ class ProfilerWindow(keras.callbacks.Callback):
                     f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.",
                 )
             label = f"steps_{window.start}_{window.start + self._active_done}"
-            files = prof.claim_session(self.run_dir, self._sessions_before, self._backend.pattern, label)
+            files = prof.claim_session(self.run_dir, self._sessions_before, self._profiler.pattern, label)
             capture = WindowCapture(
                 start_step=window.start,
                 num_steps=self._active_done,
@@ -456,40 +432,46 @@ class ProfilerWindow(keras.callbacks.Callback):
                 step=capture.start_step,
             )
 
-    def close(self) -> None:
-        """Stops a window still running and releases everything; call it on the training thread.
-
-        Needed only after a fit() that raised during a torch profiler window on
-        Python < 3.12; everything else is cleaned up automatically.
-        """
-        self._finish(aborted=True)
-
-    def _finish(self, aborted: bool) -> None:
-        with self._lock:
-            attachment, self._attachment = self._attachment, None
-            guard, self._guard = self._guard, None
+    def _stop_fit(self, aborted: bool) -> None:
+        attachment, self._attachment = self._attachment, None
         if attachment is not None:
             attachment.detach()  # the train function is Keras's own again
         with self._lock:
-            if self._deferred is not None and threading.get_ident() == self._train_thread:
-                self._active, self._deferred = self._deferred, None
             if self._active is not None:
                 self._stop_window("cut short")
-        if guard is not None:
-            guard.close()
-        if not aborted and self._backend is not None:
-            pending = [w for w in (self.windows or []) if w.start >= self._global_step]
-            pending += [w for w in self._epoch_windows if w.start >= self._global_step]
-            for w in pending:
-                line = (
-                    f"ProfilerWindow: steps [{w.start}, {w.end}) were not captured: training ended at step "
-                    f"{self._global_step}. A later fit() with this callback continues the count."
-                )
-                logger.info(line)
-                if self.verbose:
-                    print(line)
-            self._epoch_windows = []
+        if not aborted and self._profiler is not None:
+            self._say_what_was_not_reached()
+        self._profiler = None
         self.wait_for_analysis()
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
+
+    def _say_what_was_not_reached(self) -> None:
+        """At the end of a fit(): the windows it did not reach, so a schedule past the end is never silent."""
+        step = self._global_step
+        pending = [w for w in (self.windows or []) if w.start >= step]
+        pending += [w for w in self._epoch_windows if w.start >= step]
+        self._epoch_windows = []
+        if self.windows is None and not self.every_n_epochs and len(self.captures) == self._fit_captures:
+            first = max(self.start_step, step)
+            if self.start_step >= step or self.every_n_steps:
+                if self.every_n_steps and self.start_step < step:
+                    k = -(-(step - self.start_step) // self.every_n_steps)
+                    first = self.start_step + k * self.every_n_steps
+                pending.append(prof.Window(first, self.num_steps))
+        lines = [
+            f"ProfilerWindow: steps [{w.start}, {w.end}) were not captured: training ended at step {step}. "
+            "A later fit() with this callback continues the count."
+            for w in pending
+        ]
+        for line in lines:
+            logger.info(line)
+            if self.verbose:
+                print(line)
+        if len(self.captures) == self._fit_captures and pending:
+            self.warnings(
+                ("unreached", self._fit_start_step),
+                f"ProfilerWindow: no window was reached in this fit() (steps {self._fit_start_step} to {step}); "
+                "lower `start_step` (or `every_n_steps`) to profile it.",
+            )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from keras_gpu_tools import GPUUtilizationLogger
-from keras_gpu_tools._core import backends
+from keras_gpu_tools import _backends as backends
 
 pytestmark = pytest.mark.gpu
 
@@ -81,7 +81,7 @@ def test_heavy_matmul_loop_is_seen_as_busy(tmp_path):
     # Memory: NVML's figure covers everything the allocator holds.
     assert h["gpu/0/memory_used_mib_max"] >= h["gpu/0/allocator_memory_mib"], report
     # The allocator figure is the framework's own.
-    ours = backends.for_backend(keras.backend.backend()).allocator_memory([0])[0][0]
+    ours = backends.get(keras.backend.backend()).allocator_memory([0])[0][0]
     assert ours == framework_allocated_bytes()
     weights_mib = sum(np.prod(w.shape) * 4 for w in model.weights) / 2**20
     assert h["gpu/0/allocator_memory_mib"] >= weights_mib, report

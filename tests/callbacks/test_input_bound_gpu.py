@@ -40,9 +40,9 @@ def arrays(batch=512, inputs=1024, n=1):
 
 
 def test_runs_on_the_gpu(backend):
-    from keras_gpu_tools._core import backends
+    from keras_gpu_tools import _backends as backends
 
-    assert backends.for_backend(backend).gpu_devices(), "the framework sees no GPU"
+    assert backends.get(backend).gpu_devices(), "the framework sees no GPU"
 
 
 def test_slow_input_is_highly_input_bound_and_the_gpu_confirms(backend):

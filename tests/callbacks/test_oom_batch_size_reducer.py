@@ -210,7 +210,7 @@ def test_always_oom_ends_with_a_clear_error_of_the_backend_type():
     message = str(err)
     assert "Batch sizes tried: 16, 16 as 2 x 8, 16 as 4 x 4" in message
     assert "min_batch_size=4" in message and "mixed precision" in message and "rematerialisation" in message
-    from keras_gpu_tools._core.oom import is_oom
+    from keras_gpu_tools._backends import is_oom
 
     original = err.oom_original  # the allocator's own error of the last attempt
     assert is_oom(original) and type(err) is type(original)
@@ -398,11 +398,13 @@ def test_tensorflow_real_oom_suite():
 
 @pytest.mark.skipif(BACKEND != "jax", reason="probe predicts from XLA's memory analysis (JAX)")
 def test_probe_predicts_the_split_without_running_out_of_memory(monkeypatch):
-    from keras_gpu_tools._core import oom_compat
+    from keras_gpu_tools import _backends
 
     # The CPU reports no memory limit; give it the 8 GiB of a small GPU.
     monkeypatch.setattr(
-        oom_compat, "jax_device_memory", lambda: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0}
+        type(_backends.get("jax")),
+        "device_memory",
+        lambda self: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0},
     )
     n = 32
     x, y = data(n)

@@ -10,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_gpu_tools import _backends
 from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
 from keras_gpu_tools.errors import ProfilerWarning
 
@@ -124,7 +125,7 @@ class RaiseAt(keras.callbacks.Callback):
 def profiler_can_start_again(tmp_path):
     from keras_gpu_tools._core import profiler as prof
 
-    backend = prof.for_backend(BACKEND)
+    backend = _backends.get(BACKEND).profiler()
     backend.start(str(tmp_path / "again"), prof.TracerOptions())
     backend.stop()
     return True

@@ -1,4 +1,4 @@
-"""FitGuard: cleanup when fit() raises and Keras never calls on_train_end."""
+"""FitSession: one per fit(), its teardowns run once however fit() ends."""
 
 import sys
 import threading
@@ -6,15 +6,17 @@ import time
 
 import pytest
 
-from keras_gpu_tools._core.lifecycle import FitGuard, find_fit_frame
+from keras_gpu_tools._core import lifecycle
+from keras_gpu_tools._core.keras_internals import find_fit_frame
+from keras_gpu_tools._core.lifecycle import FitSession, run_deferred
 
 
 class Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self):
-        self.calls.append(threading.get_ident())
+    def __call__(self, aborted):
+        self.calls.append((threading.get_ident(), aborted))
 
 
 class FakeModel:
@@ -28,16 +30,19 @@ class FakeModel:
         callback.on_train_end()
 
 
-class GuardedCallback:
-    def __init__(self):
-        self.aborted = Recorder()
-        self.guard = None
+class SessionCallback:
+    def __init__(self, training_thread=False):
+        self.stopped = Recorder()
+        self.session = None
+        self.training_thread = training_thread
 
     def on_train_begin(self, model):
-        self.guard = FitGuard(model, self.aborted, interval=0.02)
+        self.session = FitSession.current(model)
+        self.session.add(self, self.stopped, training_thread=self.training_thread)
 
     def on_train_end(self):
-        self.guard.close()
+        self.stopped(False)
+        self.session.release(self)
 
 
 def wait_until(predicate, timeout=3.0):
@@ -47,31 +52,41 @@ def wait_until(predicate, timeout=3.0):
     return predicate()
 
 
+def watchdogs():
+    return [t for t in threading.enumerate() if t.name == "keras_gpu_tools-fit-watchdog" and t.is_alive()]
+
+
+@pytest.fixture(autouse=True)
+def fast_watchdog(monkeypatch):
+    monkeypatch.setattr(FitSession, "interval", 0.02)
+
+
 def test_no_abort_after_a_normal_fit():
-    cb = GuardedCallback()
+    cb = SessionCallback()
     FakeModel().fit(cb)
-    assert cb.guard.watching
+    assert cb.session.closed and not cb.session.aborted
     time.sleep(0.1)
-    assert cb.aborted.calls == []
+    assert cb.stopped.calls == [(threading.get_ident(), False)]
+    assert not watchdogs()
 
 
 def test_abort_runs_once_after_fit_raised():
-    cb = GuardedCallback()
+    cb = SessionCallback()
     with pytest.raises(KeyboardInterrupt):
         FakeModel().fit(cb, fail=KeyboardInterrupt())
-    assert wait_until(lambda: cb.aborted.calls)
+    assert wait_until(lambda: cb.stopped.calls)
     time.sleep(0.1)
-    assert len(cb.aborted.calls) == 1
-    assert not [t for t in threading.enumerate() if t.name == "keras_gpu_tools-fit-guard"]
+    assert len(cb.stopped.calls) == 1 and cb.stopped.calls[0][1] is True
+    assert wait_until(lambda: not watchdogs())
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring needs Python 3.12")
 def test_abort_runs_on_the_training_thread_as_fit_raises():
-    cb = GuardedCallback()
+    cb = SessionCallback()
     with pytest.raises(RuntimeError):
         FakeModel().fit(cb, fail=RuntimeError("boom"))
     # Already done when the exception reaches us, on this thread.
-    assert cb.aborted.calls == [threading.get_ident()]
+    assert cb.stopped.calls == [(threading.get_ident(), True)]
 
 
 def test_exceptions_caught_inside_fit_do_not_abort():
@@ -84,14 +99,72 @@ def test_exceptions_caught_inside_fit_do_not_abort():
                 pass
             callback.on_train_end()
 
-    cb = GuardedCallback()
+    cb = SessionCallback()
     CatchingModel().fit(cb)
     time.sleep(0.1)
-    assert cb.aborted.calls == []
+    assert cb.stopped.calls == [(threading.get_ident(), False)]
 
 
-def test_no_fit_on_the_stack_means_no_guard_thread():
-    guard = FitGuard(object(), Recorder())
-    assert not guard.watching
+def test_no_fit_on_the_stack_means_no_watchdog():
+    session = FitSession.current(object())
+    assert not session.watching
+    session.add(object(), Recorder())
+    assert session._thread is None
     assert find_fit_frame(object()) is None
-    guard.close()
+
+
+def test_a_new_fit_is_never_mistaken_for_the_dead_one():
+    """Defect 1: CPython reuses a dead frame's address; id(frame) made a new fit() look like the old one."""
+    model = FakeModel()
+    dead = SessionCallback()
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(dead, fail=KeyboardInterrupt())
+    # The session still holds the dead fit's frame: a new fit's frame cannot
+    # reuse its address, and it is not on the stack any more.
+    seen = {}
+
+    class Probe:
+        def on_train_begin(self, m):
+            seen["frame"] = find_fit_frame(m, sys._getframe(1))
+            seen["same"] = dead.session.frame is seen["frame"]
+            seen["running"] = dead.session.fit_is_running()
+
+        def on_train_end(self):
+            pass
+
+    if not dead.session.closed:
+        model.fit(Probe())
+        assert seen["same"] is False and seen["running"] is False
+    assert wait_until(lambda: dead.stopped.calls)
+    assert dead.stopped.calls[0][1] is True
+
+
+def test_the_next_fit_ends_a_session_that_nobody_noticed_died(monkeypatch):
+    monkeypatch.setattr(FitSession, "interval", 60.0)  # the watchdog will not see it in time
+    model = FakeModel()
+    dead = SessionCallback()
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(dead, fail=KeyboardInterrupt())
+    if sys.version_info >= (3, 12):
+        assert dead.stopped.calls  # PY_UNWIND already did it
+    else:
+        assert dead.stopped.calls == []
+    fresh = SessionCallback()
+    model.fit(fresh)
+    # Ended on this thread, before the new fit's own callbacks started.
+    assert dead.stopped.calls == [(threading.get_ident(), True)]
+    assert fresh.stopped.calls == [(threading.get_ident(), False)]
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+ stops on the training thread as fit() raises")
+def test_training_thread_teardown_is_deferred_from_the_watchdog():
+    model = FakeModel()
+    cb = SessionCallback(training_thread=True)
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(cb, fail=KeyboardInterrupt())
+    assert wait_until(lambda: cb.session.closed)
+    assert cb.stopped.calls == []  # not on the watchdog's thread
+    assert lifecycle._deferred
+    run_deferred()  # the training thread's next contact with the package
+    assert cb.stopped.calls == [(threading.get_ident(), True)]
+    assert not lifecycle._deferred

@@ -4,17 +4,15 @@ import importlib.util
 
 import pytest
 
-from keras_gpu_tools._core import oom
+from keras_gpu_tools._backends import is_oom, oom_kind
+from keras_gpu_tools._backends import oom_error as final_error
 from keras_gpu_tools._core.oom import (
     OOMEvent,
     Recovery,
     SplitController,
     UnrecoverableOOM,
     describe_split,
-    final_error,
     final_message,
-    is_oom,
-    oom_kind,
     split_sizes,
 )
 
@@ -183,14 +181,18 @@ class FakeRunner:
         return state
 
 
+def fake_kind(e):
+    return "fake" if isinstance(e, FakeOOM) else None
+
+
 @pytest.fixture
-def fake_oom(monkeypatch):
-    monkeypatch.setattr(oom, "oom_kind", lambda e: "fake" if isinstance(e, FakeOOM) else None)
+def fake_oom():
+    return fake_kind
 
 
 def test_recovery_retries_and_remembers(fake_oom):
     events = []
-    rec = Recovery(SplitController(), on_event=events.append)
+    rec = Recovery(SplitController(), classify=fake_kind, on_event=events.append)
     runner = FakeRunner(limit=64)
     assert rec.run(runner, None, 256, "sig") == ("logs of 256 as 4", 4)
     assert [e.line() for e in events] == [
@@ -207,21 +209,21 @@ def test_recovery_passes_other_errors_through_unchanged(fake_oom):
     boom = KeyError("not memory")
     runner = FakeRunner(limit=1, fail_other=boom)
     with pytest.raises(KeyError) as info:
-        Recovery(SplitController()).run(runner, None, 8, "sig")
+        Recovery(SplitController(), classify=fake_kind).run(runner, None, 8, "sig")
     assert info.value is boom and runner.restores == 0
 
 
 def test_recovery_gives_up_at_min_batch_size(fake_oom):
     runner = FakeRunner(limit=0)
     with pytest.raises(MemoryError, match="Batch sizes tried: 8, 8 as 2 x 4, 8 as 4 x 2"):
-        Recovery(SplitController(min_batch_size=2)).run(runner, None, 8, "sig")
+        Recovery(SplitController(min_batch_size=2), classify=fake_kind).run(runner, None, 8, "sig")
 
 
 def test_recovery_skips_attempts_predicted_not_to_fit(fake_oom):
     runner = FakeRunner(limit=64)
     runner.predict = lambda batch, n, k, state: (-(-n // k) <= 64, 123)
     events = []
-    rec = Recovery(SplitController(), on_event=events.append, probe=True)
+    rec = Recovery(SplitController(), classify=fake_kind, on_event=events.append, probe=True)
     assert rec.run(runner, None, 256, "sig") == ("logs of 256 as 4", 4)
     assert runner.calls == [(256, 4, True)] and [e.kind for e in events] == ["predicted", "predicted"]
 
@@ -234,5 +236,5 @@ def test_unrecoverable_restore_is_chained_to_the_oom(fake_oom):
 
     runner.restore = restore
     with pytest.raises(UnrecoverableOOM) as info:
-        Recovery(SplitController()).run(runner, None, 8, "sig")
+        Recovery(SplitController(), classify=fake_kind).run(runner, None, 8, "sig")
     assert isinstance(info.value.__cause__, FakeOOM)

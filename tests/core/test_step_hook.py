@@ -5,8 +5,15 @@ import time
 import numpy as np
 import pytest
 
-from keras_gpu_tools._core import compat
+from keras_gpu_tools import _backends
+from keras_gpu_tools._core import keras_internals as compat
+from keras_gpu_tools._core.lifecycle import FitSession
 from keras_gpu_tools._core.step_hook import MARK, StepHook, batch_signature, leading_dim
+
+
+def attach(model, observer, clock=time.perf_counter, session=None, backend="jax"):
+    """A hook for a fake model driven from the test itself (a session that found no fit() frame)."""
+    return StepHook.attach(model, observer, _backends.get(backend), session or FitSession(model, None), clock=clock)
 
 
 class FakeClock:
@@ -67,7 +74,7 @@ def test_fake_clock_exact_split_on_the_jax_path():
     clock = FakeClock()
     model = FakeJaxModel(clock, compute=0.003)
     rec = Recorder(every=2)
-    att = StepHook.attach(model, rec, backend="jax", clock=clock)
+    att = attach(model, rec, clock)
     assert getattr(model.train_function, MARK).original is model.original
     it = slow_batches(clock, 0.007, 5)
     state = 0
@@ -110,9 +117,10 @@ def test_one_wrapper_for_many_observers_and_around_order():
                 calls.append((self.name, "out", rec.index))
 
     a, b = Around("a"), Around("b")
-    att_a = StepHook.attach(model, a, backend="jax", clock=clock)
+    shared = FitSession(model, None)
+    att_a = attach(model, a, clock, session=shared)
     wrapper = model.train_function
-    att_b = StepHook.attach(model, b, backend="jax", clock=clock)
+    att_b = attach(model, b, clock, session=shared)
     assert model.train_function is wrapper  # never wrapped twice
     model.train_function(0, slow_batches(clock, 0.0, 1))
     assert calls == [("a", "in", 0), ("b", "in", 0), ("b", "out", 0), ("a", "out", 0)]
@@ -127,11 +135,10 @@ def test_stale_wrapper_from_another_fit_is_replaced():
     clock = FakeClock()
     model = FakeJaxModel(clock, compute=0.0)
     old = Recorder()
-    StepHook.attach(model, old, backend="jax", clock=clock)
+    attach(model, old, clock)  # as if installed by a fit() that died: another session
     stale_hook = StepHook.installed(model)
-    stale_hook._fit_frame = -1  # as if installed by a fit() that died
     new = Recorder()
-    att = StepHook.attach(model, new, backend="jax", clock=clock)
+    att = attach(model, new, clock)
     assert old.detached == [True]
     assert StepHook.installed(model) is not stale_hook
     assert StepHook.installed(model).original is model.original  # never wraps a wrapper
@@ -143,7 +150,7 @@ def test_errors_pass_through_and_drop_the_pending_step():
     clock = FakeClock()
     model = FakeJaxModel(clock, compute=0.0)
     rec = Recorder()
-    att = StepHook.attach(model, rec, backend="jax", clock=clock)
+    att = attach(model, rec, clock)
     with pytest.raises(StopIteration):
         model.train_function(0, iter([]))
     att.hook.flush()
@@ -175,7 +182,8 @@ class HookObserverCallback:
 
         class _CB(keras.callbacks.Callback):
             def on_train_begin(self, logs=None):
-                self.att = StepHook.attach(self.model, recorder)
+                self.session = FitSession.current(self.model)
+                self.att = StepHook.attach(self.model, recorder, _backends.get(), self.session)
                 self.wrapped_during_fit = StepHook.installed(self.model) is not None
 
             def on_train_batch_end(self, batch, logs=None):
@@ -187,6 +195,7 @@ class HookObserverCallback:
 
             def on_train_end(self, logs=None):
                 self.att.detach()
+                self.session.release(self)
 
         return _CB()
 
@@ -219,15 +228,13 @@ def test_restored_after_a_fit_that_raised():
     y = np.random.rand(64, 1).astype("float32")
     model.fit(x[:8], y[:8], batch_size=8, verbose=0)
     original = model.train_function
-    from keras_gpu_tools._core.lifecycle import FitGuard
-
     rec = Recorder()
 
     class Guarded(HookObserverCallback.__new__(HookObserverCallback, rec, fail_at=2).__class__):
         def on_train_begin(self, logs=None):
             super().on_train_begin(logs)
             att = self.att
-            self.guard = FitGuard(self.model, att.detach, interval=0.02)
+            self.session.add(self, lambda aborted: att.detach())
 
     cb = Guarded()
     with pytest.raises(RuntimeError, match="boom"):
@@ -245,13 +252,15 @@ def test_restored_after_a_fit_that_raised():
 
 @pytest.mark.multibackend
 def test_stale_wrapper_left_by_a_dead_fit_is_removed_at_next_fit():
+    import keras
+
     model = _model()
     x = np.random.rand(32, 4).astype("float32")
     y = np.random.rand(32, 1).astype("float32")
     model.fit(x[:8], y[:8], batch_size=8, verbose=0)
     original = model.train_function
     dead = Recorder()
-    StepHook.attach(model, dead)  # outside any fit: what a dead fit leaves
+    attach(model, dead, backend=keras.backend.backend())  # outside any fit: what a dead fit leaves
     rec = Recorder()
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[HookObserverCallback(rec)])
     assert dead.detached == [True]
@@ -302,3 +311,30 @@ def test_inspect_tf_dataset():
     )
     info = compat.inspect_tf_dataset(ds)
     assert info["parallel_map"] and info["ends_with_prefetch"] and info["cache"] and not info["sequential_map"]
+
+
+@pytest.mark.multibackend
+def test_a_plain_fit_after_a_dead_one_never_runs_through_the_old_hook(monkeypatch):
+    """Defect 1: a fit() with no callbacks after one that died ran through the dead fit's hook."""
+    import keras
+
+    monkeypatch.setattr(FitSession, "interval", 60.0)  # the watchdog does not get there first
+    model = _model()
+    x = np.random.rand(32, 4).astype("float32")
+    y = np.random.rand(32, 1).astype("float32")
+    model.fit(x[:8], y[:8], batch_size=8, verbose=0)
+    original = model.train_function
+    rec = Recorder()
+
+    class Interrupt(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 1:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[HookObserverCallback(rec), Interrupt()])
+    steps_seen = len(rec.records)
+    model.fit(x, y, batch_size=8, epochs=3, verbose=0)  # no callbacks of ours
+    assert len(rec.records) == steps_seen  # not one step of the plain fit went through the old hook
+    assert rec.detached == [True]  # removed as stale, by the plain fit's first call
+    assert model.train_function is original

@@ -305,9 +305,10 @@ def test_unknown_peaks_are_none_never_guessed():
 
 
 def test_matmul_dtype_half_precision_is_kept():
-    assert gpu_peaks.matmul_dtype("bfloat16", "jax") == "bf16"
-    assert gpu_peaks.matmul_dtype("float16", "torch") == "fp16"
-    assert gpu_peaks.matmul_dtype("float32", "numpy") == "fp32"
+    assert gpu_peaks.matmul_dtype("bfloat16", tf32=True) == "bf16"
+    assert gpu_peaks.matmul_dtype("float16", tf32=False) == "fp16"
+    assert gpu_peaks.matmul_dtype("float32", tf32=False) == "fp32"
+    assert gpu_peaks.matmul_dtype("float32", tf32=True) == "tf32"
 
 
 def test_jaxpr_flops_counts_matmuls_convs_and_scans():

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools._core import backends
+from keras_gpu_tools import _backends as backends
 from keras_gpu_tools._core.mixed_precision import check_mixed_precision, gpu_compute_capabilities
 from keras_gpu_tools.layers.mixed_precision_output import MixedPrecisionOutput
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture
 def gpu_policy():
-    if not backends.for_backend(keras.backend.backend()).gpu_devices():
+    if not backends.get(keras.backend.backend()).gpu_devices():
         pytest.skip(f"the {keras.backend.backend()} backend sees no GPU (CPU-only build?)")
     old = keras.config.dtype_policy()
     yield keras.config.set_dtype_policy

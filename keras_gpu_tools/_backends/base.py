@@ -1,0 +1,111 @@
+"""The interface of a backend module, and the backend with no GPU support.
+
+:class:`Backend` lists every method the package calls per backend, with the
+behaviour of a backend that has no GPU, no step hook and no OOM of its own.
+``tensorflow.py``, ``jax.py`` and ``torch.py`` override what their framework
+does differently; keep the signatures identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Stats = dict[int, tuple[float, float]]  # local GPU index -> (current bytes, peak bytes)
+
+
+class Backend:
+    """What keras_gpu_tools needs to know and do per Keras backend."""
+
+    #: Whether the train function pulls its batches itself (TensorFlow, JAX);
+    #: torch's fit() fetches them before calling it.
+    fetches_inside_step = True
+    #: Whether a step's FLOPs can be read from its traced program (JAX).
+    traced_flops = False
+    #: Whether the memory a step needs can be predicted before running it (JAX).
+    predicts_memory = False
+    #: What `doctor` tells a user whose framework build sees no GPU.
+    install_hint = "install a GPU build of the framework"
+
+    def __init__(self, name: str = "none"):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<keras_gpu_tools backend {self.name!r}>"
+
+    # -- devices and memory ---------------------------------------------------------------
+    def gpu_devices(self) -> list[str]:
+        """Names of the GPUs the framework sees (no framework import)."""
+        return []
+
+    def allocator_memory(self, indices: Iterable[int]) -> Stats:
+        """Current and peak bytes of the framework's allocator per local GPU index."""
+        return {}
+
+    def device_memory(self) -> dict[str, Any]:
+        """The first GPU's ``device``, ``bytes_limit``, ``bytes_in_use``, ``peak_bytes_in_use`` (empty on CPU)."""
+        return {}
+
+    def uses_tf32(self) -> bool:
+        """Whether float32 matmuls run as TF32 (their peak FLOP/s is TF32's)."""
+        return False
+
+    def framework_facts(self, facts) -> None:
+        """Fills ``doctor``'s :class:`FrameworkFacts` (version, GPUs, CUDA build) for this framework."""
+        facts.error = f"backend {self.name!r} has no GPU support in this tool"
+
+    # -- the training step ----------------------------------------------------------------------
+    def sync(self, outputs) -> None:
+        """Waits until the device has finished the work that produced ``outputs``."""
+
+    def step_caller(self, hook) -> Callable:
+        """The body of the step hook's wrapper: ``f(*train_function_args)`` (see ``step_hook``)."""
+        raise ValueError(f"keras_gpu_tools: no step hook for the Keras backend {self.name!r}.")
+
+    def prepare_hook(self, hook) -> None:
+        """Called once when a step hook is installed (torch: time the epoch iterator's fetches)."""
+
+    def execution_note(self, steps_per_execution: int) -> str | None:
+        """What a sampled step means with ``steps_per_execution > 1``, where it differs from unsampled ones."""
+        return None
+
+    def step_flops(self, train_function: Callable, specs) -> tuple[float | None, str]:
+        """FLOPs of one step and how they were counted, from the traced step (JAX)."""
+        return None, ""
+
+    def shape_specs(self, args):
+        """Shape-only stand-ins of a sampled call's arguments, for :meth:`step_flops`."""
+        return None
+
+    # -- profiler ------------------------------------------------------------------------------
+    def profiler(self):
+        """A new profiler session (``available``, ``start``, ``step``, ``stop``); see ``_core.profiler``."""
+        raise ValueError(f"keras_gpu_tools: no profiler for the Keras backend {self.name!r}.")
+
+    # -- out of memory -------------------------------------------------------------------------
+    def is_oom(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is this framework's out-of-memory error."""
+        return False
+
+    def oom_error(self, original: BaseException, message: str) -> BaseException | None:
+        """An error of ``original``'s type carrying ``message``, or None where it cannot be built."""
+        return None
+
+    def reducer_problem(self, model) -> str | None:
+        """Why the OOM reducer cannot run on ``model`` here, or None."""
+        return f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported (tensorflow, jax, torch)."
+
+    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
+        """The runner that retries a batch as micro-batches (see ``_core.grad_accum``)."""
+        raise ValueError(self.reducer_problem(model))
+
+    def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
+        """The train function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``."""
+        raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
+
+    def check_late_error(self, model) -> BaseException | None:
+        """An error of an earlier asynchronous step that surfaces only when results are read (JAX)."""
+        return None
+
+    def hand_back_state(self, model, state) -> None:
+        """After a failed step, gives fit() the state to write back into the model (JAX)."""

@@ -1,0 +1,512 @@
+"""The JAX backend: step calls, syncs, profiler, OOM, accumulation, memory, FLOPs.
+
+JAX's train function is ``logs, state = f(state, iterator)``; it calls
+``next(iterator)`` in Python, so the step hook wraps the iterator to time every
+fetch. The jitted step donates its state (``donate_argnums=0``): after an OOM
+every weight and optimizer array of the failed call is deleted, which is why
+the OOM reducer keeps a host copy for a first attempt, and why XLA's memory
+analysis (``predicts_memory``) is worth asking before running.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterable
+
+from keras_gpu_tools._backends.base import Backend, Stats
+from keras_gpu_tools._core import deps, gpu_peaks
+from keras_gpu_tools._core import keras_internals as ki
+from keras_gpu_tools._core.batches import leading_dim, leaves
+from keras_gpu_tools._core.grad_accum import FULL_SNAPSHOT_MAX_BYTES, Snapshot, micro_batches, nbytes
+from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
+from keras_gpu_tools.errors import KerasInternalsError, UnrecoverableOOM
+
+logger = logging.getLogger("keras_gpu_tools")
+
+
+# -- the step ------------------------------------------------------------------------------
+class _FetchTimer:
+    """Wraps the JAX train function's iterator: times and counts each next()."""
+
+    __slots__ = ("it", "clock", "total", "count", "samples", "last")
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def reset(self, it):
+        self.it = it
+        self.total = 0.0
+        self.count = 0
+        self.samples = 0
+        self.last = None
+        return self
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        t = self.clock()
+        try:
+            batch = next(self.it)
+        finally:
+            self.total += self.clock() - t
+        self.count += 1
+        self.last = batch
+        n = leading_dim(batch)
+        self.samples = None if (n is None or self.samples is None) else self.samples + n
+        return batch
+
+
+def _call_jax(hook, state, iterator):
+    jax = deps.loaded("jax")
+    rec = hook.begin(lambda: jax.block_until_ready(state) if jax is not None else None)  # before the step donates it
+    timer = hook.fetch_timer.reset(iterator)
+    rec.start = hook.clock()
+    out = hook.around(rec, lambda: hook.inner(state, timer))
+    returned = hook.clock()
+    if rec.sampled and jax is not None:
+        jax.block_until_ready(out)
+    rec.end = hook.clock()
+    rec.fetch = timer.total
+    rec.steps = max(timer.count, 1)
+    rec.samples = timer.samples if timer.count else None
+    if rec.sampled:
+        if BACKEND.async_device():
+            # On a GPU the step's single executable is launched when the
+            # call returns; the Python before it (argument handling) is
+            # host time that overlaps the previous step in a pipeline.
+            rec.compute = rec.end - returned
+            rec.dispatch = max(0.0, returned - rec.start - timer.total)
+        else:
+            rec.compute = rec.end - rec.start - timer.total
+        hook.check_signature(rec, timer.last)
+        if hook.capture_args:  # shapes for an observer's cost analysis
+            rec.extra["jax_args"] = (state, timer.last)
+    timer.it = timer.last = None
+    return out
+
+
+def iter_one(batch):
+    return iter([batch])
+
+
+# -- profiler ------------------------------------------------------------------------------
+class _JAX:
+    name = "jax"
+    owner_thread_only = False  # stop() only from the thread that called start()
+    pattern = "*.xplane.pb"
+
+    def available(self) -> tuple[bool, str]:
+        if sys.version_info < (3, 12):
+            # Keras itself disables JAX profiling below 3.12 (a segfault was reported).
+            return False, (
+                "JAX profiling is unavailable on Python < 3.12: Keras disables it there "
+                "because jax.profiler was reported to crash"
+            )
+        return True, ""
+
+    def start(self, run_dir: str, options: TracerOptions) -> None:
+        import jax
+
+        kwargs = {}
+        if hasattr(jax.profiler, "ProfileOptions"):
+            po = jax.profiler.ProfileOptions()
+            for attr, value in (
+                ("host_tracer_level", options.host_tracer_level),
+                ("python_tracer_level", 1 if options.python_tracer else 0),
+            ):
+                if hasattr(po, attr):
+                    setattr(po, attr, value)
+            kwargs["profiler_options"] = po
+        try:
+            jax.profiler.start_trace(run_dir, **kwargs)
+        except RuntimeError as e:
+            if "already" in str(e).lower():
+                raise ProfilerBusy(str(e)) from None
+            raise
+
+    def step(self, step_num: int):
+        import jax
+
+        return jax.profiler.StepTraceAnnotation("train", step_num=step_num)
+
+    def stop(self, outputs=None) -> None:
+        import jax
+
+        if outputs is not None:
+            jax.block_until_ready(outputs)  # let the window's kernels finish inside the trace
+        jax.profiler.stop_trace()
+
+
+# -- gradient accumulation -----------------------------------------------------------------
+class JaxRunner:
+    """JAX: the state is the train function's argument (donated by Keras's step)."""
+
+    backend = "jax"
+
+    def __init__(
+        self,
+        model,
+        original: Callable,
+        mode: str = "accumulate",
+        full_snapshot_max_bytes: int = FULL_SNAPSHOT_MAX_BYTES,
+    ):
+        import jax
+        import jax.numpy as jnp
+
+        self.jax = jax
+        self.jnp = jnp
+        self.model = model
+        self.original = original
+        self.mode = mode
+        self.full_snapshot_max_bytes = full_snapshot_max_bytes
+        self._acc = None
+        self._micro_jit = jax.jit(self._micro, donate_argnums=(4,))
+        self._apply_jit = jax.jit(self._apply, donate_argnums=(0, 1, 2))
+        self._step = ki.jax_step_function(original)
+        self.state_bytes = None
+
+    # -- traced functions ------------------------------------------------------
+    def _micro(self, tv, ntv, ov, mv, acc, data, w):
+        box, scaled = [], []
+        with ki.capture_apply(
+            self.model.optimizer, box.append, weight=w, on_scaled=lambda: scaled.append(1), stateless=True
+        ):
+            logs, state = self.model.train_step((tv, ntv, ov, mv), data)
+        if not box:
+            raise KerasInternalsError("keras_gpu_tools: train_step did not call optimizer.stateless_apply")
+        grads = box[0]
+        _, ntv2, _, mv2 = ki.jax_state_parts(state)
+        factor = 1.0 if scaled else w  # the loss was already weighted by scale_loss
+        acc = [a + (g * factor).astype(a.dtype) for a, g in zip(acc, grads)]
+        return logs, list(ntv2), list(mv2), acc
+
+    def _apply(self, tv, ov, acc):
+        tv2, ov2 = self.model.optimizer.stateless_apply(ov, acc, tv)
+        return list(tv2), list(ov2), [self.jnp.zeros_like(a) for a in acc]
+
+    # -- running ---------------------------------------------------------------------
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if k == 1:
+            out = self.original(state, iter_one(batch))
+        elif self.mode == "split":
+            out = None
+            for part, _ in micro_batches(batch, n, k):
+                out = self.original(state, iter_one(part))
+                state = out[1]
+        else:
+            out = self._run_accumulated(batch, n, k, state)
+        if guarded:
+            self.jax.block_until_ready(out)  # a late out-of-memory error surfaces here
+        return out
+
+    def _zeros(self, tv):
+        return [self.jnp.zeros(a.shape, a.dtype) for a in tv]
+
+    def _run_accumulated(self, batch, n, k, state):
+        tv, ntv, ov, mv = ki.jax_state_parts(state)
+        acc = self._acc
+        if acc is None or any(a.is_deleted() for a in acc):
+            acc = self._zeros(tv)
+        self._acc = None
+        logs = None
+        for part, w in micro_batches(batch, n, k):
+            logs, ntv, mv, acc = self._micro_jit(tv, ntv, ov, mv, acc, part, self.jnp.float32(w))
+        tv, ov, acc = self._apply_jit(tv, ov, acc)
+        self._acc = acc
+        return logs, (tv, ntv, ov, mv)
+
+    # -- state -------------------------------------------------------------------------
+    def _state_bytes(self, state) -> int:
+        if self.state_bytes is None:
+            self.state_bytes = sum(nbytes(a) for part in state for a in part)
+        return self.state_bytes
+
+    def protect(self, state, guarded: bool) -> Snapshot:
+        if guarded and self._state_bytes(state) <= self.full_snapshot_max_bytes:
+            host = self.jax.device_get([list(p) for p in state])
+            shardings = [[getattr(a, "sharding", None) for a in p] for p in state]
+            return Snapshot("full", (host, shardings))
+        return Snapshot("none", None)
+
+    def restore(self, snap: Snapshot, state):
+        self._acc = None
+        alive = all(not a.is_deleted() for p in state for a in p)
+        if alive:
+            try:
+                self.jax.block_until_ready(state)  # an error of an earlier step may sit in the inputs
+                return state  # nothing was donated (the micro-batch path donates only its accumulator)
+            except Exception:
+                alive = False
+        if snap.kind != "full":
+            raise UnrecoverableOOM(
+                "OOMBatchSizeReducer: out of memory in a JAX step whose state Keras had donated to the failed call "
+                "(the weights and optimizer state were freed with it), and no host copy was kept (the state is over "
+                f"{self.full_snapshot_max_bytes / 2**30:.1f} GiB, or this split had already run at this batch shape). "
+                "Use `probe=True` so the split is chosen from the compiled step's memory analysis before running."
+            )
+        host, shardings = snap.items
+        jax = self.jax
+        restored = []
+        for values, shards in zip(host, shardings):
+            restored.append(
+                [jax.device_put(v, s) if s is not None else jax.device_put(v) for v, s in zip(values, shards)]
+            )
+        return tuple(restored)
+
+    def finish(self, result, guarded: bool):
+        return result
+
+    def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
+        """(fits, bytes needed) from XLA's memory analysis, or (None, None) where the device has no limit."""
+        mem = BACKEND.device_memory()
+        limit = mem.get("bytes_limit")
+        if not limit:
+            return None, None
+        try:
+            jnp = self.jnp
+            if k == 1:
+                if self._step is None:
+                    return None, None
+                compiled = self._step.lower(state, batch).compile()
+                extra = 0
+            else:
+                tv, ntv, ov, mv = ki.jax_state_parts(state)
+                part, w = micro_batches(batch, n, k)[0]
+                acc = [self.jax.ShapeDtypeStruct(a.shape, a.dtype) for a in tv]
+                compiled = self._micro_jit.lower(tv, ntv, ov, mv, acc, part, jnp.float32(w)).compile()
+                extra = 0 if self._acc is not None else sum(nbytes(a) for a in tv)
+            ma = compiled.memory_analysis()
+            if ma is None:
+                return None, None
+            need = (
+                int(getattr(ma, "temp_size_in_bytes", 0))
+                + int(getattr(ma, "output_size_in_bytes", 0))
+                - int(getattr(ma, "alias_size_in_bytes", 0))
+                + extra
+            )
+            need += sum(nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))  # host inputs to copy
+            in_use = mem.get("bytes_in_use", 0)
+            return in_use + need <= 0.95 * limit, need
+        except Exception as e:
+            logger.debug("keras_gpu_tools: memory analysis failed: %s", e)
+            return None, None
+
+
+# -- FLOPs ---------------------------------------------------------------------------------
+def _flops_of(cost) -> float | None:
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    try:
+        flops = float((cost or {}).get("flops", 0.0))
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return flops if flops > 0 else None
+
+
+class JaxBackend(Backend):
+    """JAX (jitted steps with donated state, ``jax.profiler``, XLA memory analysis)."""
+
+    install_hint = "install the CUDA plugin: `pip install -U 'jax[cuda13]'` (or jax[cuda12] for CUDA 12 drivers)"
+
+    traced_flops = True
+    predicts_memory = True
+
+    def __init__(self):
+        super().__init__("jax")
+        self._gpus = None  # the device list is fixed once JAX has started
+        self._async = None
+
+    # -- devices and memory
+    def _gpu_list(self):
+        jax = deps.loaded("jax")
+        if jax is None:
+            return []
+        if self._gpus is None:
+            self._gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+        return self._gpus
+
+    def gpu_devices(self) -> list[str]:
+        return [str(d) for d in self._gpu_list()]
+
+    def allocator_memory(self, indices: Iterable[int]) -> Stats:
+        gpus = self._gpu_list()
+        out: Stats = {}
+        for i in indices:
+            if i < len(gpus):
+                stats = gpus[i].memory_stats() or {}
+                if "bytes_in_use" in stats:
+                    out[i] = (
+                        float(stats["bytes_in_use"]),
+                        float(stats.get("peak_bytes_in_use", stats["bytes_in_use"])),
+                    )
+        return out
+
+    def device_memory(self) -> dict:
+        """The first JAX device's memory figures (empty where it reports none, e.g. CPU)."""
+        jax = deps.loaded("jax")
+        if jax is None:
+            return {}
+        try:
+            dev = jax.local_devices()[0]
+            stats = dev.memory_stats() or {}
+            out = {"device": getattr(dev, "device_kind", str(dev))}
+            for k in ("bytes_limit", "bytes_in_use", "peak_bytes_in_use"):
+                if k in stats:
+                    out[k] = int(stats[k])
+            return out
+        except Exception:
+            return {}
+
+    def uses_tf32(self) -> bool:
+        jax = deps.loaded("jax")
+        return jax is not None and jax.config.jax_default_matmul_precision in (None, "default", "tensorfloat32")
+
+    def framework_facts(self, facts) -> None:
+        import os
+
+        import jax
+
+        facts.version = jax.__version__
+        try:
+            has_gpu = bool(jax.devices("gpu"))
+        except RuntimeError:  # "Unknown backend: 'gpu' requested" on a CPU-only jaxlib
+            has_gpu = False
+        facts.gpus = [str(d) for d in jax.devices() if d.platform == "gpu"] if has_gpu else []
+        facts.notes.append(f"default JAX platform: {jax.default_backend()}")
+        if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() != "false":
+            facts.notes.append(
+                "JAX preallocates 75% of GPU memory: NVML's 'memory used' says little; "
+                "GPUUtilizationLogger's allocator_memory_mib shows what is really held"
+            )
+
+    def async_device(self) -> bool:
+        """Whether the default device runs asynchronously to the host (a GPU, not the CPU)."""
+        if self._async is None:
+            jax = deps.loaded("jax")
+            try:
+                self._async = jax is not None and jax.default_backend() != "cpu"
+            except Exception:
+                self._async = False
+        return self._async
+
+    # -- the step
+    def sync(self, outputs) -> None:
+        jax = deps.loaded("jax")
+        if outputs is not None and jax is not None:
+            jax.block_until_ready(outputs)
+
+    def step_caller(self, hook) -> Callable:
+        hook.fetch_timer = _FetchTimer(hook.clock)
+        return lambda state, iterator: _call_jax(hook, state, iterator)
+
+    def shape_specs(self, args):
+        try:
+            import jax
+
+            def spec(a):
+                return jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") and hasattr(a, "dtype") else a
+
+            return jax.tree_util.tree_map(spec, args)
+        except Exception:
+            return None
+
+    def step_flops(self, train_function: Callable, specs) -> tuple[float | None, str]:
+        step = ki.jax_step_function(train_function)
+        if step is None or specs is None:
+            return None, ""
+        # XLA's HLO cost analysis of the un-optimised step, lowered for the CPU
+        # platform (a GPU-compiled program hides its matmuls in cuBLAS custom
+        # calls, which count 0). Where this JAX has no lowered cost analysis,
+        # the matmuls and convolutions of the step's jaxpr are counted instead.
+        try:
+            flops = _flops_of(step.trace(*specs).lower(lowering_platforms=("cpu",)).cost_analysis())
+        except Exception:
+            flops = None
+        if flops:
+            return flops, "XLA cost analysis"
+        import jax
+
+        flops = gpu_peaks.jaxpr_flops(jax.make_jaxpr(step)(*specs)) or None
+        return flops, "matmul/convolution FLOPs of the step's jaxpr"
+
+    # -- profiler
+    def profiler(self):
+        return _JAX()
+
+    # -- out of memory
+    def is_oom(self, exc: BaseException) -> bool:
+        if deps.loaded("jax") is None and deps.loaded("jaxlib") is None:
+            return False
+        return any(isinstance(exc, cls) for cls in _runtime_errors()) and _is_xla_oom_message(str(exc))
+
+    def oom_error(self, original: BaseException, message: str) -> BaseException | None:
+        made = type(original)(message)
+        return made if isinstance(made, BaseException) else None
+
+    def reducer_problem(self, model) -> str | None:
+        return None
+
+    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
+        return JaxRunner(model, original, mode, **kwargs)
+
+    def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
+        def train_function(state, iterator):
+            logs = None
+            for i in range(steps_per_execution):
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    if i == 0:
+                        raise
+                    break
+                logs, state = one(batch, state)
+            return logs, state
+
+        return train_function
+
+    def check_late_error(self, model) -> BaseException | None:
+        try:
+            import jax
+
+            jax.block_until_ready([v.value for v in model.variables])
+        except Exception as e:
+            return e
+        return None
+
+    def hand_back_state(self, model, state) -> None:
+        ki.jax_hand_back_state(model, state)
+
+
+_XLA_OOM_PREFIX = "RESOURCE_EXHAUSTED"
+
+
+def _is_xla_oom_message(message: str) -> bool:
+    # GPU: "RESOURCE_EXHAUSTED: Out of memory while trying to allocate ...".
+    # XLA's CPU runtime reports a failed temporary allocation as
+    # "INTERNAL: Error dispatching computation: ... Out of memory allocating N bytes".
+    m = message.lstrip()
+    return (
+        m.startswith(_XLA_OOM_PREFIX)
+        or "Out of memory allocating" in m
+        or "Out of memory while trying to allocate" in m
+    )
+
+
+def _runtime_errors() -> tuple[type, ...]:
+    out = []
+    jax = deps.loaded("jax")
+    errors = getattr(jax, "errors", None) if jax is not None else None
+    for name in ("JaxRuntimeError", "XlaRuntimeError"):
+        cls = getattr(errors, name, None)
+        if isinstance(cls, type):
+            out.append(cls)
+    xc = deps.loaded("jaxlib.xla_client")
+    cls = getattr(xc, "XlaRuntimeError", None) if xc is not None else None
+    if isinstance(cls, type):
+        out.append(cls)
+    return tuple(out)
+
+
+BACKEND = JaxBackend()

@@ -1,0 +1,364 @@
+"""The TensorFlow backend: step calls, syncs, profiler, OOM, accumulation, memory.
+
+TensorFlow's train function is ``f(iterator)``: for a ``tf.data`` iterator it
+runs a compiled multi-step loop that pulls batches inside the graph; for any
+other iterable it calls the compiled per-batch ``one_step_on_data`` once per
+element (``keras_internals.tf_run_batches``). A sampled step, and every step
+of the OOM reducer, fetches its batches in Python and runs them the second way:
+the same compiled step on the same batches, with the fetch timed and the
+batch kept for a retry.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from keras_gpu_tools._backends.base import Backend, Stats
+from keras_gpu_tools._core import deps
+from keras_gpu_tools._core import keras_internals as ki
+from keras_gpu_tools._core.batches import leading_dim, leaves
+from keras_gpu_tools._core.grad_accum import StatefulRunner
+from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
+from keras_gpu_tools.errors import KerasInternalsError
+
+logger = logging.getLogger("keras_gpu_tools")
+
+
+# -- the step ------------------------------------------------------------------------------
+def _call_tf(hook, iterator):
+    rec = hook.begin(lambda: hook.sync(hook.last_outputs))
+    original = hook.inner
+    has_around = any(getattr(o, "around", None) is not None for o in hook.observers)
+    if not rec.sampled and ki.tf_is_graph_iterator(iterator):
+        rec.start = hook.clock()
+        out = hook.around(rec, lambda: original(iterator)) if has_around else original(iterator)
+        rec.end = hook.clock()
+        hook.last_outputs = out
+        return out
+    clock = hook.clock
+    rec.start = clock()
+
+    def call():
+        batches = _fetch(iterator, hook.steps_per_execution)
+        if not batches:
+            raise StopIteration
+        fetched = clock()
+        rec.fetch = max(0.0, fetched - rec.start - hook.fetch_overhead * len(batches))
+        rec.steps = len(batches)
+        n = leading_dim(batches[0])
+        rec.samples = n * len(batches) if n is not None else None
+        hook.check_signature(rec, batches[0])
+        out = ki.tf_run_batches(original, batches)
+        if rec.sampled:
+            hook.sync(out)
+            rec.compute = clock() - fetched
+            if hook.fetch_overhead_unknown:
+                _calibrate_tf_fetch(hook, batches[0])
+        return out
+
+    out = hook.around(rec, call) if has_around else call()
+    rec.end = clock()
+    hook.last_outputs = out
+    return out
+
+
+def _calibrate_tf_fetch(hook, batch) -> None:
+    """The cost of ``next()`` itself on a ready element of this structure.
+
+    A sampled TensorFlow step fetches in Python, which costs ~0.1 ms per
+    batch that Keras's compiled loop does not pay. It is measured once on
+    an in-memory dataset holding this batch and subtracted from the fetch.
+    """
+    hook.fetch_overhead_unknown = False
+    tf = deps.loaded("tensorflow")
+    if tf is None:
+        return
+    try:
+        it = iter(tf.data.Dataset.from_tensors(batch).repeat())
+        next(it)
+        best = float("inf")
+        for _ in range(7):
+            t = hook.clock()
+            next(it)
+            best = min(best, hook.clock() - t)
+        hook.fetch_overhead = best if best != float("inf") else 0.0
+    except Exception:
+        hook.fetch_overhead = 0.0
+
+
+# -- profiler ------------------------------------------------------------------------------
+class _TF:
+    name = "tensorflow"
+    owner_thread_only = False  # stop() only from the thread that called start()
+    pattern = "*.xplane.pb"
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def start(self, run_dir: str, options: TracerOptions) -> None:
+        import tensorflow as tf
+
+        opts = tf.profiler.experimental.ProfilerOptions(
+            host_tracer_level=options.host_tracer_level,
+            python_tracer_level=1 if options.python_tracer else 0,
+            device_tracer_level=options.device_tracer_level,
+        )
+        try:
+            tf.profiler.experimental.start(run_dir, options=opts)
+        except tf.errors.AlreadyExistsError as e:
+            raise ProfilerBusy(str(e) or "another TensorFlow profiler session is running") from None
+
+    def step(self, step_num: int):
+        import tensorflow as tf
+
+        # `_r=1` makes this a root event: what xprof's step analysis looks for.
+        return tf.profiler.experimental.Trace("train", step_num=step_num, _r=1)
+
+    def stop(self, outputs=None) -> None:
+        import tensorflow as tf
+
+        tf.profiler.experimental.stop()
+
+
+# -- gradient accumulation -----------------------------------------------------------------
+class TFRunner(StatefulRunner):
+    backend = "tensorflow"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import tensorflow as tf
+
+        self.tf = tf
+        self._accs = None
+        self._none = set()
+        self._w = None
+        self._micro_fn = None
+        self._apply_fn = None
+        self._small_fn = None
+
+    def _run_original(self, batch):
+        return ki.tf_run_batches(self.original, [batch])
+
+    def _function(self, fn):
+        if getattr(self.model, "run_eagerly", False):
+            return fn
+        return self.tf.function(fn, reduce_retracing=True, jit_compile=bool(getattr(self.model, "jit_compile", False)))
+
+    def _build(self):
+        tf = self.tf
+        if self._accs is None:
+            self._accs = [
+                tf.Variable(tf.zeros(tuple(v.shape), dtype=v.dtype), trainable=False, name="kgt_oom_acc")
+                for v in self.model.trainable_variables
+            ]
+            strategy = self.model.distribute_strategy
+
+            def micro(data, w):
+                def replica(d):
+                    self._w = w
+                    self._scaled = False
+                    with ki.capture_apply(self.model.optimizer, self._sink, weight=w, on_scaled=self._mark_scaled):
+                        return self.model.train_step(d)
+
+                return strategy.run(replica, args=(data,))
+
+            def apply():
+                def replica():
+                    grads = [None if i in self._none else acc.read_value() for i, acc in enumerate(self._accs)]
+                    self.model.optimizer.apply(grads, self.model.trainable_variables)
+                    for acc in self._accs:
+                        acc.assign(tf.zeros_like(acc))
+                    return tf.constant(0)
+
+                return strategy.run(replica)
+
+            self._micro_fn = self._function(micro)
+            self._apply_fn = self._function(apply)
+
+    def _sink(self, grads, variables):
+        tf = self.tf
+        variables = variables if variables is not None else self.model.trainable_variables
+        for g, v in zip(grads, variables):
+            i = self._index.get(id(v))
+            if i is None:
+                raise KerasInternalsError(
+                    "keras_gpu_tools: train_step applied gradients to a variable that is not trainable"
+                )
+            if g is None:
+                self._none.add(i)
+                continue
+            acc = self._accs[i]
+            g = tf.cast(tf.convert_to_tensor(g), acc.dtype)
+            acc.assign_add(g if self._scaled else g * tf.cast(self._w, acc.dtype))
+
+    def _run_accumulated(self, parts):
+        self._build()
+        logs = None
+        try:
+            for part, w in parts:
+                logs = self._micro_fn(part, self.tf.constant(w, self.tf.float32))
+            self._apply_fn()
+        finally:
+            self._w = None
+        return logs
+
+    def _reset_accumulator(self):
+        if self._accs is not None:
+            for acc in self._accs:
+                acc.assign(self.tf.zeros_like(acc))
+
+    def _small_changed(self) -> None:
+        self._small_fn = None
+
+    def _copy_small(self):
+        if not self._small:
+            return []
+        if self._small_fn is None:
+            small = self._small
+            tf = self.tf
+            self._small_fn = tf.function(lambda: [tf.identity(v.value) for v in small])
+        return self._small_fn()
+
+
+def _fetch(iterator, n: int) -> list[Any]:
+    """Up to ``n`` batches pulled from the train function's iterator in Python."""
+    end = end_of_data_errors()
+    batches = []
+    for _ in range(n):
+        try:
+            batches.append(next(iterator))
+        except end:
+            break
+    return batches
+
+
+def end_of_data_errors() -> tuple:
+    tf = deps.loaded("tensorflow")
+    return (StopIteration, tf.errors.OutOfRangeError) if tf is not None else (StopIteration,)
+
+
+class TensorFlowBackend(Backend):
+    """TensorFlow (``tf.data`` in the graph, ``tf.function`` steps, ``tf.profiler``)."""
+
+    install_hint = (
+        "install a GPU build: `pip install 'tensorflow[and-cuda]'` (tensorflow-cpu never uses a GPU; "
+        "TensorFlow's GPU builds are for Linux/WSL2)"
+    )
+
+    def __init__(self):
+        super().__init__("tensorflow")
+        self._gpu_count = None  # fixed once TensorFlow has initialised its devices
+
+    # -- devices and memory
+    def gpu_devices(self) -> list[str]:
+        tf = deps.loaded("tensorflow")
+        if tf is None:
+            return []
+        return [d.name for d in tf.config.list_logical_devices("GPU")]
+
+    def allocator_memory(self, indices: Iterable[int]) -> Stats:
+        tf = deps.loaded("tensorflow")
+        out: Stats = {}
+        if tf is None:
+            return out
+        if self._gpu_count is None:  # listing devices costs ~1 ms: once per process
+            self._gpu_count = len(tf.config.list_logical_devices("GPU"))
+        for i in indices:
+            if i < self._gpu_count:
+                info = tf.config.experimental.get_memory_info(f"GPU:{i}")
+                out[i] = (float(info["current"]), float(info["peak"]))
+        return out
+
+    def device_memory(self) -> dict:
+        tf = deps.loaded("tensorflow")
+        if tf is None:
+            return {}
+        try:
+            gpus = tf.config.list_logical_devices("GPU")
+            if not gpus:
+                return {}
+            info = tf.config.experimental.get_memory_info("GPU:0")
+            return {
+                "device": "GPU:0",
+                "bytes_in_use": int(info.get("current", 0)),
+                "peak_bytes_in_use": int(info.get("peak", 0)),
+            }
+        except Exception:
+            return {}
+
+    def uses_tf32(self) -> bool:
+        tf = deps.loaded("tensorflow")
+        return bool(tf is not None and tf.config.experimental.is_tensor_float_32_execution_enabled())
+
+    def framework_facts(self, facts) -> None:
+        import tensorflow as tf
+
+        facts.version = tf.__version__
+        facts.gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+        facts.built_with_cuda = bool(tf.test.is_built_with_cuda())
+        info = dict(tf.sysconfig.get_build_info())
+        facts.cuda_version = info.get("cuda_version")
+        facts.cudnn_version = info.get("cudnn_version")
+
+    # -- the step
+    def sync(self, outputs) -> None:
+        if outputs is None:
+            return
+        leaf = next(leaves(outputs), None)
+        if leaf is not None and hasattr(leaf, "numpy"):
+            leaf.numpy()  # a device-to-host copy waits for the stream
+
+    def step_caller(self, hook) -> Callable:
+        return lambda iterator: _call_tf(hook, iterator)
+
+    def execution_note(self, steps_per_execution: int) -> str | None:
+        spe = steps_per_execution
+        return (
+            f"steps_per_execution={spe}: timed per execution of {spe} steps; a synced execution runs its "
+            "batches one call each, so its compute includes per-step dispatch the compiled loop avoids."
+        )
+
+    # -- profiler
+    def profiler(self):
+        return _TF()
+
+    # -- out of memory
+    def is_oom(self, exc: BaseException) -> bool:
+        tf = deps.loaded("tensorflow")
+        cls = getattr(getattr(tf, "errors", None), "ResourceExhaustedError", None) if tf is not None else None
+        return cls is not None and isinstance(exc, cls)
+
+    def oom_error(self, original: BaseException, message: str) -> BaseException | None:
+        return type(original)(getattr(original, "node_def", None), getattr(original, "op", None), message)
+
+    def reducer_problem(self, model) -> str | None:
+        strategy = getattr(model, "distribute_strategy", None)
+        n = getattr(strategy, "num_replicas_in_sync", 1)
+        if n and n > 1:
+            return (
+                f"OOMBatchSizeReducer does not support a tf.distribute strategy with {n} replicas "
+                f"({type(strategy).__name__}); train on one device or remove the callback."
+            )
+        return None
+
+    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
+        return TFRunner(model, original, mode, **kwargs)
+
+    def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
+        def train_function(iterator):
+            # Fetched in Python so that a batch survives an out-of-memory error
+            # (one pulled inside the compiled loop is gone with it).
+            batches = _fetch(iterator, steps_per_execution)
+            if not batches:
+                raise StopIteration
+            out = None
+            for batch in batches:
+                out = one(batch)
+            return out
+
+        return train_function
+
+
+BACKEND = TensorFlowBackend()

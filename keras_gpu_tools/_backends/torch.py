@@ -1,0 +1,289 @@
+"""The torch backend: step calls, syncs, profiler, OOM, accumulation, memory.
+
+torch's train function is ``f(batches)`` with the batches already fetched by
+fit()'s epoch iterator, so fetch time is measured by wrapping that iterator
+(``keras_internals.time_epoch_iterator``) and falls before the call. A sync is
+``torch.cuda.synchronize()``, on CUDA only. torch's profiler can only be
+stopped from the thread that started it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+
+from keras_gpu_tools._backends.base import Backend, Stats
+from keras_gpu_tools._core import deps
+from keras_gpu_tools._core import keras_internals as ki
+from keras_gpu_tools._core.batches import leading_dim
+from keras_gpu_tools._core.grad_accum import StatefulRunner
+from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
+
+logger = logging.getLogger("keras_gpu_tools")
+
+# The message of a CPU allocation failure in torch ("DefaultCPUAllocator: can't
+# allocate memory"): torch raises a plain RuntimeError there, not
+# torch.OutOfMemoryError (which it raises for CUDA).
+_CPU_OOM = "can't allocate memory"
+
+
+# -- the step ------------------------------------------------------------------------------
+def _call_torch(hook, data):
+    rec = hook.begin(lambda: hook.sync(True))
+    rec.start = hook.clock()
+    out = hook.around(rec, lambda: hook.inner(data))
+    if rec.sampled:
+        hook.sync(True)
+    rec.end = hook.clock()
+    try:
+        rec.steps = max(len(data), 1)
+        n = leading_dim(data[0])
+        rec.samples = n * len(data) if n is not None else None
+    except TypeError:
+        pass
+    if rec.sampled:
+        rec.compute = rec.end - rec.start
+        try:
+            hook.check_signature(rec, data[0])
+        except (TypeError, IndexError):
+            pass
+    return out
+
+
+def _install_fetch_timer(hook) -> None:
+    ei = ki.find_epoch_iterator(hook.model_ref)
+    if ei is None:
+        logger.warning(
+            "keras_gpu_tools: could not find fit()'s epoch iterator (Keras %s); input fetch time is not measured on torch.",
+            ki.keras_version(),
+        )
+        return
+    hook.fetch_known = True
+    hook.undo_fetch_timer = ki.time_epoch_iterator(ei, hook.on_fetch, hook.clock)
+
+
+# -- profiler ------------------------------------------------------------------------------
+class _Torch:
+    name = "torch"
+    owner_thread_only = True  # stop() only from the thread that called start()
+    pattern = "*.pt.trace.json"
+
+    def __init__(self):
+        self._prof = None
+        self._run_dir = None
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def start(self, run_dir: str, options: TracerOptions) -> None:
+        import torch
+
+        if torch.autograd.profiler._is_profiler_enabled:
+            raise ProfilerBusy("another torch profiler session is running")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available() and options.device_tracer_level:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._prof = torch.profiler.profile(activities=activities, with_stack=options.python_tracer)
+        self._prof.start()
+        self._run_dir = run_dir
+
+    def step(self, step_num: int):
+        import torch
+
+        # The name torch.profiler.profile.step() gives its step ranges.
+        return torch.profiler.record_function(f"ProfilerStep#{step_num}")
+
+    def stop(self, outputs=None) -> None:
+        import torch
+
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        prof.stop()
+        folder = os.path.join(self._run_dir, "plugins", "profile", time.strftime("%Y_%m_%d_%H_%M_%S"))
+        os.makedirs(folder, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(folder, f"{socket.gethostname()}.pt.trace.json"))
+
+
+# -- gradient accumulation -----------------------------------------------------------------
+class TorchRunner(StatefulRunner):
+    backend = "torch"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import torch
+
+        self.torch = torch
+        self._acc = {}
+        self._w = 1.0
+
+    def _run_original(self, batch):
+        return self.original([batch])
+
+    def _sink(self, grads, variables):
+        variables = variables if variables is not None else self.model.trainable_variables
+        with self.torch.no_grad():
+            for g, v in zip(grads, variables):
+                if g is None:
+                    continue
+                i = self._index[id(v)]
+                w = 1.0 if self._scaled else self._w
+                if i in self._acc:
+                    self._acc[i].add_(g, alpha=w)
+                else:
+                    self._acc[i] = g.detach() * w
+
+    def _run_accumulated(self, parts):
+        model = self.model
+        logs = None
+        self._acc = {}
+        try:
+            for part, w in parts:
+                self._w = w
+                self._scaled = False
+                with ki.capture_apply(model.optimizer, self._sink, weight=w, on_scaled=self._mark_scaled):
+                    logs = model.train_step(part)
+            variables = model.trainable_variables
+            grads = [self._acc.get(i) for i in range(len(variables))]
+            with self.torch.no_grad():
+                model.optimizer.apply(grads, variables)
+        finally:
+            self._acc = {}
+        return logs
+
+    def _copy_small(self):
+        return [v.value.detach().clone() for v in self._small]
+
+    def restore(self, snap, state):
+        out = super().restore(snap, state)
+        torch = self.torch
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+        return out
+
+
+def _cuda():
+    torch = deps.loaded("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return torch.cuda
+
+
+class TorchBackend(Backend):
+    """torch (batches fetched before the step, CUDA syncs, ``torch.profiler``)."""
+
+    install_hint = "install a CUDA build of torch (see pytorch.org for the command matching your driver's CUDA version)"
+
+    fetches_inside_step = False
+
+    def __init__(self):
+        super().__init__("torch")
+
+    # -- devices and memory
+    def gpu_devices(self) -> list[str]:
+        cuda = _cuda()
+        if cuda is None:
+            return []
+        return [f"cuda:{i} ({cuda.get_device_name(i)})" for i in range(cuda.device_count())]
+
+    def allocator_memory(self, indices: Iterable[int]) -> Stats:
+        cuda = _cuda()
+        out: Stats = {}
+        if cuda is None:
+            return out
+        n = cuda.device_count()
+        for i in indices:
+            if i < n:
+                out[i] = (float(cuda.memory_allocated(i)), float(cuda.max_memory_allocated(i)))
+        return out
+
+    def device_memory(self) -> dict:
+        torch = deps.loaded("torch")
+        if torch is None:
+            return {}
+        try:
+            if not torch.cuda.is_available():
+                return {}
+            i = torch.cuda.current_device()
+            free, total = torch.cuda.mem_get_info(i)
+            return {
+                "device": torch.cuda.get_device_name(i),
+                "bytes_limit": int(total),
+                "bytes_in_use": int(torch.cuda.memory_allocated(i)),
+                "peak_bytes_in_use": int(torch.cuda.max_memory_allocated(i)),
+            }
+        except Exception:
+            return {}
+
+    def uses_tf32(self) -> bool:
+        torch = deps.loaded("torch")
+        return bool(torch is not None and torch.backends.cuda.matmul.allow_tf32)
+
+    def framework_facts(self, facts) -> None:
+        import torch
+
+        facts.version = torch.__version__
+        facts.built_with_cuda = torch.version.cuda is not None
+        facts.cuda_version = torch.version.cuda
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        facts.cudnn_version = str(cudnn) if cudnn else None
+        if torch.cuda.is_available():
+            facts.gpus = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+
+    # -- the step
+    def sync(self, outputs) -> None:
+        torch = deps.loaded("torch")
+        if outputs is not None and torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def step_caller(self, hook) -> Callable:
+        return lambda data: _call_torch(hook, data)
+
+    def prepare_hook(self, hook) -> None:
+        _install_fetch_timer(hook)
+
+    # -- profiler
+    def profiler(self):
+        return _Torch()
+
+    # -- out of memory
+    def is_oom(self, exc: BaseException) -> bool:
+        torch = deps.loaded("torch")
+        if torch is None:
+            return False
+        cls = getattr(torch, "OutOfMemoryError", None) or getattr(
+            getattr(torch, "cuda", None), "OutOfMemoryError", None
+        )
+        if cls is not None and isinstance(exc, cls):
+            return True
+        return type(exc) is RuntimeError and "DefaultCPUAllocator" in str(exc) and _CPU_OOM in str(exc)
+
+    def oom_error(self, original: BaseException, message: str) -> BaseException | None:
+        made = type(original)(message)
+        return made if isinstance(made, BaseException) else None
+
+    def reducer_problem(self, model) -> str | None:
+        return None
+
+    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
+        return TorchRunner(model, original, mode, **kwargs)
+
+    def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
+        def train_function(data):
+            logs = None
+            for batch in data:
+                logs = one(batch)
+            return logs
+
+        return train_function
+
+
+BACKEND = TorchBackend()

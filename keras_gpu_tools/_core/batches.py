@@ -1,0 +1,59 @@
+"""Nested batches: their size, their shapes, their leaves. No framework import."""
+
+from __future__ import annotations
+
+
+def batch_signature(batch) -> tuple:
+    """Shapes and dtypes of a (nested) batch; cheap, no framework import."""
+    out = []
+    stack = [batch]
+    while stack and len(out) < 64:
+        b = stack.pop()
+        if isinstance(b, (tuple, list)):
+            stack.extend(reversed(b))
+        elif isinstance(b, dict):
+            stack.extend(reversed([b[k] for k in sorted(b, key=str)]))
+        elif b is not None:
+            shape = getattr(b, "shape", None)
+            out.append((tuple(shape) if shape is not None else None, str(getattr(b, "dtype", type(b).__name__))))
+    return tuple(out)
+
+
+def leading_dim(batch) -> int | None:
+    """The batch size: the first dimension of the first array in the batch."""
+    b = batch
+    for _ in range(8):
+        if isinstance(b, (tuple, list)):
+            if not b:
+                return None
+            b = b[0]
+        elif isinstance(b, dict):
+            if not b:
+                return None
+            b = next(iter(b.values()))
+        else:
+            break
+    shape = getattr(b, "shape", None)
+    if shape is None or len(shape) == 0:
+        return None
+    try:
+        return int(shape[0])
+    except (TypeError, ValueError):
+        return None
+
+
+def leaves(tree):
+    """The non-None leaves of nested dicts, lists and tuples (no framework import)."""
+    stack = [tree]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, dict):
+            stack.extend(t.values())
+        elif isinstance(t, (list, tuple)):
+            stack.extend(t)
+        elif t is not None:
+            yield t
+
+
+def first_leaf(tree):
+    return next(leaves(tree), None)

@@ -1,0 +1,547 @@
+"""Every use of Keras internals, in one place, with why and the versions checked.
+
+Keras gives a callback no supported way to time a training step, retry a batch
+or profile chosen steps. This module is the only one in the package that
+touches private Keras attributes or relies on undocumented behaviour; each
+use is listed in :data:`INTERNALS` (what, where in Keras, why we need it, the
+Keras versions it was checked against) and documented for maintainers in
+``docs/keras-internals.md``. Each helper checks what it needs and raises
+:class:`~keras_gpu_tools.errors.KerasInternalsError`, naming the installed
+Keras version, when a release has changed it; :func:`check_keras_version`
+warns once (at ``on_train_begin``) when Keras is outside the tested range.
+
+No module-level Keras import: this module is part of ``_core``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from keras_gpu_tools._core import deps
+from keras_gpu_tools.errors import KerasInternalsError, KerasVersionWarning
+
+logger = logging.getLogger("keras_gpu_tools")
+
+#: The Keras releases the internals below were read from and tested with (CI
+#: runs the lowest and the highest). ``setup.cfg`` allows ``keras>=3.15,<4``.
+TESTED_KERAS = ("3.15.0", "3.15.1")
+TESTED = TESTED_KERAS[-1]
+
+
+@dataclass(frozen=True)
+class Internal:
+    """One private Keras API or undocumented behaviour the package relies on."""
+
+    what: str
+    where: str  # the Keras source it lives in
+    why: str
+    checked: tuple[str, ...] = TESTED_KERAS
+
+
+INTERNALS: tuple[Internal, ...] = (
+    Internal(
+        "fit() calls make_train_function() before on_train_begin and reads model.train_function anew at every step",
+        "keras/src/backend/{tensorflow,jax,torch}/trainer.py: fit()",
+        "the step hook replaces model.train_function in on_train_begin to time, mark and retry steps",
+    ),
+    Internal(
+        "fit() calls model.train_function directly from its own frame",
+        "keras/src/backend/*/trainer.py: fit()",
+        "a hook left by a fit() that died recognises a later fit() by its caller frame and steps aside",
+    ),
+    Internal(
+        "train function signatures: TF f(iterator), JAX f(state, iterator) -> (logs, state), torch f(batches)",
+        "keras/src/backend/*/trainer.py: make_train_function()",
+        "the per-backend step callers in keras_gpu_tools/_backends",
+    ),
+    Internal(
+        "TF: a non-tf.data iterable makes the train function call one_step_on_data per element",
+        "keras/src/backend/tensorflow/trainer.py: make_train_function()",
+        "sampled steps and the OOM reducer fetch batches in Python and run the same compiled step on them",
+    ),
+    Internal(
+        "JAX: the train function closes over the jitted per-batch step as `step_function`",
+        "keras/src/backend/jax/trainer.py: make_train_function()",
+        "XLA cost and memory analysis of the step (FLOPs, MFU, OOM prediction)",
+    ),
+    Internal(
+        "JAX: the state is the 4-tuple (trainable, non-trainable, optimizer, metrics variables); "
+        "model._jax_state / _jax_state_synced are written back by fit()'s jax_state_sync",
+        "keras/src/backend/jax/trainer.py",
+        "gradient accumulation on JAX; handing the state from before a failed step back to fit()",
+    ),
+    Internal(
+        "fit() locals `epoch_iterator` (EpochIterator with _get_iterator() and data_adapter), `callbacks`, `x`",
+        "keras/src/backend/*/trainer.py: fit(); keras/src/trainers/epoch_iterator.py",
+        "torch fetch timing (wrapping _get_iterator), describing the input pipeline, finding sibling callbacks",
+    ),
+    Internal(
+        "train_step hands gradients to optimizer.apply (TF, torch) or optimizer.stateless_apply (JAX), "
+        "after optimizer.scale_loss on the loss",
+        "keras/src/backend/*/trainer.py: train_step()",
+        "the OOM reducer accumulates micro-batch gradients and applies once",
+    ),
+    Internal(
+        "optimizer._iterations (and a LossScaleOptimizer's inner_optimizer)",
+        "keras/src/optimizers/base_optimizer.py",
+        "telling whether a failed step already applied an update before retrying it",
+    ),
+    Internal(
+        "Keras disables JAX profiling on Python < 3.12",
+        "keras/src/callbacks/tensorboard.py",
+        "ProfilerWindow refuses JAX profiling there with the same reason",
+    ),
+    Internal(
+        "tf.data dataset objects keep their inputs (_inputs())",
+        "tensorflow/python/data/ops/dataset_ops.py",
+        "InputBoundDetector's advice reads the pipeline's transformations",
+    ),
+)
+
+_version_warned = False
+
+
+# -- fit() itself ------------------------------------------------------------------------------
+_FIT_NAMES = ("fit",)
+
+
+def find_fit_frame(model, start=None):
+    """The innermost frame of ``model.fit`` on the current stack, or None.
+
+    Keras's ``fit`` is wrapped by its traceback filter; the frame we want is
+    the trainer's own ``fit`` (its code is named ``fit`` and ``self`` is the model).
+    """
+    frame = start or sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in _FIT_NAMES and frame.f_locals.get("self") is model:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def keras_version() -> str:
+    try:
+        import keras
+
+        return keras.__version__
+    except Exception:  # pragma: no cover - keras is a requirement
+        return "unknown"
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    out = []
+    for part in v.split(".")[:3]:
+        digits = "".join(c for c in part if c.isdigit())
+        out.append(int(digits) if digits else 0)
+    return tuple(out)
+
+
+def check_keras_version(version: str | None = None) -> bool:
+    """Warns once per process when Keras is outside :data:`TESTED_KERAS`; returns whether it is inside."""
+    global _version_warned
+    v = version or keras_version()
+    low, high = _version_tuple(TESTED_KERAS[0]), _version_tuple(TESTED_KERAS[-1])
+    inside = v != "unknown" and low <= _version_tuple(v) <= high
+    if not inside and not _version_warned:
+        _version_warned = True
+        warnings.warn(
+            f"keras_gpu_tools relies on Keras internals checked with keras {TESTED_KERAS[0]} to {TESTED_KERAS[-1]}; "
+            f"this is keras {v}. It fails with a clear error where an internal has changed; please report it.",
+            KerasVersionWarning,
+            stacklevel=3,
+        )
+    return inside
+
+
+def _fail(what: str) -> KerasInternalsError:
+    return KerasInternalsError(
+        f"keras_gpu_tools relies on a Keras internal that this Keras ({keras_version()}) "
+        f"does not have: {what}. It was written against keras {TESTED}; "
+        "please report this with your Keras version."
+    )
+
+
+def get_train_function(model) -> Callable:
+    if not hasattr(model, "train_function") or not hasattr(model, "make_train_function"):
+        raise _fail("`model.train_function` / `model.make_train_function`")
+    fn = model.train_function
+    if fn is None:  # on_train_begin runs after make_train_function; be safe anyway
+        model.make_train_function()
+        fn = model.train_function
+    if not callable(fn):
+        raise _fail("a callable `model.train_function` at on_train_begin")
+    return fn
+
+
+def set_train_function(model, fn: Callable) -> None:
+    model.train_function = fn
+
+
+def steps_per_execution(model) -> int:
+    return int(getattr(model, "steps_per_execution", 1) or 1)
+
+
+def tf_is_graph_iterator(iterator) -> bool:
+    """True for the iterators that make Keras run its compiled multi-step loop."""
+    tf = deps.loaded("tensorflow")
+    if tf is None:
+        return False
+    return isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator))
+
+
+def tf_run_batches(train_function: Callable, batches: list[Any]):
+    """Runs already fetched batches through Keras's Python branch.
+
+    Any non-``tf.data`` iterable makes the TensorFlow train function call its
+    compiled per-batch ``one_step_on_data`` once per element (at most
+    ``steps_per_execution`` elements): the same step on the same batches.
+    """
+    return train_function(iter(batches))
+
+
+def jax_step_function(train_function: Callable) -> Callable | None:
+    """The jitted per-batch step the JAX train function closes over, or None."""
+    code = getattr(train_function, "__code__", None)
+    cells = getattr(train_function, "__closure__", None)
+    if code is None or not cells:
+        return None
+    names = dict(zip(code.co_freevars, cells))
+    cell = names.get("step_function")
+    if cell is None:
+        return None
+    fn = cell.cell_contents
+    return fn if hasattr(fn, "lower") else None
+
+
+def fit_locals(model) -> dict[str, Any]:
+    """The locals of the running ``model.fit`` (empty outside fit)."""
+    frame = find_fit_frame(model, sys._getframe(1))
+    if frame is None:
+        return {}
+    try:
+        return dict(frame.f_locals)
+    finally:
+        del frame
+
+
+def find_callback_list(model) -> list[Any]:
+    """The callbacks of the running fit(), or [] where they cannot be found."""
+    cbs = fit_locals(model).get("callbacks")
+    inner = getattr(cbs, "callbacks", None)
+    return list(inner) if isinstance(inner, list) else []
+
+
+def find_epoch_iterator(model):
+    """The training ``EpochIterator`` of the running fit(), or None."""
+    ei = fit_locals(model).get("epoch_iterator")
+    if ei is None or not hasattr(ei, "_get_iterator") or not hasattr(ei, "data_adapter"):
+        return None
+    return ei
+
+
+def training_data(model) -> dict[str, Any]:
+    """What fit() is training on: the adapter and the user's ``x``."""
+    loc = fit_locals(model)
+    ei = loc.get("epoch_iterator")
+    return {"adapter": getattr(ei, "data_adapter", None), "x": loc.get("x")}
+
+
+class _TimedIterable:
+    def __init__(self, inner, on_fetch: Callable[[float], None], clock: Callable[[], float]):
+        self._inner = inner
+        self._on_fetch = on_fetch
+        self._clock = clock
+
+    def __iter__(self):
+        t = self._clock()
+        it = iter(self._inner)  # DataLoader workers start here
+        self._on_fetch(self._clock() - t)
+        return _TimedIterator(it, self._on_fetch, self._clock)
+
+
+class _TimedIterator:
+    __slots__ = ("_it", "_on_fetch", "_clock")
+
+    def __init__(self, it, on_fetch, clock):
+        self._it = it
+        self._on_fetch = on_fetch
+        self._clock = clock
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        t = self._clock()
+        try:
+            return next(self._it)
+        finally:
+            self._on_fetch(self._clock() - t)
+
+
+def time_epoch_iterator(
+    epoch_iterator, on_fetch: Callable[[float], None], clock: Callable[[], float]
+) -> Callable[[], None]:
+    """Times every batch fetch of a fit()'s epoch iterator; returns the undo.
+
+    Wraps the iterator that ``EpochIterator._get_iterator()`` returns (built
+    at the start of each epoch), so each ``next()`` reports its duration. The
+    batches and their order are unchanged.
+    """
+    original = epoch_iterator._get_iterator
+
+    @functools.wraps(original)
+    def timed():
+        return _TimedIterable(original(), on_fetch, clock)
+
+    epoch_iterator._get_iterator = timed
+
+    def undo():
+        if epoch_iterator.__dict__.get("_get_iterator") is timed:
+            del epoch_iterator.__dict__["_get_iterator"]
+
+    return undo
+
+
+def describe_pipeline(model) -> dict[str, Any]:
+    """What kind of input fit() consumes, and what can be read about it.
+
+    Returns a dict with ``kind`` (``"tf.data"``, ``"PyDataset"``, ``"generator"``,
+    ``"arrays"``, ``"torch DataLoader"``, ``"grain"`` or ``"unknown"``) and
+    details per kind. Never raises.
+    """
+    try:
+        found = training_data(model)
+    except Exception:
+        return {"kind": "unknown"}
+    adapter, x = found["adapter"], found["x"]
+    name = type(adapter).__name__ if adapter is not None else ""
+    info: dict[str, Any] = {"kind": "unknown", "adapter": name}
+    try:
+        if name == "TFDatasetAdapter":
+            info["kind"] = "tf.data"
+            info.update(inspect_tf_dataset(x if x is not None else getattr(adapter, "_dataset", None)))
+        elif name == "PyDatasetAdapter":
+            ds = getattr(adapter, "py_dataset", x)
+            info["kind"] = "PyDataset"
+            info["workers"] = getattr(ds, "workers", None)
+            info["use_multiprocessing"] = getattr(ds, "use_multiprocessing", None)
+            info["max_queue_size"] = getattr(ds, "max_queue_size", None)
+        elif name == "GeneratorDataAdapter":
+            info["kind"] = "generator"
+        elif name == "ArrayDataAdapter":
+            info["kind"] = "arrays"
+            info["batch_size"] = getattr(adapter, "batch_size", None)
+        elif name == "TorchDataLoaderAdapter":
+            loader = getattr(adapter, "_dataloader", x)
+            info["kind"] = "torch DataLoader"
+            info["num_workers"] = getattr(loader, "num_workers", None)
+            info["pin_memory"] = getattr(loader, "pin_memory", None)
+            info["persistent_workers"] = getattr(loader, "persistent_workers", None)
+        elif name == "GrainDatasetAdapter":
+            info["kind"] = "grain"
+    except Exception:
+        pass
+    return info
+
+
+def inspect_tf_dataset(dataset) -> dict[str, Any]:
+    """The transformations of a ``tf.data.Dataset``, from the end backwards.
+
+    Reads the Python dataset objects (``_inputs()``), which TensorFlow keeps
+    for every transformation. ``ops`` lists them last first;
+    ``ends_with_prefetch``, ``parallel_map``, ``sequential_map`` and ``cache``
+    summarise what matters for input speed.
+    """
+    ops: list[str] = []
+    seen = 0
+    stack = [dataset]
+    while stack and seen < 200:
+        ds = stack.pop(0)
+        if ds is None:
+            continue
+        seen += 1
+        cls = type(ds).__name__.lstrip("_")
+        ops.append(_TF_OP_NAMES.get(cls, cls))
+        inputs = getattr(ds, "_inputs", None)
+        try:
+            stack = list(inputs()) + stack if callable(inputs) else stack
+        except Exception:
+            pass
+    tail = [op for op in ops if op not in ("options",)]
+    return {
+        "ops": ops,
+        "ends_with_prefetch": bool(tail) and tail[0] == "prefetch",
+        "parallel_map": "parallel_map" in ops,
+        "sequential_map": "map" in ops,
+        "cache": "cache" in ops,
+        "interleave": "interleave" in ops,
+    }
+
+
+_TF_OP_NAMES = {
+    "PrefetchDataset": "prefetch",
+    "ParallelMapDataset": "parallel_map",
+    "MapDataset": "map",
+    "CacheDataset": "cache",
+    "BatchDataset": "batch",
+    "ParallelBatchDataset": "parallel_batch",
+    "ShuffleDataset": "shuffle",
+    "InterleaveDataset": "interleave",
+    "ParallelInterleaveDataset": "parallel_interleave",
+    "FlatMapDataset": "flat_map",
+    "RepeatDataset": "repeat",
+    "OptionsDataset": "options",
+    "TakeDataset": "take",
+}
+
+
+# -- the optimizer's apply and the JAX state (the OOM reducer) ---------------------------------
+@contextlib.contextmanager
+def capture_apply(optimizer, sink: Callable, weight=None, on_scaled: Callable | None = None, stateless: bool = False):
+    """Routes the optimizer call of ``train_step`` to ``sink`` while the block runs.
+
+    ``sink(grads, variables)`` replaces ``optimizer.apply`` (TensorFlow, torch).
+    With ``stateless`` (JAX), ``sink(grads)`` is called by a replacement of ``stateless_apply`` that
+    returns the variables unchanged.
+
+    With ``weight``, ``optimizer.scale_loss`` (which every backend's
+    ``train_step`` calls on the loss before differentiating it; it applies the
+    loss scale of ``mixed_float16``) also multiplies the loss by ``weight``, so
+    a micro-batch's gradients are computed at the magnitude they have in the
+    whole batch (a float16 backward pass would otherwise overflow sooner);
+    ``on_scaled()`` tells that it was called.
+    """
+    name = "stateless_apply" if stateless else "apply"
+    if not callable(getattr(optimizer, name, None)):
+        raise KerasInternalsError(f"keras_gpu_tools: the optimizer has no `{name}` to accumulate gradients through.")
+    with _patched(
+        optimizer, "scale_loss", _weighted_scale_loss(optimizer, weight, on_scaled) if weight is not None else None
+    ):
+        with _capture(optimizer, name, stateless, sink):
+            yield
+
+
+def _weighted_scale_loss(optimizer, weight, on_scaled):
+    original = optimizer.scale_loss
+
+    def scale_loss(loss):
+        if on_scaled is not None:
+            on_scaled()
+        return original(loss) * weight
+
+    return scale_loss
+
+
+@contextlib.contextmanager
+def _patched(obj, name: str, value):
+    if value is None:
+        yield
+        return
+    had = name in obj.__dict__
+    old = obj.__dict__.get(name)
+    object.__setattr__(obj, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            object.__setattr__(obj, name, old)
+        else:
+            try:
+                object.__delattr__(obj, name)
+            except AttributeError:
+                pass
+
+
+def _capture(optimizer, name: str, stateless: bool, sink: Callable):
+    """Replaces ``optimizer.<name>`` (apply / stateless_apply) by a sink while the block runs."""
+    if stateless:
+
+        def replacement(optimizer_variables, grads, trainable_variables):
+            sink(list(grads))
+            return list(trainable_variables), list(optimizer_variables)
+    else:
+
+        def replacement(grads, trainable_variables=None):
+            sink(list(grads), list(trainable_variables) if trainable_variables is not None else None)
+
+    return _patched(optimizer, name, replacement)
+
+
+def jax_state_parts(state):
+    if not isinstance(state, (tuple, list)) or len(state) != 4:
+        raise KerasInternalsError("keras_gpu_tools: the JAX train function's state is not the 4-tuple of Keras 3.15")
+    return state
+
+
+def jax_hand_back_state(model, state) -> None:
+    """Lets fit()'s final ``jax_state_sync`` write ``state`` into the model's variables.
+
+    After an error in the first step Keras has no state to write back and the
+    model's variables stay purged; this gives it the state from before the
+    failed attempt.
+    """
+    try:
+        tv, ntv, ov, mv = jax_state_parts(state)
+        model._jax_state = {
+            "trainable_variables": tv,
+            "non_trainable_variables": ntv,
+            "optimizer_variables": ov,
+            "metrics_variables": mv,
+        }
+        model._jax_state_synced = False
+    except Exception:
+        logger.debug("keras_gpu_tools: could not hand the JAX state back to the model", exc_info=True)
+
+
+def variables_of(model, which: str) -> list[Any]:
+    """Keras variables of ``model``: ``all``, or ``small`` (non-trainable, metrics, the optimizer's counters)."""
+    out, seen = [], set()
+
+    def add(vs):
+        for v in vs or []:
+            if id(v) not in seen:
+                seen.add(id(v))
+                out.append(v)
+
+    opt = getattr(model, "optimizer", None)
+    if which == "all":
+        add(model.trainable_variables)
+        add(model.non_trainable_variables)
+        add(getattr(opt, "variables", None))
+        add(model.metrics_variables)
+    else:
+        add(model.non_trainable_variables)
+        add(model.metrics_variables)
+        if opt is not None:
+            # The optimizer's scalar variables: its step counter, and a
+            # LossScaleOptimizer's scale and counter.
+            add([v for v in getattr(opt, "variables", []) or [] if len(getattr(v, "shape", (1,))) == 0])
+    return out
+
+
+def iterations_variable(optimizer):
+    """The optimizer's own step counter variable (``optimizer.iterations`` may be a derived tensor)."""
+    for opt in (optimizer, getattr(optimizer, "inner_optimizer", None)):
+        v = getattr(opt, "_iterations", None) if opt is not None else None
+        if v is not None and hasattr(v, "assign"):
+            return v
+    return None
+
+
+def iterations_value(model) -> int | None:
+    v = iterations_variable(getattr(model, "optimizer", None))
+    if v is None:
+        return None
+    try:
+        import keras
+
+        return int(keras.ops.convert_to_numpy(v.value))
+    except Exception:
+        return None

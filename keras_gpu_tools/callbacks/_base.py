@@ -1,0 +1,110 @@
+"""What every callback of the package shares: the fit session, one locked teardown, the run directory.
+
+A subclass implements :meth:`FitCallback._start_fit` (what ``on_train_begin``
+did) and :meth:`FitCallback._stop_fit` (releasing all it started). The base
+class guarantees, for every fit():
+
+- the Keras version is checked (a warning once when outside the tested range);
+- what an earlier fit() that died left behind is released first;
+- ``_start_fit`` runs inside a try: if it raises, ``_stop_fit`` runs at once
+  and nothing stays attached (issue 10, defect 2);
+- ``_stop_fit`` runs exactly once per fit, under one lock, whether fit()
+  returned (``on_train_end``), raised (the shared
+  :class:`~keras_gpu_tools._core.lifecycle.FitSession` notices), or the user
+  calls ``close()``; with ``_stop_on_training_thread`` it is deferred to the
+  training thread when the session notices from its watchdog.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import keras
+
+from keras_gpu_tools import _backends
+from keras_gpu_tools._core import keras_internals as ki
+from keras_gpu_tools._core.lifecycle import FitSession, run_deferred
+
+
+class FitCallback(keras.callbacks.Callback):
+    """Base class of the package's callbacks (see the module docstring)."""
+
+    # Batch hooks only count: safe for Keras's thread pool of batch-end hooks,
+    # so a monitoring callback does not force a device sync per step on JAX.
+    async_safe = True
+
+    def __init__(self):
+        super().__init__()
+        self._teardown_lock = threading.RLock()
+        self._session: FitSession | None = None
+        self._backend_obj: _backends.Backend | None = None
+
+    # -- for subclasses ---------------------------------------------------------------------
+    def _start_fit(self, session: FitSession) -> None:
+        """Starts what this fit() needs (threads, writers, the step hook: attach it last)."""
+
+    def _stop_fit(self, aborted: bool) -> None:
+        """Releases everything ``_start_fit`` started; ``aborted`` when fit() raised."""
+
+    def _stop_on_training_thread(self) -> bool:
+        """Whether ``_stop_fit`` must run on the training thread (torch's profiler)."""
+        return False
+
+    @property
+    def backend(self) -> _backends.Backend:
+        """The Keras backend in use, as the package's backend object."""
+        if self._backend_obj is None:
+            self._backend_obj = _backends.get(keras.backend.backend())
+        return self._backend_obj
+
+    @property
+    def run_dir(self) -> str | None:
+        """``log_dir/run_name``: this callback's own TensorBoard run (None without a log_dir)."""
+        log_dir = getattr(self, "log_dir", None)
+        return os.path.join(log_dir, self.run_name) if log_dir else None
+
+    @property
+    def fit_running(self) -> bool:
+        """Whether a fit() with this callback is running (started and not yet stopped)."""
+        return self._session is not None
+
+    # -- Keras hooks ---------------------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        ki.check_keras_version()
+        self._end_fit(aborted=True)  # what a fit() that died before its session noticed left
+        self._backend_obj = None
+        session = FitSession.current(self.model)
+        with self._teardown_lock:
+            self._session = session
+        session.add(self, lambda aborted: self._end_fit(aborted, session), self._stop_on_training_thread())
+        try:
+            self._start_fit(session)
+        except BaseException:
+            self._end_fit(aborted=True, session=session)
+            raise
+
+    def on_train_end(self, logs=None):
+        self._end_fit(aborted=False)
+
+    def close(self) -> None:
+        """Releases whatever a fit() with this callback still holds; safe to call twice.
+
+        Everything is released automatically when fit() ends, also when it
+        raises; this is for a fit() that died in a way nothing could notice.
+        """
+        run_deferred()
+        self._end_fit(aborted=True)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _end_fit(self, aborted: bool, session: FitSession | None = None) -> None:
+        """Runs ``_stop_fit`` once for the fit of ``session`` (None: whichever is running)."""
+        with self._teardown_lock:
+            current = self._session
+            if current is None or (session is not None and current is not session):
+                return  # that fit has already been stopped
+            self._session = None
+            try:
+                self._stop_fit(aborted)
+            finally:
+                current.release(self)
