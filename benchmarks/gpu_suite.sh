@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU check of the project in one go, for the lent GPU machine
-# (../shared/GPU-MACHINE.md): gpu-marked tests on JAX and torch, then the
+# Every GPU check of the project in one go, for a GPU machine
+# (CONTRIBUTING.md, "GPU runs"): gpu-marked tests on JAX and torch, then the
 # benchmarks. Results land in $OUT (or ./gpu-results).
 #   bash benchmarks/gpu_suite.sh tests        # the tests
 #   bash benchmarks/gpu_suite.sh benchmarks   # the benchmarks

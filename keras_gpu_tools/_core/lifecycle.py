@@ -75,7 +75,7 @@ class FitSession:
         self.code = frame.f_code if frame is not None else None
         self.thread_id = threading.get_ident()
         self._lock = threading.RLock()
-        self._teardowns: dict[int, tuple[Any, Teardown, bool]] = {}  # id(owner) -> (owner, fn, training_thread)
+        self._teardowns: dict[int, tuple[Any, Teardown, Any]] = {}  # id(owner) -> (owner, fn, training_thread)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.closed = False
@@ -112,11 +112,12 @@ class FitSession:
         return self.frame is not None
 
     # -- registering ----------------------------------------------------------------------------
-    def add(self, owner, teardown: Teardown, training_thread: bool = False) -> None:
+    def add(self, owner, teardown: Teardown, training_thread: bool | Callable[[], bool] = False) -> None:
         """Registers ``teardown(aborted)`` of ``owner``, run once when this fit ends.
 
-        With ``training_thread``, an abort noticed on another thread defers it
-        to the training thread's next contact with the package.
+        With ``training_thread`` (or when it returns True at the time of the
+        abort), an abort noticed on another thread defers the teardown to the
+        training thread's next contact with the package.
         """
         with self._lock:
             if self.closed:
@@ -170,6 +171,8 @@ class FitSession:
             entries = list(self._teardowns.values())
             self._teardowns.clear()
         for _owner, fn, training_thread in entries:
+            if callable(training_thread):
+                training_thread = training_thread()
             if training_thread and not on_training_thread:
                 with _registry_lock:
                     _deferred.append((self.thread_id, (lambda f: lambda: f(True))(fn)))

@@ -126,6 +126,15 @@ class StepHook:
             hook._rebuild_inner()
         return att
 
+    @classmethod
+    def detach_observer(cls, model, observer) -> None:
+        """Removes ``observer`` from the model's hook, wherever it was attached (a failed start)."""
+        hook = cls.installed(model)
+        if hook is None:
+            return
+        for att in [a for a in hook.attachments if a.observer is observer]:
+            hook.detach(att)
+
     def _rebuild_inner(self) -> None:
         fn = self.original
         for a in self.attachments:

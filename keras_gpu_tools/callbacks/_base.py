@@ -25,6 +25,7 @@ import keras
 from keras_gpu_tools import _backends
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.lifecycle import FitSession, run_deferred
+from keras_gpu_tools._core.step_hook import StepHook
 
 
 class FitCallback(keras.callbacks.Callback):
@@ -77,11 +78,14 @@ class FitCallback(keras.callbacks.Callback):
         session = FitSession.current(self.model)
         with self._teardown_lock:
             self._session = session
-        session.add(self, lambda aborted: self._end_fit(aborted, session), self._stop_on_training_thread())
+        session.add(self, lambda aborted: self._end_fit(aborted, session), self._stop_on_training_thread)
         try:
             self._start_fit(session)
         except BaseException:
-            self._end_fit(aborted=True, session=session)
+            try:
+                self._end_fit(aborted=True, session=session)
+            finally:
+                StepHook.detach_observer(self.model, self)  # attached before what failed
             raise
 
     def on_train_end(self, logs=None):

@@ -254,8 +254,10 @@ class ProfilerWindow(FitCallback):
         self._attachment = StepHook.attach(self.model, self, self.backend, session)  # last
 
     def _stop_on_training_thread(self) -> bool:
-        # torch's profiler can only be stopped from the thread that started it.
-        return self._profiler is not None and self._profiler.owner_thread_only
+        # torch's profiler can only be stopped from the thread that started it. While
+        # such a window runs, the hook stays in place after a failed fit: the next
+        # fit()'s first step (plain or not) is then the first chance to stop it.
+        return self._active is not None and self._profiler is not None and self._profiler.owner_thread_only
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.every_n_epochs and epoch % self.every_n_epochs == 0:

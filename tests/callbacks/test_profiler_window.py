@@ -232,3 +232,92 @@ def test_unwritable_log_dir(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ValueError, match="log_dir"):
         ProfilerWindow(log_dir=blocker / "sub")
+
+
+class InterruptAt(keras.callbacks.Callback):
+    def __init__(self, batch):
+        super().__init__()
+        self.batch = batch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            raise KeyboardInterrupt
+
+
+def profiler_is_running() -> bool:
+    if BACKEND == "torch":
+        import torch
+
+        return bool(torch.autograd.profiler._is_profiler_enabled)
+    try:
+        return not profiler_can_start_again_quietly()
+    except Exception:
+        return True
+
+
+def profiler_can_start_again_quietly() -> bool:
+    import tempfile
+
+    from keras_gpu_tools._core import profiler as prof
+
+    session = _backends.get(BACKEND).profiler()
+    try:
+        session.start(tempfile.mkdtemp(), prof.TracerOptions())
+    except prof.ProfilerBusy:
+        return False
+    session.stop()
+    return True
+
+
+@needs_profiler
+def test_a_plain_fit_after_an_interrupted_window_is_untouched(tmp_path, monkeypatch):
+    """Defect 1: after a KeyboardInterrupt from a callback mid-window, a plain fit() on the same
+    model ran through the dead hook (counted, captured, crashed). It must be untouched, also when
+    the exception is kept alive (as IPython keeps the last traceback) and before any watchdog ran."""
+    from keras_gpu_tools import InputBoundDetector
+    from keras_gpu_tools._core.lifecycle import FitSession
+
+    monkeypatch.setattr(FitSession, "interval", 60.0)  # the watchdog must not be what saves us
+    kept = []
+    for attempt in range(5):
+        model = make_model()
+        window = ProfilerWindow(log_dir=tmp_path / str(attempt), start_step=2, num_steps=50, verbose=0)
+        detector = InputBoundDetector(log_dir=None, verbose=0)
+        try:
+            fit(model, window, steps=12, extra=[detector, InterruptAt(4)])
+        except KeyboardInterrupt as e:
+            kept.append(e)  # keeps the dead fit's frames alive
+        steps_counted = detector._step
+        model.fit(*data(30), batch_size=8, verbose=0)  # no callbacks
+        assert detector._step == steps_counted
+        assert not hasattr(model.train_function, "_keras_gpu_tools_step_hook")
+        assert [c.reason for c in window.captures] == ["cut short"]
+        assert window.captures[0].num_steps == 3  # steps 2, 3 and 4: what the trace holds
+        assert not profiler_is_running()
+
+
+@needs_profiler
+def test_a_schedule_beyond_the_end_of_training_is_not_silent(tmp_path):
+    """Defect 6: a start_step or every_n_steps past the end said nothing."""
+    for kwargs, first in (({"start_step": 50}, 50), ({"start_step": 2, "every_n_steps": 40, "num_steps": 2}, 2)):
+        cb = ProfilerWindow(log_dir=tmp_path, verbose=0, **kwargs)
+        steps = 12 if first == 50 else 1
+        with pytest.warns(ProfilerWarning, match=r"no window was reached in this fit\(\) \(steps 0 to \d+\)"):
+            fit(make_model(), cb, steps=steps)
+        assert not cb.captures
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch's profiler is the one that can only stop on its own thread")
+def test_torch_profiler_stops_at_the_next_fit_after_a_failed_one(tmp_path, monkeypatch):
+    """Defect 8: after a fit that raised mid-window, torch's profiler ran on through later fits
+    (+32 MiB per 300 steps, a trace labelled with the wrong steps)."""
+    model = make_model()
+    cb = ProfilerWindow(log_dir=tmp_path, start_step=1, num_steps=100, verbose=0)
+    with pytest.raises(KeyboardInterrupt):
+        fit(model, cb, steps=12, extra=[InterruptAt(3)])
+    time.sleep(0.5)  # the watchdog notices; it may not stop torch's profiler from its thread
+    model.fit(*data(30), batch_size=8, verbose=0)  # a plain fit: its first step stops it
+    assert not profiler_is_running()
+    assert [(c.start_step, c.num_steps) for c in cb.captures] == [(1, 3)]
+    assert step_names(cb.captures[0]) == [1, 2, 3]
+    assert cb.captures[0].files[0].split(os.sep)[-2].endswith("steps_1_4")

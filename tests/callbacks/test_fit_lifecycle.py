@@ -1,0 +1,126 @@
+"""Every callback of the package leaves nothing behind, however fit() or on_train_begin fails."""
+
+import threading
+import time
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from keras_gpu_tools import GPUUtilizationLogger, InputBoundDetector, OOMBatchSizeReducer, ProfilerWindow
+from keras_gpu_tools._core import keras_internals
+from keras_gpu_tools._core.lifecycle import FitSession
+from keras_gpu_tools._core.step_hook import MARK, StepHook
+from keras_gpu_tools.errors import KerasVersionWarning
+
+pytestmark = pytest.mark.multibackend
+
+
+def make_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    return model
+
+
+def data(n=64):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 4)).astype("float32"), rng.normal(size=(n, 1)).astype("float32")
+
+
+def hooked(model) -> bool:
+    return hasattr(model.train_function, MARK)
+
+
+def our_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("keras_gpu_tools") and t.is_alive()]
+
+
+def all_callbacks(tmp_path):
+    return [
+        GPUUtilizationLogger(log_dir=tmp_path, interval=0.05),
+        InputBoundDetector(log_dir=tmp_path, verbose=0),
+        ProfilerWindow(log_dir=tmp_path, start_step=1000, verbose=0),
+        OOMBatchSizeReducer(log_dir=tmp_path, verbose=0),
+    ]
+
+
+class FailingBegin(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        raise RuntimeError("a later callback failed to start")
+
+
+def test_a_later_callbacks_failing_begin_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(FitSession, "interval", 0.02)
+    model = make_model()
+    x, y = data()
+    cbs = all_callbacks(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(RuntimeError, match="later callback"):
+            model.fit(x, y, batch_size=8, verbose=0, callbacks=[*cbs, FailingBegin()])
+        # the next plain fit() is untouched, whether or not the watchdog got there first
+        model.fit(x, y, batch_size=8, verbose=0)
+    assert not hooked(model)
+    deadline = time.monotonic() + 3
+    while our_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not our_threads()
+    assert cbs[1]._step == 0  # the detector saw none of the plain fit's steps
+
+
+def test_an_error_after_the_hook_is_attached_detaches_it(tmp_path, monkeypatch):
+    """Defect 2: an error in on_train_begin left model.train_function wrapped for good."""
+    real_attach = StepHook.attach.__func__
+
+    def attach_then_fail(cls, *args, **kwargs):
+        real_attach(cls, *args, **kwargs)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(StepHook, "attach", classmethod(attach_then_fail))
+    model = make_model()
+    x, y = data()
+    for cb in (InputBoundDetector(log_dir=tmp_path, verbose=0), OOMBatchSizeReducer(log_dir=tmp_path, verbose=0)):
+        with pytest.raises(OSError, match="disk full"):
+            model.fit(x, y, batch_size=8, verbose=0, callbacks=[cb])
+        assert not hooked(model)  # at once, not when a watchdog notices
+        assert not cb.fit_running
+
+
+def test_a_failing_writer_at_begin_leaves_nothing_behind(tmp_path, monkeypatch):
+    import keras_gpu_tools.callbacks.gpu_utilization_logger as gul
+
+    def broken(*a, **k):
+        raise PermissionError("cannot write the event file")
+
+    monkeypatch.setattr(gul, "EventWriter", broken)
+    model = make_model()
+    x, y = data()
+    cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(PermissionError):
+            model.fit(x, y, batch_size=8, verbose=0, callbacks=[cb])
+    assert not [t for t in our_threads() if "GPUUtilizationLogger" in t.name]
+    assert not hooked(model)
+
+
+def test_keras_outside_the_tested_range_warns_once(monkeypatch):
+    monkeypatch.setattr(keras_internals, "_version_warned", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert keras_internals.check_keras_version(keras_internals.TESTED_KERAS[-1])
+        assert keras_internals.check_keras_version(keras_internals.TESTED_KERAS[0])
+        assert not keras_internals.check_keras_version("3.99.0")
+        assert not keras_internals.check_keras_version("3.14.1")
+    mine = [w for w in caught if issubclass(w.category, KerasVersionWarning)]
+    assert len(mine) == 1 and "keras 3.99.0" in str(mine[0].message)
+
+
+def test_every_internal_is_documented():
+    import pathlib
+
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "keras-internals.md").read_text()
+    for internal in keras_internals.INTERNALS:
+        assert internal.what in doc, internal.what
