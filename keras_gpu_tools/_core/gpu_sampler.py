@@ -21,6 +21,9 @@ from keras_gpu_tools.errors import GPUMonitoringWarning
 logger = logging.getLogger("keras_gpu_tools")
 
 MIB = 1024.0 * 1024.0
+# Seconds the first sample of a fit waits after priming GPM and the CPU
+# counters, so that it carries every key those can report.
+FIRST_SPAN = 0.1
 
 
 class WarnOnce:
@@ -168,6 +171,15 @@ class _GPM:
             return False
         return True
 
+    def prime(self) -> bool:
+        """Takes the first sample now, so that the next read has rates; True if it did."""
+        if self.supported is None:
+            self.supported = self._check_support()
+        if not self.supported or self.prev is not None:
+            return False
+        self.prev = self._sample()
+        return True
+
     def read(self) -> dict[str, float]:
         if self.supported is None:
             self.supported = self._check_support()
@@ -225,6 +237,18 @@ class GPUProbe:
             f"GPU {self.index} ({self.gpu.name}): {', '.join(keys)} not available "
             f"({reason}); left out of the logs from now on.",
         )
+
+    def prime(self) -> bool:
+        """Takes GPM's first sample now (see :meth:`MetricSampler.sample`); True if it did."""
+        if self.gpm is None or self.lost:
+            return False
+        try:
+            return self.gpm.prime()
+        except Exception as e:  # read() warns and drops GPM
+            self.gpm.close()
+            self.gpm.supported = False
+            self.gpm.reason = str(e)
+            return False
 
     def read(self) -> dict[str, float]:
         if self.lost:
@@ -297,7 +321,7 @@ class HostProbe:
 
     # Over a shorter span cpu_percent is mostly rounding noise (one sample
     # right after priming read 680% on a 2-core machine).
-    MIN_CPU_SPAN = 0.1
+    MIN_CPU_SPAN = FIRST_SPAN
 
     def read(self) -> dict[str, float]:
         if self.process is None:
@@ -330,8 +354,49 @@ class MetricSampler:
         self.host = host
         self.allocator = allocator
         self.warn = warn or WarnOnce()
+        # The keys of the first sample, in order: the epoch logs' keys for this
+        # sampler's life (one fit), so every epoch has the same columns.
+        self.keys: tuple[str, ...] | None = None
+        self.latest: dict[str, float] = {}  # the last value of every key
+        self._lock = threading.Lock()
+
+    def _prime(self) -> None:
+        """Makes the first sample complete: GPM rates and CPU use need a span to measure over."""
+        deadline = 0.0
+        for probe in self.gpu_probes:
+            if probe.prime():
+                deadline = max(deadline, time.monotonic() + FIRST_SPAN)
+        host = self.host
+        if host is not None and host.process is not None:
+            deadline = max(deadline, host._cpu_since + FIRST_SPAN)
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)  # once per fit, on the sampling thread
 
     def sample(self) -> dict[str, float]:
+        if self.keys is None:
+            self._prime()
+        out = self._read()
+        with self._lock:
+            self.latest.update(out)
+            if self.keys is None:
+                self.keys = tuple(out)
+        return out
+
+    def epoch_summary(self, agg: Aggregate) -> dict[str, float]:
+        """The epoch logs from ``agg``: exactly this fit's keys, a stale value rather than none.
+
+        A key the epoch has no sample of (an epoch shorter than the interval,
+        a CPU span under 0.1 s, a field that stopped reporting) carries its
+        latest value. Before the first sample: whatever ``agg`` has (nothing).
+        """
+        with self._lock:
+            keys, latest = self.keys, dict(self.latest)
+        if keys is None:
+            return agg.summary()
+        return agg.summary(keys=keys, latest=latest)
+
+    def _read(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for probe in self.gpu_probes:
             out.update(probe.read())
@@ -380,12 +445,35 @@ class Aggregate:
     def means(self) -> dict[str, float]:
         return {k: self.sums[k] / self.counts[k] for k in self.sums}
 
-    def summary(self, max_keys: frozenset = MAX_KEYS) -> dict[str, float]:
-        """Means, plus ``<key>_max`` for the keys where the peak matters."""
-        out = self.means()
-        for key, value in self.maxs.items():
+    def summary(
+        self,
+        max_keys: frozenset = MAX_KEYS,
+        keys: Sequence[str] | None = None,
+        latest: dict[str, float] | None = None,
+    ) -> dict[str, float]:
+        """Means, plus ``<key>_max`` for the keys where the peak matters.
+
+        With ``keys``, exactly those keys (and their ``_max``) in that order:
+        one with no value here takes its value in ``latest`` (mean and max).
+        """
+        means = self.means()
+        if keys is None:
+            out = means
+            for key, value in self.maxs.items():
+                if key.rsplit("/", 1)[-1] in max_keys:
+                    out[key + "_max"] = value
+            return out
+        latest = latest or {}
+        out = {}
+        for key in keys:
+            value = means.get(key, latest.get(key))
+            if value is not None:
+                out[key] = value
+        for key in keys:
             if key.rsplit("/", 1)[-1] in max_keys:
-                out[key + "_max"] = value
+                value = self.maxs.get(key, latest.get(key))
+                if value is not None:
+                    out[key + "_max"] = value
         return out
 
 

@@ -13,12 +13,12 @@ without a GPU. Without NVML or a GPU those findings are simply not produced.
 from __future__ import annotations
 
 import logging
-import numbers
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from keras_gpu_tools._core.validation import check_choices, check_pairs
 from keras_gpu_tools.errors import MixedPrecisionWarning
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -199,45 +199,11 @@ def gpu_compute_capabilities(nvml=None) -> list[ComputeCapability]:
 
 # -- argument checks (shared with the callback) ----------------------------------
 def validate_ignore(ignore) -> frozenset:
-    if isinstance(ignore, str) or not isinstance(ignore, Iterable):
-        raise TypeError(
-            "Invalid value for argument `ignore`. "
-            f"Received: ignore={ignore!r}. Expected a list of finding kinds from {list(FINDING_KINDS)}."
-        )
-    ignore = list(ignore)
-    unknown = [k for k in ignore if k not in FINDING_KINDS]
-    if unknown:
-        raise ValueError(
-            "Invalid value for argument `ignore`. "
-            f"Received: ignore={ignore!r}; {unknown[0]!r} is not a kind of finding. "
-            f"Expected kinds from {list(FINDING_KINDS)}."
-        )
-    return frozenset(ignore)
+    return frozenset(check_choices("ignore", ignore, FINDING_KINDS))
 
 
 def validate_compute_capabilities(capabilities) -> list[ComputeCapability] | None:
-    if capabilities is None:
-        return None
-    expected = "Expected a list of (major, minor) pairs of non-negative ints such as [(8, 0)], or None."
-    if isinstance(capabilities, (str, bytes)) or not isinstance(capabilities, Iterable):
-        raise TypeError(
-            "Invalid value for argument `compute_capabilities`. "
-            f"Received: compute_capabilities={capabilities!r}. {expected}"
-        )
-    out = []
-    for cc in capabilities:
-        ok = (
-            isinstance(cc, (tuple, list))
-            and len(cc) == 2
-            and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0 for v in cc)
-        )
-        if not ok:
-            raise ValueError(
-                "Invalid value for argument `compute_capabilities`. "
-                f"Received: compute_capabilities={capabilities!r}; entry {cc!r} is not valid. {expected}"
-            )
-        out.append((int(cc[0]), int(cc[1])))
-    return out
+    return check_pairs("compute_capabilities", capabilities, fields=("major", "minor"), lows=(0, 0), allow_none=True)
 
 
 # -- walking the model ----------------------------------------------------------

@@ -159,10 +159,19 @@ def final_message(
 ) -> str:
     """The message of the error raised when even the smallest split runs out of memory."""
     tried_txt = ", ".join(f"{n} as {describe_split(n, k)}" if k > 1 else f"{n}" for n, k in tried)
-    lines = [
-        f"OOMBatchSizeReducer: out of memory even at micro-batches of {min_batch_size} "
-        f"(min_batch_size={min_batch_size}). Batch sizes tried: {tried_txt}."
-    ]
+    # Say what the last attempt ran, which is not always `min_batch_size`: a
+    # batch smaller than it is never split, and an uneven split runs smaller ones.
+    n, k = tried[-1]
+    unsplit = k == 1 and n > 1
+    if unsplit:
+        what = f"at the whole batch of {n}; min_batch_size={min_batch_size} allows no split of it"
+    elif k == 1:
+        what = f"at a batch of 1 (min_batch_size={min_batch_size})"
+    else:
+        sizes = split_sizes(n, k)
+        size = str(sizes[0]) if len(set(sizes)) == 1 else f"at most {sizes[0]}"
+        what = f"even at micro-batches of {size} ({n} as {describe_split(n, k)}; min_batch_size={min_batch_size})"
+    lines = [f"OOMBatchSizeReducer: out of memory {what}. Batch sizes tried: {tried_txt}."]
     if memory:
         parts = []
         for key, label in (
@@ -177,13 +186,21 @@ def final_message(
                 parts.append(f"{label} {format_bytes(value) if key != 'device' else value}")
         if parts:
             lines.append("Device memory: " + ", ".join(parts) + ".")
-    lines.append(
-        "Even one micro-batch does not fit: the model itself (weights, optimizer state, one micro-batch's "
-        "activations) needs more memory than the device has. What to do: use mixed precision "
-        "(keras.mixed_precision.set_global_policy('mixed_bfloat16' or 'mixed_float16')), a smaller model or "
-        "shorter inputs, rematerialisation (keras.config.set_remat / keras.RematScope) to trade compute for "
-        "activation memory, or a device with more memory."
-    )
+    if unsplit:
+        lines.append(
+            f"The batch was not split: lower `min_batch_size` below {n} to let OOMBatchSizeReducer retry it as "
+            "micro-batches, or lower the batch size. If smaller batches do not fit either, use mixed precision "
+            "(keras.mixed_precision.set_global_policy('mixed_bfloat16' or 'mixed_float16')), a smaller model or "
+            "shorter inputs, or rematerialisation (keras.config.set_remat / keras.RematScope)."
+        )
+    else:
+        lines.append(
+            "Even one micro-batch does not fit: the model itself (weights, optimizer state, one micro-batch's "
+            "activations) needs more memory than the device has. What to do: use mixed precision "
+            "(keras.mixed_precision.set_global_policy('mixed_bfloat16' or 'mixed_float16')), a smaller model or "
+            "shorter inputs, rematerialisation (keras.config.set_remat / keras.RematScope) to trade compute for "
+            "activation memory, or a device with more memory."
+        )
     if original is not None:
         text = [ln.strip() for ln in str(original).strip().splitlines() if ln.strip()]
         keys = ("out of memory", "can't allocate memory", "oom when allocating", "resource_exhausted")

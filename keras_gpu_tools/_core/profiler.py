@@ -23,6 +23,8 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from keras_gpu_tools._core.validation import check_pairs
+
 logger = logging.getLogger("keras_gpu_tools")
 
 LARGE_TRACE_BYTES = 1 << 30  # TensorBoard is known to crash loading traces over ~1 GB
@@ -76,22 +78,8 @@ class Window:
 
 
 def validate_windows(windows: Sequence[tuple[int, int]], argument: str = "windows") -> list[Window]:
-    out = []
-    for item in windows:
-        try:
-            start, steps = item
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"Invalid value for argument `{argument}`. Received: {argument}={list(windows)!r}; "
-                f"entry {item!r} is not a pair. Expected (start_step, num_steps) pairs."
-            ) from None
-        for name, value, low in (("start_step", start, 0), ("num_steps", steps, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(
-                    f"Invalid value for argument `{argument}`. Received: {argument}={list(windows)!r}; "
-                    f"{name}={value!r} in {item!r}. Expected an integer >= {low}."
-                )
-        out.append(Window(start, steps))
+    windows = check_pairs(argument, windows, fields=("start_step", "num_steps"), lows=(0, 1))
+    out = [Window(start, steps) for start, steps in windows]
     out.sort(key=lambda w: w.start)
     for a, b in zip(out, out[1:]):
         if b.start < a.end:

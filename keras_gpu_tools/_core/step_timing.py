@@ -36,6 +36,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from keras_gpu_tools._core.validation import check_number
+
 HIGH = "highly input-bound"
 MODERATE = "moderately input-bound"
 NOT = "not input-bound"
@@ -217,11 +219,7 @@ class Verdict:
 
 def validate_thresholds(moderate, high) -> None:
     for name, value in (("moderate_threshold", moderate), ("high_threshold", high)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-            raise ValueError(
-                f"Invalid value for argument `{name}`. Received: {name}={value!r}. "
-                "Expected a fraction of step time strictly between 0 and 1."
-            )
+        check_number(name, value, low=0, high=1, exclusive_low=True, exclusive_high=True, what="fraction of step time")
     if not moderate < high:
         raise ValueError(
             "Invalid value for arguments `moderate_threshold` and `high_threshold`. "

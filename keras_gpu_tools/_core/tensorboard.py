@@ -18,44 +18,12 @@ import os
 import threading
 import time
 
-from keras_gpu_tools._core import deps
+from keras_gpu_tools._core import deps, validation
 
 
 def check_log_dir(log_dir, argument: str = "log_dir") -> str | None:
-    """Validates a log directory without creating it; returns it as a str.
-
-    Raises ``ValueError`` when it exists and is not a directory, or when the
-    nearest existing parent is not a writable directory.
-    """
-    if log_dir is None:
-        return None
-    try:
-        path = os.fspath(log_dir)
-    except TypeError:
-        raise TypeError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={log_dir!r} "
-            f"of type {type(log_dir).__name__}. Expected a path (str or os.PathLike) or None."
-        ) from None
-    if path.startswith(("gs://", "s3://", "hdfs://")):
-        return path  # remote file systems: let the writer report problems
-    probe = os.path.abspath(path)
-    if os.path.exists(probe) and not os.path.isdir(probe):
-        raise ValueError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, "
-            "which is a file. Expected a directory (existing or to be created)."
-        )
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"Invalid value for argument `{argument}`. Received: {argument}={path!r}, "
-            f"but {probe!r} is not a writable directory. Expected a directory this "
-            "process can create and write to."
-        )
-    return path
+    """:func:`validation.check_log_dir`, in the (value, name) order of its older callers."""
+    return validation.check_log_dir(argument, log_dir)
 
 
 class EventWriter:

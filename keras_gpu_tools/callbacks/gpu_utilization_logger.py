@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import numbers
 import os
 import threading
 import time
@@ -22,8 +21,18 @@ from keras_gpu_tools._core.gpu_sampler import (
     WarnOnce,
 )
 from keras_gpu_tools._core.nvml import NVML, NVMLUnavailable, default_nvml
-from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools._core.validation import (
+    check_bool,
+    check_devices,
+    check_log_dir,
+    check_number,
+    check_run_dir,
+    check_run_name,
+)
 from keras_gpu_tools.callbacks._base import FitCallback
+
+MAX_INTERVAL = 3600.0  # seconds: one sample an hour is already no monitoring
 
 
 def _key_table() -> str:
@@ -49,10 +58,14 @@ class GPUUtilizationLogger(FitCallback):
         - Epoch logs: the epoch mean of every metric, plus `<key>_max` for memory,
           power, temperature and host memory, added to `logs` in `on_epoch_end`,
           so `History`, `CSVLogger`, Keras's `TensorBoard` and the progress bar
-          see them (place this callback before those in the list). An epoch
-          shorter than `interval` gets the latest sample; if the very first
-          sample of a fit is still being taken when the first epoch ends, that
-          epoch end waits for it (once, bounded by one second plus `interval`).
+          see them (place this callback before those in the list). Every epoch
+          of a fit carries the same keys: those of the fit's first sample
+          (which waits 0.1 s so that CPU use and GPM rates are in it). A key
+          with no fresh value in an epoch (an epoch shorter than `interval`,
+          CPU use over a span under 0.1 s, a metric that stopped reporting)
+          carries its last known value, never 0. If the very first sample of
+          a fit is still being taken when the first epoch ends, that epoch end
+          waits for it (once, bounded by one second plus `interval`).
 
         Keys (`<i>` is the GPU's index as the framework numbers it, `GPU:<i>`):
     {keys}
@@ -71,7 +84,8 @@ class GPUUtilizationLogger(FitCallback):
             log_dir: directory of the TensorBoard logs (the same you give Keras's
                 `TensorBoard` callback), or None to log to the epoch logs only.
                 Defaults to `"logs"`.
-            interval: seconds between samples. Defaults to `0.25`.
+            interval: seconds between samples, at most 3600. Defaults to
+                `0.25`.
             devices: GPUs to monitor: indices as the framework numbers them
                 (`0` is `GPU:0`) or UUID strings; None monitors every visible
                 GPU. Defaults to `None`.
@@ -114,38 +128,18 @@ class GPUUtilizationLogger(FitCallback):
         nvml: NVML | None = None,
     ):
         super().__init__()
-        if isinstance(interval, bool) or not isinstance(interval, numbers.Real) or not interval > 0:
-            raise ValueError(
-                "Invalid value for argument `interval`. "
-                f"Received: interval={interval!r}. Expected a number of seconds > 0."
-            )
-        if devices is not None:
-            if isinstance(devices, (str, int)) or not isinstance(devices, collections.abc.Sequence):
-                raise TypeError(
-                    "Invalid value for argument `devices`. "
-                    f"Received: devices={devices!r}. Expected a list of GPU indices "
-                    "(ints, as the framework numbers them) or UUID strings, or None."
-                )
-            for d in devices:
-                bad_int = isinstance(d, int) and (isinstance(d, bool) or d < 0)
-                if bad_int or not isinstance(d, (int, str)) or d == "":
-                    raise ValueError(
-                        "Invalid value for argument `devices`. "
-                        f"Received: devices={list(devices)!r}; entry {d!r} is not valid. "
-                        "Expected GPU indices >= 0 or UUID strings such as 'GPU-5c2f...'."
-                    )
-        if not isinstance(run_name, str) or not run_name or os.sep in run_name or run_name in (".", ".."):
-            raise ValueError(
-                "Invalid value for argument `run_name`. "
-                f"Received: run_name={run_name!r}. Expected a non-empty directory name."
-            )
-        self.log_dir = check_log_dir(log_dir)
-        self.interval = float(interval)
-        self.devices = list(devices) if devices is not None else None
-        self.pcie = bool(pcie)
-        self.gpm = bool(gpm)
-        self.epoch_logs = bool(epoch_logs)
-        self.run_name = run_name
+        # Bounded: the sampling thread waits `interval` seconds between samples, and a
+        # wait beyond the platform's limit (about 2**33 s) kills it with OverflowError.
+        self.interval = check_number(
+            "interval", interval, low=0, exclusive_low=True, high=MAX_INTERVAL, what="number of seconds"
+        )
+        self.devices = check_devices("devices", devices)
+        self.pcie = check_bool("pcie", pcie)
+        self.gpm = check_bool("gpm", gpm)
+        self.epoch_logs = check_bool("epoch_logs", epoch_logs)
+        self.run_name = check_run_name("run_name", run_name)
+        self.log_dir = check_log_dir("log_dir", log_dir)
+        check_run_dir(self.log_dir, self.run_name)
         self._nvml = nvml
 
         self.gpus: list[Any] = []  # (index, GPUInfo) monitored in the last fit
@@ -201,9 +195,14 @@ class GPUUtilizationLogger(FitCallback):
         self._thread.start()
 
     def on_train_batch_end(self, batch, logs=None):
-        # The only per-step work: one integer. With steps_per_execution=N,
-        # Keras reports the last step of the execution, so this stays exact.
-        step = self._epoch_base + batch + 1
+        # The only per-step work: a few integers. With steps_per_execution=N,
+        # Keras reports the last step of the execution, also for a last,
+        # partial one (index 15 in an epoch of 15 steps): capped by the epoch's steps where known.
+        done = batch + 1
+        steps = self.params.get("steps") if self.params else None
+        if steps and done > steps:
+            done = steps
+        step = self._epoch_base + done
         if step > self._step:
             self._step = step
 
@@ -219,7 +218,10 @@ class GPUUtilizationLogger(FitCallback):
             self._first_sample.wait(1.0 + self.interval)
         with self._lock:
             agg, self._epoch = self._epoch, Aggregate()
-            values = agg.summary() if agg.count else dict(self._last_sample)
+        # The same keys every epoch (those of the fit's first sample), so History's
+        # lists line up with the epochs and CSVLogger keeps every column.
+        sampler = self._sampler
+        values = sampler.epoch_summary(agg) if sampler is not None else agg.summary()
         self.epoch_history.append(values)
         if self.epoch_logs and logs is not None:
             logs.update(values)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import time
 from typing import Any
@@ -22,19 +21,20 @@ from keras_gpu_tools._core.step_timing import (
     validate_thresholds,
     verdict_for,
 )
-from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools._core.validation import (
+    check_bool,
+    check_int,
+    check_log_dir,
+    check_number,
+    check_run_dir,
+    check_run_name,
+    check_verbose,
+)
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import InputPipelineWarning, KerasInternalsError
 
 logger = logging.getLogger("keras_gpu_tools")
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(
-            f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected a positive integer."
-        )
-    return int(value)
 
 
 class _CpuMeter:
@@ -193,34 +193,25 @@ class InputBoundDetector(FitCallback):
         peak_flops: float | None = None,
     ):
         super().__init__()
-        self.window = _positive_int("window", window)
-        self.sample_every = _positive_int("sample_every", sample_every)
+        self.window = check_int("window", window, low=1)
+        self.sample_every = check_int("sample_every", sample_every, low=1)
         validate_thresholds(moderate_threshold, high_threshold)
         self.moderate_threshold = float(moderate_threshold)
         self.high_threshold = float(high_threshold)
-        for name, value in (("flops_per_step", flops_per_step), ("peak_flops", peak_flops)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0):
-                raise ValueError(
-                    f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected a number > 0 or None."
-                )
-        if not isinstance(run_name, str) or not run_name or os.sep in run_name or run_name in (".", ".."):
-            raise ValueError(
-                f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name."
-            )
-        if verbose not in (0, 1, True, False):
-            raise ValueError(f"Invalid value for argument `verbose`. Received: verbose={verbose!r}. Expected 0 or 1.")
+        self.flops_per_step = check_number("flops_per_step", flops_per_step, low=0, exclusive_low=True, allow_none=True)
+        self.peak_flops = check_number("peak_flops", peak_flops, low=0, exclusive_low=True, allow_none=True)
+        self.run_name = check_run_name("run_name", run_name)
+        # 0 or 1: what it prints has one level of detail.
+        self.verbose = check_verbose("verbose", verbose, max_level=1)
         if not (gpu_logger is None or gpu_logger == "auto" or hasattr(gpu_logger, "timeline")):
             raise TypeError(
                 "Invalid value for argument `gpu_logger`. "
                 f"Received: gpu_logger={gpu_logger!r}. Expected a GPUUtilizationLogger, 'auto' or None."
             )
-        self.log_dir = check_log_dir(log_dir)
-        self.run_name = run_name
-        self.verbose = int(verbose)
         self.gpu_logger = gpu_logger
-        self.epoch_logs = bool(epoch_logs)
-        self.flops_per_step = float(flops_per_step) if flops_per_step else None
-        self.peak_flops = float(peak_flops) if peak_flops else None
+        self.epoch_logs = check_bool("epoch_logs", epoch_logs)
+        self.log_dir = check_log_dir("log_dir", log_dir)
+        check_run_dir(self.log_dir, self.run_name)
 
         self.warnings = WarnOnce(InputPipelineWarning)
         self.verdict: Verdict | None = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import numbers
 import time
 from collections.abc import Callable
 
@@ -11,6 +10,7 @@ import keras
 
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.live_view import LiveState, NotebookDisplay, in_notebook, render
+from keras_gpu_tools._core.validation import check_callable, check_choice, check_number
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -58,21 +58,9 @@ class LiveView(keras.callbacks.Callback):
         display: Callable[[str], None] | None = None,
     ):
         super().__init__()
-        if isinstance(interval, bool) or not isinstance(interval, numbers.Real) or not interval > 0:
-            raise ValueError(
-                f"Invalid value for argument `interval`. Received: interval={interval!r}. Expected a number of seconds > 0."
-            )
-        if enabled not in ("auto", True, False):
-            raise ValueError(
-                f"Invalid value for argument `enabled`. Received: enabled={enabled!r}. Expected 'auto', True or False."
-            )
-        if display is not None and not callable(display):
-            raise TypeError(
-                f"Invalid value for argument `display`. Received: display={display!r}. Expected a function of one HTML string, or None."
-            )
-        self.interval = float(interval)
-        self.enabled = enabled
-        self.display = display
+        self.interval = check_number("interval", interval, low=0, exclusive_low=True, what="number of seconds")
+        self.enabled = check_choice("enabled", enabled, ("auto", True, False))
+        self.display = check_callable("display", display, what="a function of one HTML string")
         self.redraws = 0
         self.redraw_seconds = 0.0  # time spent drawing, for the overhead benchmark
         self._active = False
@@ -114,8 +102,13 @@ class LiveView(keras.callbacks.Callback):
         if not self._active:
             return
         st = self._state
-        # With steps_per_execution=N, Keras reports the last batch of the execution.
-        st.step = max(st.step, self._epoch_base + batch + 1)
+        # With steps_per_execution=N, Keras reports the last batch of the execution,
+        # also for a last, partial one (index 15 in an epoch of 15 steps): capped by the epoch's steps.
+        done = batch + 1
+        steps = (self.params or {}).get("steps")
+        if steps:
+            done = min(done, int(steps))
+        st.step = max(st.step, self._epoch_base + done)
         if logs is not None:
             st.logs = logs
         now = time.monotonic()

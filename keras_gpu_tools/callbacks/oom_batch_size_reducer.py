@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 
 from keras_gpu_tools import _backends
@@ -11,24 +10,22 @@ from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.oom import OOMEvent, Recovery, SplitController
 from keras_gpu_tools._core.step_hook import StepHook
-from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools._core.validation import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_log_dir,
+    check_run_dir,
+    check_run_name,
+    check_verbose,
+)
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
 
 logger = logging.getLogger("keras_gpu_tools")
 
 _MODES = ("accumulate", "split")
-
-
-def _int_at_least(name, value, low, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        extra = " or None" if allow_none else ""
-        raise ValueError(
-            f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected an integer >= {low}{extra}."
-        )
-    return int(value)
 
 
 class OOMBatchSizeReducer(FitCallback):
@@ -128,21 +125,14 @@ class OOMBatchSizeReducer(FitCallback):
         verbose: int = 0,
     ):
         super().__init__()
-        self.min_batch_size = _int_at_least("min_batch_size", min_batch_size, 1)
-        self.regrow_after = _int_at_least("regrow_after", regrow_after, 1, allow_none=True)
-        if mode not in _MODES:
-            raise ValueError(f"Invalid value for argument `mode`. Received: mode={mode!r}. Expected one of {_MODES}.")
-        self.mode = mode
-        if not isinstance(probe, bool):
-            raise TypeError(f"Invalid value for argument `probe`. Received: probe={probe!r}. Expected True or False.")
-        self.probe = probe
-        self.log_dir = check_log_dir(log_dir)
-        if not isinstance(run_name, str) or not run_name or os.sep in run_name:
-            raise ValueError(
-                f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name."
-            )
-        self.run_name = run_name
-        self.verbose = verbose
+        self.min_batch_size = check_int("min_batch_size", min_batch_size, low=1)
+        self.regrow_after = check_int("regrow_after", regrow_after, low=1, allow_none=True)
+        self.mode = check_choice("mode", mode, _MODES)
+        self.probe = check_bool("probe", probe)
+        self.log_dir = check_log_dir("log_dir", log_dir)
+        self.run_name = check_run_name("run_name", run_name)
+        check_run_dir(self.log_dir, self.run_name)
+        self.verbose = check_verbose("verbose", verbose)
         self.warnings = WarnOnce(OOMWarning)
         self.controller = SplitController(self.min_batch_size, self.regrow_after)
         self.events: list[OOMEvent] = []
@@ -151,7 +141,7 @@ class OOMBatchSizeReducer(FitCallback):
             self.controller,
             on_event=self._on_event,
             memory=self._memory,
-            probe=probe,
+            probe=self.probe,
             classify=_backends.oom_kind,
             rebuild=_backends.oom_error,
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import threading
 import time
@@ -13,7 +12,16 @@ from dataclasses import dataclass, field
 from keras_gpu_tools._core import profiler as prof
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.step_hook import StepHook
-from keras_gpu_tools._core.tensorboard import EventWriter, check_log_dir
+from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools._core.validation import (
+    check_bool,
+    check_int,
+    check_log_dir,
+    check_pairs,
+    check_run_dir,
+    check_run_name,
+    check_verbose,
+)
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import ProfilerWarning
 
@@ -48,11 +56,7 @@ class WindowCapture:
 
 
 def _check_int(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(
-            f"Invalid value for argument `{name}`. Received: {name}={value!r}. Expected an integer >= {low}."
-        )
-    return int(value)
+    return check_int(name, value, low=low)
 
 
 class ProfilerWindow(FitCallback):
@@ -147,14 +151,9 @@ class ProfilerWindow(FitCallback):
         verbose: int = 1,
     ):
         super().__init__()
-        if log_dir is None:
-            raise ValueError(
-                "Invalid value for argument `log_dir`. Received: log_dir=None. "
-                "Expected a directory to write the traces to."
-            )
-        self.log_dir = check_log_dir(log_dir)
-        self.start_step = _check_int("start_step", start_step, 0)
-        self.num_steps = _check_int("num_steps", num_steps, 1)
+        self.log_dir = check_log_dir("log_dir", log_dir, allow_none=False)
+        self.start_step = check_int("start_step", start_step, low=0)
+        self.num_steps = check_int("num_steps", num_steps, low=1)
         given = [
             n
             for n, v in (("windows", windows), ("every_n_steps", every_n_steps), ("every_n_epochs", every_n_epochs))
@@ -165,32 +164,26 @@ class ProfilerWindow(FitCallback):
                 f"Invalid arguments: {' and '.join(f'`{g}`' for g in given)} were both given. "
                 "Expected at most one of `windows`, `every_n_steps` and `every_n_epochs`."
             )
-        self.windows = prof.validate_windows(windows) if windows is not None else None
-        if windows is not None and not self.windows:
+        self.windows = None
+        if windows is not None:
+            self.windows = prof.validate_windows(check_pairs("windows", windows, non_empty=True))
+        self.every_n_steps = check_int("every_n_steps", every_n_steps, low=1, allow_none=True)
+        if self.every_n_steps is not None and self.every_n_steps < self.num_steps:
             raise ValueError(
-                "Invalid value for argument `windows`. Received: windows=[]. Expected at least one (start_step, num_steps) pair."
+                f"Invalid value for argument `every_n_steps`. Received: every_n_steps={every_n_steps} with "
+                f"num_steps={num_steps}: the windows would overlap. Expected every_n_steps >= num_steps."
             )
-        self.every_n_steps = None
-        if every_n_steps is not None:
-            self.every_n_steps = _check_int("every_n_steps", every_n_steps, 1)
-            if self.every_n_steps < self.num_steps:
-                raise ValueError(
-                    f"Invalid value for argument `every_n_steps`. Received: every_n_steps={every_n_steps} with "
-                    f"num_steps={num_steps}: the windows would overlap. Expected every_n_steps >= num_steps."
-                )
-        self.every_n_epochs = _check_int("every_n_epochs", every_n_epochs, 1) if every_n_epochs is not None else None
-        if host_tracer_level not in (1, 2, 3) or isinstance(host_tracer_level, bool):
-            raise ValueError(
-                f"Invalid value for argument `host_tracer_level`. Received: host_tracer_level={host_tracer_level!r}. Expected 1, 2 or 3."
-            )
-        if not isinstance(run_name, str) or not run_name or os.sep in run_name:
-            raise ValueError(
-                f"Invalid value for argument `run_name`. Received: run_name={run_name!r}. Expected a non-empty directory name."
-            )
-        self.options = prof.TracerOptions(host_tracer_level, bool(python_tracer), 1 if device_tracer else 0)
-        self.analyze = bool(analyze)
-        self.run_name = run_name
-        self.verbose = verbose
+        self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, low=1, allow_none=True)
+        host_tracer_level = check_int("host_tracer_level", host_tracer_level, low=1, high=3)
+        self.run_name = check_run_name("run_name", run_name)
+        check_run_dir(self.log_dir, self.run_name)
+        self.options = prof.TracerOptions(
+            host_tracer_level,
+            check_bool("python_tracer", python_tracer),
+            int(check_bool("device_tracer", device_tracer)),
+        )
+        self.analyze = check_bool("analyze", analyze)
+        self.verbose = check_verbose("verbose", verbose)
         if self.num_steps > 500:
             WarnOnce(ProfilerWarning)(
                 "big",

@@ -6,6 +6,8 @@ that raised; works on a machine without a GPU (with a warning where relevant).
 """
 
 import importlib
+import os
+import re
 import threading
 import time
 import warnings
@@ -77,3 +79,131 @@ def test_contract(module, name, kwargs, tmp_path, monkeypatch):
         h3 = model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
     assert len(h3.history["loss"]) == 1
     assert leftovers(model) == ([], False)
+
+
+# -- arguments are checked at construction, with Keras-style messages ------------------------------
+def _classes():
+    from keras_gpu_tools import (
+        GPUUtilizationLogger,
+        InputBoundDetector,
+        LiveView,
+        MixedPrecisionCheck,
+        OOMBatchSizeReducer,
+        ProfilerWindow,
+    )
+
+    return {
+        "GPUUtilizationLogger": GPUUtilizationLogger,
+        "InputBoundDetector": InputBoundDetector,
+        "LiveView": LiveView,
+        "MixedPrecisionCheck": MixedPrecisionCheck,
+        "OOMBatchSizeReducer": OOMBatchSizeReducer,
+        "ProfilerWindow": ProfilerWindow,
+    }
+
+
+BOOLEAN_ARGUMENTS = [
+    ("GPUUtilizationLogger", "pcie"),
+    ("GPUUtilizationLogger", "gpm"),
+    ("GPUUtilizationLogger", "epoch_logs"),
+    ("InputBoundDetector", "epoch_logs"),
+    ("ProfilerWindow", "python_tracer"),
+    ("ProfilerWindow", "device_tracer"),
+    ("ProfilerWindow", "analyze"),
+    ("OOMBatchSizeReducer", "probe"),
+    ("LiveView", "enabled"),  # True, False or "auto"
+]
+# callback -> its default run name: log_dir/<run_name> is its TensorBoard run.
+RUN_NAMES = {
+    "GPUUtilizationLogger": "gpu",
+    "InputBoundDetector": "input",
+    "ProfilerWindow": "profile",
+    "OOMBatchSizeReducer": "oom",
+}
+
+
+def _construct(name, tmp_path, **kwargs):
+    cls = _classes()[name]
+    if "log_dir" in cls.__init__.__code__.co_varnames:
+        kwargs.setdefault("log_dir", str(tmp_path))
+    return cls(**kwargs)
+
+
+@pytest.mark.parametrize("name, argument", BOOLEAN_ARGUMENTS, ids=[f"{c}-{a}" for c, a in BOOLEAN_ARGUMENTS])
+@pytest.mark.parametrize("bad", ["abc", 1, None])
+def test_boolean_arguments_take_only_bools(name, argument, bad, tmp_path):
+    error = ValueError if argument == "enabled" else TypeError  # `enabled` is a choice of three
+    with pytest.raises(error, match=re.escape(f"argument `{argument}`. Received: {argument}={bad!r}")):
+        _construct(name, tmp_path, **{argument: bad})
+    cb = _construct(name, tmp_path, **{argument: np.bool_(False)})
+    assert getattr(cb, argument, False) is False or argument in ("python_tracer", "device_tracer")
+
+
+@pytest.mark.parametrize("name", sorted(RUN_NAMES))
+@pytest.mark.parametrize("bad", [".", "..", "a\0b", "a" + os.sep + "b", "", " gpu", 3])
+def test_run_name_must_be_a_plain_directory_name(name, bad, tmp_path):
+    error = TypeError if not isinstance(bad, str) else ValueError
+    with pytest.raises(error, match=re.escape(f"argument `run_name`. Received: run_name={bad!r}")):
+        _construct(name, tmp_path, run_name=bad)
+
+
+@pytest.mark.parametrize("name", sorted(RUN_NAMES))
+def test_a_file_where_the_run_directory_goes_is_rejected_at_construction(name, tmp_path):
+    run = RUN_NAMES[name]
+    (tmp_path / run).write_text("not a directory")
+    expected = re.escape(f"log_dir={str(tmp_path)!r}, run_name={run!r}") + ".*" + re.escape(str(tmp_path / run))
+    with pytest.raises(ValueError, match=r"arguments `log_dir` and `run_name`.*" + expected):
+        _construct(name, tmp_path)
+    # Named explicitly, too; and a directory there is fine.
+    (tmp_path / "mine").write_text("x")
+    with pytest.raises(ValueError, match="run_name='mine'"):
+        _construct(name, tmp_path, run_name="mine")
+    (tmp_path / "ok").mkdir()
+    _construct(name, tmp_path, run_name="ok")
+
+
+@pytest.mark.parametrize("name", sorted(RUN_NAMES))
+def test_bytes_log_dir_is_a_clear_type_error(name, tmp_path):
+    bad = os.fsencode(str(tmp_path))
+    with pytest.raises(TypeError, match=re.escape(f"argument `log_dir`. Received: log_dir={bad!r}") + ".*bytes"):
+        _construct(name, tmp_path, log_dir=bad)
+
+
+@pytest.mark.parametrize("name", ["ProfilerWindow", "OOMBatchSizeReducer", "InputBoundDetector"])
+@pytest.mark.parametrize("bad", ["loud", 3, -1, None, 1.5])
+def test_verbose_is_checked(name, bad, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(f"argument `verbose`. Received: verbose={bad!r}")):
+        _construct(name, tmp_path, verbose=bad)
+
+
+@pytest.mark.parametrize("name", ["ProfilerWindow", "OOMBatchSizeReducer"])
+def test_verbose_levels_like_keras(name, tmp_path):
+    assert [_construct(name, tmp_path, verbose=x).verbose for x in (0, 1, 2, True, False)] == [0, 1, 2, 1, 0]
+
+
+@pytest.mark.parametrize("bad", [float("inf"), 1e30, float("nan"), 3601])
+def test_gpu_logger_interval_must_be_finite_and_bounded(bad, tmp_path):
+    pattern = re.escape(f"argument `interval`. Received: interval={bad!r}. Expected a finite number of seconds > 0")
+    with pytest.raises(ValueError, match=pattern):
+        _construct("GPUUtilizationLogger", tmp_path, interval=bad)
+    assert _construct("GPUUtilizationLogger", tmp_path, interval=3600).interval == 3600.0
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_live_view_interval_must_be_finite(bad, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(f"argument `interval`. Received: interval={bad!r}")):
+        _construct("LiveView", tmp_path, interval=bad)
+
+
+@pytest.mark.parametrize("bad", [5, "ab", (1, 2)])
+def test_profiler_windows_not_a_list_of_pairs(bad, tmp_path):
+    error = TypeError if not isinstance(bad, tuple) else ValueError
+    with pytest.raises(error, match=re.escape(f"argument `windows`. Received: windows={bad!r}")):
+        _construct("ProfilerWindow", tmp_path, windows=bad)
+
+
+@pytest.mark.parametrize("argument", ["flops_per_step", "peak_flops"])
+@pytest.mark.parametrize("bad", [float("inf"), float("nan"), 0, "1e12"])
+def test_detector_flops_must_be_finite_and_positive(argument, bad, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(f"argument `{argument}`. Received: {argument}={bad!r}")):
+        _construct("InputBoundDetector", tmp_path, **{argument: bad})

@@ -228,6 +228,65 @@ def test_csv_logger_after_it_sees_the_keys(tmp_path):
     assert len(rows) == 2 and float(rows[1]["gpu/0/utilization_percent"]) == 87.0
 
 
+class RecordEpochKeys(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.keys = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.keys.append(frozenset(logs))
+
+
+def test_short_epochs_all_carry_the_same_keys(tmp_path):
+    # Epochs of 2 steps take milliseconds: most see no sample, none a CPU span of 0.1 s.
+    fake, nvml = fake_nvml()
+    x, y = data(32)
+    path = tmp_path / "log.csv"
+    cb = GPUUtilizationLogger(log_dir=None, interval=0.05, nvml=nvml)
+    rec = RecordEpochKeys()
+    history = make_model().fit(
+        x, y, batch_size=16, epochs=5, verbose=0, callbacks=[cb, rec, keras.callbacks.CSVLogger(str(path))]
+    )
+    ours = {k for k in rec.keys[0] if k.startswith(("gpu/", "host/"))}
+    expected = {
+        "gpu/0/utilization_percent",
+        "gpu/0/memory_used_mib",
+        "gpu/0/memory_used_mib_max",
+        "gpu/0/power_watts_max",
+        "gpu/0/sm_activity_percent",  # GPM: a rate between two samples, there from the first
+        "host/cpu_percent",
+        "host/system_cpu_percent",
+        "host/rss_mib",
+        "host/rss_mib_max",
+    }
+    assert expected <= ours, expected - ours
+    assert [sorted(k) for k in rec.keys] == [sorted(rec.keys[0])] * 5
+    for key in ours:
+        assert len(history.history[key]) == 5, key
+    assert history.history["gpu/0/utilization_percent"] == [87.0] * 5  # carried, never a made-up 0
+    assert all(v > 0 for v in history.history["host/rss_mib_max"])
+    assert [len(e) for e in cb.epoch_history] == [len(cb.epoch_history[0])] * 5
+    rows = list(csv.DictReader(open(path)))
+    assert len(rows) == 5 and ours <= set(rows[0])
+    assert not [(i, k) for i, row in enumerate(rows) for k in ours if row[k] in ("", "NA")]
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch runs steps_per_execution=1 only")
+def test_steps_per_execution_counts_the_steps_run(tmp_path):
+    # 15 batches an epoch in executions of 4: Keras reports the last one as ending at batch 16.
+    fake, nvml = fake_nvml()
+    x, y = data(15 * 4)
+    model = make_model()
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=4)
+    cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.01, nvml=nvml)
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
+    assert cb.global_step == 30
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[cb, SlowSteps()])
+    assert cb.global_step == 45
+    _, scalars = read_scalars(os.path.join(str(tmp_path), "gpu"))
+    assert max(s for s, _ in scalars["gpu/0/utilization_percent"]) <= 45
+
+
 def test_constructible_with_defaults_and_works_without_gpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cb = GPUUtilizationLogger()  # the real NVML: no GPU on this machine (or CI)

@@ -104,3 +104,24 @@ def test_sparkline_and_step_times():
     svg = sparkline([0.0, 50.0, 100.0], width=104, height=24, low=0, high=100)
     assert 'points="2.0,22.0 52.0,12.0 102.0,2.0"' in svg
     assert step_times([(0.0, 0, {}), (1.0, 100, {}), (1.0, 100, {}), (3.0, 150, {})]) == [10.0, 40.0]
+
+
+@pytest.mark.multibackend
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="torch runs steps_per_execution=1 only")
+def test_steps_per_execution_counts_the_steps_run():
+    # 15 batches an epoch in executions of 4: Keras reports the last one as ending at batch 16.
+    shown = []
+    view = LiveView(interval=0.01, display=shown.append)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(60, 8)).astype("float32"), rng.normal(size=(60, 1)).astype("float32")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=4)
+    steps = []
+
+    class Spy(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            steps.append(view._state.step)
+
+    model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[view, Spy()])
+    assert steps == [15, 30]
+    assert "step 30" in shown[-1] and "step 32" not in shown[-1]

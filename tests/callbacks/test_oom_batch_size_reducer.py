@@ -221,6 +221,22 @@ def test_always_oom_ends_with_a_clear_error_of_the_backend_type():
 
 
 @real_oom
+def test_min_batch_size_above_the_batch_says_only_the_whole_batch_was_tried():
+    n = 16
+    x, y = data(n)
+    model = make_model(n, limit=0)
+    with pytest.raises(Exception) as info:
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer(min_batch_size=32)])
+    message = str(info.value)
+    first = message.splitlines()[0]
+    assert "micro-batches of 32" not in message, first  # never tried
+    assert "out of memory at the whole batch of 16" in first and "min_batch_size=32" in first
+    assert "Batch sizes tried: 16." in message
+    assert "lower `min_batch_size` below 16" in message
+    assert iterations(model) == 0
+
+
+@real_oom
 def test_regrow_tries_a_smaller_split_again():
     n, batch = 64, 16
     x, y = data(n)

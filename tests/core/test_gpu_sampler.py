@@ -186,6 +186,41 @@ def test_aggregate_mean_max_and_summary():
     assert "gpu/0/utilization_percent_max" not in summary
 
 
+def test_first_sample_has_every_key_and_fixes_the_epoch_keys():
+    fake, probe = probe_for(FakeGPU())
+    sampler = MetricSampler([probe], HostProbe(WarnOnce()))
+    t0 = time.monotonic()
+    first = sampler.sample()  # primes GPM and waits out the CPU span once
+    assert time.monotonic() - t0 >= HostProbe.MIN_CPU_SPAN - 0.01
+    assert {"gpu/0/sm_activity_percent", "host/cpu_percent", "host/system_cpu_percent"} <= set(first)
+    assert sampler.keys == tuple(first)
+    second = sampler.sample()  # too soon for CPU use: left out of the sample
+    assert "host/cpu_percent" not in second and time.monotonic() - t0 < 1.0
+
+    agg = Aggregate()
+    agg.add(second)
+    summary = sampler.epoch_summary(agg)  # CPU use carried from the first sample
+    assert list(summary)[: len(first)] == list(first)
+    assert summary["host/cpu_percent"] == first["host/cpu_percent"]
+    assert summary["host/rss_mib_max"] == second["host/rss_mib"]
+    empty = sampler.epoch_summary(Aggregate())  # an epoch without a sample: the latest values
+    assert set(empty) == set(summary) and empty["gpu/0/utilization_percent"] == 87.0
+    assert MetricSampler([], None).epoch_summary(Aggregate()) == {}
+
+
+def test_aggregate_summary_over_fixed_keys():
+    agg = Aggregate()
+    agg.add({"gpu/0/memory_used_mib": 100.0, "extra": 1.0})
+    latest = {"gpu/0/memory_used_mib": 150.0, "host/rss_mib": 7.0}
+    summary = agg.summary(keys=("host/rss_mib", "gpu/0/memory_used_mib"), latest=latest)
+    assert summary == {
+        "host/rss_mib": 7.0,
+        "gpu/0/memory_used_mib": 100.0,
+        "host/rss_mib_max": 7.0,
+        "gpu/0/memory_used_mib_max": 100.0,
+    }
+
+
 def test_sampling_thread_survives_errors_and_stops():
     calls = []
     errors = []

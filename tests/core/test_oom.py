@@ -138,6 +138,24 @@ def test_final_message_says_what_was_tried_and_what_to_do():
     assert "Last error: RuntimeError: CUDA out of memory" in msg
 
 
+def test_final_message_names_the_split_that_was_tried():
+    # min_batch_size above the batch: only the whole batch ran.
+    msg = final_message([(16, 1)], 32)
+    assert msg.splitlines()[0] == (
+        "OOMBatchSizeReducer: out of memory at the whole batch of 16; min_batch_size=32 allows no split of it. "
+        "Batch sizes tried: 16."
+    )
+    assert "micro-batches of 32" not in msg and "Batch sizes tried: 16." in msg
+    assert "lower `min_batch_size` below 16" in msg
+    # An uneven last split: the sizes that ran, not min_batch_size.
+    msg = final_message([(16, 1), (16, 2), (16, 4), (16, 6)], 3)
+    assert "out of memory even at micro-batches of at most 3 (16 as 4 x 3 + 2 x 2; min_batch_size=3)" in msg
+    assert "Even one micro-batch does not fit" in msg
+    msg = final_message([(16, 1), (16, 2), (16, 4)], 4)
+    assert "out of memory even at micro-batches of 4 (16 as 4 x 4; min_batch_size=4)" in msg
+    assert "out of memory at a batch of 1" in final_message([(1, 1)], 1)
+
+
 @pytest.mark.skipif(not has("torch"), reason="needs torch")
 def test_final_error_keeps_the_backend_type():
     import torch
