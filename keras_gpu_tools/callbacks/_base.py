@@ -40,6 +40,7 @@ class FitCallback(keras.callbacks.Callback):
         self._teardown_lock = threading.RLock()
         self._session: FitSession | None = None
         self._backend_obj: _backends.Backend | None = None
+        self._global_step = 0  # training steps seen by this instance, across fit() calls
 
     # -- for subclasses ---------------------------------------------------------------------
     def _start_fit(self, session: FitSession) -> None:
@@ -64,6 +65,11 @@ class FitCallback(keras.callbacks.Callback):
         """``log_dir/run_name``: this callback's own TensorBoard run (None without a log_dir)."""
         log_dir = getattr(self, "log_dir", None)
         return os.path.join(log_dir, self.run_name) if log_dir else None
+
+    @property
+    def global_step(self) -> int:
+        """Training steps seen by this instance, counted across fit() calls from 0."""
+        return self._global_step
 
     @property
     def fit_running(self) -> bool:

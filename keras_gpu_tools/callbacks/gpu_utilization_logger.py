@@ -147,7 +147,6 @@ class GPUUtilizationLogger(FitCallback):
         self.timeline = collections.deque(maxlen=100_000)  # (wall_time, step, means)
         self.warnings = WarnOnce()
         self._lock = threading.Lock()
-        self._step = 0
         self._epoch_base = 0
         self._running = False
         self._thread: SamplingThread | None = None
@@ -162,11 +161,6 @@ class GPUUtilizationLogger(FitCallback):
     __doc__ = __doc__.replace("{keys}", _key_table())
 
     # -- properties ---------------------------------------------------------
-    @property
-    def global_step(self) -> int:
-        """Training steps seen by this instance, across fit() calls."""
-        return self._step
-
     def latest(self) -> dict[str, float]:
         """The most recent sample (empty before the first one)."""
         with self._lock:
@@ -182,11 +176,11 @@ class GPUUtilizationLogger(FitCallback):
         self._sampler = MetricSampler(probes, HostProbe(warn), allocator, warn)
         self._writer = EventWriter(self.run_dir) if self.log_dir else None
         if self._writer is not None and self.gpus:
-            self._writer.text("gpu/devices", self._device_table(), step=self._step)
+            self._writer.text("gpu/devices", self._device_table(), step=self._global_step)
         with self._lock:
             self._point = Aggregate()
             self._epoch = Aggregate()
-        self._epoch_base = self._step
+        self._epoch_base = self._global_step
         self._first_sample.clear()
         self._running = True
         self._thread = SamplingThread(
@@ -203,15 +197,15 @@ class GPUUtilizationLogger(FitCallback):
         if steps and done > steps:
             done = steps
         step = self._epoch_base + done
-        if step > self._step:
-            self._step = step
+        if step > self._global_step:
+            self._global_step = step
 
     def on_epoch_begin(self, epoch, logs=None):
         with self._lock:
             self._epoch = Aggregate()
 
     def on_epoch_end(self, epoch, logs=None):
-        self._epoch_base = self._step
+        self._epoch_base = self._global_step
         if not self._first_sample.is_set() and self._running:
             # An epoch shorter than the first sample: wait for it, once per fit,
             # so every epoch's logs carry the same keys.
@@ -274,7 +268,7 @@ class GPUUtilizationLogger(FitCallback):
         self._write_point(now)
 
     def _write_point(self, now: float) -> None:
-        step = self._step
+        step = self._global_step
         with self._lock:
             if not self._point.count or step <= self._last_written_step:
                 return

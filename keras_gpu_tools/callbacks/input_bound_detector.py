@@ -222,7 +222,6 @@ class InputBoundDetector(FitCallback):
         self.pipeline: dict[str, Any] = {}
         self.notes: list[str] = []
         self.flops_source: str | None = "flops_per_step" if flops_per_step else None
-        self._step = 0
         self._running = False
         self._attachment: Attachment | None = None
         self._writer: EventWriter | None = None
@@ -239,11 +238,6 @@ class InputBoundDetector(FitCallback):
         self._epoch_last_call = -1
 
     # -- public -------------------------------------------------------------------------
-    @property
-    def global_step(self) -> int:
-        """Training steps seen by this instance, across fit() calls."""
-        return self._step
-
     def summary(self) -> str:
         """A report of the last fit(): verdict, figures, evidence and advice."""
         if self.verdict is None or self.measurement is None:
@@ -258,7 +252,7 @@ class InputBoundDetector(FitCallback):
         return index in (1, 2, 3) or (index > 0 and index % self.sample_every == 0) or index == self._epoch_last_call
 
     def on_step(self, rec: StepRecord) -> None:
-        self._step += rec.steps
+        self._global_step += rec.steps
         self._window.add(rec)
         self._epoch.add(rec)
         self._total.add(rec)
@@ -329,7 +323,7 @@ class InputBoundDetector(FitCallback):
             logs.update(values)
         self._update_overall()
         if self._writer is not None:
-            self._writer.text("input/verdict", summary_text(f"Epoch {epoch + 1}", m, v), step=self._step)
+            self._writer.text("input/verdict", summary_text(f"Epoch {epoch + 1}", m, v), step=self._global_step)
         if self.verbose:
             print(f"InputBoundDetector epoch {epoch + 1}: {v.message}")
 
@@ -341,7 +335,7 @@ class InputBoundDetector(FitCallback):
         if self._window.steps:
             self._close_window()
         if self._writer is not None and self.verdict is not None:
-            self._writer.text("input/verdict", self.summary(), step=self._step)
+            self._writer.text("input/verdict", self.summary(), step=self._global_step)
         if self.verbose and self.verdict is not None:
             print(self.summary())
         super().on_train_end(logs)
@@ -375,9 +369,9 @@ class InputBoundDetector(FitCallback):
             return
         v = self._verdict(m, t0, with_advice=False)
         v.advice = []
-        self.window_verdicts.append((self._step, v))
+        self.window_verdicts.append((self._global_step, v))
         if self._writer is not None:
-            self._writer.scalars(m.logs(), step=self._step)
+            self._writer.scalars(m.logs(), step=self._global_step)
 
     def _find_gpu_logger(self):
         if self.gpu_logger is None:

@@ -146,7 +146,6 @@ class OOMBatchSizeReducer(FitCallback):
             rebuild=_backends.oom_error,
         )
         self._micro_batches = 1
-        self._global_step = 0
         self._epoch_events = 0
         self._runner = None
         self._attachment = None
@@ -185,7 +184,7 @@ class OOMBatchSizeReducer(FitCallback):
                 "(CPU); nothing is predicted, out-of-memory errors are retried.",
             )
         if self.log_dir is not None:
-            self._writer = EventWriter(os.path.join(self.log_dir, self.run_name))
+            self._writer = EventWriter(self.run_dir)
         self._attachment = StepHook.attach(model, self, backend, session)  # last; calls self.inner(fn)
 
     def on_epoch_begin(self, epoch, logs=None):

@@ -193,7 +193,6 @@ class ProfilerWindow(FitCallback):
 
         self.captures: list[WindowCapture] = []
         self.warnings = WarnOnce(ProfilerWarning)
-        self._global_step = 0  # next step to run
         self._epoch_windows: list[prof.Window] = []
         self._triggered: int | None = None
         self._active: prof.Window | None = None
@@ -213,14 +212,6 @@ class ProfilerWindow(FitCallback):
         self._sessions_before: set = set()
 
     # -- public ---------------------------------------------------------------
-    @property
-    def run_dir(self) -> str:
-        return os.path.join(self.log_dir, self.run_name)
-
-    @property
-    def global_step(self) -> int:
-        return self._global_step
-
     def trigger(self, num_steps: int | None = None) -> None:
         """Profiles the next `num_steps` steps (defaults to `num_steps`), unless a window is running."""
         n = self.num_steps if num_steps is None else _check_int("num_steps", num_steps, 1)

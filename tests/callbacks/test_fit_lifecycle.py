@@ -67,7 +67,7 @@ def test_a_later_callbacks_failing_begin_leaves_nothing_behind(tmp_path, monkeyp
     while our_threads() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not our_threads()
-    assert cbs[1]._step == 0  # the detector saw none of the plain fit's steps
+    assert cbs[1]._global_step == 0  # the detector saw none of the plain fit's steps
 
 
 def test_an_error_after_the_hook_is_attached_detaches_it(tmp_path, monkeypatch):

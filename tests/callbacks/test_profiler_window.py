@@ -287,9 +287,9 @@ def test_a_plain_fit_after_an_interrupted_window_is_untouched(tmp_path, monkeypa
             fit(model, window, steps=12, extra=[detector, InterruptAt(4)])
         except KeyboardInterrupt as e:
             kept.append(e)  # keeps the dead fit's frames alive
-        steps_counted = detector._step
+        steps_counted = detector._global_step
         model.fit(*data(30), batch_size=8, verbose=0)  # no callbacks
-        assert detector._step == steps_counted
+        assert detector._global_step == steps_counted
         assert not hasattr(model.train_function, "_keras_gpu_tools_step_hook")
         assert [c.reason for c in window.captures] == ["cut short"]
         assert window.captures[0].num_steps == 3  # steps 2, 3 and 4: what the trace holds
