@@ -37,6 +37,7 @@ import io
 import math
 import os
 import re
+import struct
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -48,6 +49,7 @@ MEMORY_FIELDS = ("memory_used_mib", "allocator_memory_mib", "allocator_peak_memo
 MP_TAG = "mixed_precision/findings"
 _OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "oom/")
 _NO_FINDING = "No mixed-precision finding."
+_UNREADABLE = "Event files that could not be read"
 
 
 # ---------------------------------------------------------------------------
@@ -95,6 +97,7 @@ class ReportData:
     findings: list[dict[str, str | None]] | None = None  # None: the check did not run
     training: dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...
     notes: list[str] = dataclasses.field(default_factory=list)
+    unreadable: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # event file, what went wrong
 
     def oom_count(self) -> int | None:
         """Recoveries: from the callback's records, else from the logged counts."""
@@ -356,31 +359,134 @@ def gather(sources: Sequence[Any], title: str | None = None) -> ReportData:
 # ---------------------------------------------------------------------------
 # Gathering from a TensorBoard log directory
 # ---------------------------------------------------------------------------
-def _text_of(tensor_event) -> str:
-    proto = tensor_event.tensor_proto
-    if proto.string_val:
-        return proto.string_val[0].decode("utf-8", "replace")
-    return ""
+_DT_STRING = 7  # the tensor dtype of text summaries
 
 
-def _scalar_of(tensor_event) -> float | None:
+def _text_of(proto) -> str:
+    return proto.string_val[0].decode("utf-8", "replace") if proto.string_val else ""
+
+
+def _scalar_of(proto) -> float | None:
     from tensorboard.util import tensor_util
 
     try:
-        return _finite(tensor_util.make_ndarray(tensor_event.tensor_proto).item())
-    except Exception:
+        return _finite(tensor_util.make_ndarray(proto).item())
+    except Exception:  # not a single number: a histogram, an image, ...
         return None
 
 
-def _runs(log_dir: str) -> list[tuple[str, str]]:
-    """(run name, directory) of every folder under log_dir holding event files."""
+def _runs(log_dir: str) -> list[tuple[str, str, list[str]]]:
+    """(run name, directory, event files) of every folder under log_dir holding event files."""
     runs = []
     for root, dirs, files in os.walk(log_dir):
-        dirs[:] = [d for d in dirs if d != "plugins"]
-        if any(".tfevents." in f for f in files):
+        dirs[:] = sorted(d for d in dirs if d != "plugins")
+        events = sorted(f for f in files if ".tfevents." in f)
+        if events:
             rel = os.path.relpath(root, log_dir)
-            runs.append(("." if rel == "." else rel.replace(os.sep, "/"), root))
+            runs.append(("." if rel == "." else rel.replace(os.sep, "/"), root, events))
     return sorted(runs)
+
+
+_RECORD_HEADER = struct.Struct("<QI")  # payload length, masked CRC32C of the length
+
+
+def read_event_file(path: str) -> tuple[list[Any], str | None]:
+    """The events of one TensorBoard event file, and why reading stopped early (None: it did not).
+
+    Reads the TFRecord framing itself, so that a file which cannot be read is
+    named rather than skipped: each record's length must pass its checksum
+    and be there in full, and its payload must parse as an `Event`. The
+    payload checksum is not verified (TensorBoard's pure-Python CRC32C reads
+    about 2 MB/s); the length checksum and the parse catch a file that is not
+    an event file, garbage, and a file cut short.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from keras_gpu_tools._core import deps
+
+    _, event_pb2 = deps.tensorboard_protos()
+    events: list[Any] = []
+
+    def stopped(what: str) -> str:
+        return f"{what} ({len(events)} event(s) read before it)" if events else what
+
+    try:
+        with open(path, "rb") as f:
+            offset = 0
+            while True:
+                header = f.read(_RECORD_HEADER.size)
+                if not header:
+                    return events, None
+                if len(header) < _RECORD_HEADER.size:
+                    return events, stopped(f"is truncated: the record at byte {offset} is cut short")
+                length, crc = _RECORD_HEADER.unpack(header)
+                if masked_crc32c(header[:8]) != crc:
+                    what = "is corrupt" if events else "is not a TensorBoard event file"
+                    return events, stopped(f"{what}: bad record header at byte {offset}")
+                payload = f.read(length + 4)  # the payload and its checksum
+                if len(payload) < length + 4:
+                    return events, stopped(f"is truncated: the record at byte {offset} is cut short")
+                event = event_pb2.Event()
+                try:
+                    event.ParseFromString(payload[:length])
+                except DecodeError:
+                    return events, stopped(f"is corrupt: the record at byte {offset} is not an event")
+                events.append(event)
+                offset += _RECORD_HEADER.size + length + 4
+    except OSError as e:
+        return events, stopped(f"could not be opened ({type(e).__name__}: {e.strerror or e})")
+
+
+@dataclasses.dataclass
+class _Point:
+    """One summary value of an event file: a number or a text."""
+
+    wall_time: float
+    step: int
+    value: float = math.nan
+    text: str = ""
+
+
+def _read_run(
+    run: str, directory: str, files: list[str], unreadable: list[tuple[str, str]]
+) -> tuple[dict[str, list[_Point]], dict[str, list[_Point]], int]:
+    """The scalars and the texts of one run by tag, and how many events were read.
+
+    Scalars are both `simple_value`s (our callbacks) and one-number tensors
+    (Keras's TensorBoard callback). Each file that could not be read, whole or
+    in part, is added to `unreadable` as (path relative to the log directory,
+    what went wrong).
+    """
+    scalars: dict[str, list[_Point]] = {}
+    texts: dict[str, list[_Point]] = {}
+    count = 0
+    for name in files:
+        events, problem = read_event_file(os.path.join(directory, name))
+        if problem is not None:
+            unreadable.append((name if run == "." else f"{run}/{name}", problem))
+        count += len(events)
+        for e in events:
+            for v in e.summary.value:
+                if v.HasField("simple_value"):
+                    if math.isfinite(v.simple_value):
+                        scalars.setdefault(v.tag, []).append(_Point(e.wall_time, e.step, value=v.simple_value))
+                elif v.HasField("tensor") and v.tensor.dtype == _DT_STRING:
+                    texts.setdefault(v.tag, []).append(_Point(e.wall_time, e.step, text=_text_of(v.tensor)))
+                elif v.HasField("tensor"):
+                    value = _scalar_of(v.tensor)
+                    if value is not None:
+                        scalars.setdefault(v.tag, []).append(_Point(e.wall_time, e.step, value=value))
+    return scalars, texts, count
+
+
+def _training_key(run: str, name: str) -> str:
+    """The History key of Keras's `epoch_<name>` in a run: `loss`, `val_loss`, ..."""
+    if run in ("train", "."):
+        return name
+    if run == "validation":
+        return f"val_{name}"
+    return f"{run.split('/')[-1][:3]}_{name}"
 
 
 def _parse_findings(text: str) -> list[dict[str, str | None]]:
@@ -434,13 +540,6 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
             f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which does not exist. "
             "Expected a TensorBoard log directory written by keras_gpu_tools callbacks."
         )
-    try:
-        from tensorboard.backend.event_processing import event_accumulator as ea
-    except ImportError as e:  # pragma: no cover - tensorboard is a requirement
-        raise ImportError(
-            f"Reading a log directory needs `tensorboard` ({e}). Install it with `pip install tensorboard`."
-        ) from e
-
     data = ReportData(title=title or f"Training report: {log_dir}")
     runs = _runs(log_dir)
     if not runs:
@@ -450,60 +549,43 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
         )
     window_points: dict[int, dict[str, float]] = {}
     texts: list[tuple[str, str, int, float, str]] = []  # run, tag, step, wall, text
-    for run, path in runs:
-        acc = ea.EventAccumulator(path, size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
-        acc.Reload()
-        tags = acc.Tags()
-        data.sources.append(f"{run}")
-        for tag in tags.get("scalars", []):
-            events = acc.Scalars(tag)
+    read = 0
+    for run, path, files in runs:
+        scalars, run_texts, count = _read_run(run, path, files, data.unreadable)
+        read += count
+        if count:
+            data.sources.append(run)
+        for tag, points in scalars.items():
             if tag.startswith(("gpu/", "host/")):
                 s = data.series.setdefault(tag, Series(tag))
-                for e in events:
+                for e in points:
                     s.add(e.wall_time, e.step, e.value)
                     data.t0 = e.wall_time if data.t0 is None else min(data.t0, e.wall_time)
             elif tag.startswith(("input/", "throughput/")):
-                for e in events:
+                for e in points:
                     window_points.setdefault(e.step, {})[tag] = e.value
             elif tag.startswith("oom/"):
                 data.oom_seen = True
                 s = data.oom_series.setdefault(tag, Series(tag))
-                for e in events:
+                for e in points:
                     s.add(e.wall_time, e.step, e.value)
-        for tag in tags.get("tensors", []):
-            events = acc.Tensors(tag)
-            if not events:
-                continue
-            dtype = events[0].tensor_proto.dtype
-            if dtype == 7:  # DT_STRING: text summaries
-                for e in events:
-                    texts.append((run, tag, e.step, e.wall_time, _text_of(e)))
-            elif tag.startswith("epoch_"):
-                name = tag[len("epoch_") :]
-                if name.startswith(_OWN_PREFIXES):
-                    continue  # our own epoch logs, which Keras's TensorBoard copies
-                key = (
-                    name
-                    if run in ("train", ".")
-                    else f"{run.split('/')[-1][:3]}_{name}"
-                    if run != "validation"
-                    else f"val_{name}"
-                )
-                s = Series(key)
-                for e in events:
-                    v = _scalar_of(e)
-                    if v is not None:
-                        s.add(e.wall_time, e.step + 1, v)
-                if s.values:
-                    data.training[key] = s
-            elif tag.startswith("oom/"):
-                data.oom_seen = True
-                s = data.oom_series.setdefault(tag, Series(tag))
-                for e in events:
-                    v = _scalar_of(e)
-                    if v is not None:
-                        s.add(e.wall_time, e.step, v)
+            elif tag.startswith("epoch_") and not tag[len("epoch_") :].startswith(_OWN_PREFIXES):
+                # (our own epoch logs, which Keras's TensorBoard copies, are read from our runs)
+                key = _training_key(run, tag[len("epoch_") :])
+                s = data.training.setdefault(key, Series(key))
+                for e in points:
+                    s.add(e.wall_time, e.step + 1, e.value)
+        for tag, points in run_texts.items():
+            texts += [(run, tag, e.step, e.wall_time, e.text) for e in points]
 
+    n_files = sum(len(files) for _, _, files in runs)
+    if not read and len(data.unreadable) == n_files:
+        raise ValueError(
+            f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, but none of its "
+            f"{n_files} event file(s) could be read: "
+            + "; ".join(f"{p} {why}" for p, why in data.unreadable)
+            + ". Expected TensorBoard event files written by the callbacks."
+        )
     texts.sort(key=lambda t: (t[3], t[2]))
     verdict_text = None
     profiles: dict[str, dict[str, Any]] = {}
@@ -576,6 +658,27 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
 # ---------------------------------------------------------------------------
 # Figures (matplotlib, imported lazily; no pyplot, so no global state)
 # ---------------------------------------------------------------------------
+def _literal(fig) -> None:
+    """Makes every label, title and legend entry of `fig` show its text as written.
+
+    They hold tag, metric and GPU names, in which matplotlib would read
+    "$...$" as mathtext (and fail to draw "$a_b_c$": a double subscript) or
+    hand the text to LaTeX under `text.usetex`. Tick labels are left to
+    matplotlib: they are numbers, which its formatters may write as mathtext.
+    """
+    from matplotlib.text import Text
+
+    ticks = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            ticks.add(axis.get_offset_text())
+            ticks.update(axis.get_ticklabels(which="both"))
+    for t in fig.findobj(Text):
+        if t not in ticks:
+            t.set_usetex(False)
+            t.set_parse_math(False)
+
+
 def _new_figure(rows: int = 1, height: float = 2.6, width: float = 8.0):
     from matplotlib.figure import Figure
 
@@ -744,6 +847,8 @@ class TrainingReport:
                 figs["oom"] = _oom_figure(d)  # not for a run without a single OOM
             if d.training:
                 figs["training"] = _training_figure(d)
+            for fig in figs.values():
+                _literal(fig)
             self._figures = figs
         return self._figures
 
@@ -806,6 +911,8 @@ class TrainingReport:
     def _sections_text(self) -> list[tuple[str, list[str]]]:
         d = self.data
         sections = []
+        if d.unreadable:
+            sections.append((_UNREADABLE, [f"- {path} {why}" for path, why in d.unreadable]))
         body = []
         for g in d.gpus:
             body.append(f"GPU {g['index']}: {g['name']}, {g['memory']}, compute capability {g['compute capability']}")
@@ -905,6 +1012,10 @@ class TrainingReport:
                 + " ".join(f'<span class="kgt-badge kgt-{cls}">{e(t)}</span>' for t, cls in summary)
                 + "</p>"
             )
+
+        if d.unreadable:
+            parts.append(f"<h3>{_UNREADABLE}</h3>")
+            parts.append("<ul>" + "".join(f"<li>{e(p)} {e(why)}</li>" for p, why in d.unreadable) + "</ul>")
 
         if d.series or d.gpus:
             parts.append("<h3>GPUs and host</h3>")
@@ -1012,6 +1123,8 @@ class TrainingReport:
     def _badges(self) -> list[tuple[str, str]]:
         d = self.data
         out = []
+        if d.unreadable:
+            out.append((f"{len(d.unreadable)} event file(s) could not be read", "bad"))
         for index in d.gpu_indices():
             s = d.series.get(f"gpu/{index}/sm_activity_percent") or d.series.get(f"gpu/{index}/utilization_percent")
             if s and s.values:
@@ -1161,6 +1274,7 @@ def _fill_from(data: ReportData, other: ReportData) -> None:
         data.profiles = other.profiles
     if data.findings is None:
         data.findings = other.findings
+    data.unreadable = other.unreadable
     if not data.training:
         data.training = other.training
     data.sources.append("log dir")

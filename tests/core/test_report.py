@@ -368,3 +368,75 @@ def test_report_of_a_real_fit_equals_the_callbacks_and_the_log_dir(tmp_path):
         )
     page = later.html()
     assert page.count("data:image/png;base64,") == len(later.figures())
+
+
+# -- text shown literally, unreadable files named -----------------------------------------------------
+def test_dollar_signs_in_tags_and_texts_are_shown_literally(tmp_path):
+    # matplotlib reads "$...$" as mathtext, and "$a_b_c$" is a mathtext error (double subscript).
+    gpu = EventWriter(str(tmp_path / "gpu"))
+    gpu.text(
+        "gpu/devices",
+        "| index | GPU | UUID | memory (MiB) | compute capability |\n|---|---|---|---|---|\n"
+        "| 0 | $x_y_z$ | GPU-x | 40960 | 8.0 |",
+        step=0,
+    )
+    for i in range(3):
+        gpu.scalars(
+            {"gpu/0/utilization_percent": 10.0 * i, "gpu/0/$a_b_c$": 1.0, "gpu/$a_b_c$/utilization_percent": 5.0},
+            step=i,
+            wall_time=50.0 + i,
+        )
+    gpu.close()
+    oom = EventWriter(str(tmp_path / "oom"))
+    oom.scalars({"oom/events_total": 1.0, "oom/$a_b_c$": 2.0}, step=3)
+    oom.close()
+    rep = EventWriter(str(tmp_path / "report"))
+    rep.text("mixed_precision/findings", "- [output_dtype] `$x_y_z$`: Output `$x_y_z$` is float16.", step=0)
+    rep.close()
+
+    r = report(str(tmp_path))
+    figs = r.figures()
+    assert {"gpu_0", "gpu_$a_b_c$", "oom"} <= set(figs)
+    assert figs["gpu_0"].get_suptitle() == "GPU 0: $x_y_z$"
+    assert figs["gpu_$a_b_c$"].get_suptitle() == "GPU $a_b_c$"
+    assert "oom/$a_b_c$" in [t.get_text() for t in figs["oom"].axes[0].get_legend().get_texts()]
+    page = r.html(full_page=True)  # draws every figure: no mathtext error
+    assert page.count("data:image/png;base64,") == len(figs)
+    assert "$x_y_z$" in page and "gpu/0/$a_b_c$" in page and "$x_y_z$" in r.text()
+
+
+def _garbage_and_truncated(tmp_path):
+    """A log dir with one good run, one garbage event file and one truncated event file."""
+    good = EventWriter(str(tmp_path / "gpu"))
+    good.scalars({"host/cpu_percent": 50.0}, step=1, wall_time=10.0)
+    good.close()
+    garbage = tmp_path / "input" / "events.out.tfevents.1700000000.host.1.v2"
+    garbage.parent.mkdir()
+    garbage.write_bytes(b"this is not a TensorBoard event file, only some text\n" * 20)
+    whole = EventWriter(str(tmp_path / "profile"))
+    whole.text("profile/steps_1_2", "x" * 200, step=1)
+    whole.close()
+    (path,) = (tmp_path / "profile").iterdir()
+    truncated = tmp_path / "profile" / "events.out.tfevents.1700000001.host.2.v2"
+    truncated.write_bytes(path.read_bytes()[:-60])  # the text record cut in the middle
+    path.unlink()
+    return ["input/" + garbage.name, "profile/" + truncated.name]
+
+
+def test_unreadable_event_files_are_named_in_the_report(tmp_path):
+    bad = _garbage_and_truncated(tmp_path)
+    r = report(str(tmp_path))
+    assert r.data.series["host/cpu_percent"].values == [50.0]  # the good file is read
+    assert [p for p, _ in r.data.unreadable] == bad
+    text, page = r.text(), r.html()
+    for name in bad:
+        assert name in text and name in page
+    assert "could not be read" in text and "could not be read" in page
+
+
+def test_a_log_dir_of_only_unreadable_event_files_is_an_error(tmp_path):
+    garbage = tmp_path / "gpu" / "events.out.tfevents.1700000000.host.1.v2"
+    garbage.parent.mkdir()
+    garbage.write_bytes(b"\x00\x01garbage" * 50)
+    with pytest.raises(ValueError, match=r"none of its 1 event file\(s\) could be read.*gpu/events\.out"):
+        report(str(tmp_path))
