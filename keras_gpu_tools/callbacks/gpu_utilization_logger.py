@@ -199,6 +199,7 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
         self._writer = EventWriter(self.run_dir) if self.log_dir else None
         if self._writer is not None and self.gpus:
             self._writer.text("gpu/devices", self._device_table(), step=self._step)
+            self._writer.json("gpu/devices/data", self.device_records(), step=self._step)  # for report()
         with self._lock:
             self._point = Aggregate()
             self._epoch = Aggregate()
@@ -322,3 +323,17 @@ class GPUUtilizationLogger(keras.callbacks.Callback):
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+
+    def device_records(self) -> list[dict[str, Any]]:
+        """The GPUs monitored in the last fit as JSON-ready dicts, as written to `gpu/devices/data`."""
+        return [
+            {
+                "index": i,
+                "name": g.name,
+                "uuid": g.uuid,
+                "memory_total_bytes": g.memory_total_bytes,
+                "compute_capability": list(g.compute_capability) if g.compute_capability else None,
+                "is_mig": g.is_mig,
+            }
+            for i, g in self.gpus
+        ]

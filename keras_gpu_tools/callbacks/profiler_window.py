@@ -427,6 +427,8 @@ class ProfilerWindow(keras.callbacks.Callback):
                     capture.line(),
                     step=window.start,
                 )
+                tag = f"profile/steps_{window.start}_{window.start + capture.num_steps}/data"
+                self._writer.json(tag, capture, step=window.start)  # the same, for report()
             xplanes = [f for f in files if f.endswith(".xplane.pb")]
             if self.analyze and xplanes and prof.xprof_available():
                 t = threading.Thread(
@@ -455,6 +457,8 @@ class ProfilerWindow(keras.callbacks.Callback):
                 text,
                 step=capture.start_step,
             )
+            tag = f"profile/steps_{capture.start_step}_{capture.start_step + capture.num_steps}/input_pipeline/data"
+            writer.json(tag, a, step=capture.start_step)  # the same, for report()
 
     def close(self) -> None:
         """Stops a window still running and releases everything; call it on the training thread.
