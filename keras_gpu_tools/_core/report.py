@@ -12,20 +12,27 @@ compute and other; the input-bound verdict and its advice; OOM recoveries;
 profiler windows and their xprof conclusion; mixed-precision findings; the
 training curves Keras wrote.
 
-Sources are read by duck typing, not by class, so this module imports neither
-Keras nor a framework: matplotlib is imported when a figure is first drawn,
-TensorBoard's event reader when a log directory is read.
+Callbacks are recognised by their class (a subclass counts), imported only
+when `report()` is given sources, so this module imports neither Keras nor a
+framework: matplotlib is imported when a figure is first drawn, TensorBoard's
+protos when a log directory is read. From a callback the report reads the
+records it holds (dataclasses, dicts); from a log directory, the JSON each
+callback writes next to its text (text tags ending in ``/data``), never the
+text itself. Logs written before those tags are read from their text.
 
-Keys read (a missing one leaves its part of the report out):
+What is read (a missing one leaves its part of the report out):
 
-| source | what |
+| callback: records | log dir: run, tags |
 |---|---|
-| `GPUUtilizationLogger.timeline` / run `gpu` | `gpu/<i>/*`, `host/*` scalars, text `gpu/devices` |
-| `InputBoundDetector.epoch_history` / run `input` | `input/*_ms`, `input/wait_fraction`, `throughput/*`; text `input/verdict` |
-| `ProfilerWindow.captures` / run `profile` | text `profile/steps_<a>_<b>` and `.../input_pipeline` |
-| an OOM callback (`micro_batches`, recoveries) / any run | epoch logs and scalars `oom/*`, text tags `oom/*` |
-| `MixedPrecisionCheck.findings` / run `report` | text `mixed_precision/findings` (see `TrainingReport.write_to_tensorboard`) |
-| `History` / runs `train`, `validation` | Keras's `epoch_*` summaries |
+| `GPUUtilizationLogger`: `device_records()`, `timeline` | `gpu`: scalars `gpu/<i>/*`, `host/*`; JSON `gpu/devices/data` |
+| `InputBoundDetector`: `epoch_history`, `measurement`, `verdict` | `input`: scalars `input/*`, `throughput/*`; JSON `input/verdict/data` |
+| `ProfilerWindow`: `captures` | `profile`: JSON `profile/steps_<a>_<b>/data`, `.../input_pipeline/data` |
+| `OOMBatchSizeReducer`: `events`, `micro_batches`, `recovery_seconds` | `oom`: scalars `oom/*`; JSON `oom/events/data` |
+| `MixedPrecisionCheck`: `findings` | `report`: JSON `mixed_precision/findings/data` (`TrainingReport.write_to_tensorboard`) |
+| `History` (or the model's) | `train`, `validation`: Keras's `epoch_*` |
+
+An event file that cannot be read (not an event file, corrupt, cut short) is
+named in the report; when none can be read, `report()` raises `ValueError`.
 """
 
 from __future__ import annotations
@@ -34,10 +41,12 @@ import base64
 import dataclasses
 import html
 import io
+import json
 import math
 import os
 import re
 import struct
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -47,6 +56,13 @@ SPLIT_COLORS = ("#d62728", "#1f77b4", "#bbbbbb")
 UTIL_FIELDS = ("utilization_percent", "sm_activity_percent", "tensor_activity_percent", "memory_busy_percent")
 MEMORY_FIELDS = ("memory_used_mib", "allocator_memory_mib", "allocator_peak_memory_mib", "memory_total_mib")
 MP_TAG = "mixed_precision/findings"
+# The tags of the JSON the callbacks write next to their text (see EventWriter.json).
+DATA_SUFFIX = "/data"
+DEVICES_DATA_TAG = "gpu/devices/data"  # GPUUtilizationLogger.device_records()
+VERDICT_DATA_TAG = "input/verdict/data"  # {scope, verdict: Verdict, measurement: Measurement, figures, notes}
+ANALYSIS_DATA_SUFFIX = "/input_pipeline/data"  # profile/steps_<a>_<b>/input_pipeline/data: TraceAnalysis
+OOM_DATA_TAG = "oom/events/data"  # one OOMEvent per recovery
+MP_DATA_TAG = MP_TAG + DATA_SUFFIX  # [MixedPrecisionFinding]
 _OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "oom/")
 _NO_FINDING = "No mixed-precision finding."
 _UNREADABLE = "Event files that could not be read"
@@ -93,7 +109,7 @@ class ReportData:
     oom_series: dict[str, Series] = dataclasses.field(default_factory=dict)
     oom_summary: dict[str, Any] = dataclasses.field(default_factory=dict)
     oom_seen: bool = False  # an OOM callback (or its logs) was there
-    profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # steps, line, conclusion
+    profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # see _profile_row
     findings: list[dict[str, str | None]] | None = None  # None: the check did not run
     training: dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -126,32 +142,31 @@ class ReportData:
 # ---------------------------------------------------------------------------
 # Gathering from callbacks
 # ---------------------------------------------------------------------------
-def _is_gpu_logger(obj) -> bool:
-    return hasattr(obj, "timeline") and hasattr(obj, "gpus")
+def _classes() -> list[tuple[str, type]]:
+    """The classes the report reads, by role: the package's callbacks, Keras's `History` and `Model`.
 
+    Imported here rather than at module import, so that this module imports no
+    Keras; and only once Keras is loaded, as no instance of them exists before.
+    """
+    if "keras" not in sys.modules:
+        return []
+    import keras
 
-def _is_detector(obj) -> bool:
-    return hasattr(obj, "verdict") and hasattr(obj, "epoch_history") and hasattr(obj, "measurement")
+    from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
+    from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+    from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck
+    from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+    from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
 
-
-def _is_profiler(obj) -> bool:
-    return hasattr(obj, "captures")
-
-
-def _is_mp_check(obj) -> bool:
-    return hasattr(obj, "findings") and not hasattr(obj, "verdict")
-
-
-def _is_oom(obj) -> bool:
-    return hasattr(obj, "micro_batches") or "oom" in type(obj).__name__.lower()
-
-
-def _is_history(obj) -> bool:
-    return isinstance(getattr(obj, "history", None), dict) and hasattr(obj, "epoch")
-
-
-def _is_model(obj) -> bool:
-    return hasattr(obj, "layers") and hasattr(obj, "compile")
+    return [
+        ("model", keras.Model),
+        ("gpu", GPUUtilizationLogger),
+        ("input", InputBoundDetector),
+        ("profile", ProfilerWindow),
+        ("oom", OOMBatchSizeReducer),
+        ("mixed_precision", MixedPrecisionCheck),
+        ("history", keras.callbacks.History),
+    ]
 
 
 def _flatten(sources: Iterable[Any]) -> list[Any]:
@@ -172,20 +187,68 @@ def _finite(v) -> float | None:
     return f if math.isfinite(f) else None
 
 
+# Each record below is the JSON-ready form a callback writes to its `.../data`
+# tag, so that the callbacks and the log directory make the same report.
+def _gpu_row(rec: dict[str, Any]) -> dict[str, str]:
+    """A row of the GPU table from a `GPUUtilizationLogger.device_records()` entry."""
+    mem, cc = rec.get("memory_total_bytes"), rec.get("compute_capability")
+    return {
+        "index": str(rec.get("index", "?")),
+        "name": str(rec.get("name", "?")) + (" (MIG)" if rec.get("is_mig") else ""),
+        "uuid": str(rec.get("uuid") or ""),
+        "memory": f"{mem / 2**20:.0f} MiB" if mem else "?",
+        "compute capability": ".".join(map(str, cc)) if cc else "?",
+    }
+
+
+def _verdict_dict(rec: dict[str, Any], text: str) -> dict[str, Any]:
+    """The report's verdict from a `Verdict` record and the summary text that goes with it."""
+    return {
+        "category": str(rec.get("category", "unknown")),
+        "message": str(rec.get("message", "")),
+        "evidence": [str(x) for x in rec.get("evidence") or []],
+        "advice": [str(x) for x in rec.get("advice") or []],
+        "text": text,
+    }
+
+
+def _conclusion(analysis: dict[str, Any] | None) -> str:
+    """What xprof concluded of a window, worded as `ProfilerWindow` writes it ("" before any analysis)."""
+    if not analysis:
+        return ""
+    return analysis.get("conclusion") or f"xprof gave no conclusion ({analysis.get('error') or 'no steps found'})"
+
+
+def _profile_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """A profiler window of the report from a `WindowCapture` record."""
+    start, n = int(rec["start_step"]), int(rec["num_steps"])
+    files = rec.get("files") or []
+    size = _finite(rec.get("size_bytes"))
+    return {
+        "steps": f"{start}-{start + n}",
+        "start": start,
+        "num_steps": n,
+        "reason": str(rec.get("reason", "")),
+        "trace_dir": os.path.dirname(files[0]) if files else "",
+        "size_mib": None if size is None else size / 2**20,
+        "mean_step_ms": _finite(rec.get("mean_step_ms")),
+        "conclusion": _conclusion(rec.get("analysis")),
+    }
+
+
+def _finding_dict(rec: dict[str, Any]) -> dict[str, str | None]:
+    """A mixed-precision finding of the report from a `MixedPrecisionFinding` record."""
+    layer = rec.get("layer")
+    return {
+        "kind": str(rec.get("kind", "?")),
+        "layer": None if layer is None else str(layer),
+        "message": str(rec.get("message", "")),
+    }
+
+
 def _from_gpu_logger(data: ReportData, lg) -> None:
     data.sources.append(type(lg).__name__)
-    for index, info in list(getattr(lg, "gpus", []) or []):
-        mem = getattr(info, "memory_total_bytes", None)
-        cc = getattr(info, "compute_capability", None)
-        data.gpus.append(
-            {
-                "index": str(index),
-                "name": str(getattr(info, "name", "?")) + (" (MIG)" if getattr(info, "is_mig", False) else ""),
-                "uuid": str(getattr(info, "uuid", "")),
-                "memory": f"{mem / 2**20:.0f} MiB" if mem else "?",
-                "compute capability": ".".join(map(str, cc)) if cc else "?",
-            }
-        )
+    data.gpus += [_gpu_row(r) for r in lg.device_records()]
     for wall, step, means in list(lg.timeline):
         if data.t0 is None or wall < data.t0:
             data.t0 = wall
@@ -196,97 +259,35 @@ def _from_gpu_logger(data: ReportData, lg) -> None:
 
 
 def _from_detector(data: ReportData, det) -> None:
+    from keras_gpu_tools._core.tensorboard import to_plain
+
     data.sources.append(type(det).__name__)
-    history = list(getattr(det, "epoch_history", []) or [])
+    history = list(det.epoch_history)
     if history:
         data.split_axis = "epoch"
         data.split_x = [float(i + 1) for i in range(len(history))]
         data.split = {k: [_finite(h.get(k)) for h in history] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)}
-    m = getattr(det, "measurement", None)
-    if m is not None and hasattr(m, "logs"):
-        data.throughput = dict(m.logs())
-    v = getattr(det, "verdict", None)
-    if v is not None:
-        text = det.summary() if hasattr(det, "summary") else str(v)
-        data.verdict = {
-            "category": v.category,
-            "message": v.message,
-            "evidence": list(v.evidence),
-            "advice": list(v.advice),
-            "text": text,
-        }
-
-
-def _capture_dict(c) -> dict[str, Any]:
-    a = getattr(c, "analysis", None)
-    conclusion = ""
-    if a is not None:
-        conclusion = a.conclusion or (f"xprof gave no conclusion ({a.error})" if a.error else "")
-    return {
-        "steps": f"{c.start_step}-{c.start_step + c.num_steps}",
-        "start": c.start_step,
-        "num_steps": c.num_steps,
-        "reason": c.reason,
-        "trace_dir": c.trace_dir or "",
-        "size_mib": c.size_bytes / 2**20,
-        "mean_step_ms": c.mean_step_ms,
-        "line": c.line() if hasattr(c, "line") else "",
-        "conclusion": conclusion,
-    }
+    if det.measurement is not None:
+        data.throughput = dict(det.measurement.logs())
+    if det.verdict is not None:
+        data.verdict = _verdict_dict(to_plain(det.verdict), det.summary())
 
 
 def _from_profiler(data: ReportData, prof) -> None:
+    from keras_gpu_tools._core.tensorboard import to_plain
+
     data.sources.append(type(prof).__name__)
-    if hasattr(prof, "wait_for_analysis"):
-        try:
-            prof.wait_for_analysis(timeout=60.0)
-        except Exception:
-            pass
-    data.profiles = [_capture_dict(c) for c in list(prof.captures)]
-
-
-def _record_text(r) -> str:
-    if isinstance(r, str):
-        return r
-    for attr in ("line", "message", "text"):
-        v = getattr(r, attr, None)
-        if callable(v):
-            try:
-                v = v()
-            except Exception:
-                v = None
-        if isinstance(v, str) and v:
-            return v
-    if dataclasses.is_dataclass(r):
-        return ", ".join(f"{f.name}={getattr(r, f.name)!r}" for f in dataclasses.fields(r))
-    if isinstance(r, dict):
-        return ", ".join(f"{k}={v!r}" for k, v in r.items())
-    return str(r)
+    prof.wait_for_analysis(timeout=60.0)  # xprof's conclusions, converted in the background
+    data.profiles = [_profile_row(to_plain(c)) for c in list(prof.captures)]
 
 
 def _from_oom(data: ReportData, cb) -> None:
     data.sources.append(type(cb).__name__)
     data.oom_seen = True
-    for attr in ("recoveries", "events", "records", "oom_events"):
-        recs = getattr(cb, attr, None)
-        if isinstance(recs, (list, tuple)) or (
-            recs is not None and hasattr(recs, "__iter__") and not isinstance(recs, (str, dict))
-        ):
-            data.oom_events = [_record_text(r) for r in list(recs)]
-            break
-    mb = getattr(cb, "micro_batches", None)
-    if isinstance(mb, (int, float)) and not isinstance(mb, bool):
-        data.oom_summary["micro-batches per batch now"] = mb
-    seconds = getattr(cb, "recovery_seconds", None)
-    if isinstance(seconds, (int, float)) and seconds:
-        data.oom_summary["seconds spent in failed attempts"] = round(float(seconds), 2)
-    for attr in ("epoch_history",):
-        hist = getattr(cb, attr, None)
-        if isinstance(hist, list):
-            for i, h in enumerate(hist):
-                for k, v in (h or {}).items():
-                    if k.startswith("oom/") and _finite(v) is not None:
-                        data.oom_series.setdefault(k, Series(k)).add(0.0, i + 1, float(v))
+    data.oom_events = [e.line() for e in list(cb.events)]
+    data.oom_summary["micro-batches per batch now"] = cb.micro_batches
+    if cb.recovery_seconds:
+        data.oom_summary["seconds spent in failed attempts"] = round(float(cb.recovery_seconds), 2)
 
 
 def _from_history(data: ReportData, hist: dict[str, list[Any]]) -> None:
@@ -311,45 +312,47 @@ def _from_history(data: ReportData, hist: dict[str, list[Any]]) -> None:
             data.training[key] = s
 
 
-def _findings_dicts(findings) -> list[dict[str, str | None]]:
-    return [
-        {"kind": getattr(f, "kind", "?"), "layer": getattr(f, "layer", None), "message": getattr(f, "message", str(f))}
-        for f in findings
-    ]
-
-
 def gather(sources: Sequence[Any], title: str | None = None) -> ReportData:
-    """Reads the callbacks, History or model given into a `ReportData`."""
+    """Reads the callbacks, History or model given into a `ReportData`.
+
+    Each is recognised by its class (a subclass of a package callback
+    counts); anything else (Keras's TensorBoard, a LiveView, ...) has nothing
+    to add and is left out.
+    """
+    from keras_gpu_tools._core.tensorboard import to_plain
+
     data = ReportData(title=title or "Training report")
+    classes = _classes()
     models = []
     for s in _flatten(sources):
-        if _is_model(s):
-            models.append(s)
-        elif _is_gpu_logger(s):
-            _from_gpu_logger(data, s)
-        elif _is_detector(s):
-            _from_detector(data, s)
-        elif _is_profiler(s):
-            _from_profiler(data, s)
-        elif _is_oom(s):
-            _from_oom(data, s)
-        elif _is_mp_check(s):
-            data.sources.append(type(s).__name__)
-            data.findings = _findings_dicts(s.findings)
-        elif _is_history(s):
-            _from_history(data, s.history)
-        elif isinstance(s, dict) and all(isinstance(v, list) for v in s.values()):
+        if isinstance(s, dict) and all(isinstance(v, list) for v in s.values()):
             _from_history(data, s)  # history.history
-        # Anything else (Keras's TensorBoard, a LiveView, ...) has nothing to add.
+            continue
+        role = next((r for r, cls in classes if isinstance(s, cls)), None)
+        if role == "model":
+            models.append(s)
+        elif role == "gpu":
+            _from_gpu_logger(data, s)
+        elif role == "input":
+            _from_detector(data, s)
+        elif role == "profile":
+            _from_profiler(data, s)
+        elif role == "oom":
+            _from_oom(data, s)
+        elif role == "mixed_precision":
+            data.sources.append(type(s).__name__)
+            data.findings = [_finding_dict(to_plain(f)) for f in s.findings]
+        elif role == "history":
+            _from_history(data, s.history)
     for model in models:
         h = getattr(model, "history", None)
-        if h is not None and _is_history(h) and not data.training:
+        if h is not None and not data.training:
             _from_history(data, h.history)
         if data.findings is None:
             try:
                 from keras_gpu_tools._core.mixed_precision import check_mixed_precision
 
-                data.findings = _findings_dicts(check_mixed_precision(model))
+                data.findings = [_finding_dict(to_plain(f)) for f in check_mixed_precision(model)]
                 data.sources.append("check_mixed_precision(model)")
             except Exception as e:
                 data.notes.append(f"The mixed-precision check failed ({type(e).__name__}: {e}).")
@@ -489,47 +492,6 @@ def _training_key(run: str, name: str) -> str:
     return f"{run.split('/')[-1][:3]}_{name}"
 
 
-def _parse_findings(text: str) -> list[dict[str, str | None]]:
-    out = []
-    for line in text.splitlines():
-        m = re.match(r"^- \[(\w+)\](?: `([^`]*)`)?: (.*)$", line.strip())
-        if m:
-            out.append({"kind": m.group(1), "layer": m.group(2) or None, "message": m.group(3)})
-    return out
-
-
-_SUMMARY_ROWS = {"steps/s": "throughput/steps_per_sec", "samples/s": "throughput/samples_per_sec"}
-
-
-def _figures_of(summary: str) -> dict[str, float]:
-    """The whole-run figures of an InputBoundDetector summary's table."""
-    out = {}
-    for line in summary.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 2 and cells[0] in _SUMMARY_ROWS:
-            v = _finite(cells[1])
-            if v is not None:
-                out[_SUMMARY_ROWS[cells[0]]] = v
-    return out
-
-
-def _parse_device_table(text: str) -> list[dict[str, str]]:
-    gpus = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 5 and cells[0].isdigit():
-            gpus.append(
-                {
-                    "index": cells[0],
-                    "name": cells[1],
-                    "uuid": cells[2],
-                    "memory": f"{cells[3]} MiB",
-                    "compute capability": cells[4],
-                }
-            )
-    return gpus
-
-
 def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     """Reads every run under a TensorBoard log directory into a `ReportData`."""
     from keras_gpu_tools._core.tensorboard import check_log_dir
@@ -586,48 +548,6 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
             + "; ".join(f"{p} {why}" for p, why in data.unreadable)
             + ". Expected TensorBoard event files written by the callbacks."
         )
-    texts.sort(key=lambda t: (t[3], t[2]))
-    verdict_text = None
-    profiles: dict[str, dict[str, Any]] = {}
-    for _run, tag, _step, _wall, text in texts:
-        if tag == "gpu/devices":
-            data.gpus = _parse_device_table(text)
-        elif tag == "input/verdict":
-            verdict_text = text  # the last one written: the whole fit's summary
-        elif tag.startswith("profile/"):
-            m = re.match(r"^profile/steps_(\d+)_(\d+)(/input_pipeline)?$", tag)
-            if not m:
-                continue
-            a, b = int(m.group(1)), int(m.group(2))
-            p = profiles.setdefault(
-                f"{a}-{b}",
-                {
-                    "steps": f"{a}-{b}",
-                    "start": a,
-                    "num_steps": b - a,
-                    "line": "",
-                    "conclusion": "",
-                    "reason": "",
-                    "trace_dir": "",
-                    "size_mib": None,
-                    "mean_step_ms": None,
-                },
-            )
-            if m.group(3):
-                p["conclusion"] = text
-            else:
-                p["line"] = text
-                lm = re.search(r"\(([^()]*)\) -> (.*) \(([\d.]+) MiB(?:, mean step ([\d.]+) ms)?\)$", text)
-                if lm:
-                    p["reason"], p["trace_dir"] = lm.group(1), lm.group(2)
-                    p["size_mib"] = float(lm.group(3))
-                    p["mean_step_ms"] = float(lm.group(4)) if lm.group(4) else None
-        elif tag == MP_TAG:
-            data.findings = [] if text.strip().startswith(_NO_FINDING) else _parse_findings(text)
-        elif tag.startswith("oom/"):
-            data.oom_seen = True
-            data.oom_events.append(text)
-    data.profiles = sorted(profiles.values(), key=lambda p: p["start"])
     if window_points:
         steps = sorted(window_points)
         last = dict(window_points[steps[-1]])
@@ -638,21 +558,162 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
             k: [_finite(window_points[s].get(k)) for s in steps] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)
         }
         data.throughput = last
-    if verdict_text:
-        data.throughput.update(_figures_of(verdict_text))
-        first = verdict_text.splitlines()[0] if verdict_text else ""
-        category = first.split(":", 1)[1].strip() if ":" in first else "unknown"
-        lines = verdict_text.splitlines()
-        message = next((ln for ln in lines[1:] if ln.strip()), "")
-        advice = [ln[2:] for ln in lines if ln.startswith("- ")]
-        data.verdict = {
-            "category": category,
-            "message": message,
-            "evidence": [],
-            "advice": advice,
-            "text": verdict_text,
-        }
+    texts.sort(key=lambda t: (t[3], t[2]))
+    prose: dict[str, str] = {}  # the last text of each tag written for people
+    records: dict[str, Any] = {}  # the last JSON of each `.../data` tag
+    oom_records: list[dict[str, Any]] = []
+    for run, tag, _step, _wall, text in texts:
+        if not tag.endswith(DATA_SUFFIX):
+            prose[tag] = text
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            data.notes.append(f"The tag {tag!r} of run {run!r} holds no valid JSON; it is left out.")
+            continue
+        if tag == OOM_DATA_TAG:
+            oom_records.append(value)  # one per recovery
+        else:
+            records[tag] = value
+
+    if oom_records:
+        records[OOM_DATA_TAG] = oom_records
+
+    def read(tag: str, convert) -> Any:
+        """`convert(records[tag])`; None where the tag is missing or its JSON not shaped as expected."""
+        if tag not in records:
+            return None
+        try:
+            return convert(records[tag])
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            data.notes.append(f"The JSON of tag {tag!r} is not as expected ({type(e).__name__}: {e}); it is left out.")
+            return None
+
+    gpus = read(DEVICES_DATA_TAG, lambda v: [_gpu_row(r) for r in v])
+    if gpus is not None:
+        data.gpus = gpus
+    profiles: dict[str, dict[str, Any]] = {}
+    for tag in [t for t in records if t.startswith("profile/") and not t.endswith(ANALYSIS_DATA_SUFFIX)]:
+        window = tag[: -len(DATA_SUFFIX)]  # profile/steps_<a>_<b>; xprof's analysis comes in a tag of its own
+        analysis = records.get(window + ANALYSIS_DATA_SUFFIX)
+        row = read(tag, lambda v, a=analysis: _profile_row(v if a is None else {**v, "analysis": a}))
+        if row is not None:
+            profiles[window] = row
+    findings = read(MP_DATA_TAG, lambda v: [_finding_dict(r) for r in v])
+    if findings is not None:
+        data.findings = findings
+    oom = read(OOM_DATA_TAG, lambda v: (_oom_lines(v), sum(float(r.get("seconds") or 0.0) for r in v)))
+    if oom is not None:
+        data.oom_seen, data.oom_events = True, oom[0]
+        if oom[1]:
+            data.oom_summary["seconds spent in failed attempts"] = round(oom[1], 2)
+    text = prose.get("input/verdict", "")  # the last one written: the whole fit's, like its JSON
+    verdict = read(VERDICT_DATA_TAG, lambda v: (_verdict_dict(v["verdict"], text), _floats(v["figures"])))
+    if verdict is not None:
+        data.verdict = verdict[0]
+        data.throughput.update(verdict[1])
+    _read_old_prose(data, prose, records, profiles)  # logs written before the JSON tags
+    data.profiles = sorted(profiles.values(), key=lambda p: p["start"])
+    micro = data.oom_series.get("oom/micro_batches")
+    if micro is not None and micro.values:  # the last split in use, as the callback's `micro_batches`
+        data.oom_summary = {"micro-batches per batch now": int(micro.values[-1]), **data.oom_summary}
     return data
+
+
+def _oom_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The line of each recovery, from `OOMEvent` records."""
+    from keras_gpu_tools._core.oom import OOMEvent
+
+    known = {f.name for f in dataclasses.fields(OOMEvent)}
+    return [OOMEvent(**{k: r[k] for k in known & set(r)}).line() for r in records]
+
+
+def _floats(figures: dict[str, Any]) -> dict[str, float]:
+    return {str(k): float(v) for k, v in figures.items() if _finite(v) is not None}
+
+
+# ---------------------------------------------------------------------------
+# Logs written before the JSON tags: their text read as well as it can be
+# ---------------------------------------------------------------------------
+def _read_old_prose(
+    data: ReportData, prose: dict[str, str], records: dict[str, Any], profiles: dict[str, dict[str, Any]]
+) -> None:
+    """Fills what no JSON tag gave from the texts written for people (logs of earlier versions)."""
+    if DEVICES_DATA_TAG not in records and "gpu/devices" in prose:
+        data.gpus = _parse_device_table(prose["gpu/devices"])
+    if MP_DATA_TAG not in records and MP_TAG in prose:
+        text = prose[MP_TAG]
+        data.findings = [] if text.strip().startswith(_NO_FINDING) else _parse_findings(text)
+    if VERDICT_DATA_TAG not in records and "input/verdict" in prose:
+        data.verdict = _parse_verdict(prose["input/verdict"])
+        data.throughput.update(_figures_of(prose["input/verdict"]))
+    for tag, text in prose.items():
+        m = re.match(r"^(profile/steps_(\d+)_(\d+))(/input_pipeline)?$", tag)
+        if m is None or m.group(1) + DATA_SUFFIX in records:
+            continue
+        a, b = int(m.group(2)), int(m.group(3))
+        p = profiles.setdefault(m.group(1), _profile_row({"start_step": a, "num_steps": b - a}))
+        if m.group(4):
+            p["conclusion"] = text
+            continue
+        lm = re.search(r"\(([^()]*)\) -> (.*) \(([\d.]+) MiB(?:, mean step ([\d.]+) ms)?\)$", text)
+        if lm:
+            p["reason"], p["trace_dir"] = lm.group(1), lm.group(2)
+            p["size_mib"] = float(lm.group(3))
+            p["mean_step_ms"] = float(lm.group(4)) if lm.group(4) else None
+
+
+def _parse_verdict(text: str) -> dict[str, Any]:
+    lines = text.splitlines()
+    first = lines[0] if lines else ""
+    return {
+        "category": first.split(":", 1)[1].strip() if ":" in first else "unknown",
+        "message": next((ln for ln in lines[1:] if ln.strip()), ""),
+        "evidence": [],
+        "advice": [ln[2:] for ln in lines if ln.startswith("- ")],
+        "text": text,
+    }
+
+
+def _parse_findings(text: str) -> list[dict[str, str | None]]:
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^- \[(\w+)\](?: `([^`]*)`)?: (.*)$", line.strip())
+        if m:
+            out.append({"kind": m.group(1), "layer": m.group(2) or None, "message": m.group(3)})
+    return out
+
+
+_SUMMARY_ROWS = {"steps/s": "throughput/steps_per_sec", "samples/s": "throughput/samples_per_sec"}
+
+
+def _figures_of(summary: str) -> dict[str, float]:
+    """The whole-run figures of an InputBoundDetector summary's table."""
+    out = {}
+    for line in summary.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0] in _SUMMARY_ROWS:
+            v = _finite(cells[1])
+            if v is not None:
+                out[_SUMMARY_ROWS[cells[0]]] = v
+    return out
+
+
+def _parse_device_table(text: str) -> list[dict[str, str]]:
+    gpus = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 5 and cells[0].isdigit():
+            gpus.append(
+                {
+                    "index": cells[0],
+                    "name": cells[1],
+                    "uuid": cells[2],
+                    "memory": f"{cells[3]} MiB",
+                    "compute capability": cells[4],
+                }
+            )
+    return gpus
 
 
 # ---------------------------------------------------------------------------
@@ -963,7 +1024,10 @@ class TrainingReport:
         if d.profiles:
             body = []
             for p in d.profiles:
-                body.append(f"steps {p['steps']}: " + (p["line"] or "(trace)"))
+                size = "?" if p["size_mib"] is None else f"{p['size_mib']:.1f} MiB"
+                mean = "" if p["mean_step_ms"] is None else f", mean step {p['mean_step_ms']:.2f} ms"
+                where = p["trace_dir"] or "no trace file"
+                body.append(f"steps {p['steps']} ({p['reason'] or '?'}): {where} ({size}{mean})")
                 body.append(f"  conclusion: {p['conclusion'] or 'none (no xprof analysis)'}")
             sections.append(("Profiler windows", body))
 
@@ -1157,7 +1221,7 @@ class TrainingReport:
         return path
 
     def write_to_tensorboard(self, log_dir, run_name: str = "report") -> str:
-        """Writes the mixed-precision findings and the text report into `log_dir/<run_name>`.
+        """Writes the mixed-precision findings (text and JSON) and the text report into `log_dir/<run_name>`.
 
         The callbacks write everything else themselves; this keeps the
         findings for a report built later from the log directory, and puts
@@ -1170,6 +1234,7 @@ class TrainingReport:
         try:
             if self.data.findings is not None:
                 writer.text(MP_TAG, findings_markdown(self.data.findings), step=0)
+                writer.json(MP_DATA_TAG, self.data.findings, step=0)
             writer.text("report/summary", "```\n" + self.text() + "\n```", step=0)
         finally:
             writer.close()
@@ -1220,6 +1285,13 @@ def report(*sources: Any, log_dir: Any | None = None, title: str | None = None) 
         A `TrainingReport`: `str(r)` is the text, `r` displays as HTML with
         plots in a notebook, `r.save("report.html")` writes one HTML file
         with the plots embedded, `r.figures()` gives the matplotlib figures.
+        Event files of `log_dir` that could not be read are listed in
+        `r.data.unreadable` and named in the report.
+
+    Raises:
+        ValueError: nothing to report on, or `log_dir` does not exist, holds
+            no event file, or none of its event files could be read.
+        TypeError: a path among the sources next to other sources.
 
     Example:
 
