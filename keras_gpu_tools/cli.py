@@ -3,6 +3,12 @@
 keras-gpu-tools doctor             # is my GPU used? if not, why?
 keras-gpu-tools demo --logdir DIR  # a small training run with every tool attached
 keras-gpu-tools report DIR         # the training report, from a TensorBoard log directory
+
+`report` exits with 0 once the report is written, also when some event files
+could not be read: they are named in the report and in a warning on stderr.
+It exits with 2, writing nothing, when no event file could be read at all (as
+when the directory holds none): an HTML report of an earlier run is kept
+rather than replaced by an empty one.
 """
 
 from __future__ import annotations
@@ -135,7 +141,9 @@ def _oom_reducer(logdir):
 def _report(args) -> int:
     from keras_gpu_tools._core.report import report
 
-    rep = report(log_dir=args.log_dir)
+    rep = report(log_dir=args.log_dir)  # raises ValueError when no event file could be read at all
+    for path, why in rep.data.unreadable:  # some could: the report is still worth writing
+        print(f"keras-gpu-tools report: warning: {os.path.join(args.log_dir, path)} {why}", file=sys.stderr)
     if not args.quiet:
         print(rep.text())
     out = args.output or os.path.join(args.log_dir, "report.html")

@@ -147,3 +147,29 @@ def test_doctor_reports_a_policy_without_tensor_cores():
         keras.config.set_dtype_policy(previous)
     assert any("6.0" in f.text and f.level == "warn" for f in findings), [f.text for f in findings]
     assert doctor.policy_findings(nv) == []  # float32: nothing to say
+
+
+def test_report_warns_about_unreadable_event_files(tmp_path, capsys):
+    from keras_gpu_tools import cli
+    from keras_gpu_tools._core.tensorboard import EventWriter
+
+    good = EventWriter(str(tmp_path / "gpu"))
+    good.scalars({"host/cpu_percent": 50.0}, step=1, wall_time=10.0)
+    good.close()
+    garbage = tmp_path / "input" / "events.out.tfevents.1700000000.host.1.v2"
+    garbage.parent.mkdir()
+    garbage.write_bytes(b"not an event file" * 30)
+    # Some files read: the report is written, with a warning naming the others.
+    assert cli.main(["report", str(tmp_path), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and f"input/{garbage.name}" in err
+    assert (tmp_path / "report.html").exists()
+    # Nothing read: an error, and the HTML report of a previous run is left alone.
+    (tmp_path / "report.html").write_text("earlier report")
+    (tmp_path / "gpu").rename(tmp_path / "gone")
+    for f in (tmp_path / "gone").iterdir():
+        f.write_bytes(b"\xff" * 40)
+    assert cli.main(["report", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "could be read" in err and garbage.name in err
+    assert (tmp_path / "report.html").read_text() == "earlier report"

@@ -12,20 +12,27 @@ compute and other; the input-bound verdict and its advice; OOM recoveries;
 profiler windows and their xprof conclusion; mixed-precision findings; the
 training curves Keras wrote.
 
-Sources are read by duck typing, not by class, so this module imports neither
-Keras nor a framework: matplotlib is imported when a figure is first drawn,
-TensorBoard's event reader when a log directory is read.
+Callbacks are recognised by their class (a subclass counts), imported only
+when `report()` is given sources, so this module imports neither Keras nor a
+framework: matplotlib is imported when a figure is first drawn, TensorBoard's
+protos when a log directory is read. From a callback the report reads the
+records it holds (dataclasses, dicts); from a log directory, the JSON each
+callback writes next to its text (text tags ending in ``/data``), never the
+text itself. Logs written before those tags are read from their text.
 
-Keys read (a missing one leaves its part of the report out):
+What is read (a missing one leaves its part of the report out):
 
-| source | what |
+| callback: records | log dir: run, tags |
 |---|---|
-| `GPUUtilizationLogger.timeline` / run `gpu` | `gpu/<i>/*`, `host/*` scalars, text `gpu/devices` |
-| `InputBoundDetector.epoch_history` / run `input` | `input/*_ms`, `input/wait_fraction`, `throughput/*`; text `input/verdict` |
-| `ProfilerWindow.captures` / run `profile` | text `profile/steps_<a>_<b>` and `.../input_pipeline` |
-| an OOM callback (`micro_batches`, recoveries) / any run | epoch logs and scalars `oom/*`, text tags `oom/*` |
-| `MixedPrecisionCheck.findings` / run `report` | text `mixed_precision/findings` (see `TrainingReport.write_to_tensorboard`) |
-| `History` / runs `train`, `validation` | Keras's `epoch_*` summaries |
+| `GPUUtilizationLogger`: `device_records()`, `timeline` | `gpu`: scalars `gpu/<i>/*`, `host/*`; JSON `gpu/devices/data` |
+| `InputBoundDetector`: `epoch_history`, `measurement`, `verdict` | `input`: scalars `input/*`, `throughput/*`; JSON `input/verdict/data` |
+| `ProfilerWindow`: `captures` | `profile`: JSON `profile/steps_<a>_<b>/data`, `.../input_pipeline/data` |
+| `OOMBatchSizeReducer`: `events`, `micro_batches`, `recovery_seconds` | `oom`: scalars `oom/*`; JSON `oom/events/data` |
+| `MixedPrecisionCheck`: `findings` | `report`: JSON `mixed_precision/findings/data` (`TrainingReport.write_to_tensorboard`) |
+| `History` (or the model's) | `train`, `validation`: Keras's `epoch_*` |
+
+An event file that cannot be read (not an event file, corrupt, cut short) is
+named in the report; when none can be read, `report()` raises `ValueError`.
 """
 
 from __future__ import annotations
@@ -34,9 +41,12 @@ import base64
 import dataclasses
 import html
 import io
+import json
 import math
 import os
 import re
+import struct
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -46,8 +56,16 @@ SPLIT_COLORS = ("#d62728", "#1f77b4", "#bbbbbb")
 UTIL_FIELDS = ("utilization_percent", "sm_activity_percent", "tensor_activity_percent", "memory_busy_percent")
 MEMORY_FIELDS = ("memory_used_mib", "allocator_memory_mib", "allocator_peak_memory_mib", "memory_total_mib")
 MP_TAG = "mixed_precision/findings"
+# The tags of the JSON the callbacks write next to their text (see EventWriter.json).
+DATA_SUFFIX = "/data"
+DEVICES_DATA_TAG = "gpu/devices/data"  # GPUUtilizationLogger.device_records()
+VERDICT_DATA_TAG = "input/verdict/data"  # {scope, verdict: Verdict, measurement: Measurement, figures, notes}
+ANALYSIS_DATA_SUFFIX = "/input_pipeline/data"  # profile/steps_<a>_<b>/input_pipeline/data: TraceAnalysis
+OOM_DATA_TAG = "oom/events/data"  # one OOMEvent per recovery
+MP_DATA_TAG = MP_TAG + DATA_SUFFIX  # [MixedPrecisionFinding]
 _OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "oom/")
 _NO_FINDING = "No mixed-precision finding."
+_UNREADABLE = "Event files that could not be read"
 
 
 # ---------------------------------------------------------------------------
@@ -91,10 +109,11 @@ class ReportData:
     oom_series: dict[str, Series] = dataclasses.field(default_factory=dict)
     oom_summary: dict[str, Any] = dataclasses.field(default_factory=dict)
     oom_seen: bool = False  # an OOM callback (or its logs) was there
-    profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # steps, line, conclusion
+    profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # see _profile_row
     findings: list[dict[str, str | None]] | None = None  # None: the check did not run
     training: dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...
     notes: list[str] = dataclasses.field(default_factory=list)
+    unreadable: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # event file, what went wrong
 
     def oom_count(self) -> int | None:
         """Recoveries: from the callback's records, else from the logged counts."""
@@ -123,32 +142,31 @@ class ReportData:
 # ---------------------------------------------------------------------------
 # Gathering from callbacks
 # ---------------------------------------------------------------------------
-def _is_gpu_logger(obj) -> bool:
-    return hasattr(obj, "timeline") and hasattr(obj, "gpus")
+def _classes() -> list[tuple[str, type]]:
+    """The classes the report reads, by role: the package's callbacks, Keras's `History` and `Model`.
 
+    Imported here rather than at module import, so that this module imports no
+    Keras; and only once Keras is loaded, as no instance of them exists before.
+    """
+    if "keras" not in sys.modules:
+        return []
+    import keras
 
-def _is_detector(obj) -> bool:
-    return hasattr(obj, "verdict") and hasattr(obj, "epoch_history") and hasattr(obj, "measurement")
+    from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
+    from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+    from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck
+    from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+    from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
 
-
-def _is_profiler(obj) -> bool:
-    return hasattr(obj, "captures")
-
-
-def _is_mp_check(obj) -> bool:
-    return hasattr(obj, "findings") and not hasattr(obj, "verdict")
-
-
-def _is_oom(obj) -> bool:
-    return hasattr(obj, "micro_batches") or "oom" in type(obj).__name__.lower()
-
-
-def _is_history(obj) -> bool:
-    return isinstance(getattr(obj, "history", None), dict) and hasattr(obj, "epoch")
-
-
-def _is_model(obj) -> bool:
-    return hasattr(obj, "layers") and hasattr(obj, "compile")
+    return [
+        ("model", keras.Model),
+        ("gpu", GPUUtilizationLogger),
+        ("input", InputBoundDetector),
+        ("profile", ProfilerWindow),
+        ("oom", OOMBatchSizeReducer),
+        ("mixed_precision", MixedPrecisionCheck),
+        ("history", keras.callbacks.History),
+    ]
 
 
 def _flatten(sources: Iterable[Any]) -> list[Any]:
@@ -169,20 +187,68 @@ def _finite(v) -> float | None:
     return f if math.isfinite(f) else None
 
 
+# Each record below is the JSON-ready form a callback writes to its `.../data`
+# tag, so that the callbacks and the log directory make the same report.
+def _gpu_row(rec: dict[str, Any]) -> dict[str, str]:
+    """A row of the GPU table from a `GPUUtilizationLogger.device_records()` entry."""
+    mem, cc = rec.get("memory_total_bytes"), rec.get("compute_capability")
+    return {
+        "index": str(rec.get("index", "?")),
+        "name": str(rec.get("name", "?")) + (" (MIG)" if rec.get("is_mig") else ""),
+        "uuid": str(rec.get("uuid") or ""),
+        "memory": f"{mem / 2**20:.0f} MiB" if mem else "?",
+        "compute capability": ".".join(map(str, cc)) if cc else "?",
+    }
+
+
+def _verdict_dict(rec: dict[str, Any], text: str) -> dict[str, Any]:
+    """The report's verdict from a `Verdict` record and the summary text that goes with it."""
+    return {
+        "category": str(rec.get("category", "unknown")),
+        "message": str(rec.get("message", "")),
+        "evidence": [str(x) for x in rec.get("evidence") or []],
+        "advice": [str(x) for x in rec.get("advice") or []],
+        "text": text,
+    }
+
+
+def _conclusion(analysis: dict[str, Any] | None) -> str:
+    """What xprof concluded of a window, worded as `ProfilerWindow` writes it ("" before any analysis)."""
+    if not analysis:
+        return ""
+    return analysis.get("conclusion") or f"xprof gave no conclusion ({analysis.get('error') or 'no steps found'})"
+
+
+def _profile_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """A profiler window of the report from a `WindowCapture` record."""
+    start, n = int(rec["start_step"]), int(rec["num_steps"])
+    files = rec.get("files") or []
+    size = _finite(rec.get("size_bytes"))
+    return {
+        "steps": f"{start}-{start + n}",
+        "start": start,
+        "num_steps": n,
+        "reason": str(rec.get("reason", "")),
+        "trace_dir": os.path.dirname(files[0]) if files else "",
+        "size_mib": None if size is None else size / 2**20,
+        "mean_step_ms": _finite(rec.get("mean_step_ms")),
+        "conclusion": _conclusion(rec.get("analysis")),
+    }
+
+
+def _finding_dict(rec: dict[str, Any]) -> dict[str, str | None]:
+    """A mixed-precision finding of the report from a `MixedPrecisionFinding` record."""
+    layer = rec.get("layer")
+    return {
+        "kind": str(rec.get("kind", "?")),
+        "layer": None if layer is None else str(layer),
+        "message": str(rec.get("message", "")),
+    }
+
+
 def _from_gpu_logger(data: ReportData, lg) -> None:
     data.sources.append(type(lg).__name__)
-    for index, info in list(getattr(lg, "gpus", []) or []):
-        mem = getattr(info, "memory_total_bytes", None)
-        cc = getattr(info, "compute_capability", None)
-        data.gpus.append(
-            {
-                "index": str(index),
-                "name": str(getattr(info, "name", "?")) + (" (MIG)" if getattr(info, "is_mig", False) else ""),
-                "uuid": str(getattr(info, "uuid", "")),
-                "memory": f"{mem / 2**20:.0f} MiB" if mem else "?",
-                "compute capability": ".".join(map(str, cc)) if cc else "?",
-            }
-        )
+    data.gpus += [_gpu_row(r) for r in lg.device_records()]
     for wall, step, means in list(lg.timeline):
         if data.t0 is None or wall < data.t0:
             data.t0 = wall
@@ -193,97 +259,35 @@ def _from_gpu_logger(data: ReportData, lg) -> None:
 
 
 def _from_detector(data: ReportData, det) -> None:
+    from keras_gpu_tools._core.tensorboard import to_plain
+
     data.sources.append(type(det).__name__)
-    history = list(getattr(det, "epoch_history", []) or [])
+    history = list(det.epoch_history)
     if history:
         data.split_axis = "epoch"
         data.split_x = [float(i + 1) for i in range(len(history))]
         data.split = {k: [_finite(h.get(k)) for h in history] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)}
-    m = getattr(det, "measurement", None)
-    if m is not None and hasattr(m, "logs"):
-        data.throughput = dict(m.logs())
-    v = getattr(det, "verdict", None)
-    if v is not None:
-        text = det.summary() if hasattr(det, "summary") else str(v)
-        data.verdict = {
-            "category": v.category,
-            "message": v.message,
-            "evidence": list(v.evidence),
-            "advice": list(v.advice),
-            "text": text,
-        }
-
-
-def _capture_dict(c) -> dict[str, Any]:
-    a = getattr(c, "analysis", None)
-    conclusion = ""
-    if a is not None:
-        conclusion = a.conclusion or (f"xprof gave no conclusion ({a.error})" if a.error else "")
-    return {
-        "steps": f"{c.start_step}-{c.start_step + c.num_steps}",
-        "start": c.start_step,
-        "num_steps": c.num_steps,
-        "reason": c.reason,
-        "trace_dir": c.trace_dir or "",
-        "size_mib": c.size_bytes / 2**20,
-        "mean_step_ms": c.mean_step_ms,
-        "line": c.line() if hasattr(c, "line") else "",
-        "conclusion": conclusion,
-    }
+    if det.measurement is not None:
+        data.throughput = dict(det.measurement.logs())
+    if det.verdict is not None:
+        data.verdict = _verdict_dict(to_plain(det.verdict), det.summary())
 
 
 def _from_profiler(data: ReportData, prof) -> None:
+    from keras_gpu_tools._core.tensorboard import to_plain
+
     data.sources.append(type(prof).__name__)
-    if hasattr(prof, "wait_for_analysis"):
-        try:
-            prof.wait_for_analysis(timeout=60.0)
-        except Exception:
-            pass
-    data.profiles = [_capture_dict(c) for c in list(prof.captures)]
-
-
-def _record_text(r) -> str:
-    if isinstance(r, str):
-        return r
-    for attr in ("line", "message", "text"):
-        v = getattr(r, attr, None)
-        if callable(v):
-            try:
-                v = v()
-            except Exception:
-                v = None
-        if isinstance(v, str) and v:
-            return v
-    if dataclasses.is_dataclass(r):
-        return ", ".join(f"{f.name}={getattr(r, f.name)!r}" for f in dataclasses.fields(r))
-    if isinstance(r, dict):
-        return ", ".join(f"{k}={v!r}" for k, v in r.items())
-    return str(r)
+    prof.wait_for_analysis(timeout=60.0)  # xprof's conclusions, converted in the background
+    data.profiles = [_profile_row(to_plain(c)) for c in list(prof.captures)]
 
 
 def _from_oom(data: ReportData, cb) -> None:
     data.sources.append(type(cb).__name__)
     data.oom_seen = True
-    for attr in ("recoveries", "events", "records", "oom_events"):
-        recs = getattr(cb, attr, None)
-        if isinstance(recs, (list, tuple)) or (
-            recs is not None and hasattr(recs, "__iter__") and not isinstance(recs, (str, dict))
-        ):
-            data.oom_events = [_record_text(r) for r in list(recs)]
-            break
-    mb = getattr(cb, "micro_batches", None)
-    if isinstance(mb, (int, float)) and not isinstance(mb, bool):
-        data.oom_summary["micro-batches per batch now"] = mb
-    seconds = getattr(cb, "recovery_seconds", None)
-    if isinstance(seconds, (int, float)) and seconds:
-        data.oom_summary["seconds spent in failed attempts"] = round(float(seconds), 2)
-    for attr in ("epoch_history",):
-        hist = getattr(cb, attr, None)
-        if isinstance(hist, list):
-            for i, h in enumerate(hist):
-                for k, v in (h or {}).items():
-                    if k.startswith("oom/") and _finite(v) is not None:
-                        data.oom_series.setdefault(k, Series(k)).add(0.0, i + 1, float(v))
+    data.oom_events = [e.line() for e in list(cb.events)]
+    data.oom_summary["micro-batches per batch now"] = cb.micro_batches
+    if cb.recovery_seconds:
+        data.oom_summary["seconds spent in failed attempts"] = round(float(cb.recovery_seconds), 2)
 
 
 def _from_history(data: ReportData, hist: dict[str, list[Any]]) -> None:
@@ -308,45 +312,47 @@ def _from_history(data: ReportData, hist: dict[str, list[Any]]) -> None:
             data.training[key] = s
 
 
-def _findings_dicts(findings) -> list[dict[str, str | None]]:
-    return [
-        {"kind": getattr(f, "kind", "?"), "layer": getattr(f, "layer", None), "message": getattr(f, "message", str(f))}
-        for f in findings
-    ]
-
-
 def gather(sources: Sequence[Any], title: str | None = None) -> ReportData:
-    """Reads the callbacks, History or model given into a `ReportData`."""
+    """Reads the callbacks, History or model given into a `ReportData`.
+
+    Each is recognised by its class (a subclass of a package callback
+    counts); anything else (Keras's TensorBoard, a LiveView, ...) has nothing
+    to add and is left out.
+    """
+    from keras_gpu_tools._core.tensorboard import to_plain
+
     data = ReportData(title=title or "Training report")
+    classes = _classes()
     models = []
     for s in _flatten(sources):
-        if _is_model(s):
-            models.append(s)
-        elif _is_gpu_logger(s):
-            _from_gpu_logger(data, s)
-        elif _is_detector(s):
-            _from_detector(data, s)
-        elif _is_profiler(s):
-            _from_profiler(data, s)
-        elif _is_oom(s):
-            _from_oom(data, s)
-        elif _is_mp_check(s):
-            data.sources.append(type(s).__name__)
-            data.findings = _findings_dicts(s.findings)
-        elif _is_history(s):
-            _from_history(data, s.history)
-        elif isinstance(s, dict) and all(isinstance(v, list) for v in s.values()):
+        if isinstance(s, dict) and all(isinstance(v, list) for v in s.values()):
             _from_history(data, s)  # history.history
-        # Anything else (Keras's TensorBoard, a LiveView, ...) has nothing to add.
+            continue
+        role = next((r for r, cls in classes if isinstance(s, cls)), None)
+        if role == "model":
+            models.append(s)
+        elif role == "gpu":
+            _from_gpu_logger(data, s)
+        elif role == "input":
+            _from_detector(data, s)
+        elif role == "profile":
+            _from_profiler(data, s)
+        elif role == "oom":
+            _from_oom(data, s)
+        elif role == "mixed_precision":
+            data.sources.append(type(s).__name__)
+            data.findings = [_finding_dict(to_plain(f)) for f in s.findings]
+        elif role == "history":
+            _from_history(data, s.history)
     for model in models:
         h = getattr(model, "history", None)
-        if h is not None and _is_history(h) and not data.training:
+        if h is not None and not data.training:
             _from_history(data, h.history)
         if data.findings is None:
             try:
                 from keras_gpu_tools._core.mixed_precision import check_mixed_precision
 
-                data.findings = _findings_dicts(check_mixed_precision(model))
+                data.findings = [_finding_dict(to_plain(f)) for f in check_mixed_precision(model)]
                 data.sources.append("check_mixed_precision(model)")
             except Exception as e:
                 data.notes.append(f"The mixed-precision check failed ({type(e).__name__}: {e}).")
@@ -356,31 +362,317 @@ def gather(sources: Sequence[Any], title: str | None = None) -> ReportData:
 # ---------------------------------------------------------------------------
 # Gathering from a TensorBoard log directory
 # ---------------------------------------------------------------------------
-def _text_of(tensor_event) -> str:
-    proto = tensor_event.tensor_proto
-    if proto.string_val:
-        return proto.string_val[0].decode("utf-8", "replace")
-    return ""
+_DT_STRING = 7  # the tensor dtype of text summaries
 
 
-def _scalar_of(tensor_event) -> float | None:
+def _text_of(proto) -> str:
+    return proto.string_val[0].decode("utf-8", "replace") if proto.string_val else ""
+
+
+def _scalar_of(proto) -> float | None:
     from tensorboard.util import tensor_util
 
     try:
-        return _finite(tensor_util.make_ndarray(tensor_event.tensor_proto).item())
-    except Exception:
+        return _finite(tensor_util.make_ndarray(proto).item())
+    except Exception:  # not a single number: a histogram, an image, ...
         return None
 
 
-def _runs(log_dir: str) -> list[tuple[str, str]]:
-    """(run name, directory) of every folder under log_dir holding event files."""
+def _runs(log_dir: str) -> list[tuple[str, str, list[str]]]:
+    """(run name, directory, event files) of every folder under log_dir holding event files."""
     runs = []
     for root, dirs, files in os.walk(log_dir):
-        dirs[:] = [d for d in dirs if d != "plugins"]
-        if any(".tfevents." in f for f in files):
+        dirs[:] = sorted(d for d in dirs if d != "plugins")
+        events = sorted(f for f in files if ".tfevents." in f)
+        if events:
             rel = os.path.relpath(root, log_dir)
-            runs.append(("." if rel == "." else rel.replace(os.sep, "/"), root))
+            runs.append(("." if rel == "." else rel.replace(os.sep, "/"), root, events))
     return sorted(runs)
+
+
+_RECORD_HEADER = struct.Struct("<QI")  # payload length, masked CRC32C of the length
+
+
+def read_event_file(path: str) -> tuple[list[Any], str | None]:
+    """The events of one TensorBoard event file, and why reading stopped early (None: it did not).
+
+    Reads the TFRecord framing itself, so that a file which cannot be read is
+    named rather than skipped: each record's length must pass its checksum
+    and be there in full, and its payload must parse as an `Event`. The
+    payload checksum is not verified (TensorBoard's pure-Python CRC32C reads
+    about 2 MB/s); the length checksum and the parse catch a file that is not
+    an event file, garbage, and a file cut short.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from keras_gpu_tools._core import deps
+
+    _, event_pb2 = deps.tensorboard_protos()
+    events: list[Any] = []
+
+    def stopped(what: str) -> str:
+        return f"{what} ({len(events)} event(s) read before it)" if events else what
+
+    try:
+        with open(path, "rb") as f:
+            offset = 0
+            while True:
+                header = f.read(_RECORD_HEADER.size)
+                if not header:
+                    return events, None
+                if len(header) < _RECORD_HEADER.size:
+                    return events, stopped(f"is truncated: the record at byte {offset} is cut short")
+                length, crc = _RECORD_HEADER.unpack(header)
+                if masked_crc32c(header[:8]) != crc:
+                    what = "is corrupt" if events else "is not a TensorBoard event file"
+                    return events, stopped(f"{what}: bad record header at byte {offset}")
+                payload = f.read(length + 4)  # the payload and its checksum
+                if len(payload) < length + 4:
+                    return events, stopped(f"is truncated: the record at byte {offset} is cut short")
+                event = event_pb2.Event()
+                try:
+                    event.ParseFromString(payload[:length])
+                except DecodeError:
+                    return events, stopped(f"is corrupt: the record at byte {offset} is not an event")
+                events.append(event)
+                offset += _RECORD_HEADER.size + length + 4
+    except OSError as e:
+        return events, stopped(f"could not be opened ({type(e).__name__}: {e.strerror or e})")
+
+
+@dataclasses.dataclass
+class _Point:
+    """One summary value of an event file: a number or a text."""
+
+    wall_time: float
+    step: int
+    value: float = math.nan
+    text: str = ""
+
+
+def _read_run(
+    run: str, directory: str, files: list[str], unreadable: list[tuple[str, str]]
+) -> tuple[dict[str, list[_Point]], dict[str, list[_Point]], int]:
+    """The scalars and the texts of one run by tag, and how many events were read.
+
+    Scalars are both `simple_value`s (our callbacks) and one-number tensors
+    (Keras's TensorBoard callback). Each file that could not be read, whole or
+    in part, is added to `unreadable` as (path relative to the log directory,
+    what went wrong).
+    """
+    scalars: dict[str, list[_Point]] = {}
+    texts: dict[str, list[_Point]] = {}
+    count = 0
+    for name in files:
+        events, problem = read_event_file(os.path.join(directory, name))
+        if problem is not None:
+            unreadable.append((name if run == "." else f"{run}/{name}", problem))
+        count += len(events)
+        for e in events:
+            for v in e.summary.value:
+                if v.HasField("simple_value"):
+                    if math.isfinite(v.simple_value):
+                        scalars.setdefault(v.tag, []).append(_Point(e.wall_time, e.step, value=v.simple_value))
+                elif v.HasField("tensor") and v.tensor.dtype == _DT_STRING:
+                    texts.setdefault(v.tag, []).append(_Point(e.wall_time, e.step, text=_text_of(v.tensor)))
+                elif v.HasField("tensor"):
+                    value = _scalar_of(v.tensor)
+                    if value is not None:
+                        scalars.setdefault(v.tag, []).append(_Point(e.wall_time, e.step, value=value))
+    return scalars, texts, count
+
+
+def _training_key(run: str, name: str) -> str:
+    """The History key of Keras's `epoch_<name>` in a run: `loss`, `val_loss`, ..."""
+    if run in ("train", "."):
+        return name
+    if run == "validation":
+        return f"val_{name}"
+    return f"{run.split('/')[-1][:3]}_{name}"
+
+
+def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
+    """Reads every run under a TensorBoard log directory into a `ReportData`."""
+    from keras_gpu_tools._core.tensorboard import check_log_dir
+
+    log_dir = check_log_dir(log_dir)
+    if not os.path.isdir(log_dir):
+        raise ValueError(
+            f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which does not exist. "
+            "Expected a TensorBoard log directory written by keras_gpu_tools callbacks."
+        )
+    data = ReportData(title=title or f"Training report: {log_dir}")
+    runs = _runs(log_dir)
+    if not runs:
+        raise ValueError(
+            f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which holds no "
+            "TensorBoard event file. Expected the `log_dir` given to the callbacks."
+        )
+    window_points: dict[int, dict[str, float]] = {}
+    texts: list[tuple[str, str, int, float, str]] = []  # run, tag, step, wall, text
+    read = 0
+    for run, path, files in runs:
+        scalars, run_texts, count = _read_run(run, path, files, data.unreadable)
+        read += count
+        if count:
+            data.sources.append(run)
+        for tag, points in scalars.items():
+            if tag.startswith(("gpu/", "host/")):
+                s = data.series.setdefault(tag, Series(tag))
+                for e in points:
+                    s.add(e.wall_time, e.step, e.value)
+                    data.t0 = e.wall_time if data.t0 is None else min(data.t0, e.wall_time)
+            elif tag.startswith(("input/", "throughput/")):
+                for e in points:
+                    window_points.setdefault(e.step, {})[tag] = e.value
+            elif tag.startswith("oom/"):
+                data.oom_seen = True
+                s = data.oom_series.setdefault(tag, Series(tag))
+                for e in points:
+                    s.add(e.wall_time, e.step, e.value)
+            elif tag.startswith("epoch_") and not tag[len("epoch_") :].startswith(_OWN_PREFIXES):
+                # (our own epoch logs, which Keras's TensorBoard copies, are read from our runs)
+                key = _training_key(run, tag[len("epoch_") :])
+                s = data.training.setdefault(key, Series(key))
+                for e in points:
+                    s.add(e.wall_time, e.step + 1, e.value)
+        for tag, points in run_texts.items():
+            texts += [(run, tag, e.step, e.wall_time, e.text) for e in points]
+
+    n_files = sum(len(files) for _, _, files in runs)
+    if not read and len(data.unreadable) == n_files:
+        raise ValueError(
+            f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, but none of its "
+            f"{n_files} event file(s) could be read: "
+            + "; ".join(f"{p} {why}" for p, why in data.unreadable)
+            + ". Expected TensorBoard event files written by the callbacks."
+        )
+    if window_points:
+        steps = sorted(window_points)
+        last = dict(window_points[steps[-1]])
+        steps = [s for s in steps if any(window_points[s].get(k) is not None for k, _ in SPLIT_KEYS)]
+        data.split_axis = "step"
+        data.split_x = [float(s) for s in steps]
+        data.split = {
+            k: [_finite(window_points[s].get(k)) for s in steps] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)
+        }
+        data.throughput = last
+    texts.sort(key=lambda t: (t[3], t[2]))
+    prose: dict[str, str] = {}  # the last text of each tag written for people
+    records: dict[str, Any] = {}  # the last JSON of each `.../data` tag
+    oom_records: list[dict[str, Any]] = []
+    for run, tag, _step, _wall, text in texts:
+        if not tag.endswith(DATA_SUFFIX):
+            prose[tag] = text
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            data.notes.append(f"The tag {tag!r} of run {run!r} holds no valid JSON; it is left out.")
+            continue
+        if tag == OOM_DATA_TAG:
+            oom_records.append(value)  # one per recovery
+        else:
+            records[tag] = value
+
+    if oom_records:
+        records[OOM_DATA_TAG] = oom_records
+
+    def read(tag: str, convert) -> Any:
+        """`convert(records[tag])`; None where the tag is missing or its JSON not shaped as expected."""
+        if tag not in records:
+            return None
+        try:
+            return convert(records[tag])
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            data.notes.append(f"The JSON of tag {tag!r} is not as expected ({type(e).__name__}: {e}); it is left out.")
+            return None
+
+    gpus = read(DEVICES_DATA_TAG, lambda v: [_gpu_row(r) for r in v])
+    if gpus is not None:
+        data.gpus = gpus
+    profiles: dict[str, dict[str, Any]] = {}
+    for tag in [t for t in records if t.startswith("profile/") and not t.endswith(ANALYSIS_DATA_SUFFIX)]:
+        window = tag[: -len(DATA_SUFFIX)]  # profile/steps_<a>_<b>; xprof's analysis comes in a tag of its own
+        analysis = records.get(window + ANALYSIS_DATA_SUFFIX)
+        row = read(tag, lambda v, a=analysis: _profile_row(v if a is None else {**v, "analysis": a}))
+        if row is not None:
+            profiles[window] = row
+    findings = read(MP_DATA_TAG, lambda v: [_finding_dict(r) for r in v])
+    if findings is not None:
+        data.findings = findings
+    oom = read(OOM_DATA_TAG, lambda v: (_oom_lines(v), sum(float(r.get("seconds") or 0.0) for r in v)))
+    if oom is not None:
+        data.oom_seen, data.oom_events = True, oom[0]
+        if oom[1]:
+            data.oom_summary["seconds spent in failed attempts"] = round(oom[1], 2)
+    text = prose.get("input/verdict", "")  # the last one written: the whole fit's, like its JSON
+    verdict = read(VERDICT_DATA_TAG, lambda v: (_verdict_dict(v["verdict"], text), _floats(v["figures"])))
+    if verdict is not None:
+        data.verdict = verdict[0]
+        data.throughput.update(verdict[1])
+    _read_old_prose(data, prose, records, profiles)  # logs written before the JSON tags
+    data.profiles = sorted(profiles.values(), key=lambda p: p["start"])
+    micro = data.oom_series.get("oom/micro_batches")
+    if micro is not None and micro.values:  # the last split in use, as the callback's `micro_batches`
+        data.oom_summary = {"micro-batches per batch now": int(micro.values[-1]), **data.oom_summary}
+    return data
+
+
+def _oom_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The line of each recovery, from `OOMEvent` records."""
+    from keras_gpu_tools._core.oom import OOMEvent
+
+    known = {f.name for f in dataclasses.fields(OOMEvent)}
+    return [OOMEvent(**{k: r[k] for k in known & set(r)}).line() for r in records]
+
+
+def _floats(figures: dict[str, Any]) -> dict[str, float]:
+    return {str(k): float(v) for k, v in figures.items() if _finite(v) is not None}
+
+
+# ---------------------------------------------------------------------------
+# Logs written before the JSON tags: their text read as well as it can be
+# ---------------------------------------------------------------------------
+def _read_old_prose(
+    data: ReportData, prose: dict[str, str], records: dict[str, Any], profiles: dict[str, dict[str, Any]]
+) -> None:
+    """Fills what no JSON tag gave from the texts written for people (logs of earlier versions)."""
+    if DEVICES_DATA_TAG not in records and "gpu/devices" in prose:
+        data.gpus = _parse_device_table(prose["gpu/devices"])
+    if MP_DATA_TAG not in records and MP_TAG in prose:
+        text = prose[MP_TAG]
+        data.findings = [] if text.strip().startswith(_NO_FINDING) else _parse_findings(text)
+    if VERDICT_DATA_TAG not in records and "input/verdict" in prose:
+        data.verdict = _parse_verdict(prose["input/verdict"])
+        data.throughput.update(_figures_of(prose["input/verdict"]))
+    for tag, text in prose.items():
+        m = re.match(r"^(profile/steps_(\d+)_(\d+))(/input_pipeline)?$", tag)
+        if m is None or m.group(1) + DATA_SUFFIX in records:
+            continue
+        a, b = int(m.group(2)), int(m.group(3))
+        p = profiles.setdefault(m.group(1), _profile_row({"start_step": a, "num_steps": b - a}))
+        if m.group(4):
+            p["conclusion"] = text
+            continue
+        lm = re.search(r"\(([^()]*)\) -> (.*) \(([\d.]+) MiB(?:, mean step ([\d.]+) ms)?\)$", text)
+        if lm:
+            p["reason"], p["trace_dir"] = lm.group(1), lm.group(2)
+            p["size_mib"] = float(lm.group(3))
+            p["mean_step_ms"] = float(lm.group(4)) if lm.group(4) else None
+
+
+def _parse_verdict(text: str) -> dict[str, Any]:
+    lines = text.splitlines()
+    first = lines[0] if lines else ""
+    return {
+        "category": first.split(":", 1)[1].strip() if ":" in first else "unknown",
+        "message": next((ln for ln in lines[1:] if ln.strip()), ""),
+        "evidence": [],
+        "advice": [ln[2:] for ln in lines if ln.startswith("- ")],
+        "text": text,
+    }
 
 
 def _parse_findings(text: str) -> list[dict[str, str | None]]:
@@ -424,158 +716,30 @@ def _parse_device_table(text: str) -> list[dict[str, str]]:
     return gpus
 
 
-def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
-    """Reads every run under a TensorBoard log directory into a `ReportData`."""
-    from keras_gpu_tools._core.tensorboard import check_log_dir
-
-    log_dir = check_log_dir(log_dir)
-    if not os.path.isdir(log_dir):
-        raise ValueError(
-            f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which does not exist. "
-            "Expected a TensorBoard log directory written by keras_gpu_tools callbacks."
-        )
-    try:
-        from tensorboard.backend.event_processing import event_accumulator as ea
-    except ImportError as e:  # pragma: no cover - tensorboard is a requirement
-        raise ImportError(
-            f"Reading a log directory needs `tensorboard` ({e}). Install it with `pip install tensorboard`."
-        ) from e
-
-    data = ReportData(title=title or f"Training report: {log_dir}")
-    runs = _runs(log_dir)
-    if not runs:
-        raise ValueError(
-            f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, which holds no "
-            "TensorBoard event file. Expected the `log_dir` given to the callbacks."
-        )
-    window_points: dict[int, dict[str, float]] = {}
-    texts: list[tuple[str, str, int, float, str]] = []  # run, tag, step, wall, text
-    for run, path in runs:
-        acc = ea.EventAccumulator(path, size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
-        acc.Reload()
-        tags = acc.Tags()
-        data.sources.append(f"{run}")
-        for tag in tags.get("scalars", []):
-            events = acc.Scalars(tag)
-            if tag.startswith(("gpu/", "host/")):
-                s = data.series.setdefault(tag, Series(tag))
-                for e in events:
-                    s.add(e.wall_time, e.step, e.value)
-                    data.t0 = e.wall_time if data.t0 is None else min(data.t0, e.wall_time)
-            elif tag.startswith(("input/", "throughput/")):
-                for e in events:
-                    window_points.setdefault(e.step, {})[tag] = e.value
-            elif tag.startswith("oom/"):
-                data.oom_seen = True
-                s = data.oom_series.setdefault(tag, Series(tag))
-                for e in events:
-                    s.add(e.wall_time, e.step, e.value)
-        for tag in tags.get("tensors", []):
-            events = acc.Tensors(tag)
-            if not events:
-                continue
-            dtype = events[0].tensor_proto.dtype
-            if dtype == 7:  # DT_STRING: text summaries
-                for e in events:
-                    texts.append((run, tag, e.step, e.wall_time, _text_of(e)))
-            elif tag.startswith("epoch_"):
-                name = tag[len("epoch_") :]
-                if name.startswith(_OWN_PREFIXES):
-                    continue  # our own epoch logs, which Keras's TensorBoard copies
-                key = (
-                    name
-                    if run in ("train", ".")
-                    else f"{run.split('/')[-1][:3]}_{name}"
-                    if run != "validation"
-                    else f"val_{name}"
-                )
-                s = Series(key)
-                for e in events:
-                    v = _scalar_of(e)
-                    if v is not None:
-                        s.add(e.wall_time, e.step + 1, v)
-                if s.values:
-                    data.training[key] = s
-            elif tag.startswith("oom/"):
-                data.oom_seen = True
-                s = data.oom_series.setdefault(tag, Series(tag))
-                for e in events:
-                    v = _scalar_of(e)
-                    if v is not None:
-                        s.add(e.wall_time, e.step, v)
-
-    texts.sort(key=lambda t: (t[3], t[2]))
-    verdict_text = None
-    profiles: dict[str, dict[str, Any]] = {}
-    for _run, tag, _step, _wall, text in texts:
-        if tag == "gpu/devices":
-            data.gpus = _parse_device_table(text)
-        elif tag == "input/verdict":
-            verdict_text = text  # the last one written: the whole fit's summary
-        elif tag.startswith("profile/"):
-            m = re.match(r"^profile/steps_(\d+)_(\d+)(/input_pipeline)?$", tag)
-            if not m:
-                continue
-            a, b = int(m.group(1)), int(m.group(2))
-            p = profiles.setdefault(
-                f"{a}-{b}",
-                {
-                    "steps": f"{a}-{b}",
-                    "start": a,
-                    "num_steps": b - a,
-                    "line": "",
-                    "conclusion": "",
-                    "reason": "",
-                    "trace_dir": "",
-                    "size_mib": None,
-                    "mean_step_ms": None,
-                },
-            )
-            if m.group(3):
-                p["conclusion"] = text
-            else:
-                p["line"] = text
-                lm = re.search(r"\(([^()]*)\) -> (.*) \(([\d.]+) MiB(?:, mean step ([\d.]+) ms)?\)$", text)
-                if lm:
-                    p["reason"], p["trace_dir"] = lm.group(1), lm.group(2)
-                    p["size_mib"] = float(lm.group(3))
-                    p["mean_step_ms"] = float(lm.group(4)) if lm.group(4) else None
-        elif tag == MP_TAG:
-            data.findings = [] if text.strip().startswith(_NO_FINDING) else _parse_findings(text)
-        elif tag.startswith("oom/"):
-            data.oom_seen = True
-            data.oom_events.append(text)
-    data.profiles = sorted(profiles.values(), key=lambda p: p["start"])
-    if window_points:
-        steps = sorted(window_points)
-        last = dict(window_points[steps[-1]])
-        steps = [s for s in steps if any(window_points[s].get(k) is not None for k, _ in SPLIT_KEYS)]
-        data.split_axis = "step"
-        data.split_x = [float(s) for s in steps]
-        data.split = {
-            k: [_finite(window_points[s].get(k)) for s in steps] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)
-        }
-        data.throughput = last
-    if verdict_text:
-        data.throughput.update(_figures_of(verdict_text))
-        first = verdict_text.splitlines()[0] if verdict_text else ""
-        category = first.split(":", 1)[1].strip() if ":" in first else "unknown"
-        lines = verdict_text.splitlines()
-        message = next((ln for ln in lines[1:] if ln.strip()), "")
-        advice = [ln[2:] for ln in lines if ln.startswith("- ")]
-        data.verdict = {
-            "category": category,
-            "message": message,
-            "evidence": [],
-            "advice": advice,
-            "text": verdict_text,
-        }
-    return data
-
-
 # ---------------------------------------------------------------------------
 # Figures (matplotlib, imported lazily; no pyplot, so no global state)
 # ---------------------------------------------------------------------------
+def _literal(fig) -> None:
+    """Makes every label, title and legend entry of `fig` show its text as written.
+
+    They hold tag, metric and GPU names, in which matplotlib would read
+    "$...$" as mathtext (and fail to draw "$a_b_c$": a double subscript) or
+    hand the text to LaTeX under `text.usetex`. Tick labels are left to
+    matplotlib: they are numbers, which its formatters may write as mathtext.
+    """
+    from matplotlib.text import Text
+
+    ticks = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            ticks.add(axis.get_offset_text())
+            ticks.update(axis.get_ticklabels(which="both"))
+    for t in fig.findobj(Text):
+        if t not in ticks:
+            t.set_usetex(False)
+            t.set_parse_math(False)
+
+
 def _new_figure(rows: int = 1, height: float = 2.6, width: float = 8.0):
     from matplotlib.figure import Figure
 
@@ -744,6 +908,8 @@ class TrainingReport:
                 figs["oom"] = _oom_figure(d)  # not for a run without a single OOM
             if d.training:
                 figs["training"] = _training_figure(d)
+            for fig in figs.values():
+                _literal(fig)
             self._figures = figs
         return self._figures
 
@@ -806,6 +972,8 @@ class TrainingReport:
     def _sections_text(self) -> list[tuple[str, list[str]]]:
         d = self.data
         sections = []
+        if d.unreadable:
+            sections.append((_UNREADABLE, [f"- {path} {why}" for path, why in d.unreadable]))
         body = []
         for g in d.gpus:
             body.append(f"GPU {g['index']}: {g['name']}, {g['memory']}, compute capability {g['compute capability']}")
@@ -856,7 +1024,10 @@ class TrainingReport:
         if d.profiles:
             body = []
             for p in d.profiles:
-                body.append(f"steps {p['steps']}: " + (p["line"] or "(trace)"))
+                size = "?" if p["size_mib"] is None else f"{p['size_mib']:.1f} MiB"
+                mean = "" if p["mean_step_ms"] is None else f", mean step {p['mean_step_ms']:.2f} ms"
+                where = p["trace_dir"] or "no trace file"
+                body.append(f"steps {p['steps']} ({p['reason'] or '?'}): {where} ({size}{mean})")
                 body.append(f"  conclusion: {p['conclusion'] or 'none (no xprof analysis)'}")
             sections.append(("Profiler windows", body))
 
@@ -905,6 +1076,10 @@ class TrainingReport:
                 + " ".join(f'<span class="kgt-badge kgt-{cls}">{e(t)}</span>' for t, cls in summary)
                 + "</p>"
             )
+
+        if d.unreadable:
+            parts.append(f"<h3>{_UNREADABLE}</h3>")
+            parts.append("<ul>" + "".join(f"<li>{e(p)} {e(why)}</li>" for p, why in d.unreadable) + "</ul>")
 
         if d.series or d.gpus:
             parts.append("<h3>GPUs and host</h3>")
@@ -1012,6 +1187,8 @@ class TrainingReport:
     def _badges(self) -> list[tuple[str, str]]:
         d = self.data
         out = []
+        if d.unreadable:
+            out.append((f"{len(d.unreadable)} event file(s) could not be read", "bad"))
         for index in d.gpu_indices():
             s = d.series.get(f"gpu/{index}/sm_activity_percent") or d.series.get(f"gpu/{index}/utilization_percent")
             if s and s.values:
@@ -1044,7 +1221,7 @@ class TrainingReport:
         return path
 
     def write_to_tensorboard(self, log_dir, run_name: str = "report") -> str:
-        """Writes the mixed-precision findings and the text report into `log_dir/<run_name>`.
+        """Writes the mixed-precision findings (text and JSON) and the text report into `log_dir/<run_name>`.
 
         The callbacks write everything else themselves; this keeps the
         findings for a report built later from the log directory, and puts
@@ -1057,6 +1234,7 @@ class TrainingReport:
         try:
             if self.data.findings is not None:
                 writer.text(MP_TAG, findings_markdown(self.data.findings), step=0)
+                writer.json(MP_DATA_TAG, self.data.findings, step=0)
             writer.text("report/summary", "```\n" + self.text() + "\n```", step=0)
         finally:
             writer.close()
@@ -1107,6 +1285,13 @@ def report(*sources: Any, log_dir: Any | None = None, title: str | None = None) 
         A `TrainingReport`: `str(r)` is the text, `r` displays as HTML with
         plots in a notebook, `r.save("report.html")` writes one HTML file
         with the plots embedded, `r.figures()` gives the matplotlib figures.
+        Event files of `log_dir` that could not be read are listed in
+        `r.data.unreadable` and named in the report.
+
+    Raises:
+        ValueError: nothing to report on, or `log_dir` does not exist, holds
+            no event file, or none of its event files could be read.
+        TypeError: a path among the sources next to other sources.
 
     Example:
 
@@ -1161,6 +1346,7 @@ def _fill_from(data: ReportData, other: ReportData) -> None:
         data.profiles = other.profiles
     if data.findings is None:
         data.findings = other.findings
+    data.unreadable = other.unreadable
     if not data.training:
         data.training = other.training
     data.sources.append("log dir")

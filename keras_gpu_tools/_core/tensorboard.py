@@ -10,13 +10,22 @@ Each callback writes to a run of its own (``log_dir/<run>``, for example
 ``logs/gpu``), so it shows next to Keras's ``train``/``validation`` runs and never
 shares a directory with another writer (TensorBoard follows only the newest
 event file of a run while it is being written).
+
+Next to a text meant for people, a callback writes the same facts as JSON
+(`EventWriter.json`, a text tag ending in ``/data``), which the training
+report reads instead of the prose.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+import numbers
 import os
 import threading
 import time
+from typing import Any
 
 from keras_gpu_tools._core import deps, validation
 
@@ -24,6 +33,23 @@ from keras_gpu_tools._core import deps, validation
 def check_log_dir(log_dir, argument: str = "log_dir") -> str | None:
     """:func:`validation.check_log_dir`, in the (value, name) order of its older callers."""
     return validation.check_log_dir(argument, log_dir)
+
+
+def to_plain(value: Any) -> Any:
+    """`value` as JSON-ready data: dataclasses as dicts, tuples as lists, NaN and infinities as None."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value) if math.isfinite(value) else None
+    return str(value)  # an object JSON has no type for: its text
 
 
 class EventWriter:
@@ -69,3 +95,7 @@ class EventWriter:
                 return
             self._closed = True
             self._writer.close()
+
+    def json(self, tag: str, value: Any, step: int) -> None:
+        """Writes `value` (dicts, lists, dataclasses, numbers, text) as a JSON text summary."""
+        self.text(tag, json.dumps(to_plain(value), allow_nan=False), step)

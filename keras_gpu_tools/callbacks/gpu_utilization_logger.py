@@ -177,6 +177,7 @@ class GPUUtilizationLogger(FitCallback):
         self._writer = EventWriter(self.run_dir) if self.log_dir else None
         if self._writer is not None and self.gpus:
             self._writer.text("gpu/devices", self._device_table(), step=self._global_step)
+            self._writer.json("gpu/devices/data", self.device_records(), step=self._global_step)  # for report()
         with self._lock:
             self._point = Aggregate()
             self._epoch = Aggregate()
@@ -298,3 +299,17 @@ class GPUUtilizationLogger(FitCallback):
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+
+    def device_records(self) -> list[dict[str, Any]]:
+        """The GPUs monitored in the last fit as JSON-ready dicts, as written to `gpu/devices/data`."""
+        return [
+            {
+                "index": i,
+                "name": g.name,
+                "uuid": g.uuid,
+                "memory_total_bytes": g.memory_total_bytes,
+                "compute_capability": list(g.compute_capability) if g.compute_capability else None,
+                "is_mig": g.is_mig,
+            }
+            for i, g in self.gpus
+        ]

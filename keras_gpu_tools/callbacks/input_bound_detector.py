@@ -324,6 +324,8 @@ class InputBoundDetector(FitCallback):
         self._update_overall()
         if self._writer is not None:
             self._writer.text("input/verdict", summary_text(f"Epoch {epoch + 1}", m, v), step=self._global_step)
+            record = {"scope": f"epoch {epoch + 1}", "verdict": v, "measurement": m, "figures": values}
+            self._writer.json("input/verdict/data", record, step=self._global_step)  # for report()
         if self.verbose:
             print(f"InputBoundDetector epoch {epoch + 1}: {v.message}")
 
@@ -336,6 +338,9 @@ class InputBoundDetector(FitCallback):
             self._close_window()
         if self._writer is not None and self.verdict is not None:
             self._writer.text("input/verdict", self.summary(), step=self._global_step)
+            m = self.measurement
+            data = {"scope": "fit", "verdict": self.verdict, "measurement": m, "figures": m.logs(), "notes": self.notes}
+            self._writer.json("input/verdict/data", data, step=self._global_step)  # for report()
         if self.verbose and self.verdict is not None:
             print(self.summary())
         super().on_train_end(logs)

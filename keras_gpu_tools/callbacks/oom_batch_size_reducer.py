@@ -266,6 +266,7 @@ class OOMBatchSizeReducer(FitCallback):
             if event.next_split is not None:
                 values["oom/micro_batches"] = float(event.next_split)
             self._writer.scalars(values, step=event.step)
+            self._writer.json("oom/events/data", event, step=event.step)  # for report()
 
     def summary(self) -> str:
         """One line per recovery, and the split in use."""

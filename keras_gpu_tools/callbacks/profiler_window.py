@@ -389,6 +389,8 @@ class ProfilerWindow(FitCallback):
                     capture.line(),
                     step=window.start,
                 )
+                tag = f"profile/steps_{window.start}_{window.start + capture.num_steps}/data"
+                self._writer.json(tag, capture, step=window.start)  # the same, for report()
             xplanes = [f for f in files if f.endswith(".xplane.pb")]
             if self.analyze and xplanes and prof.xprof_available():
                 t = threading.Thread(
@@ -417,6 +419,8 @@ class ProfilerWindow(FitCallback):
                 text,
                 step=capture.start_step,
             )
+            tag = f"profile/steps_{capture.start_step}_{capture.start_step + capture.num_steps}/input_pipeline/data"
+            writer.json(tag, a, step=capture.start_step)  # the same, for report()
 
     def _stop_fit(self, aborted: bool) -> None:
         attachment, self._attachment = self._attachment, None

@@ -5,30 +5,38 @@ import os
 import re
 import subprocess
 import sys
-from types import SimpleNamespace
 
+import keras
 import numpy as np
 import pytest
 
+from keras_gpu_tools._core.mixed_precision import MixedPrecisionFinding
+from keras_gpu_tools._core.nvml import GPUInfo
+from keras_gpu_tools._core.oom import OOMEvent
 from keras_gpu_tools._core.report import ReportData, TrainingReport, findings_markdown, gather_log_dir, report
 from keras_gpu_tools._core.step_timing import Measurement, Verdict
 from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
+from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck
+from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-# -- fakes with the attributes the callbacks have ---------------------------------
-class FakeGPULogger:
+# -- the package's callbacks, holding what a fit would have recorded ---------------------
+class FakeGPULogger(GPUUtilizationLogger):
     def __init__(self, n=30):
+        super().__init__(log_dir=None)
         self.gpus = [
             (
                 0,
-                SimpleNamespace(
-                    name="NVIDIA H100 80GB HBM3",
+                GPUInfo(
+                    nvml_index=0,
                     uuid="GPU-a",
+                    name="NVIDIA H100 80GB HBM3",
                     memory_total_bytes=80 * 2**30,
                     compute_capability=(9, 0),
-                    is_mig=False,
                 ),
             )
         ]
@@ -50,8 +58,9 @@ class FakeGPULogger:
             )
 
 
-class FakeDetector:
+class FakeDetector(InputBoundDetector):
     def __init__(self):
+        super().__init__(log_dir=None, verbose=0)
         self.epoch_history = [
             {
                 "input/wait_ms": 3.0,
@@ -91,19 +100,20 @@ class FakeDetector:
         return "InputBoundDetector: highly input-bound\n\n" + self.verdict.message
 
 
-class FakeOOMReducer:
-    """Like OOMBatchSizeReducer: `events` with `line()`, `micro_batches`; epoch figures go to History."""
+class FakeOOMReducer(OOMBatchSizeReducer):
+    """An OOMBatchSizeReducer after one recovery; its epoch figures went to History."""
+
+    micro_batches = 4  # a property of the real one
 
     def __init__(self):
-        self.micro_batches = 4
+        super().__init__()
         self.recovery_seconds = 0.5
-        self.events = [SimpleNamespace(line=lambda: "step 57: out of memory at batch 256, retrying as 4 x 64")]
+        self.events = [OOMEvent(step=57, batch_size=256, failed_split=1, next_split=4, kind="tensorflow")]
 
 
 def fake_report():
-    mp = SimpleNamespace(
-        findings=[SimpleNamespace(kind="output_dtype", layer="dense_1", message="Output `dense_1` is float16.")]
-    )
+    mp = MixedPrecisionCheck()
+    mp.findings = [MixedPrecisionFinding("output_dtype", "Output `dense_1` is float16.", "dense_1")]
     history = {"loss": [1.0, 0.5], "oom/events": [1.0, 0.0], "oom/micro_batches": [4.0, 4.0]}
     return report([FakeGPULogger(), FakeDetector(), FakeOOMReducer(), mp, history], title="fake run")
 
@@ -368,3 +378,234 @@ def test_report_of_a_real_fit_equals_the_callbacks_and_the_log_dir(tmp_path):
         )
     page = later.html()
     assert page.count("data:image/png;base64,") == len(later.figures())
+
+
+# -- text shown literally, unreadable files named -----------------------------------------------------
+def test_dollar_signs_in_tags_and_texts_are_shown_literally(tmp_path):
+    # matplotlib reads "$...$" as mathtext, and "$a_b_c$" is a mathtext error (double subscript).
+    gpu = EventWriter(str(tmp_path / "gpu"))
+    gpu.text(
+        "gpu/devices",
+        "| index | GPU | UUID | memory (MiB) | compute capability |\n|---|---|---|---|---|\n"
+        "| 0 | $x_y_z$ | GPU-x | 40960 | 8.0 |",
+        step=0,
+    )
+    for i in range(3):
+        gpu.scalars(
+            {"gpu/0/utilization_percent": 10.0 * i, "gpu/0/$a_b_c$": 1.0, "gpu/$a_b_c$/utilization_percent": 5.0},
+            step=i,
+            wall_time=50.0 + i,
+        )
+    gpu.close()
+    oom = EventWriter(str(tmp_path / "oom"))
+    oom.scalars({"oom/events_total": 1.0, "oom/$a_b_c$": 2.0}, step=3)
+    oom.close()
+    rep = EventWriter(str(tmp_path / "report"))
+    rep.text("mixed_precision/findings", "- [output_dtype] `$x_y_z$`: Output `$x_y_z$` is float16.", step=0)
+    rep.close()
+
+    r = report(str(tmp_path))
+    figs = r.figures()
+    assert {"gpu_0", "gpu_$a_b_c$", "oom"} <= set(figs)
+    assert figs["gpu_0"].get_suptitle() == "GPU 0: $x_y_z$"
+    assert figs["gpu_$a_b_c$"].get_suptitle() == "GPU $a_b_c$"
+    assert "oom/$a_b_c$" in [t.get_text() for t in figs["oom"].axes[0].get_legend().get_texts()]
+    page = r.html(full_page=True)  # draws every figure: no mathtext error
+    assert page.count("data:image/png;base64,") == len(figs)
+    assert "$x_y_z$" in page and "gpu/0/$a_b_c$" in page and "$x_y_z$" in r.text()
+
+
+def _garbage_and_truncated(tmp_path):
+    """A log dir with one good run, one garbage event file and one truncated event file."""
+    good = EventWriter(str(tmp_path / "gpu"))
+    good.scalars({"host/cpu_percent": 50.0}, step=1, wall_time=10.0)
+    good.close()
+    garbage = tmp_path / "input" / "events.out.tfevents.1700000000.host.1.v2"
+    garbage.parent.mkdir()
+    garbage.write_bytes(b"this is not a TensorBoard event file, only some text\n" * 20)
+    whole = EventWriter(str(tmp_path / "profile"))
+    whole.text("profile/steps_1_2", "x" * 200, step=1)
+    whole.close()
+    (path,) = (tmp_path / "profile").iterdir()
+    truncated = tmp_path / "profile" / "events.out.tfevents.1700000001.host.2.v2"
+    truncated.write_bytes(path.read_bytes()[:-60])  # the text record cut in the middle
+    path.unlink()
+    return ["input/" + garbage.name, "profile/" + truncated.name]
+
+
+def test_unreadable_event_files_are_named_in_the_report(tmp_path):
+    bad = _garbage_and_truncated(tmp_path)
+    r = report(str(tmp_path))
+    assert r.data.series["host/cpu_percent"].values == [50.0]  # the good file is read
+    assert [p for p, _ in r.data.unreadable] == bad
+    text, page = r.text(), r.html()
+    for name in bad:
+        assert name in text and name in page
+    assert "could not be read" in text and "could not be read" in page
+
+
+def test_a_log_dir_of_only_unreadable_event_files_is_an_error(tmp_path):
+    garbage = tmp_path / "gpu" / "events.out.tfevents.1700000000.host.1.v2"
+    garbage.parent.mkdir()
+    garbage.write_bytes(b"\x00\x01garbage" * 50)
+    with pytest.raises(ValueError, match=r"none of its 1 event file\(s\) could be read.*gpu/events\.out"):
+        report(str(tmp_path))
+
+
+# -- callbacks found by class; the log dir read from the JSON the callbacks wrote ----------------
+def test_callbacks_are_found_by_their_class_not_by_their_attributes():
+    class MyReducer(OOMBatchSizeReducer):
+        """A user's subclass: still the package's callback."""
+
+    class OOMLookalike:
+        """Has the attributes (and the name) the report once looked for, but is no callback of the package."""
+
+        micro_batches = 4
+        events = recoveries = ()
+        timeline = gpus = captures = findings = ()
+
+    r = report(MyReducer(), OOMLookalike(), {"loss": [1.0]})
+    assert r.data.sources == ["MyReducer"] and r.data.oom_seen and r.data.oom_count() == 0
+    assert r.data.oom_summary == {"micro-batches per batch now": 1}
+    r = report(OOMLookalike(), {"loss": [1.0]})
+    assert r.data.sources == [] and not r.data.oom_seen and r.data.findings is None
+    assert "\nOut of memory\n" not in r.text() and not r.data.series and not r.data.profiles
+
+
+def test_json_tags_come_before_the_text_written_for_people(tmp_path):
+    w = EventWriter(str(tmp_path / "gpu"))
+    w.text(
+        "gpu/devices",
+        "| index | GPU | UUID | memory (MiB) | compute capability |\n| 0 | NVIDIA A100 | GPU-x | 1 | 8.0 |",
+        0,
+    )
+    record = {
+        "index": 0,
+        "name": "$x_y_z$ GPU",
+        "uuid": "GPU-y",
+        "memory_total_bytes": 2**30,
+        "compute_capability": [9, 0],
+    }
+    w.json("gpu/devices/data", [record], 0)
+    w.scalars({"gpu/0/utilization_percent": 50.0}, step=1, wall_time=1.0)
+    w.close()
+    w = EventWriter(str(tmp_path / "profile"))
+    w.text("profile/steps_3_5", "ProfilerWindow: steps [3, 5) (scheduled) -> /prose (9.0 MiB)", 3)
+    capture = {
+        "start_step": 3,
+        "num_steps": 2,
+        "files": ["/json/t.xplane.pb"],
+        "size_bytes": 2**20,
+        "reason": "triggered",
+    }
+    w.json("profile/steps_3_5/data", capture, 3)
+    w.json("profile/steps_3_5/input_pipeline/data", {"conclusion": "", "error": "no xprof"}, 3)
+    w.close()
+    w = EventWriter(str(tmp_path / "input"))
+    w.text("input/verdict/data", "{not JSON", 5)
+    w.json("oom/events/data", {"step": 1}, 5)  # not an OOMEvent
+    w.close()
+    data = gather_log_dir(str(tmp_path))
+    assert len(data.notes) == 2 and "'input/verdict/data'" in data.notes[0] and "'oom/events/data'" in data.notes[1]
+    assert data.verdict is None and not data.oom_events  # left out, and the rest is read
+    assert data.gpus == [
+        {"index": "0", "name": "$x_y_z$ GPU", "uuid": "GPU-y", "memory": "1024 MiB", "compute capability": "9.0"}
+    ]
+    (p,) = data.profiles
+    assert (p["steps"], p["reason"], p["trace_dir"], p["size_mib"], p["mean_step_ms"], p["conclusion"]) == (
+        "3-5",
+        "triggered",
+        "/json",
+        1.0,
+        None,
+        "xprof gave no conclusion (no xprof)",
+    )
+    assert TrainingReport(data).figures()["gpu_0"].get_suptitle() == "GPU 0: $x_y_z$ GPU"
+
+
+def test_log_dir_report_holds_the_callbacks_own_records(tmp_path):
+    import keras
+    from fake_nvml import FakeGPU, FakeNVML
+
+    from keras_gpu_tools._core.nvml import NVML
+    from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
+
+    backend = keras.backend.backend()
+    logdir = str(tmp_path / "logs")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(640, 16)).astype("float32")
+    y = rng.integers(0, 4, size=640)
+    layers = [keras.Input((16,)), keras.layers.Dense(32, activation="relu")]
+    if backend == "tensorflow":
+        layers.append(OOMAbove(16))  # one recovery: batches of 32 run as 2 x 16
+    layers.append(keras.layers.Dense(4, activation="softmax", dtype="mixed_float16"))  # a float16 output: a finding
+    model = keras.Sequential(layers)
+    model.compile("adam", "sparse_categorical_crossentropy", run_eagerly=backend == "tensorflow")
+    lg = GPUUtilizationLogger(log_dir=logdir, interval=0.05, nvml=NVML(FakeNVML([FakeGPU()])))
+    det = InputBoundDetector(log_dir=logdir, window=5, sample_every=2, verbose=0)
+    prof = ProfilerWindow(log_dir=logdir, start_step=3, num_steps=2, verbose=0)
+    mp = MixedPrecisionCheck()
+    callbacks = [lg, det, prof, mp]
+    if backend == "tensorflow":
+        reducer = OOMBatchSizeReducer(log_dir=logdir)
+        callbacks.insert(0, reducer)
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=callbacks)
+    live = report(callbacks).data
+    TrainingReport(live).write_to_tensorboard(logdir)  # the findings, which MixedPrecisionCheck does not write
+    data = gather_log_dir(logdir)
+
+    ((index, gpu),) = lg.gpus
+    assert data.gpus == [
+        {
+            "index": str(index),
+            "name": gpu.name,
+            "uuid": gpu.uuid,
+            "memory": f"{gpu.memory_total_bytes / 2**20:.0f} MiB",
+            "compute capability": ".".join(map(str, gpu.compute_capability)),
+        }
+    ]
+    v = det.verdict
+    assert data.verdict == {
+        "category": v.category,
+        "message": v.message,
+        "evidence": v.evidence,
+        "advice": v.advice,
+        "text": det.summary(),
+    }
+    figures = det.measurement.logs()
+    assert figures and {k: data.throughput[k] for k in figures} == figures
+    assert prof.captures or backend != "tensorflow"  # (JAX profiles only on Python 3.12+)
+    assert [
+        (p["start"], p["num_steps"], p["reason"], p["trace_dir"], p["size_mib"], p["mean_step_ms"])
+        for p in data.profiles
+    ] == [
+        (c.start_step, c.num_steps, c.reason, c.trace_dir or "", c.size_bytes / 2**20, c.mean_step_ms)
+        for c in prof.captures
+    ]
+    assert mp.findings and data.findings == [
+        {"kind": f.kind, "layer": f.layer, "message": f.message} for f in mp.findings
+    ]
+    if backend == "tensorflow":
+        assert len(reducer.events) == 1 and data.oom_events == [e.line() for e in reducer.events]
+        assert data.oom_summary == {
+            "micro-batches per batch now": reducer.micro_batches,
+            "seconds spent in failed attempts": round(reducer.recovery_seconds, 2),
+        }
+    # The callbacks and their log dir make the same report.
+    for field in ("gpus", "verdict", "profiles", "findings", "oom_events", "oom_summary"):
+        assert getattr(data, field) == getattr(live, field), field
+
+
+class OOMAbove(keras.layers.Layer):
+    """Raises TensorFlow's out-of-memory error for batches above `limit` (in eager steps)."""
+
+    def __init__(self, limit, **kwargs):
+        super().__init__(**kwargs)
+        self.limit = limit
+
+    def call(self, x):
+        if x.shape[0] is not None and x.shape[0] > self.limit:
+            import tensorflow as tf
+
+            raise tf.errors.ResourceExhaustedError(None, None, f"OOM allocating a tensor of {x.shape[0]} samples")
+        return x
