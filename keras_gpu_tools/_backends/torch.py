@@ -62,7 +62,7 @@ def _install_fetch_timer(hook) -> None:
         )
         return
     hook.fetch_known = True
-    hook.undo_fetch_timer = ki.time_epoch_iterator(ei, hook.on_fetch, hook.clock)
+    hook.undo_fetch_timer = ki.time_epoch_iterator(ei, hook.on_fetch, hook.clock, when=hook.wants_full)
 
 
 # -- profiler ------------------------------------------------------------------------------

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 
 def batch_signature(batch) -> tuple:
-    """Shapes and dtypes of a (nested) batch; cheap, no framework import."""
+    """Shapes and dtypes of a (nested) batch; cheap, no framework import.
+
+    Runs on every step of the OOM reducer, so it keeps the framework's dtype
+    object as it is (hashable, and equal to its name for NumPy and JAX):
+    turning a NumPy dtype into a string costs more than the rest together.
+    """
     out = []
     stack = [batch]
     while stack and len(out) < 64:
@@ -15,7 +20,7 @@ def batch_signature(batch) -> tuple:
             stack.extend(reversed([b[k] for k in sorted(b, key=str)]))
         elif b is not None:
             shape = getattr(b, "shape", None)
-            out.append((tuple(shape) if shape is not None else None, str(getattr(b, "dtype", type(b).__name__))))
+            out.append((tuple(shape) if shape is not None else None, getattr(b, "dtype", None) or type(b).__name__))
     return tuple(out)
 
 

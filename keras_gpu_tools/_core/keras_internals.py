@@ -254,30 +254,34 @@ def training_data(model) -> dict[str, Any]:
 
 
 class _TimedIterable:
-    def __init__(self, inner, on_fetch: Callable[[float], None], clock: Callable[[], float]):
+    def __init__(self, inner, on_fetch: Callable[[float], None], clock: Callable[[], float], when):
         self._inner = inner
         self._on_fetch = on_fetch
         self._clock = clock
+        self._when = when
 
     def __iter__(self):
         t = self._clock()
         it = iter(self._inner)  # DataLoader workers start here
         self._on_fetch(self._clock() - t)
-        return _TimedIterator(it, self._on_fetch, self._clock)
+        return _TimedIterator(it, self._on_fetch, self._clock, self._when)
 
 
 class _TimedIterator:
-    __slots__ = ("_it", "_on_fetch", "_clock")
+    __slots__ = ("_it", "_on_fetch", "_clock", "_when")
 
-    def __init__(self, it, on_fetch, clock):
+    def __init__(self, it, on_fetch, clock, when):
         self._it = it
         self._on_fetch = on_fetch
         self._clock = clock
+        self._when = when
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if not self._when():  # a fetch nobody measures costs one call
+            return next(self._it)
         t = self._clock()
         try:
             return next(self._it)
@@ -286,19 +290,22 @@ class _TimedIterator:
 
 
 def time_epoch_iterator(
-    epoch_iterator, on_fetch: Callable[[float], None], clock: Callable[[], float]
+    epoch_iterator,
+    on_fetch: Callable[[float], None],
+    clock: Callable[[], float],
+    when: Callable[[], bool] = lambda: True,
 ) -> Callable[[], None]:
     """Times every batch fetch of a fit()'s epoch iterator; returns the undo.
 
     Wraps the iterator that ``EpochIterator._get_iterator()`` returns (built
-    at the start of each epoch), so each ``next()`` reports its duration. The
-    batches and their order are unchanged.
+    at the start of each epoch), so each ``next()`` reports its duration, when
+    ``when()`` says it is wanted. The batches and their order are unchanged.
     """
     original = epoch_iterator._get_iterator
 
     @functools.wraps(original)
     def timed():
-        return _TimedIterable(original(), on_fetch, clock)
+        return _TimedIterable(original(), on_fetch, clock, when)
 
     epoch_iterator._get_iterator = timed
 

@@ -21,6 +21,18 @@ observers around each call:
   the ``tf.data`` iterator), for example to fetch the batch in Python and
   retry it. Called again whenever an observer attaches or detaches.
 - ``observer.on_detach(stale)`` (optional): the hook was removed.
+- ``observer.next_sample(index) -> int | None`` (optional): the first call at
+  or after ``index`` that this observer needs on the full path (sampled, or
+  wrapped by its ``around``); None for none. An observer without it gets
+  every call. Call :meth:`StepHook.reschedule` when the answer changes
+  between calls (a new epoch, a triggered window).
+
+Calls nobody needs take the fast path: an index check, Keras's function (or
+the observers' ``inner`` chain) and nothing else: no record, no clock, no
+sync. The call right after a sampled one takes the full path too (its start
+ends the sampled call's gap), and its record's interval covers the fast calls
+that follow it (``StepRecord.covers``), so the intervals still tile the wall
+time and the steps still add up.
 
 What a call does per backend (fetch, sync, what is timed) is the backend's
 ``step_caller`` (``keras_gpu_tools/_backends``); this module is the same for
@@ -52,6 +64,7 @@ from keras_gpu_tools._core.step_timing import StepRecord
 logger = logging.getLogger("keras_gpu_tools")
 
 MARK = "_keras_gpu_tools_step_hook"
+_NEVER = 1 << 62  # no call needs the full path
 
 __all__ = ["MARK", "Attachment", "StepHook", "batch_signature", "leading_dim", "leaves"]
 
@@ -98,6 +111,7 @@ class StepHook:
         self.fetch_overhead_unknown = True
         self.fetch_timer = None
         self.capture_args = False  # keep a sampled call's arguments in record.extra["jax_args"]
+        self._next_full = 0  # the next call index that takes the full path
         self._call = backend.step_caller(self)
         self.wrapper = self._make_wrapper()
 
@@ -124,6 +138,7 @@ class StepHook:
         with hook._lock:
             hook.attachments.append(att)
             hook._rebuild_inner()
+        hook.reschedule()
         return att
 
     @classmethod
@@ -156,6 +171,7 @@ class StepHook:
                 self.attachments.remove(att)
             self._rebuild_inner()
             last = not self.attachments
+        self.reschedule()
         _notify_detach(att, stale=False)
         if last:
             self._remove(stale=False)
@@ -200,13 +216,42 @@ class StepHook:
                     )
 
     def flush(self) -> None:
-        """Hands the pending call to the observers without a gap (epoch end)."""
+        """Hands the pending call to the observers without a gap (epoch end).
+
+        Fast calls made since it are added to it (``covers``), its interval then
+        running until they are done (one sync per epoch, only if there were any).
+        """
         rec, self._pending = self._pending, None
         self._pending_fetch = 0.0
-        if rec is not None:
-            rec.extra.pop("_call_start", None)
-        if rec is not None and rec.end is not None:
+        if rec is None:
+            return
+        start = rec.extra.pop("_call_start", None)
+        fast = self._index - rec.index - 1
+        if fast > 0 and rec.end is not None and start is not None:
+            self.sync(self.last_outputs)
+            rec.covers = fast * self.steps_per_execution
+            rec.interval = self.clock() - start
+        if rec.end is not None:
             self._emit(rec)
+
+    # -- scheduling the full path ---------------------------------------------------------
+    def reschedule(self, after_sampled: bool = False) -> None:
+        """Sets the next call that takes the full path (the observers' ``next_sample``)."""
+        index = self._index
+        nxt = index if after_sampled else None
+        for obs in self.observers:
+            ask = getattr(obs, "next_sample", None)
+            try:
+                k = index if ask is None else ask(index)
+            except Exception:
+                k = index
+            if k is not None and (nxt is None or k < nxt):
+                nxt = max(k, index)
+        self._next_full = nxt if nxt is not None else _NEVER
+
+    def wants_full(self) -> bool:
+        """Whether the next call takes the full path (torch's fetch timer asks before the fetch)."""
+        return self._index >= self._next_full
 
     def begin(self, presync: Callable[[], None] | None = None) -> StepRecord:
         """Closes the previous call's record and opens this call's.
@@ -234,6 +279,7 @@ class StepHook:
             t_start = self.clock()
         prev = self._pending
         if prev is not None and prev.end is not None:
+            prev.covers = (index - prev.index - 1) * self.steps_per_execution  # fast calls in between
             prev.interval = t_start - prev.extra.pop("_call_start", prev.start)
             prev.gap = max(0.0, t - prev.end - (0.0 if self.backend.fetches_inside_step else fetch))
             self._emit(prev)
@@ -269,11 +315,22 @@ class StepHook:
                 del caller
                 return self._stale_call(args)
             del caller
+            i = self._index
+            if i < self._next_full:  # nobody needs this call: Keras's step and a counter
+                self._index = i + 1
+                self._pending_fetch = 0.0
+                out = self.inner(*args)
+                self.last_outputs = out
+                return out
             try:
-                return call(*args)
+                out = call(*args)
             except BaseException:
                 self._pending = None  # end of data, or an error: not a step
+                self.reschedule()
                 raise
+            pending = self._pending
+            self.reschedule(after_sampled=pending is not None and pending.sampled)
+            return out
 
         setattr(train_function, MARK, self)
         train_function.__wrapped__ = self.original

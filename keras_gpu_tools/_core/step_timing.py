@@ -64,6 +64,7 @@ class StepRecord:
     dispatch: float | None = None  # host seconds launching the step, where told apart from compute
     gap: float | None = None  # seconds from return to the next call, less its fetch
     interval: float | None = None  # seconds from this call's start to the next's
+    covers: int = 0  # steps of fast-path calls after this one, inside its interval, not measured themselves
     signature: Any = None  # shapes/dtypes of the batch (sampled calls)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # for observers
 
@@ -133,7 +134,8 @@ class StepStats:
 
     def add(self, r: StepRecord) -> None:
         n = max(int(r.steps), 1)
-        self.steps += n
+        extra = max(int(r.covers), 0)  # fast calls inside this record's interval
+        self.steps += n + extra
         if r.samples is not None:
             self._known_samples += r.samples
             self._known_steps += n
@@ -149,14 +151,15 @@ class StepStats:
                 self._gap_steps += n
         if r.interval is not None:
             self._span_sum += r.interval
-            self._span_steps += n
+            self._span_steps += n + extra
+            self._span_unknown_steps += extra
             if r.samples is None:
                 self._span_unknown_steps += n
             else:
                 self._span_samples += r.samples
             if not r.sampled:
                 self._interval_sum += r.interval
-                self._interval_steps += n
+                self._interval_steps += n + extra
 
     def measurement(self, flops_per_step: float | None = None, peak_flops: float | None = None) -> Measurement:
         m = Measurement(steps=self.steps, sampled_steps=self.sampled_steps)

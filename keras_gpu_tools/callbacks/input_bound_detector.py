@@ -236,6 +236,7 @@ class InputBoundDetector(FitCallback):
         self._peak: float | None = None
         self._jax_specs = None
         self._epoch_last_call = -1
+        self._epoch_first_call = -1
 
     # -- public -------------------------------------------------------------------------
     def summary(self) -> str:
@@ -251,8 +252,17 @@ class InputBoundDetector(FitCallback):
         # the measured step intervals add up to the real wall time.
         return index in (1, 2, 3) or (index > 0 and index % self.sample_every == 0) or index == self._epoch_last_call
 
+    def next_sample(self, index: int) -> int:
+        """The next call the hook must time: a sampled one, or the first of an epoch (which counts the rest)."""
+        every = self.sample_every
+        nxt = index if index % every == 0 and index > 0 else index + every - index % every
+        for k in (1, 2, 3, self._epoch_first_call, self._epoch_last_call):
+            if index <= k < nxt:
+                nxt = k
+        return nxt
+
     def on_step(self, rec: StepRecord) -> None:
-        self._global_step += rec.steps
+        self._global_step += rec.steps + rec.covers
         self._window.add(rec)
         self._epoch.add(rec)
         self._total.add(rec)
@@ -301,11 +311,14 @@ class InputBoundDetector(FitCallback):
         self._cpu = _CpuMeter()
         steps = (self.params or {}).get("steps")
         att = self._attachment
+        self._epoch_first_call = att.hook.next_index if att is not None and att.active else -1
         if steps and att is not None and att.active:
             spe = max(att.hook.steps_per_execution, 1)
             self._epoch_last_call = att.hook.next_index + -(-int(steps) // spe) - 1
         else:
             self._epoch_last_call = -1
+        if att is not None and att.active:
+            att.hook.reschedule()
 
     def on_epoch_end(self, epoch, logs=None):
         if not self._running:

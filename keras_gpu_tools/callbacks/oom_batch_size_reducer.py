@@ -64,12 +64,16 @@ class OOMBatchSizeReducer(FitCallback):
     the weights, the optimizer state, the non-trainable variables and the
     metrics are put back to what they were before the failed attempt.
     The first attempt at each batch shape and split keeps a host copy of
-    the whole state (when it is at most 4 GiB), later attempts a device copy
-    of the small state (non-trainable and metric variables, the optimizer's
-    counters). On JAX, Keras's step donates the state to the call, so an
-    out-of-memory error in a step that had already run at that shape (the
-    copy is not kept then) cannot be retried: it is raised with an
-    explanation; `probe=True` avoids running steps predicted not to fit.
+    the whole state (when it is at most 4 GiB); later steps at a split keep a
+    device copy of the small state (non-trainable and metric variables, the
+    optimizer's counters). A batch shape that already ran whole runs on the
+    idle path: Keras's own step inside a `try`, with no copy, so the callback
+    costs next to nothing while nothing runs out of memory. An out-of-memory
+    error there cannot be retried exactly and raises `UnrecoverableOOM` with
+    the reason (`late_recovery=True` keeps the small copy there too, on
+    TensorFlow and torch). On JAX, Keras's step donates the state to the
+    call, so such an error cannot be retried either way; `probe=True` avoids
+    running steps predicted not to fit.
 
     When the split reaches `min_batch_size` and still does not fit, the
     out-of-memory error is raised (same type) with the batch sizes tried,
@@ -100,6 +104,14 @@ class OOMBatchSizeReducer(FitCallback):
         run_name: TensorBoard run of the scalars. Defaults to `"oom"`.
         verbose: print each recovery (it is always logged to the
             `keras_gpu_tools` logger). Defaults to `0`.
+        late_recovery: also keep a copy of the small state (non-trainable and
+            metric variables, the optimizer's counters) before every step at a
+            batch shape that already ran whole, so that an out-of-memory error
+            there can still be retried exactly (TensorFlow and torch; JAX's
+            donated state cannot be kept cheaply). Without it such a step runs
+            as Keras's own step inside a `try`, at no cost, and an
+            out-of-memory error there raises `UnrecoverableOOM`. Defaults to
+            `False`.
 
     Example:
 
@@ -123,6 +135,7 @@ class OOMBatchSizeReducer(FitCallback):
         log_dir: str | os.PathLike | None = None,
         run_name: str = "oom",
         verbose: int = 0,
+        late_recovery: bool = False,
     ):
         super().__init__()
         self.min_batch_size = check_int("min_batch_size", min_batch_size, low=1)
@@ -133,6 +146,7 @@ class OOMBatchSizeReducer(FitCallback):
         self.run_name = check_run_name("run_name", run_name)
         check_run_dir(self.log_dir, self.run_name)
         self.verbose = check_verbose("verbose", verbose)
+        self.late_recovery = check_bool("late_recovery", late_recovery)
         self.warnings = WarnOnce(OOMWarning)
         self.controller = SplitController(self.min_batch_size, self.regrow_after)
         self.events: list[OOMEvent] = []
@@ -148,6 +162,7 @@ class OOMBatchSizeReducer(FitCallback):
         self._micro_batches = 1
         self._epoch_events = 0
         self._runner = None
+        self._idle_signature = None  # the batch shape that runs whole on the idle path
         self._attachment = None
         self._writer: EventWriter | None = None
         self._spe = 1
@@ -206,6 +221,9 @@ class OOMBatchSizeReducer(FitCallback):
     def on_step(self, record) -> None:
         pass
 
+    def next_sample(self, index: int) -> None:
+        return None  # the retrying runs in `inner`, on the hook's fast path too
+
     def inner(self, fn):
         """Step-hook extension: each train-function call runs our retrying function instead of `fn`."""
         if self._runner is None:
@@ -218,11 +236,22 @@ class OOMBatchSizeReducer(FitCallback):
         pass
 
     def _one(self, batch, state=None):
+        sig = batch_signature(batch)
+        if sig == self._idle_signature:
+            # The idle path: this shape already ran whole, so no copy of the
+            # state is kept (that copy is what cost time on every step).
+            try:
+                result = self._runner.run(batch, 0, 1, state, False)
+            except Exception as e:
+                if not _backends.is_oom(e):
+                    self._end_fit(aborted=True)
+                    raise
+                self._refuse_late_oom(e, sig)
+            self._global_step += 1
+            return result
         n = leading_dim(batch) or 1
         try:
-            result, k = self._recovery.run(
-                self._runner, batch, n, batch_signature(batch), state, step=self._global_step
-            )
+            result, k = self._recovery.run(self._runner, batch, n, sig, state, step=self._global_step)
         except BaseException:
             # An error inside the step ends fit() (Keras catches only the end of
             # data, which never comes from here): clean up now rather than when
@@ -233,7 +262,22 @@ class OOMBatchSizeReducer(FitCallback):
             raise
         self._micro_batches = k
         self._global_step += 1
+        if k == 1 and not self.controller.in_trial and not self.late_recovery:
+            self._idle_signature = sig
         return result
+
+    def _refuse_late_oom(self, error: BaseException, signature) -> None:
+        """An OOM on the idle path: at a shape that had run whole before, with no copy of the state."""
+        self._idle_signature = None
+        self._end_fit(aborted=True)
+        raise UnrecoverableOOM(
+            "OOMBatchSizeReducer: out of memory at a batch shape that had already run whole "
+            f"({signature!r}). No copy of the state is kept for such steps (it would cost time on every "
+            "step), and the failed attempt may already have updated the metrics, the moving statistics "
+            "and (JAX) freed the donated state, so the batch cannot be retried exactly. Set "
+            "`late_recovery=True` (TensorFlow, torch) to keep that copy before every step, or lower the "
+            "batch size."
+        ) from error
 
     # -- internals ------------------------------------------------------------------------
     def _check_late_error(self) -> None:

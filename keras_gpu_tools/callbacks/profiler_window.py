@@ -202,6 +202,8 @@ class ProfilerWindow(FitCallback):
         self._active_wall = 0.0
         self._skip_until = -1
         self._profiler = None  # this fit's profiler session (the backend's)
+        self._index0 = 0
+        self._step0 = 0
         self._fit_start_step = 0
         self._fit_captures = 0
         self._writer: EventWriter | None = None
@@ -216,6 +218,7 @@ class ProfilerWindow(FitCallback):
         """Profiles the next `num_steps` steps (defaults to `num_steps`), unless a window is running."""
         n = self.num_steps if num_steps is None else _check_int("num_steps", num_steps, 1)
         self._triggered = n
+        self._reschedule()
 
     def wait_for_analysis(self, timeout: float = 120.0) -> None:
         """Waits for the xprof conversions still running."""
@@ -236,6 +239,9 @@ class ProfilerWindow(FitCallback):
         os.makedirs(self.run_dir, exist_ok=True)
         self._writer = EventWriter(self.run_dir)
         self._attachment = StepHook.attach(self.model, self, self.backend, session)  # last
+        self._index0 = self._attachment.hook.next_index  # hook call index of global step `_step0`
+        self._step0 = self._global_step
+        self._reschedule()
 
     def _stop_on_training_thread(self) -> bool:
         # torch's profiler can only be stopped from the thread that started it. While
@@ -245,7 +251,9 @@ class ProfilerWindow(FitCallback):
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.every_n_epochs and epoch % self.every_n_epochs == 0:
+            self._sync_step()
             self._epoch_windows.append(prof.Window(self._global_step + self.start_step, self.num_steps))
+            self._reschedule()
 
     # -- step hook observer -----------------------------------------------------
     def sample(self, index: int) -> bool:
@@ -258,8 +266,41 @@ class ProfilerWindow(FitCallback):
         if stale:
             self._stop_window("cut short")
 
+    def next_sample(self, index: int) -> int | None:
+        """The next hook call this callback needs: every call of a window, else the next window's start."""
+        if self._active is not None or self._triggered is not None or self._attachment is None:
+            return index  # (no attachment yet: attach() asks before the step count is set)
+        step = self._step0 + index - self._index0
+        start = self._next_window_start(step)
+        return None if start is None else index + start - step
+
+    def _next_window_start(self, step: int) -> int | None:
+        low = max(step, self._skip_until + 1)
+        if self.windows is not None:
+            return min((w.start for w in self.windows if w.start >= low), default=None)
+        if self.every_n_epochs:
+            return min((w.start for w in self._epoch_windows if w.start >= low), default=None)
+        if self.every_n_steps:
+            if low <= self.start_step:
+                return self.start_step
+            k = -(-(low - self.start_step) // self.every_n_steps)
+            return self.start_step + k * self.every_n_steps
+        return self.start_step if self.start_step >= low else None
+
+    def _reschedule(self) -> None:
+        att = self._attachment
+        if att is not None and att.active:
+            att.hook.reschedule()
+
+    def _sync_step(self) -> None:
+        """Brings the global step up to date with the calls the hook made on its fast path."""
+        att = self._attachment
+        if att is not None and att.active:
+            self._global_step = self._step0 + att.hook.next_index - self._index0
+
     def around(self, record, call):
-        step = self._global_step
+        step = self._step0 + record.index - self._index0
+        self._global_step = step
         if self._active is None:
             window, reason = self._window_starting_at(step)
             if window is not None:
@@ -423,6 +464,7 @@ class ProfilerWindow(FitCallback):
             writer.json(tag, a, step=capture.start_step)  # the same, for report()
 
     def _stop_fit(self, aborted: bool) -> None:
+        self._sync_step()
         attachment, self._attachment = self._attachment, None
         if attachment is not None:
             attachment.detach()  # the train function is Keras's own again

@@ -1,0 +1,179 @@
+"""Host time each callback adds per training step, against a bare fit(), on every backend.
+
+A tiny model (16 -> 32 -> 3, batch 32) trains on in-memory arrays, so the step is
+dominated by Keras's own per-step host work (130-400 us on a CPU) and anything a
+callback adds per step shows. Every condition (bare, each callback alone, all of
+them together) has its own model, compiled and warmed up once; then ``--rounds``
+rounds run every condition once each, interleaved, two epochs per fit, and the
+second epoch is timed (its per-step time: wall time / steps). A condition's
+figure is the fastest of its rounds (the least disturbed by the machine), and
+its overhead is that minus the bare fit's fastest.
+
+    python benchmarks/host_overhead.py --backends tensorflow,jax,torch --out results/host_overhead_cpu.json
+
+Prints a table (us per step) and writes JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+
+def _parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None)
+    p.add_argument("--backends", default=None, help="comma-separated; each runs in a subprocess")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--steps", type=int, default=1500, help="steps per epoch")
+    p.add_argument("--conditions", default=None, help="comma-separated subset of the conditions")
+    p.add_argument("--width", type=int, default=32, help="hidden width (a wider model has a longer step)")
+    p.add_argument("--batch", type=int, default=32)
+    return p.parse_args()
+
+
+CONDITIONS = (
+    "bare",
+    "GPUUtilizationLogger",
+    "ProfilerWindow",
+    "InputBoundDetector",
+    "OOMBatchSizeReducer",
+    "LiveView",
+    "MixedPrecisionCheck",
+    "all",
+)
+
+
+def _callbacks(name: str, log_dir: str) -> list:
+    import keras_gpu_tools as kgt
+
+    makers = {
+        "GPUUtilizationLogger": lambda: kgt.GPUUtilizationLogger(log_dir=log_dir),
+        "ProfilerWindow": lambda: kgt.ProfilerWindow(log_dir=log_dir, start_step=10**9, verbose=0),
+        "InputBoundDetector": lambda: kgt.InputBoundDetector(log_dir=log_dir, verbose=0),
+        "OOMBatchSizeReducer": lambda: kgt.OOMBatchSizeReducer(log_dir=log_dir, verbose=0),
+        "LiveView": lambda: kgt.LiveView(),
+        "MixedPrecisionCheck": lambda: kgt.MixedPrecisionCheck(),
+    }
+    if name == "bare":
+        return []
+    if name == "all":
+        return [make() for make in makers.values()]
+    return [makers[name]()]
+
+
+def run_backend(args) -> dict:
+    import warnings
+
+    import keras
+    import numpy as np
+
+    warnings.simplefilter("ignore")
+
+    class EpochClock(keras.callbacks.Callback):
+        """Times each epoch; epoch hooks only, so it adds nothing per step."""
+
+        def __init__(self):
+            super().__init__()
+            self.seconds = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._t = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds.append(time.perf_counter() - self._t)
+
+    rng = np.random.default_rng(0)
+    batch = args.batch
+    x = rng.normal(size=(args.steps * batch, 16)).astype("float32")
+    y = rng.integers(0, 3, size=(args.steps * batch,)).astype("int32")
+    conditions = args.conditions.split(",") if args.conditions else list(CONDITIONS)
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="kgt_host_overhead_")
+    setups = {}
+    for i, name in enumerate(conditions):
+        keras.utils.set_random_seed(i)
+        model = keras.Sequential(
+            [keras.Input((16,)), keras.layers.Dense(args.width, activation="relu"), keras.layers.Dense(3)]
+        )
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        cbs = _callbacks(name, os.path.join(tmp, name))
+        model.fit(x[: 20 * batch], y[: 20 * batch], batch_size=batch, epochs=1, verbose=0, callbacks=cbs)  # compile
+        setups[name] = (model, cbs)
+    per_step = {name: [] for name in conditions}
+    for _ in range(args.rounds):
+        for name in conditions:
+            model, cbs = setups[name]
+            clock = EpochClock()
+            model.fit(x, y, batch_size=batch, epochs=2, verbose=0, shuffle=False, callbacks=[*cbs, clock])
+            per_step[name].append(1e6 * clock.seconds[1] / args.steps)
+    bare = min(per_step["bare"]) if "bare" in per_step else None
+    rows = []
+    for name in conditions:
+        best = min(per_step[name])
+        rows.append(
+            {
+                "condition": name,
+                "fastest_us_per_step": round(best, 2),
+                "added_us_per_step": round(best - bare, 2) if bare is not None else None,
+                "rounds_us_per_step": [round(v, 2) for v in per_step[name]],
+            }
+        )
+    return {"backend": keras.backend.backend(), "width": args.width, "batch": batch, "steps": args.steps, "rows": rows}
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    for mod in ("keras", "tensorflow", "jax", "torch"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    return out
+
+
+def main():
+    args = _parse()
+    if args.backends:
+        results = []
+        for backend in args.backends.split(","):
+            out = f"/tmp/kgt_host_overhead_{backend}_{os.getpid()}.json"
+            cmd = [sys.executable, os.path.abspath(__file__), "--out", out, "--rounds", str(args.rounds)]
+            cmd += ["--steps", str(args.steps), "--width", str(args.width), "--batch", str(args.batch)]
+            cmd += ["--conditions", args.conditions] if args.conditions else []
+            env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode == 0 and os.path.exists(out):
+                with open(out) as f:
+                    results.extend(json.load(f)["results"])
+                os.remove(out)
+            else:
+                results.append({"backend": backend, "error": proc.stderr[-3000:]})
+    else:
+        results = [run_backend(args)]
+    doc = {"what": "host us per step added to a bare fit (fastest of interleaved rounds)", "versions": _versions()}
+    doc["results"] = results
+    for r in results:
+        if "error" in r:
+            print(f"{r['backend']}: failed\n{r['error']}")
+            continue
+        print(f"\n{r['backend']}  (us per step; fastest of {args.rounds} rounds)")
+        for row in r["rows"]:
+            added = row["added_us_per_step"]
+            print(
+                f"  {row['condition']:22s} {row['fastest_us_per_step']:9.1f}   {'' if added is None else f'{added:+.1f}'}"
+            )
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
