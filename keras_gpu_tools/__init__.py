@@ -1,35 +1,110 @@
-"""keras_gpu_tools: Keras 3 callbacks that make GPU training fast and its problems visible."""
+"""keras_gpu_tools: Keras 3 callbacks that make GPU training fast and its problems visible.
+
+The callbacks, the layer and the report import Keras (and through it TensorFlow,
+JAX or torch), which takes seconds. They are therefore resolved on first access
+through a module ``__getattr__`` (PEP 562): ``import keras_gpu_tools`` and
+``keras-gpu-tools --help`` import no framework, while
+``from keras_gpu_tools import GPUUtilizationLogger`` works as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Framework-free, so imported eagerly: users filter warnings by these classes.
+from keras_gpu_tools.errors import (
+    GPUMonitoringWarning,
+    InputPipelineWarning,
+    KerasGPUToolsWarning,
+    KerasInternalsError,
+    KerasVersionWarning,
+    MissingDependency,
+    MixedPrecisionWarning,
+    OOMWarning,
+    OutOfMemoryError,
+    ProfilerWarning,
+    UnrecoverableOOM,
+)
 
 __version__ = "0.1.0"
 
-from keras_gpu_tools._core.mixed_precision import (  # noqa: E402
-    MixedPrecisionFinding,
-    MixedPrecisionWarning,
-    check_mixed_precision,
-)
-from keras_gpu_tools._core.report import TrainingReport, report  # noqa: E402
-from keras_gpu_tools.callbacks import (  # noqa: E402
-    GPUUtilizationLogger,
-    InputBoundDetector,
-    LiveView,
-    MixedPrecisionCheck,
-    OOMBatchSizeReducer,
-    ProfilerWindow,
-)
-from keras_gpu_tools.layers import MixedPrecisionOutput  # noqa: E402
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
+    from keras_gpu_tools._core.mixed_precision import MixedPrecisionFinding, check_mixed_precision
+    from keras_gpu_tools._core.report import TrainingReport, report
+    from keras_gpu_tools.callbacks import (
+        GPUUtilizationLogger,
+        InputBoundDetector,
+        LiveView,
+        MixedPrecisionCheck,
+        OOMBatchSizeReducer,
+        ProfilerWindow,
+    )
+    from keras_gpu_tools.layers import MixedPrecisionOutput
+
+# Public name -> the module it is taken from. Callbacks and layers go through
+# their subpackages, which map each name to its defining module.
+_LAZY = {
+    "GPUUtilizationLogger": "keras_gpu_tools.callbacks",
+    "InputBoundDetector": "keras_gpu_tools.callbacks",
+    "LiveView": "keras_gpu_tools.callbacks",
+    "MixedPrecisionCheck": "keras_gpu_tools.callbacks",
+    "OOMBatchSizeReducer": "keras_gpu_tools.callbacks",
+    "ProfilerWindow": "keras_gpu_tools.callbacks",
+    "MixedPrecisionOutput": "keras_gpu_tools.layers",
+    "MixedPrecisionFinding": "keras_gpu_tools._core.mixed_precision",
+    "check_mixed_precision": "keras_gpu_tools._core.mixed_precision",
+    "TrainingReport": "keras_gpu_tools._core.report",
+    "report": "keras_gpu_tools._core.report",
+}
+# Subpackages that `import keras_gpu_tools` used to bind: `keras_gpu_tools.callbacks.X`
+# keeps working without an explicit `import keras_gpu_tools.callbacks`.
+_SUBPACKAGES = ("callbacks", "layers")
 
 __all__ = [
+    "GPUMonitoringWarning",
     "GPUUtilizationLogger",
     "InputBoundDetector",
+    "InputPipelineWarning",
+    "KerasGPUToolsWarning",
+    "KerasInternalsError",
+    "KerasVersionWarning",
     "LiveView",
+    "MissingDependency",
     "MixedPrecisionCheck",
     "MixedPrecisionFinding",
     "MixedPrecisionOutput",
     "MixedPrecisionWarning",
     "OOMBatchSizeReducer",
+    "OOMWarning",
+    "OutOfMemoryError",
+    "ProfilerWarning",
     "ProfilerWindow",
     "TrainingReport",
+    "UnrecoverableOOM",
     "__version__",
     "check_mixed_precision",
     "report",
 ]
+
+
+# Hidden from type checkers: they would take a module __getattr__ to mean that any
+# attribute exists, and miss a misspelt name; they see the imports above instead.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        """Imports the module that defines the public name `name` (or the subpackage `name`) and returns it."""
+        if name in _SUBPACKAGES:
+            return importlib.import_module(f"{__name__}.{name}")  # the import binds it in globals()
+        try:
+            module = _LAZY[name]
+        except KeyError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # later lookups find it without calling __getattr__
+        return value
+
+
+def __dir__() -> list[str]:
+    """The module's names, the not yet imported public ones and subpackages included."""
+    return sorted(set(globals()) | set(__all__) | set(_SUBPACKAGES))

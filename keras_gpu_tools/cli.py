@@ -17,16 +17,23 @@ import argparse
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+
+# Keras, its backend and matplotlib take seconds to import: every subcommand
+# imports what it needs itself, so `--help` and argument errors answer at once.
 
 
-def _doctor(args) -> int:
+def _doctor(args: argparse.Namespace) -> int:
     from keras_gpu_tools._core import doctor
 
     print(doctor.run())
     return 0
 
 
-def _demo(args) -> int:
+def _demo(args: argparse.Namespace) -> int:
     import warnings
 
     import keras
@@ -41,6 +48,7 @@ def _demo(args) -> int:
     from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
 
     logdir = check_log_dir(args.logdir, "--logdir")
+    assert logdir is not None  # --logdir has a default; tells type checkers so
     os.makedirs(logdir, exist_ok=True)
     print(f"Keras {keras.__version__}, backend {keras.backend.backend()}; logs in {os.path.abspath(logdir)}")
 
@@ -125,7 +133,7 @@ def _demo(args) -> int:
     return 0
 
 
-def _oom_reducer(logdir):
+def _oom_reducer(logdir: str) -> OOMBatchSizeReducer | None:
     """The OOMBatchSizeReducer, where this version of the package has it."""
     try:
         from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
@@ -138,7 +146,7 @@ def _oom_reducer(logdir):
         return None
 
 
-def _report(args) -> int:
+def _report(args: argparse.Namespace) -> int:
     from keras_gpu_tools._core.report import report
 
     rep = report(log_dir=args.log_dir)  # raises ValueError when no event file could be read at all
