@@ -105,6 +105,19 @@ if not TYPE_CHECKING:
         return value
 
 
+def _register_layers_if_keras_is_loaded() -> None:
+    # Loading a saved model finds `MixedPrecisionOutput` through Keras's registry, which the
+    # layer's module fills when imported. Where Keras is already loaded this costs nothing
+    # more, and `import keras, keras_gpu_tools; keras.saving.load_model(...)` keeps working.
+    import sys
+
+    if "keras" in sys.modules:
+        importlib.import_module("keras_gpu_tools.layers.mixed_precision_output")
+
+
+_register_layers_if_keras_is_loaded()
+
+
 def __dir__() -> list[str]:
     """The module's names, the not yet imported public ones and subpackages included."""
     return sorted(set(globals()) | set(__all__) | set(_SUBPACKAGES))

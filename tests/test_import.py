@@ -28,6 +28,7 @@ FRAMEWORKS = ("keras", "tensorflow", "jax", "torch")
 # Modules that define Keras subclasses, so import Keras at module level by design;
 # the lazy package __init__ files keep them out of `import keras_gpu_tools`.
 IMPORTS_KERAS = {
+    "keras_gpu_tools.callbacks._base",
     "keras_gpu_tools.callbacks.gpu_utilization_logger",
     "keras_gpu_tools.callbacks.input_bound_detector",
     "keras_gpu_tools.callbacks.live_view",
@@ -210,3 +211,19 @@ def test_package_is_marked_typed():
     cfg = configparser.ConfigParser()
     cfg.read(os.path.join(ROOT, "setup.cfg"))
     assert "py.typed" in cfg["options.package_data"]["keras_gpu_tools"].split()
+
+
+def test_a_saved_model_loads_after_import_keras_and_keras_gpu_tools(tmp_path):
+    """The layer registers itself with Keras when Keras is already loaded, so a saved model finds it."""
+    path = tmp_path / "m.keras"
+    save = (
+        "import keras; from keras_gpu_tools import MixedPrecisionOutput; "
+        "m = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), MixedPrecisionOutput('softmax')]); "
+        f"m.save({str(path)!r})"
+    )
+    load = (
+        f"import keras, keras_gpu_tools; m = keras.saving.load_model({str(path)!r}); print(type(m.layers[-1]).__name__)"
+    )
+    subprocess.run([sys.executable, "-c", save], check=True, capture_output=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", load], check=True, capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "MixedPrecisionOutput"

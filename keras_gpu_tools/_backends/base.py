@@ -20,6 +20,9 @@ class Backend:
     #: Whether the train function pulls its batches itself (TensorFlow, JAX);
     #: torch's fit() fetches them before calling it.
     fetches_inside_step = True
+    #: Whether a call's fetch can be timed without a device sync (the fetch
+    #: happens in Python: JAX's iterator, torch's epoch iterator).
+    times_unsynced_fetch = False
     #: Whether a step's FLOPs can be read from its traced program (JAX).
     traced_flops = False
     #: Whether the memory a step needs can be predicted before running it (JAX).

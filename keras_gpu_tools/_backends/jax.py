@@ -311,6 +311,7 @@ class JaxBackend(Backend):
     install_hint = "install the CUDA plugin: `pip install -U 'jax[cuda13]'` (or jax[cuda12] for CUDA 12 drivers)"
 
     traced_flops = True
+    times_unsynced_fetch = True
     predicts_memory = True
 
     def __init__(self):

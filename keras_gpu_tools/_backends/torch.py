@@ -183,6 +183,7 @@ class TorchBackend(Backend):
     install_hint = "install a CUDA build of torch (see pytorch.org for the command matching your driver's CUDA version)"
 
     fetches_inside_step = False
+    times_unsynced_fetch = True
 
     def __init__(self):
         super().__init__("torch")

@@ -283,7 +283,14 @@ class StepHook:
             prev.interval = t_start - prev.extra.pop("_call_start", prev.start)
             prev.gap = max(0.0, t - prev.end - (0.0 if self.backend.fetches_inside_step else fetch))
             self._emit(prev)
-        rec = StepRecord(index=index, sampled=sampled, warmup=index == 0, steps=self.steps_per_execution)
+        # Was this call's fetch made right after a sync (its own presync, where the
+        # fetch is inside the step; or the previous call's final sync)?
+        after_sync = (sampled and self.backend.fetches_inside_step) or (
+            prev is not None and prev.sampled and prev.index == index - 1
+        )
+        rec = StepRecord(
+            index=index, sampled=sampled, warmup=index == 0, steps=self.steps_per_execution, after_sync=after_sync
+        )
         rec.extra["_call_start"] = t_start
         if not self.backend.fetches_inside_step and self.fetch_known:
             rec.fetch = fetch

@@ -65,6 +65,7 @@ class StepRecord:
     gap: float | None = None  # seconds from return to the next call, less its fetch
     interval: float | None = None  # seconds from this call's start to the next's
     covers: int = 0  # steps of fast-path calls after this one, inside its interval, not measured themselves
+    after_sync: bool = False  # this call or the one before was synced: its fetch found a refilled buffer
     signature: Any = None  # shapes/dtypes of the batch (sampled calls)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # for observers
 
@@ -116,6 +117,8 @@ class StepStats:
         self.first_step: int | None = None
         self._fetch_sum = 0.0
         self._fetch_steps = 0
+        self._synced_fetch_sum = 0.0  # fetches right after a sync: used only where no other was timed
+        self._synced_fetch_steps = 0
         self._computes: list[float] = []  # per step, sampled calls
         self._gap_sum = 0.0
         self._gap_steps = 0
@@ -141,7 +144,10 @@ class StepStats:
             self._known_steps += n
         if r.warmup:
             return
-        if r.fetch is not None:
+        if r.fetch is not None and r.after_sync:
+            self._synced_fetch_sum += r.fetch
+            self._synced_fetch_steps += n
+        elif r.fetch is not None:
             self._fetch_sum += r.fetch
             self._fetch_steps += n
         if r.sampled and r.compute is not None:
@@ -165,6 +171,8 @@ class StepStats:
         m = Measurement(steps=self.steps, sampled_steps=self.sampled_steps)
         if self._fetch_steps:
             m.fetch = self._fetch_sum / self._fetch_steps
+        elif self._synced_fetch_steps:  # TensorFlow times fetches on synced calls only
+            m.fetch = self._synced_fetch_sum / self._synced_fetch_steps
         if self._computes:
             m.compute = statistics.median(self._computes)
         if self._gap_steps:

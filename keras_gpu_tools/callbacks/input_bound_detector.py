@@ -36,6 +36,8 @@ from keras_gpu_tools.errors import InputPipelineWarning, KerasInternalsError
 
 logger = logging.getLogger("keras_gpu_tools")
 
+FETCH_EVERY = 10  # an unsynced call in this many has its fetch timed (JAX, torch)
+
 
 class _CpuMeter:
     """Whole-machine CPU use between two calls, without touching psutil's shared state."""
@@ -253,9 +255,18 @@ class InputBoundDetector(FitCallback):
         return index in (1, 2, 3) or (index > 0 and index % self.sample_every == 0) or index == self._epoch_last_call
 
     def next_sample(self, index: int) -> int:
-        """The next call the hook must time: a sampled one, or the first of an epoch (which counts the rest)."""
+        """The next call the hook must time: a sampled one, the first of an epoch, or a fetch to time.
+
+        Unsynced calls whose fetch is timed (every `FETCH_EVERY`-th, where the
+        backend times fetches without a sync: JAX, torch) keep the input wait
+        measured in steady state: the fetch of a synced call is flattered by the
+        buffer that refilled while the device drained.
+        """
         every = self.sample_every
         nxt = index if index % every == 0 and index > 0 else index + every - index % every
+        if self.backend.times_unsynced_fetch:
+            f = FETCH_EVERY
+            nxt = min(nxt, index if index % f == 0 else index + f - index % f)
         for k in (1, 2, 3, self._epoch_first_call, self._epoch_last_call):
             if index <= k < nxt:
                 nxt = k

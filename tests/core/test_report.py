@@ -238,7 +238,7 @@ def test_report_modules_import_nothing_heavy():
     # Keras itself may load matplotlib or IPython where they are installed;
     # the report and the live view add no import of their own.
     code = (
-        "import sys, keras_gpu_tools; before = set(sys.modules); "
+        "import sys, keras, keras_gpu_tools; before = set(sys.modules); "
         "import keras_gpu_tools._core.report, keras_gpu_tools._core.live_view, keras_gpu_tools.callbacks.live_view; "
         "print(sorted(m.split('.')[0] for m in set(sys.modules) - before if not m.startswith('keras_gpu_tools')))"
     )
