@@ -77,7 +77,7 @@ class FitCallback(keras.callbacks.Callback):
         return self._session is not None
 
     # -- Keras hooks ---------------------------------------------------------------------------
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict | None = None) -> None:
         ki.check_keras_version()
         self._end_fit(aborted=True)  # what a fit() that died before its session noticed left
         self._backend_obj = None
@@ -94,7 +94,7 @@ class FitCallback(keras.callbacks.Callback):
                 StepHook.detach_observer(self.model, self)  # attached before what failed
             raise
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict | None = None) -> None:
         self._end_fit(aborted=False)
 
     def close(self) -> None:

@@ -189,7 +189,7 @@ class GPUUtilizationLogger(FitCallback):
         )
         self._thread.start()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         # The only per-step work: a few integers. With steps_per_execution=N,
         # Keras reports the last step of the execution, also for a last,
         # partial one (index 15 in an epoch of 15 steps): capped by the epoch's steps where known.
@@ -201,11 +201,11 @@ class GPUUtilizationLogger(FitCallback):
         if step > self._global_step:
             self._global_step = step
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         with self._lock:
             self._epoch = Aggregate()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch_base = self._global_step
         if not self._first_sample.is_set() and self._running:
             # An epoch shorter than the first sample: wait for it, once per fit,

@@ -316,7 +316,7 @@ class InputBoundDetector(FitCallback):
             self.warnings("internals", f"InputBoundDetector is off for this fit(): {e}")
             self._attachment = None
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = StepStats()
         self._epoch_t0 = time.time()
         self._cpu = _CpuMeter()
@@ -331,7 +331,7 @@ class InputBoundDetector(FitCallback):
         if att is not None and att.active:
             att.hook.reschedule()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not self._running:
             return
         self._flush_hook()
@@ -353,7 +353,7 @@ class InputBoundDetector(FitCallback):
         if self.verbose:
             print(f"InputBoundDetector epoch {epoch + 1}: {v.message}")
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict | None = None) -> None:
         if not self._running:
             return
         self._flush_hook()

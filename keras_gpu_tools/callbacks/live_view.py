@@ -73,7 +73,7 @@ class LiveView(keras.callbacks.Callback):
     def active(self) -> bool:
         return self._active
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict | None = None) -> None:
         on = self.enabled is True or (self.enabled == "auto" and (self.display is not None or in_notebook()))
         self._active = False
         if not on:
@@ -94,11 +94,11 @@ class LiveView(keras.callbacks.Callback):
         self._active = True
         self._next = st.started + min(self.interval, 1.0)  # a first picture soon
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._state.epoch = epoch
         self._epoch_base = self._state.step
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if not self._active:
             return
         st = self._state
@@ -115,13 +115,13 @@ class LiveView(keras.callbacks.Callback):
         if now >= self._next:
             self._redraw(now)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self._active:
             if logs is not None:
                 self._state.logs = logs
             self._redraw(time.monotonic())
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict | None = None) -> None:
         if self._active:
             self._state.done = True
             self._redraw(time.monotonic())

@@ -64,7 +64,7 @@ class MixedPrecisionCheck(keras.callbacks.Callback):
         self.findings: list[MixedPrecisionFinding] = []
         self._warned = set()
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict | None = None) -> None:
         try:
             self.findings = check_mixed_precision(
                 self.model, compute_capabilities=self.compute_capabilities, ignore=self.ignore

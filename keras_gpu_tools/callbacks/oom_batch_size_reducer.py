@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 from keras_gpu_tools import _backends
 from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.oom import OOMEvent, Recovery, SplitController
 from keras_gpu_tools._core.step_hook import StepHook
+from keras_gpu_tools._core.step_timing import StepRecord
 from keras_gpu_tools._core.tensorboard import EventWriter
 from keras_gpu_tools._core.validation import (
     check_bool,
@@ -202,10 +204,10 @@ class OOMBatchSizeReducer(FitCallback):
             self._writer = EventWriter(self.run_dir)
         self._attachment = StepHook.attach(model, self, backend, session)  # last; calls self.inner(fn)
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch_events = 0
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._check_late_error()
         values = {"oom/events": float(self._epoch_events), "oom/micro_batches": float(self._micro_batches)}
         if logs is not None:
@@ -218,13 +220,13 @@ class OOMBatchSizeReducer(FitCallback):
     def sample(self, index: int) -> bool:
         return False
 
-    def on_step(self, record) -> None:
+    def on_step(self, record: StepRecord) -> None:
         pass
 
     def next_sample(self, index: int) -> None:
         return None  # the retrying runs in `inner`, on the hook's fast path too
 
-    def inner(self, fn):
+    def inner(self, fn: Callable) -> Callable:
         """Step-hook extension: each train-function call runs our retrying function instead of `fn`."""
         if self._runner is None:
             self._runner = self.backend.accumulation_runner(self.model, fn, self.mode)

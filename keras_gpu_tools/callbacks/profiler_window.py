@@ -6,12 +6,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from keras_gpu_tools._core import profiler as prof
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.step_hook import StepHook
+from keras_gpu_tools._core.step_timing import StepRecord
 from keras_gpu_tools._core.tensorboard import EventWriter
 from keras_gpu_tools._core.validation import (
     check_bool,
@@ -249,7 +251,7 @@ class ProfilerWindow(FitCallback):
         # fit()'s first step (plain or not) is then the first chance to stop it.
         return self._active is not None and self._profiler is not None and self._profiler.owner_thread_only
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self.every_n_epochs and epoch % self.every_n_epochs == 0:
             self._sync_step()
             self._epoch_windows.append(prof.Window(self._global_step + self.start_step, self.num_steps))
@@ -259,7 +261,7 @@ class ProfilerWindow(FitCallback):
     def sample(self, index: int) -> bool:
         return False  # no device sync needed: markers only
 
-    def on_step(self, record) -> None:
+    def on_step(self, record: StepRecord) -> None:
         pass
 
     def on_detach(self, stale: bool) -> None:
@@ -298,7 +300,7 @@ class ProfilerWindow(FitCallback):
         if att is not None and att.active:
             self._global_step = self._step0 + att.hook.next_index - self._index0
 
-    def around(self, record, call):
+    def around(self, record: StepRecord, call: Callable[[], Any]) -> Any:
         step = self._step0 + record.index - self._index0
         self._global_step = step
         if self._active is None:
