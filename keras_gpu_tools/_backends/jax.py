@@ -187,6 +187,10 @@ class JaxRunner:
         return list(tv2), list(ov2), [self.jnp.zeros_like(a) for a in acc]
 
     # -- running ---------------------------------------------------------------------
+    def whole(self, batch, state):
+        """The idle path: Keras's own step on the whole batch, nothing else."""
+        return self.original(state, iter((batch,)))
+
     def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
         if k == 1:
             out = self.original(state, iter_one(batch))
@@ -453,6 +457,13 @@ class JaxBackend(Backend):
         return JaxRunner(model, original, mode, **kwargs)
 
     def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
+        if steps_per_execution == 1:
+
+            def train_function_1(state, iterator):
+                return one(next(iterator), state)
+
+            return train_function_1
+
         def train_function(state, iterator):
             logs = None
             for i in range(steps_per_execution):

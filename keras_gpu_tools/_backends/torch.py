@@ -279,6 +279,8 @@ class TorchBackend(Backend):
 
     def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
         def train_function(data):
+            if len(data) == 1:
+                return one(data[0])
             logs = None
             for batch in data:
                 logs = one(batch)

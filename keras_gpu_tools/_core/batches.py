@@ -10,6 +10,15 @@ def batch_signature(batch) -> tuple:
     object as it is (hashable, and equal to its name for NumPy and JAX):
     turning a NumPy dtype into a string costs more than the rest together.
     """
+    if type(batch) is tuple:  # the common (x, y[, sample_weight]) of arrays, without the general walk
+        out = []
+        for b in batch:
+            shape = getattr(b, "shape", None)
+            if shape is None:
+                break
+            out.append((shape if type(shape) is tuple else tuple(shape), b.dtype))
+        else:
+            return tuple(out)
     out = []
     stack = [batch]
     while stack and len(out) < 64:

@@ -36,7 +36,7 @@ from keras_gpu_tools.errors import InputPipelineWarning, KerasInternalsError
 
 logger = logging.getLogger("keras_gpu_tools")
 
-FETCH_EVERY = 10  # an unsynced call in this many has its fetch timed (JAX, torch)
+FETCH_EVERY = 25  # an unsynced call in this many has its fetch timed (JAX, torch)
 
 
 class _CpuMeter:

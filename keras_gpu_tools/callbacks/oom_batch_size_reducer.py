@@ -243,7 +243,7 @@ class OOMBatchSizeReducer(FitCallback):
             # The idle path: this shape already ran whole, so no copy of the
             # state is kept (that copy is what cost time on every step).
             try:
-                result = self._runner.run(batch, 0, 1, state, False)
+                result = self._runner.whole(batch, state)
             except Exception as e:
                 if not _backends.is_oom(e):
                     self._end_fit(aborted=True)
