@@ -26,5 +26,15 @@ benchmarks)
   [ -f benchmarks/input_bound_accuracy.py ] && KERAS_BACKEND=jax timeout 150 python3 benchmarks/input_bound_accuracy.py --out "$OUT/input_accuracy_jax.json" 2>&1 | tail -16
   [ -f benchmarks/oom_recovery.py ] && for b in jax torch; do KERAS_BACKEND=$b timeout 120 python3 benchmarks/oom_recovery.py --out "$OUT/oom_recovery_$b.json" 2>&1 | tail -8; done
   ;;
+overhead)
+  # Issue 12: all callbacks against a bare fit, with an A/A beside it (~1 ms JAX step, ~7 ms torch step);
+  # then the per-step host cost on this machine's idle CPU cores (JAX and torch on CPU).
+  KERAS_BACKEND=jax timeout 240 python3 benchmarks/gpu_overhead_aa.py --width 4096 --layers 3 --batch 1024 \
+    --steps 200 --rounds 15 --out "$OUT/gpu_overhead_aa_jax.json" 2>&1 | tail -6
+  KERAS_BACKEND=torch timeout 240 python3 benchmarks/gpu_overhead_aa.py --width 4096 --layers 3 --batch 2048 \
+    --steps 100 --rounds 15 --out "$OUT/gpu_overhead_aa_torch.json" 2>&1 | tail -6
+  JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES= timeout 200 python3 benchmarks/host_overhead.py --backends jax,torch \
+    --rounds 15 --steps 1500 --out "$OUT/host_overhead_cpu.json" 2>&1 | tail -24
+  ;;
 esac
 exit 0
