@@ -60,13 +60,13 @@ class _FetchTimer:
 
 def _call_jax(hook, state, iterator):
     jax = deps.loaded("jax")
-    rec = hook.begin(lambda: jax.block_until_ready(state) if jax is not None else None)  # before the step donates it
+    rec = hook.begin(lambda: _wait(jax, state))  # before the step donates it
     timer = hook.fetch_timer.reset(iterator)
     rec.start = hook.clock()
     out = hook.around(rec, lambda: hook.inner(state, timer))
     returned = hook.clock()
     if rec.sampled and jax is not None:
-        jax.block_until_ready(out)
+        _wait(jax, out)
     rec.end = hook.clock()
     rec.fetch = timer.total
     rec.steps = max(timer.count, 1)
@@ -85,6 +85,21 @@ def _call_jax(hook, state, iterator):
             rec.extra["jax_args"] = (state, timer.last)
     timer.it = timer.last = None
     return out
+
+
+def _wait(jax, tree) -> None:
+    """Waits until the step that produced ``tree`` has finished.
+
+    One leaf is enough: a step is one XLA executable, whose outputs are ready
+    together, and the state chains every step to the one before. Waiting on
+    every leaf costs a round trip per array (about 2.5 ms per sync for a small
+    MLP's state on an H200, 2% of a 1 ms step at one sample in 100).
+    """
+    if jax is None:
+        return
+    leaf = next(leaves(tree), None)
+    if leaf is not None:
+        jax.block_until_ready(leaf)
 
 
 def iter_one(batch):
@@ -400,7 +415,7 @@ class JaxBackend(Backend):
     def sync(self, outputs) -> None:
         jax = deps.loaded("jax")
         if outputs is not None and jax is not None:
-            jax.block_until_ready(outputs)
+            _wait(jax, outputs)
 
     def step_caller(self, hook) -> Callable:
         hook.fetch_timer = _FetchTimer(hook.clock)

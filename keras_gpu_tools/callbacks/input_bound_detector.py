@@ -140,9 +140,12 @@ class InputBoundDetector(FitCallback):
             `100`.
         sample_every: sync and time in full every `sample_every`-th step
             (and steps 2 to 4 of each fit, and the last step of each
-            epoch, whose sync closes the epoch's timing). The default keeps the overhead
-            under 2% on a GPU step of about 2 ms (each synced step costs
-            the overlap of about one step). Defaults to `100`.
+            epoch, whose sync closes the epoch's timing). A synced step
+            empties the device's queue, which costs about a millisecond of
+            lost overlap on a GPU; at the default that is under 0.5% of a
+            1 ms step (measured on an H200). Of the other steps, one in 25
+            has its fetch timed without a sync (JAX, torch); the rest run
+            Keras's step untouched, with a counter. Defaults to `400`.
         moderate_threshold: wait fraction from which a run is moderately
             input-bound. Defaults to `0.05`.
         high_threshold: wait fraction from which a run is highly
@@ -183,7 +186,7 @@ class InputBoundDetector(FitCallback):
     def __init__(
         self,
         window: int = 100,
-        sample_every: int = 100,
+        sample_every: int = 400,
         moderate_threshold: float = 0.05,
         high_threshold: float = 0.2,
         log_dir: str | os.PathLike | None = "logs",

@@ -83,7 +83,7 @@ def test_bad_gpu_logger_type():
 
 def test_defaults():
     d = InputBoundDetector()
-    assert (d.window, d.sample_every, d.moderate_threshold, d.high_threshold) == (100, 100, 0.05, 0.2)
+    assert (d.window, d.sample_every, d.moderate_threshold, d.high_threshold) == (100, 400, 0.05, 0.2)
     assert d.verdict is None and "no training step" in d.summary()
 
 
