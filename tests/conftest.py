@@ -10,6 +10,7 @@ header names the Python, Keras and framework versions under test.
 
 import os
 import platform
+import re
 from importlib import metadata
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -32,6 +33,9 @@ def _gpu_present() -> bool:
 
 
 HAS_GPU = _gpu_present()
+
+# What the pytest subprocesses of tests/test_backends.py reported, for the terminal summary.
+SUBRUNS = pytest.StashKey[list]()
 
 
 def _version(*distributions: str) -> str:
@@ -63,6 +67,28 @@ def pytest_report_header(config):
         f"(backend {keras.backend.backend()}), GPU {'present' if HAS_GPU else 'absent'}",
         f"keras_gpu_tools: {frameworks}",
     ]
+
+
+@pytest.fixture
+def record_subrun(request):
+    """Records a pytest subprocess's outcome (a name and its output) for the terminal summary."""
+
+    def record(name: str, output: str) -> None:
+        lines = output.splitlines()
+        summary = [
+            line.strip("= ") for line in lines if re.search(r"\b\d+ (passed|failed|skipped|error).* in [0-9.]+s", line)
+        ]
+        kept = [line for line in lines if line.startswith(("SKIPPED", "FAILED", "ERROR"))]
+        request.config.stash.setdefault(SUBRUNS, []).append((name, summary[-1:] + kept))
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for name, lines in config.stash.get(SUBRUNS, []):
+        terminalreporter.write_sep("-", f"subprocess: {name}")
+        for line in lines or ["(no summary line: see the test's output)"]:
+            terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, module", [("jax", "jax"), ("torch", "torch")])
-def test_multibackend_suite(backend, module):
+def test_multibackend_suite(backend, module, record_subrun):
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed: the {backend} backend is not tested in this environment")
     env = dict(os.environ, KERAS_BACKEND=backend)
@@ -29,7 +29,7 @@ def test_multibackend_suite(backend, module):
             "pytest",
             "-q",
             "--disable-warnings",
-            "-rfE",
+            "-rfEs",
             "-m",
             "multibackend",
             "-p",
@@ -44,6 +44,7 @@ def test_multibackend_suite(backend, module):
     )
     tail = (proc.stdout + proc.stderr)[-6000:]
     print(tail)
+    record_subrun(f"{backend} backend, multibackend tests", proc.stdout)
     if proc.returncode == 5:
         pytest.fail(f"{backend} backend: no multibackend test was collected\n{tail}")
     assert proc.returncode == 0, f"{backend} backend: multibackend tests failed (exit code {proc.returncode})\n{tail}"
