@@ -269,7 +269,6 @@ def test_log_dir_that_cannot_be_created(tmp_path):
         GPUUtilizationLogger(log_dir=blocker / "sub")
 
 
-@pytest.mark.slow
 def test_import_does_not_load_tensorflow():
     code = "import sys, keras_gpu_tools; assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
     env = dict(os.environ, KERAS_BACKEND="jax" if keras.backend.backend() != "jax" else "torch")
