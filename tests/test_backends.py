@@ -1,6 +1,9 @@
 """Runs the ``multibackend`` tests again under the JAX and torch backends.
 
-Keras fixes its backend at import, so each backend needs its own process.
+Keras fixes its backend at import, so each backend needs its own process. A
+backend whose framework is not installed (torch where CI cannot install it
+cheaply) is skipped with that reason; a subprocess that fails, or collects no
+test (pytest's exit code 5), fails here.
 """
 
 import importlib.util
@@ -13,10 +16,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, module", [("jax", "jax"), ("torch", "torch")])
-def test_multibackend_suite(backend, module):
+def test_multibackend_suite(backend, module, record_subrun):
     if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed")
+        pytest.skip(f"{module} is not installed: the {backend} backend is not tested in this environment")
     env = dict(os.environ, KERAS_BACKEND=backend)
     proc = subprocess.run(
         [
@@ -25,7 +29,7 @@ def test_multibackend_suite(backend, module):
             "pytest",
             "-q",
             "--disable-warnings",
-            "-rfE",
+            "-rfEs",
             "-m",
             "multibackend",
             "-p",
@@ -40,4 +44,7 @@ def test_multibackend_suite(backend, module):
     )
     tail = (proc.stdout + proc.stderr)[-6000:]
     print(tail)
-    assert proc.returncode == 0, f"{backend} backend: multibackend tests failed\n{tail}"
+    record_subrun(f"{backend} backend, multibackend tests", proc.stdout)
+    if proc.returncode == 5:
+        pytest.fail(f"{backend} backend: no multibackend test was collected\n{tail}")
+    assert proc.returncode == 0, f"{backend} backend: multibackend tests failed (exit code {proc.returncode})\n{tail}"

@@ -30,6 +30,7 @@ def texts(findings, level):
     return [f.text for f in findings if f.level == level]
 
 
+@pytest.mark.slow
 def test_doctor_runs_on_this_machine_and_exits_0():
     proc = run_cli("doctor")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -81,6 +82,7 @@ def test_no_driver_no_gpu():
     assert "No NVIDIA GPU is usable" in texts(findings, "problem")[0]
 
 
+@pytest.mark.slow
 def test_demo_writes_tensorboard_logs_and_the_report_then_report_rebuilds_it(tmp_path):
     import re
 
@@ -124,6 +126,7 @@ def test_report_of_a_directory_without_logs_fails_clearly(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_rejects_bad_arguments(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

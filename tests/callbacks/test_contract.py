@@ -1,11 +1,21 @@
-"""The contract every callback of the package keeps (STYLE.md).
+"""The contract every public callback of the package keeps.
 
-Constructible with defaults (log directories aside); two fit() calls in a row
-with the same instance; no thread, wrapper or profiler left behind after a fit
-that raised; works on a machine without a GPU (with a warning where relevant).
+Every name in ``keras_gpu_tools.callbacks.__all__``:
+
+- is constructible with its defaults (only ``log_dir`` pointed into ``tmp_path``);
+- takes two ``fit()`` calls in a row with the same instance;
+- cleans up after a ``fit()`` that raised: no thread named ``keras_gpu_tools*``
+  left alive after a short wait, and ``model.train_function`` is Keras's own
+  again (not marked with ``_keras_gpu_tools_step_hook``);
+- works on a machine without a GPU (with a warning where relevant).
+
+A callback that cannot be imported fails here; it is never skipped. Each callback
+runs the contract twice: with its defaults, and with the arguments in ``ACTIVE``
+that make it do its work within this test's few short steps.
 """
 
 import importlib
+import inspect
 import os
 import re
 import threading
@@ -18,22 +28,45 @@ import pytest
 
 pytestmark = pytest.mark.multibackend
 
-CALLBACKS = [
-    ("keras_gpu_tools.callbacks.gpu_utilization_logger", "GPUUtilizationLogger", {"interval": 0.02}),
-    ("keras_gpu_tools.callbacks.mixed_precision_check", "MixedPrecisionCheck", {}),
-    ("keras_gpu_tools.callbacks.profiler_window", "ProfilerWindow", {"start_step": 2, "num_steps": 2, "verbose": 0}),
-    ("keras_gpu_tools.callbacks.input_bound_detector", "InputBoundDetector", {}),
-    ("keras_gpu_tools.callbacks.oom_batch_size_reducer", "OOMBatchSizeReducer", {}),
+MODULES = {
+    "GPUUtilizationLogger": "keras_gpu_tools.callbacks.gpu_utilization_logger",
+    "InputBoundDetector": "keras_gpu_tools.callbacks.input_bound_detector",
+    "LiveView": "keras_gpu_tools.callbacks.live_view",
+    "MixedPrecisionCheck": "keras_gpu_tools.callbacks.mixed_precision_check",
+    "OOMBatchSizeReducer": "keras_gpu_tools.callbacks.oom_batch_size_reducer",
+    "ProfilerWindow": "keras_gpu_tools.callbacks.profiler_window",
+}
+
+# Arguments that make the callback do its work within a fit() of 8 steps per epoch.
+ACTIVE = {
+    "GPUUtilizationLogger": {"interval": 0.02},
+    "InputBoundDetector": {"window": 4, "sample_every": 2, "verbose": 0},
+    # Outside a notebook LiveView is off by default; with a display it redraws.
+    "LiveView": {"interval": 0.01, "enabled": True, "display": lambda html: None},
+    "ProfilerWindow": {"start_step": 2, "num_steps": 2, "verbose": 0},
+}
+
+CASES = [pytest.param(name, "defaults", id=f"{name}-defaults") for name in MODULES] + [
+    pytest.param(name, "active", id=f"{name}-active") for name in ACTIVE
 ]
 
 
-def make(module, name, kwargs, tmp_path):
+def callback_class(name):
+    """The class, imported from its module; any import problem fails the test."""
     try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        pytest.skip(f"{name} is not in this tree")
-    kwargs = dict(kwargs)
-    if "log_dir" in cls.__init__.__code__.co_varnames:
+        module = importlib.import_module(MODULES[name])
+    except Exception as e:
+        pytest.fail(f"{MODULES[name]} cannot be imported: {type(e).__name__}: {e}")
+    cls = getattr(module, name, None)
+    if cls is None:
+        pytest.fail(f"{MODULES[name]} has no {name}")
+    return cls
+
+
+def make(name, variant, tmp_path):
+    cls = callback_class(name)
+    kwargs = dict(ACTIVE[name]) if variant == "active" else {}
+    if "log_dir" in inspect.signature(cls).parameters:
         kwargs["log_dir"] = str(tmp_path / "logs")
     return cls(**kwargs)
 
@@ -57,10 +90,35 @@ class Boom(keras.callbacks.Callback):
         raise RuntimeError("boom")
 
 
-@pytest.mark.parametrize("module, name, kwargs", CALLBACKS, ids=[c[1] for c in CALLBACKS])
-def test_contract(module, name, kwargs, tmp_path, monkeypatch):
+def test_every_public_callback_is_covered():
+    import keras_gpu_tools
+    import keras_gpu_tools.callbacks as callbacks
+
+    assert sorted(callbacks.__all__) == sorted(MODULES), "add the new callback to MODULES (and ACTIVE) here"
+    for name in callbacks.__all__:
+        cls = getattr(callbacks, name)
+        assert cls is callback_class(name), f"keras_gpu_tools.callbacks.{name} is not {MODULES[name]}.{name}"
+        assert issubclass(cls, keras.callbacks.Callback), name
+        assert getattr(keras_gpu_tools, name, cls) is cls, f"keras_gpu_tools.{name} is another object"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_constructible_with_defaults(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cb = make(module, name, kwargs, tmp_path)
+    cls = callback_class(name)
+    required = [
+        p.name
+        for p in inspect.signature(cls).parameters.values()
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    assert required == [], f"{name} needs arguments: {required}"
+    assert isinstance(cls(), keras.callbacks.Callback)
+
+
+@pytest.mark.parametrize("name, variant", CASES)
+def test_contract(name, variant, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cb = make(name, variant, tmp_path)
     model, x, y = model_and_data()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no GPU here: warnings are expected and tested elsewhere
@@ -73,12 +131,14 @@ def test_contract(module, name, kwargs, tmp_path, monkeypatch):
         deadline = time.monotonic() + 3
         while leftovers(model) != ([], False) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert leftovers(model) == ([], False)
+        assert leftovers(model) == ([], False), "left behind after a fit() that raised"
         if hasattr(cb, "close"):
             cb.close()
         h3 = model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
     assert len(h3.history["loss"]) == 1
     assert leftovers(model) == ([], False)
+    if name == "LiveView" and variant == "active":
+        assert cb.redraws > 0, "LiveView with a display drew nothing"
 
 
 # -- arguments are checked at construction, with Keras-style messages ------------------------------

@@ -382,6 +382,7 @@ def test_arguments_are_validated():
         OOMBatchSizeReducer(probe="yes")
 
 
+@pytest.mark.slow
 def test_tensorflow_real_oom_suite():
     """Runs this file's real-OOM tests on TensorFlow with an allocator that fails at once."""
     if BACKEND != "tensorflow" or FAST_OOM:

@@ -44,6 +44,7 @@ def _kinds(findings):
     return [f.kind for f in findings]
 
 
+@pytest.mark.slow
 @pytest.mark.multibackend
 @pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
 def test_clean_model_has_no_findings(policy, name):

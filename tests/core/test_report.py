@@ -234,6 +234,7 @@ def test_bad_arguments():
         report("/nonexistent/kgt-logs")
 
 
+@pytest.mark.slow
 def test_report_modules_import_nothing_heavy():
     # Keras itself may load matplotlib or IPython where they are installed;
     # the report and the live view add no import of their own.

@@ -250,6 +250,7 @@ def test_dtype_float32_is_accepted():
     assert MixedPrecisionOutput(dtype="float32").compute_dtype == "float32"
 
 
+@pytest.mark.slow
 @pytest.mark.multibackend
 def test_mixed_float16_training_converges_like_float32(policy):
     """Same data, seed and model: per-epoch losses within 2% of float32's."""
