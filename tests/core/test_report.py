@@ -570,8 +570,24 @@ def test_log_dir_report_holds_the_callbacks_own_records(tmp_path):
         "message": v.message,
         "evidence": v.evidence,
         "advice": v.advice,
+        "scope": v.scope,
+        "phases": [
+            {
+                "label": p.label,
+                "steps": p.steps,
+                "wait_fraction": p.wait_fraction,
+                "step_ms": None if p.step is None else 1e3 * p.step,
+                "steady": p.steady,
+                "reason": p.reason,
+            }
+            for p in v.phases
+        ],
+        "speedup_bound": v.speedup_bound,
+        "fit_wait_fraction": v.fit_wait_fraction,
+        "fit_figures": det.fit_measurement.logs(),
         "text": det.summary(),
     }
+    assert [p["label"] for p in data.verdict["phases"]] == ["epoch 1", "epoch 2"]
     figures = det.measurement.logs()
     assert figures and {k: data.throughput[k] for k in figures} == figures
     assert prof.captures or backend != "tensorflow"  # (JAX profiles only on Python 3.12+)
