@@ -11,7 +11,9 @@ How a step's time is split (per training step, in seconds):
   torch) and on sampled steps on TensorFlow.
 - ``compute``: from the start of the step (after the fetch) until the device
   has finished it. Needs a device sync, so it is measured on sampled steps
-  only; the median of the samples is used (compilation outliers drop out).
+  only; the median of the samples is used (compilation outliers drop out),
+  at most the real step less its wait (a synced step can take longer than an
+  unsynced one), so ``wait + compute + other = step``.
   On JAX on a GPU it starts when the call returns (the single executable is
   launched then); the host time before it is ``dispatch``.
 - ``other``: the rest between two steps (callbacks, Python, dispatch), on
@@ -223,6 +225,9 @@ class StepStats:
         if m.step and m.fetch is not None:
             if m.compute is not None:
                 m.wait = min(m.fetch, max(0.0, m.step - m.compute))
+                # A synced step can outlast an unsynced one (the sync ends the overlap of
+                # dispatch and compute): the split describes the real step, so its parts add up.
+                m.compute = min(m.compute, m.step - m.wait)
                 m.other = max(0.0, m.step - m.wait - m.compute)
             else:  # no sampled step yet: assume input and compute do not overlap
                 m.wait = min(m.fetch, m.step)

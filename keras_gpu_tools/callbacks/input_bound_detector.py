@@ -129,23 +129,25 @@ class InputBoundDetector(FitCallback):
     which waited 30.5% while the cache filled; since then 6.9-14.5% per
     epoch."). Unlike means steps more than 50% slower than the median of the
     epochs after it and a wait share 10 points or more apart from theirs, or
-    steps more than twice as slow: less is the noise of a busy host. A fit of one epoch is
-    split the same way into its windows. `verdict.scope` says what the
-    figures cover, `verdict.phases` lists every epoch (or window) and whether
-    it is in the verdict, `detector.measurement` holds the steady state's
-    figures and `detector.fit_measurement` the whole fit's. The verdict says
-    what removing the wait is worth: at most `1 / (1 - wait_fraction)` times
-    faster (`verdict.speedup_bound`).
+    steps more than twice as slow (less is the noise of a busy host). A fit
+    of one epoch is split the same way into its windows. `verdict.scope` says
+    what the figures cover, `verdict.phases` lists every epoch (or window)
+    and whether it is in the verdict, `detector.measurement` holds the steady
+    state's figures and `detector.fit_measurement` the whole fit's. The
+    verdict says what removing the wait is worth: at most
+    `1 / (1 - wait_fraction)` times faster (`verdict.speedup_bound`).
 
-    One set of figures: only windows are measured from the steps; an epoch,
-    the steady state and the whole fit are time-weighted over the steps they
-    cover, each part weighing `steps x step time`:
-    `wait_fraction = sum(steps * wait_ms) / sum(steps * step_ms)` over the
-    windows of an epoch, or over the epochs of a fit (`input/steps` is each
-    one's weight). Per-step times are means over steps, rates are counts over
-    seconds, and a part where a figure is unknown is left out of that figure.
-    So the epoch logs, the TensorBoard points and the report add up to the
-    headline.
+    One set of figures, aggregated one way: only windows are measured from
+    the steps; an epoch is its windows, the steady state and the whole fit
+    are their epochs, each part weighing the time of its steps
+    (`steps x step time`): `wait_fraction = sum(steps * wait_ms) /
+    sum(steps * step_ms)`, with `input/steps` as each one's weight. Per-step
+    times are means over steps, rates are counts over seconds, and a part
+    where a figure is unknown is left out of that figure (never counted as
+    0). So the epoch logs, the TensorBoard points and the report add up to
+    the headline. Compute is at most the real step less its wait (a synced
+    step can take longer than an unsynced one), so
+    `wait + compute + other = step`.
 
     The advice fits the pipeline as it runs (tf.data transformations and
     which of them run once a `.cache()` serves, PyDataset workers, DataLoader

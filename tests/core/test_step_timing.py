@@ -104,6 +104,24 @@ def test_overlap_partial_wait_is_the_excess():
     assert m.wait_fraction == pytest.approx(1 / 3)
 
 
+def test_split_adds_up_when_a_synced_step_outlasts_the_real_one():
+    # Synced steps compute in 12 ms, unsynced ones run every 9 ms (dispatch overlaps
+    # compute): the device part of the real step is at most 9 ms less the wait.
+    stats = StepStats()
+    for i in range(1, 21):
+        sampled = i % 5 == 0
+        r = StepRecord(
+            index=i, sampled=sampled, fetch=0.001, start=0.0, end=0.0, interval=0.009 if not sampled else 0.014
+        )
+        if sampled:
+            r.compute, r.gap = 0.012, 0.0
+        stats.add(r)
+    m = stats.measurement()
+    assert m.step == pytest.approx(0.009) and m.wait == pytest.approx(0.0)
+    assert m.compute == pytest.approx(0.009)
+    assert m.wait + m.compute + m.other == pytest.approx(m.step)
+
+
 def test_recompile_outlier_does_not_dilute_the_fraction():
     # One unsampled interval slowed by a recompilation: the serialized
     # figures are used, not the inflated mean rate.
