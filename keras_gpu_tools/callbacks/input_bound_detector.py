@@ -416,7 +416,8 @@ class InputBoundDetector(FitCallback):
         self._epochs.append(_Span(f"epoch {epoch + 1}", m, self._epoch_t0, self._windows))
         self._windows = []
         scope = f"epoch {epoch + 1}"
-        v = self._verdict(m, self._epoch_t0, scope=scope, cache_serves=epoch > 0)
+        # From this fit's second epoch on, a cache is filled (with `initial_epoch`, Keras's index is no guide).
+        v = self._verdict(m, self._epoch_t0, scope=scope, cache_serves=len(self._epochs) > 1)
         self.epoch_verdicts.append(v)
         values = m.logs()
         self.epoch_history.append(values)

@@ -367,6 +367,11 @@ def test_report_of_a_real_fit_equals_the_callbacks_and_the_log_dir(tmp_path):
         np.testing.assert_allclose(later.data.series[key].values, r.data.series[key].values, rtol=1e-6)
         assert later.data.series[key].steps == r.data.series[key].steps
     assert later.data.verdict["category"] == det.verdict.category
+    # The input section says what the verdict covers and lists every phase, from the log dir alone.
+    text = later.text()
+    assert f"Verdict: {det.verdict.category} ({det.verdict.scope})" in text
+    assert "Phases:\n- epoch 1: " in text and "- epoch 3: " in text
+    assert later.data.verdict["speedup_bound"] == pytest.approx(det.verdict.speedup_bound)
     assert [(p["steps"], p["conclusion"]) for p in later.data.profiles] == [
         (p["steps"], p["conclusion"]) for p in r.data.profiles
     ]
