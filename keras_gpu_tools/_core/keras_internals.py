@@ -99,8 +99,8 @@ INTERNALS: tuple[Internal, ...] = (
         "ProfilerWindow refuses JAX profiling there with the same reason",
     ),
     Internal(
-        "tf.data dataset objects keep their inputs (_inputs())",
-        "tensorflow/python/data/ops/dataset_ops.py",
+        "tf.data dataset objects keep their inputs (_inputs()); file readers their _num_parallel_reads",
+        "tensorflow/python/data/ops/dataset_ops.py; tensorflow/python/data/ops/readers.py",
         "InputBoundDetector's advice reads the pipeline's transformations",
     ),
 )
@@ -363,8 +363,10 @@ def inspect_tf_dataset(dataset) -> dict[str, Any]:
 
     Reads the Python dataset objects (``_inputs()``), which TensorFlow keeps
     for every transformation. ``ops`` lists them last first;
-    ``ends_with_prefetch``, ``parallel_map``, ``sequential_map`` and ``cache``
-    summarise what matters for input speed.
+    ``ends_with_prefetch``, ``parallel_map``, ``sequential_map``, ``cache`` and
+    ``interleave`` summarise what matters for input speed; ``after_cache``
+    lists the transformations after ``cache()`` (last first): once the cache
+    is filled, they are all that runs.
     """
     ops: list[str] = []
     seen = 0
@@ -375,20 +377,27 @@ def inspect_tf_dataset(dataset) -> dict[str, Any]:
             continue
         seen += 1
         cls = type(ds).__name__.lstrip("_")
-        ops.append(_TF_OP_NAMES.get(cls, cls))
+        op = _TF_OP_NAMES.get(cls, cls)
+        if op in ("tfrecord", "text_line", "fixed_length_record") and getattr(ds, "_num_parallel_reads", None):
+            op = "parallel_interleave"  # a reader with num_parallel_reads interleaves its files
+        ops.append(op)
         inputs = getattr(ds, "_inputs", None)
         try:
             stack = list(inputs()) + stack if callable(inputs) else stack
         except Exception:
             pass
     tail = [op for op in ops if op not in ("options",)]
+    # What runs after the cache once it is filled (last first); the source and
+    # the maps before it run only while it fills.
+    after_cache = ops[: ops.index("cache")] if "cache" in ops else []
     return {
         "ops": ops,
         "ends_with_prefetch": bool(tail) and tail[0] == "prefetch",
         "parallel_map": "parallel_map" in ops,
         "sequential_map": "map" in ops,
         "cache": "cache" in ops,
-        "interleave": "interleave" in ops,
+        "after_cache": after_cache,
+        "interleave": "interleave" in ops or "parallel_interleave" in ops,
     }
 
 
@@ -406,6 +415,16 @@ _TF_OP_NAMES = {
     "RepeatDataset": "repeat",
     "OptionsDataset": "options",
     "TakeDataset": "take",
+    "TensorSliceDataset": "from_tensor_slices",
+    "TensorDataset": "from_tensors",
+    "RangeDataset": "range",
+    "TFRecordDatasetV2": "tfrecord",
+    "TFRecordDatasetV1": "tfrecord",
+    "TFRecordDataset": "tfrecord",
+    "TextLineDataset": "text_line",
+    "FixedLengthRecordDataset": "fixed_length_record",
+    "TextLineDatasetV2": "text_line",
+    "FixedLengthRecordDatasetV2": "fixed_length_record",
 }
 
 

@@ -59,7 +59,9 @@ MP_TAG = "mixed_precision/findings"
 # The tags of the JSON the callbacks write next to their text (see EventWriter.json).
 DATA_SUFFIX = "/data"
 DEVICES_DATA_TAG = "gpu/devices/data"  # GPUUtilizationLogger.device_records()
-VERDICT_DATA_TAG = "input/verdict/data"  # {scope, verdict: Verdict, measurement: Measurement, figures, notes}
+# {scope, verdict: Verdict (with its scope, phases, speedup_bound), measurement: Measurement (the steady
+# state's), figures, fit_figures (the whole fit's), notes}
+VERDICT_DATA_TAG = "input/verdict/data"
 ANALYSIS_DATA_SUFFIX = "/input_pipeline/data"  # profile/steps_<a>_<b>/input_pipeline/data: TraceAnalysis
 OOM_DATA_TAG = "oom/events/data"  # one OOMEvent per recovery
 MP_DATA_TAG = MP_TAG + DATA_SUFFIX  # [MixedPrecisionFinding]
@@ -201,15 +203,47 @@ def _gpu_row(rec: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _verdict_dict(rec: dict[str, Any], text: str) -> dict[str, Any]:
-    """The report's verdict from a `Verdict` record and the summary text that goes with it."""
+def _verdict_dict(rec: dict[str, Any], text: str, fit_figures: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report's verdict from a `Verdict` record and the summary text that goes with it.
+
+    ``scope`` is what the verdict's figures cover (its steady state),
+    ``phases`` every epoch (or window) with whether it is in the verdict and
+    why not, ``speedup_bound`` what removing the wait is worth at most, and
+    ``fit_figures`` the whole fit's figures. Records of earlier versions lack
+    them: empty, None.
+    """
     return {
         "category": str(rec.get("category", "unknown")),
         "message": str(rec.get("message", "")),
         "evidence": [str(x) for x in rec.get("evidence") or []],
         "advice": [str(x) for x in rec.get("advice") or []],
+        "scope": str(rec.get("scope") or ""),
+        "phases": [_phase_dict(p) for p in rec.get("phases") or []],
+        "speedup_bound": _finite(rec.get("speedup_bound")),
+        "fit_wait_fraction": _finite(rec.get("fit_wait_fraction")),
+        "fit_figures": _floats(fit_figures or {}),
         "text": text,
     }
+
+
+def _phase_dict(rec: dict[str, Any]) -> dict[str, Any]:
+    """A phase of the verdict from a `Phase` record."""
+    return {
+        "label": str(rec["label"]),
+        "steps": int(rec.get("steps") or 0),
+        "wait_fraction": _finite(rec.get("wait_fraction")),
+        "step_ms": None if _finite(rec.get("step")) is None else 1e3 * float(rec["step"]),
+        "steady": bool(rec.get("steady")),
+        "reason": None if rec.get("reason") is None else str(rec["reason"]),
+    }
+
+
+def _phase_line(p: dict[str, Any]) -> str:
+    """A phase as a line: ``epoch 1: 12 steps, 30.5% waiting, 34.72 ms a step; left out while the cache filled``."""
+    wait = "n/a" if p["wait_fraction"] is None else f"{100 * p['wait_fraction']:.1f}%"
+    step = "n/a" if p["step_ms"] is None else f"{p['step_ms']:.2f} ms"
+    where = "in the verdict" if p["steady"] else f"left out {p['reason'] or ''}".rstrip()
+    return f"{p['label']}: {p['steps']} steps, {wait} waiting, {step} a step; {where}"
 
 
 def _conclusion(analysis: dict[str, Any] | None) -> str:
@@ -270,7 +304,8 @@ def _from_detector(data: ReportData, det) -> None:
     if det.measurement is not None:
         data.throughput = dict(det.measurement.logs())
     if det.verdict is not None:
-        data.verdict = _verdict_dict(to_plain(det.verdict), det.summary())
+        fit = getattr(det, "fit_measurement", None)
+        data.verdict = _verdict_dict(to_plain(det.verdict), det.summary(), fit.logs() if fit is not None else None)
 
 
 def _from_profiler(data: ReportData, prof) -> None:
@@ -608,7 +643,10 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
         if oom[1]:
             data.oom_summary["seconds spent in failed attempts"] = round(oom[1], 2)
     text = prose.get("input/verdict", "")  # the last one written: the whole fit's, like its JSON
-    verdict = read(VERDICT_DATA_TAG, lambda v: (_verdict_dict(v["verdict"], text), _floats(v["figures"])))
+    verdict = read(
+        VERDICT_DATA_TAG,
+        lambda v: (_verdict_dict(v["verdict"], text, v.get("fit_figures")), _floats(v["figures"])),
+    )
     if verdict is not None:
         data.verdict = verdict[0]
         data.throughput.update(verdict[1])
@@ -666,11 +704,18 @@ def _read_old_prose(
 def _parse_verdict(text: str) -> dict[str, Any]:
     lines = text.splitlines()
     first = lines[0] if lines else ""
+    head = first.split(":", 1)[1].strip() if ":" in first else "unknown"
+    scoped = re.match(r"^(.*?) \((.*)\)$", head)  # "moderately input-bound (epochs 2-3)"
     return {
-        "category": first.split(":", 1)[1].strip() if ":" in first else "unknown",
+        "category": scoped.group(1) if scoped else head,
         "message": next((ln for ln in lines[1:] if ln.strip()), ""),
         "evidence": [],
         "advice": [ln[2:] for ln in lines if ln.startswith("- ")],
+        "scope": scoped.group(2) if scoped else "",
+        "phases": [],
+        "speedup_bound": None,
+        "fit_wait_fraction": None,
+        "fit_figures": {},
         "text": text,
     }
 
@@ -1007,7 +1052,13 @@ class TrainingReport:
 
         if d.verdict:
             v = d.verdict
-            body = [f"Verdict: {v['category']}", v["message"]] + list(v["evidence"])
+            scope = f" ({v['scope']})" if v.get("scope") else ""
+            body = [f"Verdict: {v['category']}{scope}", v["message"]]
+            if v.get("fit_wait_fraction") is not None and v.get("scope") not in ("", "the whole fit"):
+                body.append(f"Whole fit, every phase included: {100 * v['fit_wait_fraction']:.1f}% waiting for input.")
+            if len(v.get("phases") or []) > 1:
+                body += ["Phases:"] + [f"- {_phase_line(p)}" for p in v["phases"]]
+            body += list(v["evidence"])
             if v["advice"]:
                 body += ["What to change:"] + [f"- {a}" for a in v["advice"]]
             sections.append(("Input pipeline", body))
@@ -1122,7 +1173,28 @@ class TrainingReport:
         if d.verdict:
             v = d.verdict
             parts.append("<h3>Input pipeline</h3>")
-            parts.append(f'<p><b class="kgt-verdict">{e(v["category"])}</b>: {e(v["message"])}</p>')
+            scope = f" ({v['scope']})" if v.get("scope") else ""
+            parts.append(f'<p><b class="kgt-verdict">{e(v["category"])}{e(scope)}</b>: {e(v["message"])}</p>')
+            if len(v.get("phases") or []) > 1:
+                parts.append(
+                    table(
+                        ["phase", "steps", "waiting", "step", "in the verdict"],
+                        [
+                            (
+                                p["label"],
+                                p["steps"],
+                                "n/a" if p["wait_fraction"] is None else f"{100 * p['wait_fraction']:.1f}%",
+                                "n/a" if p["step_ms"] is None else f"{p['step_ms']:.2f} ms",
+                                "yes" if p["steady"] else f"no: {p['reason'] or 'warm-up'}",
+                            )
+                            for p in v["phases"]
+                        ],
+                    )
+                )
+            if v.get("fit_wait_fraction") is not None and v.get("scope") not in ("", "the whole fit"):
+                parts.append(
+                    f"<p>Whole fit, every phase included: {100 * v['fit_wait_fraction']:.1f}% waiting for input.</p>"
+                )
             parts += [f"<p>{e(x)}</p>" for x in v["evidence"]]
             if v["advice"]:
                 parts.append("<p>What to change:</p><ul>" + "".join(f"<li>{e(a)}</li>" for a in v["advice"]) + "</ul>")
@@ -1197,7 +1269,9 @@ class TrainingReport:
                 out.append((f"GPU {index}: {what} {mean:.0f}%", "ok" if mean >= 70 else "warn"))
         if d.verdict:
             cat = d.verdict["category"]
-            out.append((cat, "bad" if cat.startswith("highly") else "warn" if cat.startswith("moderately") else "ok"))
+            bound = d.verdict.get("speedup_bound")
+            text = cat if bound is None or cat == "unknown" else f"{cat} (at most {bound:.2f}x faster without the wait)"
+            out.append((text, "bad" if cat.startswith("highly") else "warn" if cat.startswith("moderately") else "ok"))
         if d.oom_seen:
             n = d.oom_count() or 0
             out.append((f"{n} OOM recover{'y' if n == 1 else 'ies'}", "warn" if n else "ok"))

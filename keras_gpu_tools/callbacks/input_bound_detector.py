@@ -14,12 +14,17 @@ from keras_gpu_tools._core.step_hook import Attachment, StepHook
 from keras_gpu_tools._core.step_timing import (
     UNKNOWN,
     Measurement,
+    Phase,
     StepRecord,
     StepStats,
     Verdict,
+    aggregate,
+    span_label,
+    steady_start,
     summary_text,
     validate_thresholds,
     verdict_for,
+    warmup_reason,
 )
 from keras_gpu_tools._core.tensorboard import EventWriter
 from keras_gpu_tools._core.validation import (
@@ -40,33 +45,63 @@ FETCH_EVERY = 25  # an unsynced call in this many has its fetch timed (JAX, torc
 
 
 class _CpuMeter:
-    """Whole-machine CPU use between two calls, without touching psutil's shared state."""
+    """CPU use between two calls: the whole machine's, and this process's (its workers included).
+
+    The process's share tells whether input and compute saturate the host
+    themselves; the machine's alone cannot (other processes count there too).
+    Reads psutil's counters directly, never its shared per-call state.
+    """
 
     def __init__(self):
         try:
             import psutil
 
             self.psutil = psutil
+            self.proc = psutil.Process()
             self.start = psutil.cpu_times()
+            self.own_start = self._own()
+            self.wall = time.monotonic()
         except Exception:
             self.psutil = None
+
+    def _own(self) -> float:
+        """CPU seconds of this process, its reaped children and its live ones (DataLoader, PyDataset workers)."""
+        t = self.proc.cpu_times()
+        total = t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+        for child in self.proc.children(recursive=True):
+            try:
+                c = child.cpu_times()
+                total += c.user + c.system
+            except self.psutil.Error:
+                pass
+        return total
 
     def read(self) -> dict[str, float]:
         if self.psutil is None:
             return {}
         try:
-            now = self.psutil.cpu_times()
+            now, own, wall = self.psutil.cpu_times(), self._own(), time.monotonic()
             total = sum(now) - sum(self.start)
             idle = (now.idle + getattr(now, "iowait", 0.0)) - (self.start.idle + getattr(self.start, "iowait", 0.0))
-            self.start = now
-            if total <= 0:
-                return {}
-            return {
-                "system_cpu_percent": 100.0 * (1.0 - idle / total),
-                "cpu_count": float(self.psutil.cpu_count() or 0),
-            }
+            cores = float(self.psutil.cpu_count() or 0)
+            out: dict[str, float] = {"cpu_count": cores}
+            if total > 0:
+                out["system_cpu_percent"] = 100.0 * (1.0 - idle / total)
+            if wall > self.wall and cores:
+                out["process_cpu_percent"] = min(100.0, 100.0 * (own - self.own_start) / ((wall - self.wall) * cores))
+            self.start, self.own_start, self.wall = now, own, wall
+            return out
         except Exception:
             return {}
+
+
+class _Span:
+    """An epoch (or a window) of the fit: its figures, when it began, and the windows it is made of."""
+
+    __slots__ = ("label", "measurement", "t0", "parts")
+
+    def __init__(self, label: str, measurement: Measurement, t0: float, parts: list[_Span] | None = None):
+        self.label, self.measurement, self.t0, self.parts = label, measurement, t0, parts or []
 
 
 class InputBoundDetector(FitCallback):
@@ -86,11 +121,40 @@ class InputBoundDetector(FitCallback):
     input-bound", at least 5% "moderately input-bound", else "not
     input-bound". It is given per window of `window` steps (TensorBoard), per
     epoch (printed when `verbose`, and in TensorBoard's text tab) and for the
-    whole fit (`detector.verdict`, `detector.summary()`, printed at the end),
-    with advice that fits the pipeline found (tf.data transformations,
-    PyDataset workers, DataLoader workers, arrays) and the host CPU load. When
-    a `GPUUtilizationLogger` runs in the same fit, its GPU utilization over
-    the same period is quoted as evidence.
+    run (`detector.verdict`, `detector.summary()`, printed at the end).
+
+    The run's verdict describes its steady state: leading epochs unlike the
+    epochs after them (warm-up, a `.cache()` that fills, workers that start)
+    are left out of it and named, with their own figures ("Left out: epoch 1,
+    which waited 30.5% while the cache filled; since then 6.9-14.5% per
+    epoch."). Unlike means steps more than 50% slower than the median of the
+    epochs after it and a wait share 10 points or more apart from theirs, or
+    steps more than twice as slow (less is the noise of a busy host). A fit
+    of one epoch is split the same way into its windows. `verdict.scope` says
+    what the figures cover, `verdict.phases` lists every epoch (or window)
+    and whether it is in the verdict, `detector.measurement` holds the steady
+    state's figures and `detector.fit_measurement` the whole fit's. The
+    verdict says what removing the wait is worth: at most
+    `1 / (1 - wait_fraction)` times faster (`verdict.speedup_bound`).
+
+    One set of figures, aggregated one way: only windows are measured from
+    the steps; an epoch is its windows, the steady state and the whole fit
+    are their epochs, each part weighing the time of its steps
+    (`steps x step time`): `wait_fraction = sum(steps * wait_ms) /
+    sum(steps * step_ms)`, with `input/steps` as each one's weight. Per-step
+    times are means over steps, rates are counts over seconds, and a part
+    where a figure is unknown is left out of that figure (never counted as
+    0). So the epoch logs, the TensorBoard points and the report add up to
+    the headline. Compute is at most the real step less its wait (a synced
+    step can take longer than an unsynced one), so
+    `wait + compute + other = step`.
+
+    The advice fits the pipeline as it runs (tf.data transformations and
+    which of them run once a `.cache()` serves, PyDataset workers, DataLoader
+    workers, arrays, the host CPU this process uses, whether a GPU trains),
+    and each tip says which part of the measured wait it addresses. When a
+    `GPUUtilizationLogger` runs in the same fit, its GPU utilization over the
+    same period is quoted as evidence.
 
     Logged keys (per epoch into `logs`; per window to TensorBoard in the run
     `log_dir/<run_name>` on the global step axis). A figure that cannot be
@@ -98,6 +162,7 @@ class InputBoundDetector(FitCallback):
 
     | key | unit | meaning |
     |---|---|---|
+    | `input/steps` | steps | training steps the figures cover (their weight when adding up) |
     | `input/wait_fraction` | 0..1 | share of the step time spent waiting for input |
     | `input/wait_ms` | ms | waiting for input per step (the part compute did not hide) |
     | `input/fetch_ms` | ms | host time in the iterator's `next()` per step |
@@ -136,8 +201,10 @@ class InputBoundDetector(FitCallback):
     number of steps.
 
     Args:
-        window: steps per window verdict and TensorBoard point. Defaults to
-            `100`.
+        window: steps per window verdict and TensorBoard point. A window
+            ends at the end of each epoch, and holds at least one step timed
+            with a sync (with `window` < `sample_every`, points come every
+            `sample_every` steps). Defaults to `100`.
         sample_every: sync and time in full every `sample_every`-th step
             (and steps 2 to 4 of each fit, and the last step of each
             epoch, whose sync closes the epoch's timing). A synced step
@@ -177,7 +244,8 @@ class InputBoundDetector(FitCallback):
     detector = InputBoundDetector(log_dir="logs")
     model.fit(dataset, epochs=3, callbacks=[detector])
     print(detector.verdict.category)   # "highly input-bound", ...
-    print(detector.summary())          # figures and what to change
+    print(detector.verdict.scope)      # "epochs 2-3": the steady state
+    print(detector.summary())          # figures, phases and what to change
     ```
     """
 
@@ -220,7 +288,8 @@ class InputBoundDetector(FitCallback):
 
         self.warnings = WarnOnce(InputPipelineWarning)
         self.verdict: Verdict | None = None
-        self.measurement: Measurement | None = None
+        self.measurement: Measurement | None = None  # the steady state's figures (the verdict's scope)
+        self.fit_measurement: Measurement | None = None  # the whole fit's, every phase included
         self.epoch_history: list[dict[str, float]] = []
         self.epoch_verdicts: list[Verdict] = []
         self.window_verdicts: list[tuple[int, Verdict]] = []  # (global step, verdict)
@@ -231,9 +300,10 @@ class InputBoundDetector(FitCallback):
         self._attachment: Attachment | None = None
         self._writer: EventWriter | None = None
         self._window = StepStats()
-        self._epoch = StepStats()
-        self._total = StepStats()
         self._window_t0 = self._epoch_t0 = time.time()
+        self._windows: list[_Span] = []  # the current epoch's
+        self._epochs: list[_Span] = []
+        self._context: dict[str, Any] = {}
         self._gpu_logger = None
         self._cpu: _CpuMeter | None = None
         self._host: dict[str, float] = {}
@@ -245,10 +315,10 @@ class InputBoundDetector(FitCallback):
 
     # -- public -------------------------------------------------------------------------
     def summary(self) -> str:
-        """A report of the last fit(): verdict, figures, evidence and advice."""
+        """A report of the last fit(): verdict, figures (steady state and whole fit), phases, evidence, advice."""
         if self.verdict is None or self.measurement is None:
             return "InputBoundDetector: no training step measured yet."
-        return summary_text("InputBoundDetector", self.measurement, self.verdict, self.notes)
+        return summary_text("InputBoundDetector", self.measurement, self.verdict, self.notes, fit=self.fit_measurement)
 
     # -- step observer (called by the step hook, on the training thread) ------------------
     def sample(self, index: int) -> bool:
@@ -278,13 +348,12 @@ class InputBoundDetector(FitCallback):
     def on_step(self, rec: StepRecord) -> None:
         self._global_step += rec.steps + rec.covers
         self._window.add(rec)
-        self._epoch.add(rec)
-        self._total.add(rec)
         if self._jax_specs is None and rec.sampled and not rec.warmup and "jax_args" in rec.extra:
             self._jax_specs = self._shape_specs(rec.extra["jax_args"])
             if self._attachment is not None:
                 self._attachment.hook.capture_args = False
-        if self._window.steps >= self.window:
+        # A window needs a synced step: without one its compute (and on TensorFlow its fetch) is unknown.
+        if self._window.steps >= self.window and self._window.sampled_steps:
             self._close_window()
 
     def on_detach(self, stale: bool) -> None:
@@ -295,15 +364,18 @@ class InputBoundDetector(FitCallback):
     def _start_fit(self, session) -> None:
         self.verdict = None
         self.measurement = None
+        self.fit_measurement = None
         self.epoch_verdicts = []
         self.window_verdicts = []
         self.notes = []
-        self._total = StepStats()
         self._window = StepStats()
         self._window_t0 = time.time()
+        self._windows = []
+        self._epochs = []
         self._jax_specs = None
         self._flops = self.flops_per_step
         self.pipeline = ki.describe_pipeline(self.model)
+        self._context = {"gpu": self._trains_on_gpu(), "cores": os.cpu_count() or 1, "epochs": None}
         self._gpu_logger = self._find_gpu_logger()
         self._peak = self.peak_flops or self._table_peak()
         spe = ki.steps_per_execution(self.model)
@@ -320,8 +392,9 @@ class InputBoundDetector(FitCallback):
             self._attachment = None
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch = StepStats()
-        self._epoch_t0 = time.time()
+        self._windows = []
+        self._window = StepStats()  # (empty: the last epoch closed its windows)
+        self._epoch_t0 = self._window_t0 = time.time()
         self._cpu = _CpuMeter()
         steps = (self.params or {}).get("steps")
         att = self._attachment
@@ -338,11 +411,16 @@ class InputBoundDetector(FitCallback):
         if not self._running:
             return
         self._flush_hook()
+        self._close_window()  # the epoch's last window, however short: windows never span two epochs
         self._host = self._cpu.read() if self._cpu is not None else {}
         if self._flops is None and self._jax_specs is not None:
             self._flops = self._jax_flops()
-        m = self._epoch.measurement(self._flops, self._peak)
-        v = self._verdict(m, self._epoch_t0, with_advice=True)
+        m = aggregate([w.measurement for w in self._windows], self._flops, self._peak)
+        self._epochs.append(_Span(f"epoch {epoch + 1}", m, self._epoch_t0, self._windows))
+        self._windows = []
+        scope = f"epoch {epoch + 1}"
+        # From this fit's second epoch on, a cache is filled (with `initial_epoch`, Keras's index is no guide).
+        v = self._verdict(m, self._epoch_t0, scope=scope, cache_serves=len(self._epochs) > 1)
         self.epoch_verdicts.append(v)
         values = m.logs()
         self.epoch_history.append(values)
@@ -351,7 +429,7 @@ class InputBoundDetector(FitCallback):
         self._update_overall()
         if self._writer is not None:
             self._writer.text("input/verdict", summary_text(f"Epoch {epoch + 1}", m, v), step=self._global_step)
-            record = {"scope": f"epoch {epoch + 1}", "verdict": v, "measurement": m, "figures": values}
+            record = {"scope": scope, "verdict": v, "measurement": m, "figures": values}
             self._writer.json("input/verdict/data", record, step=self._global_step)  # for report()
         if self.verbose:
             print(f"InputBoundDetector epoch {epoch + 1}: {v.message}")
@@ -360,13 +438,19 @@ class InputBoundDetector(FitCallback):
         if not self._running:
             return
         self._flush_hook()
-        self._update_overall()
-        if self._window.steps:
-            self._close_window()
+        self._close_window()
+        self._update_overall(final=True)
         if self._writer is not None and self.verdict is not None:
             self._writer.text("input/verdict", self.summary(), step=self._global_step)
-            m = self.measurement
-            data = {"scope": "fit", "verdict": self.verdict, "measurement": m, "figures": m.logs(), "notes": self.notes}
+            m, fit = self.measurement, self.fit_measurement
+            data = {
+                "scope": "fit",
+                "verdict": self.verdict,  # with its scope, phases and speedup bound
+                "measurement": m,  # the steady state's figures
+                "figures": m.logs(),
+                "fit_figures": fit.logs() if fit is not None else {},
+                "notes": self.notes,
+            }
             self._writer.json("input/verdict/data", data, step=self._global_step)  # for report()
         if self.verbose and self.verdict is not None:
             print(self.summary())
@@ -378,12 +462,50 @@ class InputBoundDetector(FitCallback):
         if att is not None and att.active:
             att.hook.flush()
 
-    def _update_overall(self) -> None:
-        m = self._total.measurement(self._flops, self._peak)
-        self.measurement = m
-        self.verdict = self._verdict(m, None, with_advice=True)
+    def _update_overall(self, final: bool = False) -> None:
+        """The run's verdict: its steady state, the phases left out, the whole fit's figures."""
+        spans = list(self._epochs)
+        if final and self._windows:  # fit() ended inside an epoch: its windows so far
+            m = aggregate([w.measurement for w in self._windows], self._flops, self._peak)
+            spans.append(_Span(f"epoch {len(spans) + 1} (part)", m, self._windows[0].t0, list(self._windows)))
+        if not spans:
+            return
+        # Epochs are the phases; a fit of one epoch is split into its windows.
+        units, by_epoch = spans, True
+        if len(spans) == 1 and len(spans[0].parts) > 1:
+            units, by_epoch = spans[0].parts, False
+        k = steady_start([u.measurement for u in units])
+        steady = units[k:]
+        m = aggregate([u.measurement for u in steady], self._flops, self._peak)
+        fit = aggregate([s.measurement for s in spans], self._flops, self._peak)
+        phases = [
+            Phase(
+                u.label,
+                u.measurement.steps,
+                u.measurement.wait_fraction,
+                u.measurement.step,
+                steady=i >= k,
+                reason=None if i >= k else warmup_reason(i, by_epoch, self.pipeline),
+            )
+            for i, u in enumerate(units)
+        ]
+        scope = span_label([u.label for u in steady]) if k else "the whole fit"
+        self.measurement, self.fit_measurement = m, fit
+        self.verdict = self._verdict(
+            m, steady[0].t0, scope=scope, phases=phases, fit=fit, cache_serves=by_epoch and k > 0
+        )
 
-    def _verdict(self, m: Measurement, since: float | None, with_advice: bool) -> Verdict:
+    def _verdict(
+        self,
+        m: Measurement,
+        since: float | None,
+        scope: str = "",
+        phases: list[Phase] | None = None,
+        fit: Measurement | None = None,
+        cache_serves: bool = False,
+        with_advice: bool = True,
+    ) -> Verdict:
+        context = dict(self._context, epochs=(self.params or {}).get("epochs"), cache_serves=cache_serves)
         return verdict_for(
             m,
             self.moderate_threshold,
@@ -391,12 +513,19 @@ class InputBoundDetector(FitCallback):
             gpu_means=self._gpu_means(since),
             pipeline=self.pipeline if with_advice else {"kind": "none"},
             host=self._host if with_advice else {},
+            scope=scope,
+            phases=phases or (),
+            fit=fit,
+            context=context,
         )
 
     def _close_window(self) -> None:
         w, self._window = self._window, StepStats()
         t0, self._window_t0 = self._window_t0, time.time()
+        if not w.steps:
+            return
         m = w.measurement(self._flops, self._peak)
+        self._windows.append(_Span(f"steps {self._global_step - w.steps + 1}-{self._global_step}", m, t0))
         if m.wait_fraction is None and m.steps_per_sec is None:
             return
         v = self._verdict(m, t0, with_advice=False)
@@ -437,6 +566,13 @@ class InputBoundDetector(FitCallback):
                     sums[k] = sums.get(k, 0.0) + v
                     counts[k] = counts.get(k, 0) + 1
         return {k: sums[k] / counts[k] for k in sums}
+
+    def _trains_on_gpu(self) -> bool | None:
+        """Whether the backend computes on a GPU (advice about the GPU is left out where not); None: unknown."""
+        try:
+            return bool(self.backend.gpu_devices())
+        except Exception:
+            return None
 
     def _table_peak(self) -> float | None:
         try:

@@ -368,6 +368,11 @@ def test_report_of_a_real_fit_equals_the_callbacks_and_the_log_dir(tmp_path):
         np.testing.assert_allclose(later.data.series[key].values, r.data.series[key].values, rtol=1e-6)
         assert later.data.series[key].steps == r.data.series[key].steps
     assert later.data.verdict["category"] == det.verdict.category
+    # The input section says what the verdict covers and lists every phase, from the log dir alone.
+    text = later.text()
+    assert f"Verdict: {det.verdict.category} ({det.verdict.scope})" in text
+    assert "Phases:\n- epoch 1: " in text and "- epoch 3: " in text
+    assert later.data.verdict["speedup_bound"] == pytest.approx(det.verdict.speedup_bound)
     assert [(p["steps"], p["conclusion"]) for p in later.data.profiles] == [
         (p["steps"], p["conclusion"]) for p in r.data.profiles
     ]
@@ -571,8 +576,24 @@ def test_log_dir_report_holds_the_callbacks_own_records(tmp_path):
         "message": v.message,
         "evidence": v.evidence,
         "advice": v.advice,
+        "scope": v.scope,
+        "phases": [
+            {
+                "label": p.label,
+                "steps": p.steps,
+                "wait_fraction": p.wait_fraction,
+                "step_ms": None if p.step is None else 1e3 * p.step,
+                "steady": p.steady,
+                "reason": p.reason,
+            }
+            for p in v.phases
+        ],
+        "speedup_bound": v.speedup_bound,
+        "fit_wait_fraction": v.fit_wait_fraction,
+        "fit_figures": det.fit_measurement.logs(),
         "text": det.summary(),
     }
+    assert [p["label"] for p in data.verdict["phases"]] == ["epoch 1", "epoch 2"]
     figures = det.measurement.logs()
     assert figures and {k: data.throughput[k] for k in figures} == figures
     assert prof.captures or backend != "tensorflow"  # (JAX profiles only on Python 3.12+)
