@@ -116,6 +116,7 @@ def assert_pays_off(before, after, name):
     assert gain >= floor, f"{name}: {gain:.2f}x\n{before.summary()}\n\n{after.summary()}"
 
 
+@pytest.mark.slow
 def test_tf_data_image_files_advice_applied_step_by_step(tmp_path, backend):
     if backend != "tensorflow":
         pytest.skip("the tf.data pipeline is measured on the TensorFlow backend")
@@ -208,6 +209,7 @@ class ImageFiles(keras.utils.PyDataset):
         return np.stack(images), self.labels[batch]
 
 
+@pytest.mark.slow
 @pytest.mark.multibackend
 def test_pydataset_slow_getitem_advice_applied(tmp_path, backend):
     if backend == "torch":
@@ -241,6 +243,7 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 @pytest.mark.multibackend
 def test_torch_dataloader_advice_applied(tmp_path, backend, request):
     if backend != "torch":
