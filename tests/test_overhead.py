@@ -11,7 +11,6 @@ Two checks, both against a regression of tens of microseconds per step:
 """
 
 import sys
-import threading
 import time
 import warnings
 
@@ -103,7 +102,7 @@ def test_the_package_runs_few_instructions_per_step(tmp_path):
 )
 def test_every_callback_together_adds_little_host_time(tmp_path):
     steps, rounds = 300, 5
-    conditions = {"bare": [], "all": every_callback(tmp_path)}
+    conditions = {"bare": [], "bare_again": [], "all": every_callback(tmp_path)}
     setups = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -126,6 +125,8 @@ def test_every_callback_together_adds_little_host_time(tmp_path):
                 model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[*cbs, clock])
                 best[name] = min(best[name], clock.seconds / steps)
     added_us = 1e6 * (best["all"] - best["bare"])
-    print(f"{keras.backend.backend()}: +{added_us:.1f} us of training-thread CPU per step ({threading.active_count()})")
-    # Generous: measured 5-25 us on a loaded 2-core machine; a regression of 50 us fails.
-    assert added_us < 60, added_us
+    noise_us = abs(1e6 * (best["bare_again"] - best["bare"]))  # an A/A: what this machine does to the method now
+    print(f"{keras.backend.backend()}: +{added_us:.1f} us of training-thread CPU per step (A/A {noise_us:.1f} us)")
+    # Generous: measured 10-25 us on a loaded 2-core machine; a regression of 50 us fails
+    # unless the machine's own noise (the A/A) is as large, which then widens the bound.
+    assert added_us < 50 + noise_us, (added_us, noise_us)

@@ -155,11 +155,23 @@ class FitSession:
         return False
 
     def fit_is_running(self) -> bool:
-        frame = sys._current_frames().get(self.thread_id)
-        while frame is not None:
-            if frame is self.frame:
-                return True
-            frame = frame.f_back
+        """Whether fit()'s frame is still executing, asked from any thread.
+
+        Walking the training thread's stack from another thread
+        (``sys._current_frames()``, then ``f_back``) crashed Python 3.11 with a
+        segmentation fault while torch ran a backward pass. ``frame.clear()``
+        only reads the frame's owner while the frame executes ("cannot clear
+        an executing frame"), which is safe from any thread under the GIL. Once
+        fit() has returned or raised, it drops fit()'s locals (the model, the
+        data, Keras's iterators), which this session was keeping alive anyway.
+        """
+        frame = self.frame
+        if frame is None:
+            return False
+        try:
+            frame.clear()
+        except RuntimeError:
+            return True
         return False
 
     def abort(self, on_training_thread: bool) -> None:
