@@ -71,36 +71,60 @@ class SplitController:
     The state is the micro-batch size that works (``None`` until an
     out-of-memory error). A batch of ``n`` runs as ``ceil(n / micro_size)``
     micro-batches, so the last, smaller batch of an epoch keeps the same
-    micro-batch size.
+    micro-batch size. No micro-batch is ever smaller than ``min_batch_size``:
+    where a batch cannot be split into micro-batches of at most
+    ``micro_size`` that are all at least ``min_batch_size``, it runs as the
+    fewest micro-batches that respect the minimum (or whole).
 
     Args:
         min_batch_size: the smallest micro-batch to try. Defaults to `1`.
         regrow_after: after this many good steps at a split, try half as many
             micro-batches again (a failure doubles the wait). `None` never
             regrows. Defaults to `None`.
+        max_micro_size: the largest micro-batch known to fit (a batch-size
+            plan): batches above it start split, and regrowing never goes
+            past it. `None` for no limit. Defaults to `None`.
     """
 
-    def __init__(self, min_batch_size: int = 1, regrow_after: int | None = None):
-        self.min_batch_size = int(min_batch_size)
+    def __init__(self, min_batch_size: int = 1, regrow_after: int | None = None, max_micro_size: int | None = None):
+        self.min_batch_size = max(1, int(min_batch_size))
         self.regrow_after = regrow_after
-        self.micro_size: int | None = None  # None: whole batches
+        self.max_micro_size = max_micro_size
+        self.micro_size: int | None = None  # None: whole batches (or the plan's size)
         self._good_steps = 0
         self._regrow_wait = regrow_after
         self._trial_from: int | None = None  # micro size before a regrow trial
 
+    def _most(self, n: int) -> int:
+        """The most micro-batches a batch of ``n`` may run as: each at least ``min_batch_size``."""
+        return max(1, n // self.min_batch_size)
+
     def split_for(self, n: int) -> int:
         """Micro-batches for a batch of ``n`` (1 = unsplit), regrow trials included."""
-        if self.micro_size is None or n <= self.micro_size:
+        micro = self.micro_size if self.micro_size is not None else self.max_micro_size
+        if micro is None or n <= micro:
             return 1
-        return min(n, math.ceil(n / self.micro_size))
+        return min(n, math.ceil(n / micro), self._most(n))
 
     def next_split(self, n: int, k: int) -> int | None:
-        """The split to try after ``k`` micro-batches of a batch of ``n`` ran out of memory."""
-        floor = max(1, self.min_batch_size)
-        most = max(1, math.ceil(n / floor))
-        if k >= most:
+        """The split to try after ``k`` micro-batches of a batch of ``n`` ran out of memory.
+
+        Twice as many micro-batches, and in any case a largest micro-batch
+        strictly smaller than the one that failed; None where that would
+        need a micro-batch below ``min_batch_size``.
+        """
+        failed = math.ceil(n / k)  # the largest micro-batch of the failed attempt
+        if failed <= 1:
             return None
-        return min(2 * k, most)
+        target = min(math.ceil(n / (2 * k)), failed - 1)  # the largest micro-batch at twice the split
+        nxt = math.ceil(n / target)  # the fewest micro-batches with that largest one
+        most = self._most(n)
+        if nxt > most:
+            # As small as the minimum allows, if that is still smaller than what failed.
+            if math.ceil(n / most) >= failed:
+                return None
+            nxt = math.ceil(n / math.ceil(n / most))
+        return nxt
 
     def on_oom(self, n: int, k: int) -> int | None:
         """Records a failure at ``k``; returns the next split, or None to give up."""
@@ -113,8 +137,14 @@ class SplitController:
             return self.split_for(n)
         nxt = self.next_split(n, k)
         if nxt is not None:
-            self.micro_size = max(1, math.ceil(n / nxt))
+            self.micro_size = math.ceil(n / nxt)
         return nxt
+
+    def jump_to(self, n: int, k: int) -> None:
+        """Sets the split of a batch of ``n`` to ``k``, chosen without running (a prediction)."""
+        self._good_steps = 0
+        self._trial_from = None
+        self.micro_size = math.ceil(n / k) if k > 1 else self.micro_size
 
     @property
     def in_trial(self) -> bool:
@@ -131,8 +161,12 @@ class SplitController:
             and self._good_steps >= (self._regrow_wait or self.regrow_after)
         ):
             self._good_steps = 0
-            self._trial_from = self.micro_size
-            self.micro_size = 2 * self.micro_size  # half as many micro-batches
+            grown = 2 * self.micro_size  # half as many micro-batches
+            if self.max_micro_size is not None:
+                grown = min(grown, self.max_micro_size)  # never past the plan
+            if grown > self.micro_size:
+                self._trial_from = self.micro_size
+                self.micro_size = grown
 
     def reset(self) -> None:
         self.micro_size = None
@@ -186,6 +220,14 @@ def final_message(
                 parts.append(f"{label} {format_bytes(value) if key != 'device' else value}")
         if parts:
             lines.append("Device memory: " + ", ".join(parts) + ".")
+    smallest = min(split_sizes(n, k))
+    held_by_minimum = not unsplit and k > 1 and math.ceil(n / k) > max(1, min_batch_size)
+    if held_by_minimum:
+        lines.append(
+            f"min_batch_size={min_batch_size} allows no smaller split of {n}: a largest micro-batch below "
+            f"{math.ceil(n / k)} would leave some micro-batches below {min_batch_size} (the smallest tried was "
+            f"{smallest}). Lower `min_batch_size` to let OOMBatchSizeReducer go further."
+        )
     if unsplit:
         lines.append(
             f"The batch was not split: lower `min_batch_size` below {n} to let OOMBatchSizeReducer retry it as "
@@ -193,7 +235,7 @@ def final_message(
             "(keras.mixed_precision.set_global_policy('mixed_bfloat16' or 'mixed_float16')), a smaller model or "
             "shorter inputs, or rematerialisation (keras.config.set_remat / keras.RematScope)."
         )
-    else:
+    elif not held_by_minimum:
         lines.append(
             "Even one micro-batch does not fit: the model itself (weights, optimizer state, one micro-batch's "
             "activations) needs more memory than the device has. What to do: use mixed precision "
