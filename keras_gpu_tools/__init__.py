@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 # Framework-free, so imported eagerly: users filter warnings by these classes.
 from keras_gpu_tools.errors import (
     GPUMonitoringWarning,
+    InexactAccumulationError,
     InputPipelineWarning,
     KerasGPUToolsWarning,
     KerasInternalsError,
@@ -64,6 +65,7 @@ _SUBPACKAGES = ("callbacks", "layers")
 __all__ = [
     "GPUMonitoringWarning",
     "GPUUtilizationLogger",
+    "InexactAccumulationError",
     "InputBoundDetector",
     "InputPipelineWarning",
     "KerasGPUToolsWarning",

@@ -18,7 +18,15 @@ from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps, gpu_peaks
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import leading_dim, leaves
-from keras_gpu_tools._core.grad_accum import FULL_SNAPSHOT_MAX_BYTES, Snapshot, micro_batches, nbytes
+from keras_gpu_tools._core.grad_accum import (
+    FULL_SNAPSHOT_MAX_BYTES,
+    LossRouting,
+    Snapshot,
+    measure_order,
+    micro_batches,
+    nbytes,
+    refusal,
+)
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
 from keras_gpu_tools.errors import KerasInternalsError, UnrecoverableOOM
 
@@ -164,18 +172,27 @@ class JaxRunner:
         self._acc = None
         self._micro_jit = jax.jit(self._micro, donate_argnums=(4,))
         self._apply_jit = jax.jit(self._apply, donate_argnums=(0, 1, 2))
+        self._measure_jit = jax.jit(self._measure_fn)
         self._step = ki.jax_step_function(original)
         self.state_bytes = None
+        self.routing = LossRouting(model)
 
     # -- traced functions ------------------------------------------------------
-    def _micro(self, tv, ntv, ov, mv, acc, data, w):
+    def _micro(self, tv, ntv, ov, mv, acc, data, w, totals):
         box, scaled = [], []
         with ki.capture_apply(
             self.model.optimizer, box.append, weight=w, on_scaled=lambda: scaled.append(1), stateless=True
         ):
-            logs, state = self.model.train_step((tv, ntv, ov, mv), data)
+            with self.routing.micro(w, totals):
+                logs, state = self.model.train_step((tv, ntv, ov, mv), data)
+        self.routing.check_step()
         if not box:
             raise KerasInternalsError("keras_gpu_tools: train_step did not call optimizer.stateless_apply")
+        if len(box) > 1:
+            raise refusal(
+                "train_step applied gradients more than once (a second optimizer, or the same one twice): "
+                "one accumulated update per batch cannot reproduce that"
+            )
         grads = box[0]
         _, ntv2, _, mv2 = ki.jax_state_parts(state)
         factor = 1.0 if scaled else w  # the loss was already weighted by scale_loss
@@ -185,6 +202,16 @@ class JaxRunner:
     def _apply(self, tv, ov, acc):
         tv2, ov2 = self.model.optimizer.stateless_apply(ov, acc, tv)
         return list(tv2), list(ov2), [self.jnp.zeros_like(a) for a in acc]
+
+    def _measure_fn(self, tv, ntv, data):
+        import keras
+
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred, _ = self.model.stateless_call(tv, ntv, x, **ki.training_kwargs(self.model, False))
+        out = []
+        with self.routing.measuring(out):
+            ki.compute_loss_of(self.model, y, y_pred, sample_weight)
+        return [self.jnp.asarray(d, "float32") for d in measure_order(out)]
 
     # -- running ---------------------------------------------------------------------
     def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
@@ -204,15 +231,29 @@ class JaxRunner:
     def _zeros(self, tv):
         return [self.jnp.zeros(a.shape, a.dtype) for a in tv]
 
+    def _totals(self, parts, tv, ntv):
+        routing = self.routing
+        if not routing.needs_totals():
+            return None
+        first = [float(d) for d in self._measure_jit(tv, ntv, parts[0][0])]
+        routing.measured = True
+        if not routing.needs_totals():
+            return None
+        rest = [[float(d) for d in self._measure_jit(tv, ntv, part)] for part, _ in parts[1:]]
+        return routing.totals([first] + rest)
+
     def _run_accumulated(self, batch, n, k, state):
         tv, ntv, ov, mv = ki.jax_state_parts(state)
+        parts = micro_batches(batch, n, k)
+        totals = self._totals(parts, tv, ntv)
+        vector = self.jnp.asarray(totals if totals else [1.0], "float32")
         acc = self._acc
         if acc is None or any(a.is_deleted() for a in acc):
             acc = self._zeros(tv)
         self._acc = None
         logs = None
-        for part, w in micro_batches(batch, n, k):
-            logs, ntv, mv, acc = self._micro_jit(tv, ntv, ov, mv, acc, part, self.jnp.float32(w))
+        for part, w in parts:
+            logs, ntv, mv, acc = self._micro_jit(tv, ntv, ov, mv, acc, part, self.jnp.float32(w), vector)
         tv, ov, acc = self._apply_jit(tv, ov, acc)
         self._acc = acc
         return logs, (tv, ntv, ov, mv)
@@ -275,7 +316,13 @@ class JaxRunner:
                 tv, ntv, ov, mv = ki.jax_state_parts(state)
                 part, w = micro_batches(batch, n, k)[0]
                 acc = [self.jax.ShapeDtypeStruct(a.shape, a.dtype) for a in tv]
-                compiled = self._micro_jit.lower(tv, ntv, ov, mv, acc, part, jnp.float32(w)).compile()
+                totals = jnp.ones((max(1, len(ki.flat_losses(self.model) or [])),), "float32")
+                self.routing.lenient = True  # a trace for its memory analysis: the totals' values do not matter
+                try:
+                    lowered = self._micro_jit.lower(tv, ntv, ov, mv, acc, part, jnp.float32(w), totals)
+                finally:
+                    self.routing.lenient = False
+                compiled = lowered.compile()
                 extra = 0 if self._acc is not None else sum(nbytes(a) for a in tv)
             ma = compiled.memory_analysis()
             if ma is None:

@@ -19,9 +19,9 @@ from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import leading_dim, leaves
-from keras_gpu_tools._core.grad_accum import StatefulRunner
+from keras_gpu_tools._core.grad_accum import StatefulRunner, measure_order
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
-from keras_gpu_tools.errors import KerasInternalsError
+from keras_gpu_tools.errors import InexactAccumulationError
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -132,10 +132,13 @@ class TFRunner(StatefulRunner):
 
         self.tf = tf
         self._accs = None
-        self._none = set()
+        self._rows = self._row_indices = None
+        self._sparse: dict[int, None] = {}
+        self._refused: InexactAccumulationError | None = None  # variables whose gradient is sparse (tf.IndexedSlices)
         self._w = None
         self._micro_fn = None
-        self._apply_fn = None
+        self._apply_fns: dict[tuple, Callable] = {}
+        self._measure_fn = None
         self._small_fn = None
 
     def _run_original(self, batch):
@@ -153,61 +156,145 @@ class TFRunner(StatefulRunner):
                 tf.Variable(tf.zeros(tuple(v.shape), dtype=v.dtype), trainable=False, name="kgt_oom_acc")
                 for v in self.model.trainable_variables
             ]
+            # Sparse gradients (an embedding's tf.IndexedSlices) are kept as the rows and
+            # indices of every micro-batch, concatenated: Keras's optimizers treat repeated
+            # indices slice by slice (Adam squares each), so a dense sum would differ.
+            self._rows = [
+                tf.Variable(
+                    tf.zeros((0, *tuple(v.shape)[1:]), dtype=v.dtype),
+                    shape=tf.TensorShape([None, *tuple(v.shape)[1:]]),
+                    trainable=False,
+                    name="kgt_oom_rows",
+                )
+                if len(v.shape)
+                else None
+                for v in self.model.trainable_variables
+            ]
+            self._row_indices = [
+                tf.Variable(tf.zeros((0,), tf.int64), shape=tf.TensorShape([None]), trainable=False, name="kgt_oom_idx")
+                if len(v.shape)
+                else None
+                for v in self.model.trainable_variables
+            ]
             strategy = self.model.distribute_strategy
 
-            def micro(data, w):
+            def micro(data, w, totals):
                 def replica(d):
                     self._w = w
                     self._scaled = False
-                    with ki.capture_apply(self.model.optimizer, self._sink, weight=w, on_scaled=self._mark_scaled):
-                        return self.model.train_step(d)
+                    self.applies = 0
+                    try:
+                        with ki.capture_apply(self.model.optimizer, self._sink, weight=w, on_scaled=self._mark_scaled):
+                            with self.routing.micro(w, totals):
+                                logs = self.model.train_step(d)
+                        self.routing.check_step()
+                    except InexactAccumulationError as e:
+                        self._refused = e
+                        raise
+                    return logs
 
                 return strategy.run(replica, args=(data,))
 
+            self._micro_fn = self._function(micro)
+
+    def _apply(self):
+        applied = self._applied()
+        if not applied:
+            return  # train_step applied nothing (no trainable weights): neither does the batch
+        key = tuple(applied)
+        fn = self._apply_fns.get(key)
+        if fn is None:
+            tf = self.tf
+            strategy = self.model.distribute_strategy
+            variables = self.model.trainable_variables
+
+            sparse = set(self._sparse)
+
+            def grad(i, has):
+                if not has:
+                    return None
+                if i in sparse:
+                    return tf.IndexedSlices(
+                        self._rows[i].read_value(), self._row_indices[i].read_value(), tf.shape(variables[i])
+                    )
+                return self._accs[i].read_value()
+
             def apply():
                 def replica():
-                    grads = [None if i in self._none else acc.read_value() for i, acc in enumerate(self._accs)]
-                    self.model.optimizer.apply(grads, self.model.trainable_variables)
-                    for acc in self._accs:
-                        acc.assign(tf.zeros_like(acc))
+                    grads = [grad(i, has) for i, has in applied]
+                    self.model.optimizer.apply(grads, [variables[i] for i, _ in applied])
+                    self._clear(i for i, _ in applied)
                     return tf.constant(0)
 
                 return strategy.run(replica)
 
-            self._micro_fn = self._function(micro)
-            self._apply_fn = self._function(apply)
+            fn = self._apply_fns[key] = self._function(apply)
+        fn()
+
+    def _clear(self, indices) -> None:
+        tf = self.tf
+        for i in indices:
+            self._accs[i].assign(tf.zeros_like(self._accs[i]))
+            if self._rows[i] is not None:
+                self._rows[i].assign(self._rows[i][:0])
+                self._row_indices[i].assign(self._row_indices[i][:0])
 
     def _sink(self, grads, variables):
         tf = self.tf
-        variables = variables if variables is not None else self.model.trainable_variables
-        for g, v in zip(grads, variables):
-            i = self._index.get(id(v))
-            if i is None:
-                raise KerasInternalsError(
-                    "keras_gpu_tools: train_step applied gradients to a variable that is not trainable"
-                )
+        for i, g in self._hand(grads, variables):
             if g is None:
-                self._none.add(i)
                 continue
             acc = self._accs[i]
+            w = tf.cast(self._w, acc.dtype)
+            if isinstance(g, tf.IndexedSlices) and self._rows[i] is not None:
+                self._sparse[i] = None
+                values = tf.cast(g.values, acc.dtype)
+                self._rows[i].assign(tf.concat([self._rows[i], values if self._scaled else values * w], 0))
+                self._row_indices[i].assign(tf.concat([self._row_indices[i], tf.cast(g.indices, tf.int64)], 0))
+                continue
             g = tf.cast(tf.convert_to_tensor(g), acc.dtype)
-            acc.assign_add(g if self._scaled else g * tf.cast(self._w, acc.dtype))
+            acc.assign_add(g if self._scaled else g * w)
 
-    def _run_accumulated(self, parts):
+    def _measure(self, part) -> list[float]:
+        if self._measure_fn is None:
+            import keras
+
+            def measure(data):
+                x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+                y_pred = self.model(x, training=False)
+                out = []
+                with self.routing.measuring(out):
+                    ki.compute_loss_of(self.model, y, y_pred, sample_weight)
+                found = measure_order(out)
+                return (
+                    self.tf.stack([self.tf.cast(d, self.tf.float32) for d in found]) if found else self.tf.zeros((0,))
+                )
+
+            self._measure_fn = self._function(measure)
+        return [float(d) for d in self._measure_fn(part).numpy()]
+
+    def _run_accumulated(self, parts, totals):
         self._build()
+        tf = self.tf
         logs = None
+        vector = tf.constant(totals if totals else [1.0], tf.float32)
+        self._refused = None
         try:
             for part, w in parts:
-                logs = self._micro_fn(part, self.tf.constant(w, self.tf.float32))
-            self._apply_fn()
+                logs = self._micro_fn(part, tf.constant(w, tf.float32), vector)
+            self._apply()
+        except Exception:
+            refused, self._refused = self._refused, None
+            if refused is not None:  # autograph turns it into a StagingError while tracing
+                raise refused from None
+            raise
         finally:
             self._w = None
         return logs
 
     def _reset_accumulator(self):
         if self._accs is not None:
-            for acc in self._accs:
-                acc.assign(self.tf.zeros_like(acc))
+            self._clear(range(len(self._accs)))
 
     def _small_changed(self) -> None:
         self._small_fn = None

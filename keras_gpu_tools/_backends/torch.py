@@ -19,7 +19,7 @@ from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import leading_dim
-from keras_gpu_tools._core.grad_accum import StatefulRunner
+from keras_gpu_tools._core.grad_accum import StatefulRunner, measure_order
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -125,33 +125,56 @@ class TorchRunner(StatefulRunner):
     def _run_original(self, batch):
         return self.original([batch])
 
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if guarded:
+            # Keras's torch loss scales a masked batch's sample weights in place
+            # (`apply_mask`: `sample_weight *= mask`); an attempt that fails after
+            # that must leave the batch it retries as it was.
+            batch = _fresh_sample_weights(batch)
+        return super().run(batch, n, k, state, guarded)
+
     def _sink(self, grads, variables):
-        variables = variables if variables is not None else self.model.trainable_variables
         with self.torch.no_grad():
-            for g, v in zip(grads, variables):
+            for i, g in self._hand(grads, variables):
                 if g is None:
                     continue
-                i = self._index[id(v)]
                 w = 1.0 if self._scaled else self._w
                 if i in self._acc:
                     self._acc[i].add_(g, alpha=w)
                 else:
                     self._acc[i] = g.detach() * w
 
-    def _run_accumulated(self, parts):
+    def _measure(self, part) -> list[float]:
+        import keras
+
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(part)
+        out = []
+        with self.torch.no_grad():
+            y_pred = self.model(x, training=False)
+            with self.routing.measuring(out):
+                ki.compute_loss_of(self.model, y, y_pred, sample_weight)
+        return [float(d) for d in measure_order(out)]
+
+    def _run_accumulated(self, parts, totals):
         model = self.model
         logs = None
         self._acc = {}
+        vector = totals if totals else [1.0]
         try:
             for part, w in parts:
                 self._w = w
                 self._scaled = False
+                self.applies = 0
                 with ki.capture_apply(model.optimizer, self._sink, weight=w, on_scaled=self._mark_scaled):
-                    logs = model.train_step(part)
-            variables = model.trainable_variables
-            grads = [self._acc.get(i) for i in range(len(variables))]
-            with self.torch.no_grad():
-                model.optimizer.apply(grads, variables)
+                    with self.routing.micro(w, vector):
+                        logs = model.train_step(part)
+                self.routing.check_step()
+            applied = self._applied()
+            if applied:
+                variables = model.trainable_variables
+                grads = [self._acc.get(i) if has else None for i, has in applied]
+                with self.torch.no_grad():
+                    model.optimizer.apply(grads, [variables[i] for i, _ in applied])
         finally:
             self._acc = {}
         return logs
@@ -168,6 +191,24 @@ class TorchRunner(StatefulRunner):
         except Exception:
             pass
         return out
+
+
+def _fresh_sample_weights(batch):
+    """The batch with its sample weights (the third element of ``(x, y, sample_weight)``) copied."""
+    if not (isinstance(batch, tuple) and len(batch) == 3 and batch[2] is not None):
+        return batch
+    torch = deps.loaded("torch")
+
+    def clone(t):
+        if torch is not None and isinstance(t, torch.Tensor):
+            return t.clone()
+        if isinstance(t, dict):
+            return {k: clone(v) for k, v in t.items()}
+        if isinstance(t, (list, tuple)):
+            return type(t)(clone(v) for v in t)
+        return t
+
+    return (batch[0], batch[1], clone(batch[2]))
 
 
 def _cuda():

@@ -18,7 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from keras_gpu_tools.errors import OutOfMemoryError, UnrecoverableOOM  # noqa: F401 - re-exported
+from keras_gpu_tools.errors import (  # noqa: F401 - re-exported
+    InexactAccumulationError,
+    OutOfMemoryError,
+    UnrecoverableOOM,
+)
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -336,6 +340,10 @@ class Recovery:
                 snap = runner.protect(state, guarded)
                 try:
                     result = runner.run(batch, n, k, state, guarded)
+                except InexactAccumulationError:
+                    # Refused before the update was applied: put back what the micro-batches changed.
+                    self.restored_state = runner.restore(snap, state)
+                    raise
                 except Exception as e:
                     if self.classify(e) is None:
                         raise  # not ours: unchanged, with its traceback

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from keras_gpu_tools import _backends
 from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
+from keras_gpu_tools._core.grad_accum import accumulation_problem, refusal
 from keras_gpu_tools._core.oom import OOMEvent, Recovery, SplitController
 from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools._core.step_timing import StepRecord
@@ -187,6 +188,10 @@ class OOMBatchSizeReducer(FitCallback):
         problem = backend.reducer_problem(model)
         if problem:
             raise ValueError(problem)
+        if self.mode == "accumulate":
+            inexact = accumulation_problem(model)
+            if inexact:
+                raise refusal(inexact)
         self._spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         if self.probe and not backend.predicts_memory:
             self.warnings(

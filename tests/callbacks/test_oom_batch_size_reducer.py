@@ -1,16 +1,10 @@
 """OOMBatchSizeReducer end to end, with real out-of-memory errors on CPU.
 
-The model has a memory cliff: above `limit` samples per step one of its layers
-materialises a tensor of at least 1 TiB per sample, which the backend's own
-CPU allocator refuses (TensorFlow `ResourceExhaustedError`, XLA's CPU runtime
-"Out of memory allocating", torch's DefaultCPUAllocator error). Nothing is
-faked: the errors come from the allocators, inside the real step.
-
-TensorFlow's default CPU allocator on this machine (oneDNN's, "mklcpu") retries a
-failed allocation for 10 s before it raises, and the choice is fixed when
-TensorFlow is imported. So on TensorFlow these tests run in a subprocess started
-with `TF_ENABLE_ONEDNN_OPTS=0`, whose allocator refuses at once
-(`test_tensorflow_real_oom_suite`).
+The model has a memory cliff (`oom_models.MemoryCliff`): above `limit` samples
+per step one of its layers materialises a tensor of at least 1 TiB per sample,
+which the backend's own CPU allocator refuses. On TensorFlow the real-OOM tests
+of this file and of `test_oom_exact.py` run in one subprocess whose allocator
+refuses at once (`test_tensorflow_real_oom_suite`).
 
 Every test counts the samples each step trained on with a non-trainable
 counter in the model (`SeenCounter`), which also checks that a failed attempt's
@@ -22,21 +16,16 @@ import os
 import subprocess
 import sys
 import traceback
-import warnings
 
 import keras
 import numpy as np
 import pytest
 from keras import ops
+from oom_models import BACKEND, FAST_OOM, MemoryCliff, real_oom
 
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 
-BACKEND = keras.backend.backend()
-FAST_OOM = BACKEND != "tensorflow" or os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0"
-real_oom = pytest.mark.skipif(not FAST_OOM, reason="TensorFlow: run in a subprocess by test_tensorflow_real_oom_suite")
 pytestmark = pytest.mark.multibackend
-
-HUGE_COLS = 2**38  # float32 columns per sample above the limit: 1 TiB per sample
 
 
 class SeenCounter(keras.layers.Layer):
@@ -54,37 +43,6 @@ class SeenCounter(keras.layers.Layer):
             ids = ops.cast(x[:, 0], "int32")
             self.seen.assign(self.seen + ops.sum(ops.one_hot(ids, self.num_samples, dtype=self.seen.dtype), axis=0))
         return x[:, 1:]
-
-
-class MemoryCliff(keras.layers.Layer):
-    """Above `limit` samples, materialises a (batch, 2**38) float32 tensor: the allocator refuses it."""
-
-    def __init__(self, limit, **kw):
-        super().__init__(**kw)
-        self.limit = limit
-
-    def call(self, x):
-        if BACKEND == "tensorflow":
-            import tensorflow as tf
-
-            n = tf.shape(x, out_type=tf.int64)[0]
-            cols = tf.where(n > self.limit, tf.constant(HUGE_COLS, tf.int64), tf.constant(1, tf.int64))
-            big = tf.fill(tf.stack([n, cols]), tf.cast(x[0, 0], tf.float32) * 0.0 + 1.0)  # runtime value: not folded
-            return x + ops.cast(tf.reduce_max(big) - 1.0, x.dtype)
-        n = x.shape[0]
-        if not isinstance(n, int) or n <= self.limit:
-            return x
-        if BACKEND == "jax":
-            import jax.numpy as jnp
-
-            with warnings.catch_warnings():  # an index into 2**38 columns asks for int64
-                warnings.simplefilter("ignore", UserWarning)
-                big = jnp.zeros((n, HUGE_COLS), "float32").at[0, 0].set(x[0, 0].astype("float32"))
-            return x + (0.0 * big.max()).astype(x.dtype)
-        import torch
-
-        big = torch.ones((n, HUGE_COLS), dtype=torch.float32, device=x.device)
-        return x + (big.max() - 1.0).to(x.dtype)
 
 
 class Boom(keras.layers.Layer):
@@ -383,7 +341,7 @@ def test_arguments_are_validated():
 
 
 def test_tensorflow_real_oom_suite():
-    """Runs this file's real-OOM tests on TensorFlow with an allocator that fails at once."""
+    """Runs the real-OOM tests (this file, test_oom_exact.py) on TensorFlow with an allocator that fails at once."""
     if BACKEND != "tensorflow" or FAST_OOM:
         pytest.skip("only from a TensorFlow run whose allocator retries for 10 s")
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="3")
@@ -398,6 +356,7 @@ def test_tensorflow_real_oom_suite():
             "--disable-warnings",
             "-rfE",
             os.path.abspath(__file__),
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_oom_exact.py"),
             "-k",
             "not test_tensorflow_real_oom_suite",
         ],
