@@ -106,6 +106,17 @@ class Backend:
         """The train function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``."""
         raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
 
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        """The runner that retries an evaluation (``kind="test"``) or prediction (``"predict"``) batch, split."""
+        raise ValueError(self.reducer_problem(model))
+
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+        """The test or predict function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``."""
+        raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
+
+    def hand_back_eval_state(self, model, kind: str, state) -> None:
+        """After a failed evaluation or prediction step, puts the state from before it into the model (JAX)."""
+
     def check_late_error(self, model) -> BaseException | None:
         """An error of an earlier asynchronous step that surfaces only when results are read (JAX)."""
         return None

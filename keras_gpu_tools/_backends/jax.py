@@ -22,6 +22,7 @@ from keras_gpu_tools._core.grad_accum import (
     FULL_SNAPSHOT_MAX_BYTES,
     LossRouting,
     Snapshot,
+    concat_outputs,
     measure_order,
     micro_batches,
     nbytes,
@@ -148,8 +149,58 @@ class _JAX:
 
 
 # -- gradient accumulation -----------------------------------------------------------------
-class JaxRunner:
+class _HostSnapshot:
+    """The state of a JAX step put back after a failed attempt: a host copy, since Keras's steps donate it."""
+
+    state_bytes: int | None = None
+    full_snapshot_max_bytes = FULL_SNAPSHOT_MAX_BYTES
+
+    def _forget(self) -> None:
+        """What a failed attempt leaves behind besides the state (the accumulator)."""
+
+    def _state_bytes(self, state) -> int:
+        if self.state_bytes is None:
+            self.state_bytes = sum(nbytes(a) for part in state for a in part)
+        return self.state_bytes
+
+    def protect(self, state, guarded: bool) -> Snapshot:
+        if guarded and self._state_bytes(state) <= self.full_snapshot_max_bytes:
+            host = self.jax.device_get([list(p) for p in state])
+            shardings = [[getattr(a, "sharding", None) for a in p] for p in state]
+            return Snapshot("full", (host, shardings))
+        return Snapshot("none", None)
+
+    def restore(self, snap: Snapshot, state):
+        self._forget()
+        alive = all(not a.is_deleted() for p in state for a in p)
+        if alive:
+            try:
+                self.jax.block_until_ready(state)  # an error of an earlier step may sit in the inputs
+                return state  # nothing was donated (the micro-batch path donates only its accumulator)
+            except Exception:
+                alive = False
+        if snap.kind != "full":
+            raise UnrecoverableOOM(
+                "OOMBatchSizeReducer: out of memory in a JAX step whose state Keras had donated to the failed call "
+                "(the weights and optimizer state were freed with it), and no host copy was kept (the state is over "
+                f"{self.full_snapshot_max_bytes / 2**30:.1f} GiB, or this split had already run at this batch shape). "
+                "Use `probe=True` so the split is chosen from the compiled step's memory analysis before running."
+            )
+        host, shardings = snap.items
+        jax = self.jax
+        restored = []
+        for values, shards in zip(host, shardings):
+            restored.append(
+                [jax.device_put(v, s) if s is not None else jax.device_put(v) for v, s in zip(values, shards)]
+            )
+        return tuple(restored)
+
+
+class JaxRunner(_HostSnapshot):
     """JAX: the state is the train function's argument (donated by Keras's step)."""
+
+    def _forget(self) -> None:
+        self._acc = None
 
     backend = "jax"
 
@@ -204,14 +255,7 @@ class JaxRunner:
         return list(tv2), list(ov2), [self.jnp.zeros_like(a) for a in acc]
 
     def _measure_fn(self, tv, ntv, data):
-        import keras
-
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        y_pred, _ = self.model.stateless_call(tv, ntv, x, **ki.training_kwargs(self.model, False))
-        out = []
-        with self.routing.measuring(out):
-            ki.compute_loss_of(self.model, y, y_pred, sample_weight)
-        return [self.jnp.asarray(d, "float32") for d in measure_order(out)]
+        return _measure_losses(self, tv, ntv, data)
 
     # -- running ---------------------------------------------------------------------
     def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
@@ -259,43 +303,6 @@ class JaxRunner:
         return logs, (tv, ntv, ov, mv)
 
     # -- state -------------------------------------------------------------------------
-    def _state_bytes(self, state) -> int:
-        if self.state_bytes is None:
-            self.state_bytes = sum(nbytes(a) for part in state for a in part)
-        return self.state_bytes
-
-    def protect(self, state, guarded: bool) -> Snapshot:
-        if guarded and self._state_bytes(state) <= self.full_snapshot_max_bytes:
-            host = self.jax.device_get([list(p) for p in state])
-            shardings = [[getattr(a, "sharding", None) for a in p] for p in state]
-            return Snapshot("full", (host, shardings))
-        return Snapshot("none", None)
-
-    def restore(self, snap: Snapshot, state):
-        self._acc = None
-        alive = all(not a.is_deleted() for p in state for a in p)
-        if alive:
-            try:
-                self.jax.block_until_ready(state)  # an error of an earlier step may sit in the inputs
-                return state  # nothing was donated (the micro-batch path donates only its accumulator)
-            except Exception:
-                alive = False
-        if snap.kind != "full":
-            raise UnrecoverableOOM(
-                "OOMBatchSizeReducer: out of memory in a JAX step whose state Keras had donated to the failed call "
-                "(the weights and optimizer state were freed with it), and no host copy was kept (the state is over "
-                f"{self.full_snapshot_max_bytes / 2**30:.1f} GiB, or this split had already run at this batch shape). "
-                "Use `probe=True` so the split is chosen from the compiled step's memory analysis before running."
-            )
-        host, shardings = snap.items
-        jax = self.jax
-        restored = []
-        for values, shards in zip(host, shardings):
-            restored.append(
-                [jax.device_put(v, s) if s is not None else jax.device_put(v) for v, s in zip(values, shards)]
-            )
-        return tuple(restored)
-
     def finish(self, result, guarded: bool):
         return result
 
@@ -339,6 +346,90 @@ class JaxRunner:
         except Exception as e:
             logger.debug("keras_gpu_tools: memory analysis failed: %s", e)
             return None, None
+
+
+class JaxEvalRunner(_HostSnapshot):
+    """JAX: a test step (state: trainable, non-trainable, metrics) or a predict step (trainable, non-trainable).
+
+    Keras's own steps donate their state, so a first attempt keeps a host copy
+    (:class:`_HostSnapshot`); split, the micro-batches run through a jit of the
+    model's own ``test_step``/``predict_step`` that donates nothing.
+    """
+
+    backend = "jax"
+    idle_recoverable = False  # Keras's step donated the weights: without a copy nothing can be retried
+
+    def __init__(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        import jax
+        import jax.numpy as jnp
+
+        self.jax = jax
+        self.jnp = jnp
+        self.model = model
+        self.kind = kind
+        self.original = original
+        self.mode = mode
+        self.routing = LossRouting(model)
+        self._micro_jit = jax.jit(self._micro)
+        self._plain_jit = jax.jit(lambda state, data: self.model.test_step(state, data))
+        self._measure_jit = jax.jit(lambda tv, ntv, data: _measure_losses(self, tv, ntv, data))
+
+    def _micro(self, state, data, w, totals):
+        if self.kind == "predict":
+            outputs, ntv = self.model.predict_step(state, data)
+            return outputs, (state[0], ntv)
+        with self.routing.micro(w, totals):
+            logs, state = self.model.test_step(state, data)
+        self.routing.check_step()
+        return logs, state
+
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if k == 1:
+            out = self.original(state, iter_one(batch))
+        elif self.kind == "predict":
+            outputs = []
+            for part, _ in micro_batches(batch, n, k):
+                o, state = self._micro_jit(state, part, self.jnp.float32(1.0), self.jnp.ones((1,), "float32"))
+                outputs.append(o)
+            out = (concat_outputs(outputs), state)
+        elif self.mode == "split":
+            out = None
+            for part, _ in micro_batches(batch, n, k):
+                out = self._plain_jit(state, part)  # Keras's own test_step, not donating
+                state = out[1]
+        else:
+            parts = micro_batches(batch, n, k)
+            totals = None
+            if self.routing.needs_totals():
+                tv, ntv = state[0], state[1]
+                first = [float(d) for d in self._measure_jit(tv, ntv, parts[0][0])]
+                self.routing.measured = True
+                if self.routing.needs_totals():
+                    rest = [[float(d) for d in self._measure_jit(tv, ntv, p)] for p, _ in parts[1:]]
+                    totals = self.routing.totals([first] + rest)
+            vector = self.jnp.asarray(totals if totals else [1.0], "float32")
+            out = None
+            for part, w in parts:
+                out = self._micro_jit(state, part, self.jnp.float32(w), vector)
+                state = out[1]
+        if guarded:
+            self.jax.block_until_ready(out)
+        return out
+
+    def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
+        return None, None
+
+
+def _measure_losses(runner, tv, ntv, data):
+    """Each compiled loss's denominator on ``data`` (traced: a forward pass in inference mode)."""
+    import keras
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    y_pred, _ = runner.model.stateless_call(tv, ntv, x, **ki.training_kwargs(runner.model, False))
+    out = []
+    with runner.routing.measuring(out):
+        ki.compute_loss_of(runner.model, y, y_pred, sample_weight)
+    return [runner.jnp.asarray(d, "float32") for d in measure_order(out)]
 
 
 # -- FLOPs ---------------------------------------------------------------------------------
@@ -498,6 +589,28 @@ class JaxBackend(Backend):
 
     def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
         return JaxRunner(model, original, mode, **kwargs)
+
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        return JaxEvalRunner(model, kind, original, mode)
+
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+        def step_function(state, iterator):
+            outputs = []
+            for i in range(steps_per_execution):
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    if i == 0:
+                        raise
+                    break
+                out, state = one(batch, state)
+                outputs.append(out)
+            return (concat_outputs(outputs) if kind == "predict" else outputs[-1]), state
+
+        return step_function
+
+    def hand_back_eval_state(self, model, kind: str, state) -> None:
+        ki.jax_write_variables(model, kind, state)
 
     def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
         def train_function(state, iterator):

@@ -19,7 +19,7 @@ from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import leading_dim, leaves
-from keras_gpu_tools._core.grad_accum import StatefulRunner, measure_order
+from keras_gpu_tools._core.grad_accum import StatefulEvalRunner, StatefulRunner, concat_outputs, measure_order
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
 from keras_gpu_tools.errors import InexactAccumulationError
 
@@ -257,20 +257,7 @@ class TFRunner(StatefulRunner):
 
     def _measure(self, part) -> list[float]:
         if self._measure_fn is None:
-            import keras
-
-            def measure(data):
-                x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-                y_pred = self.model(x, training=False)
-                out = []
-                with self.routing.measuring(out):
-                    ki.compute_loss_of(self.model, y, y_pred, sample_weight)
-                found = measure_order(out)
-                return (
-                    self.tf.stack([self.tf.cast(d, self.tf.float32) for d in found]) if found else self.tf.zeros((0,))
-                )
-
-            self._measure_fn = self._function(measure)
+            self._measure_fn = self._function(_measuring(self))
         return [float(d) for d in self._measure_fn(part).numpy()]
 
     def _run_accumulated(self, parts, totals):
@@ -307,6 +294,76 @@ class TFRunner(StatefulRunner):
             tf = self.tf
             self._small_fn = tf.function(lambda: [tf.identity(v.value) for v in small])
         return self._small_fn()
+
+
+class TFEvalRunner(StatefulEvalRunner):
+    """TensorFlow: a test step (``f(iterator)``) or a predict step (``f(batches)``), split."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import tensorflow as tf
+
+        self.tf = tf
+        self._micro_fn = None
+        self._measure_fn = None
+        self._refused: InexactAccumulationError | None = None
+
+    def _function(self, fn):
+        if getattr(self.model, "run_eagerly", False):
+            return fn
+        return self.tf.function(fn, reduce_retracing=True, jit_compile=bool(getattr(self.model, "jit_compile", False)))
+
+    def _run_original(self, batch):
+        if self.kind == "predict":
+            return self.original([batch])
+        return ki.tf_run_batches(self.original, [batch])
+
+    def _micro_test(self, part, w: float, totals: list[float]):
+        tf = self.tf
+        if self._micro_fn is None:
+
+            def micro(data, w, totals):
+                try:
+                    with self.routing.micro(w, totals):
+                        logs = self.model.test_step(data)
+                    self.routing.check_step()
+                except InexactAccumulationError as e:
+                    self._refused = e
+                    raise
+                return logs
+
+            self._micro_fn = self._function(micro)
+        self._refused = None
+        try:
+            return self._micro_fn(part, tf.constant(w, tf.float32), tf.constant(totals, tf.float32))
+        except Exception:
+            refused, self._refused = self._refused, None
+            if refused is not None:
+                raise refused from None
+            raise
+
+    def _measure(self, part) -> list[float]:
+        if self._measure_fn is None:
+            self._measure_fn = self._function(_measuring(self))
+        return [float(d) for d in self._measure_fn(part).numpy()]
+
+
+def _measuring(runner):
+    """A function of one batch returning each compiled loss's denominator (a forward pass, no update)."""
+    import keras
+
+    tf = runner.tf
+
+    def measure(data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = runner.model(x, training=False)
+        out = []
+        with runner.routing.measuring(out):
+            ki.compute_loss_of(runner.model, y, y_pred, sample_weight)
+        found = measure_order(out)
+        return tf.stack([tf.cast(d, tf.float32) for d in found]) if found else tf.zeros((0,))
+
+    return measure
 
 
 def _fetch(iterator, n: int) -> list[Any]:
@@ -432,6 +489,29 @@ class TensorFlowBackend(Backend):
 
     def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
         return TFRunner(model, original, mode, **kwargs)
+
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        return TFEvalRunner(model, kind, original, mode)
+
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+        if kind == "predict":
+
+            def predict_function(batches):  # already fetched by predict()
+                return concat_outputs([one(batch) for batch in batches])
+
+            return predict_function
+
+        def test_function(iterator):
+            # Fetched in Python, like the training step, so that a batch survives an OOM.
+            batches = _fetch(iterator, steps_per_execution)
+            if not batches:
+                raise StopIteration
+            out = None
+            for batch in batches:
+                out = one(batch)
+            return out
+
+        return test_function
 
     def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
         def train_function(iterator):

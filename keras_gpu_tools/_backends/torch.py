@@ -19,7 +19,7 @@ from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import leading_dim
-from keras_gpu_tools._core.grad_accum import StatefulRunner, measure_order
+from keras_gpu_tools._core.grad_accum import StatefulEvalRunner, StatefulRunner, concat_outputs, measure_order
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -145,15 +145,7 @@ class TorchRunner(StatefulRunner):
                     self._acc[i] = g.detach() * w
 
     def _measure(self, part) -> list[float]:
-        import keras
-
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(part)
-        out = []
-        with self.torch.no_grad():
-            y_pred = self.model(x, training=False)
-            with self.routing.measuring(out):
-                ki.compute_loss_of(self.model, y, y_pred, sample_weight)
-        return [float(d) for d in measure_order(out)]
+        return _measure(self, part)
 
     def _run_accumulated(self, parts, totals):
         model = self.model
@@ -191,6 +183,47 @@ class TorchRunner(StatefulRunner):
         except Exception:
             pass
         return out
+
+
+class TorchEvalRunner(StatefulEvalRunner):
+    """torch: a test or predict step (``f(batches)``), split."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import torch
+
+        self.torch = torch
+
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if guarded:
+            batch = _fresh_sample_weights(batch)  # see TorchRunner.run
+        return super().run(batch, n, k, state, guarded)
+
+    def _run_original(self, batch):
+        return self.original([batch])
+
+    def _micro_test(self, part, w: float, totals: list[float]):
+        with self.torch.no_grad():
+            with self.routing.micro(w, totals):
+                logs = self.model.test_step(part)
+        self.routing.check_step()
+        return logs
+
+    def _measure(self, part) -> list[float]:
+        return _measure(self, part)
+
+
+def _measure(runner, part) -> list[float]:
+    """Each compiled loss's denominator on ``part`` (a forward pass in inference mode, no update)."""
+    import keras
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(part)
+    out = []
+    with runner.torch.no_grad():
+        y_pred = runner.model(x, training=False)
+        with runner.routing.measuring(out):
+            ki.compute_loss_of(runner.model, y, y_pred, sample_weight)
+    return [float(d) for d in measure_order(out)]
 
 
 def _fresh_sample_weights(batch):
@@ -317,6 +350,25 @@ class TorchBackend(Backend):
 
     def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
         return TorchRunner(model, original, mode, **kwargs)
+
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        return TorchEvalRunner(model, kind, original, mode)
+
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+        if kind == "predict":
+
+            def predict_function(data):
+                return concat_outputs([one(batch) for batch in data])
+
+            return predict_function
+
+        def test_function(data):
+            logs = None
+            for batch in data:
+                logs = one(batch)
+            return logs
+
+        return test_function
 
     def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
         def train_function(data):

@@ -201,7 +201,7 @@ class LossRouting:
         if self.calls == 0:
             raise refusal(
                 "train_step did not compute the compiled loss (`self.compute_loss`), so the loss it "
-                "differentiates is its own, and what it averages over is unknown"
+                "differentiates (or test_step reports) is its own, and what it averages over is unknown"
             )
         if self._expected_additional is None:
             self._expected_additional = ki.expected_additional_losses(self.model)
@@ -432,3 +432,91 @@ class StatefulRunner:
 
     def _reset_accumulator(self):
         pass
+
+
+def concat_outputs(outputs: list) -> Any:
+    """Predictions of micro-batches joined along the batch axis, in their structure."""
+    import keras
+
+    if len(outputs) == 1:
+        return outputs[0]
+    return keras.tree.map_structure(lambda *xs: keras.ops.concatenate(list(xs), axis=0), *outputs)
+
+
+class StatefulEvalRunner:
+    """TensorFlow and torch: one evaluation (``test``) or prediction (``predict``) step, split.
+
+    A test step's state is the metrics (a small copy of them puts a failed
+    attempt back); a predict step has none. Split, a test step runs the
+    model's own ``test_step`` per micro-batch with the compiled losses routed
+    (:class:`LossRouting`: the loss the logs show is the whole batch's), and a
+    predict step runs Keras's own function per micro-batch and joins the
+    outputs. In mode ``split`` a test step runs Keras's own function per
+    micro-batch (each micro-batch's loss weighted by its samples).
+    """
+
+    def __init__(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        self.model = model
+        self.kind = kind
+        self.original = original
+        self.mode = mode
+        self.routing = LossRouting(model)
+
+    @property
+    def idle_recoverable(self) -> bool:
+        """Whether an out-of-memory error on the idle path (no copy) can be retried: a predict step has no state."""
+        return self.kind == "predict"
+
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if k == 1:
+            return self._run_original(batch)
+        parts = micro_batches(batch, n, k)
+        if self.kind == "predict":
+            return concat_outputs([self._run_original(part) for part, _ in parts])
+        if self.mode == "split":
+            out = None
+            for part, _ in parts:
+                out = self._run_original(part)
+            return out
+        totals = None
+        if self.routing.needs_totals():
+            first = self._measure(parts[0][0])
+            self.routing.measured = True
+            if self.routing.needs_totals():
+                totals = self.routing.totals([first] + [self._measure(part) for part, _ in parts[1:]])
+        logs = None
+        for part, w in parts:
+            logs = self._micro_test(part, w, totals if totals else [1.0])
+        return logs
+
+    def protect(self, state, guarded: bool) -> Snapshot:
+        if self.kind == "predict":
+            return Snapshot("none", None)
+        import keras
+
+        variables = list(self.model.metrics_variables)
+        return Snapshot("small", [(v, keras.ops.convert_to_numpy(v.value)) for v in variables])
+
+    def restore(self, snap: Snapshot, state):
+        if snap.kind == "small":
+            import keras
+
+            for v, value in snap.items:
+                v.assign(value)
+            known = {id(v) for v, _ in snap.items}
+            for v in self.model.metrics_variables:  # built by the failed attempt itself (TensorFlow's first trace)
+                if id(v) not in known:
+                    v.assign(keras.ops.zeros(tuple(v.shape), dtype=v.dtype))
+        return state
+
+    def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
+        return None, None
+
+    def _run_original(self, batch):
+        raise NotImplementedError
+
+    def _micro_test(self, part, w: float, totals: list[float]):
+        raise NotImplementedError
+
+    def _measure(self, part) -> list[float]:
+        raise NotImplementedError

@@ -184,6 +184,19 @@ def set_train_function(model, fn: Callable) -> None:
     model.train_function = fn
 
 
+_EVAL_ATTRIBUTES = {"test": "test_function", "predict": "predict_function"}
+
+
+def eval_function(model, kind: str) -> Callable | None:
+    """``model.test_function`` (``kind="test"``) or ``model.predict_function`` (``"predict"``), or None."""
+    return getattr(model, _EVAL_ATTRIBUTES[kind], None)
+
+
+def set_eval_function(model, kind: str, fn: Callable) -> None:
+    """Replaces the test or predict function; evaluate()/predict() read it anew at every step."""
+    setattr(model, _EVAL_ATTRIBUTES[kind], fn)
+
+
 def steps_per_execution(model) -> int:
     return int(getattr(model, "steps_per_execution", 1) or 1)
 
@@ -505,6 +518,24 @@ def jax_hand_back_state(model, state) -> None:
         model._jax_state_synced = False
     except Exception:
         logger.debug("keras_gpu_tools: could not hand the JAX state back to the model", exc_info=True)
+
+
+def jax_write_variables(model, kind: str, state) -> None:
+    """Writes a JAX evaluation (``test``: tv, ntv, mv) or prediction (``predict``: tv, ntv) state into the model.
+
+    After an error inside ``evaluate()``/``predict()``, Keras never syncs the
+    state it took from the model (and purged from its variables); this puts
+    the state from before the failed attempt back.
+    """
+    try:
+        groups = [model.trainable_variables, model.non_trainable_variables]
+        if kind == "test":
+            groups.append(model.metrics_variables)
+        for variables, values in zip(groups, state):
+            for v, value in zip(variables, values):
+                v.assign(value)
+    except Exception:
+        logger.debug("keras_gpu_tools: could not write the JAX state back into the model", exc_info=True)
 
 
 def variables_of(model, which: str) -> list[Any]:

@@ -57,16 +57,20 @@ class OOMEvent:
     kind: str  # backend of the error
     regrow: bool = False  # the failed attempt was a regrow trial
     seconds: float = 0.0  # time of the failed attempt
+    phase: str = "train"  # "train", "test" (evaluate() and validation) or "predict"
 
     def line(self) -> str:
+        where = {"test": "evaluation step", "predict": "prediction step"}.get(self.phase, "step")
         what = f"out of memory at batch {self.batch_size}"
         if self.failed_split > 1:
             what += f" (as {describe_split(self.batch_size, self.failed_split)})"
+        if self.kind == "predicted":
+            what = "predicted " + what
         if self.next_split is None:
-            return f"step {self.step}: {what}; no smaller split is allowed"
+            return f"{where} {self.step}: {what}; no smaller split is allowed"
         if self.regrow:
-            return f"step {self.step}: {what} while trying a smaller split; back to {describe_split(self.batch_size, self.next_split)}"
-        return f"step {self.step}: {what}, retrying as {describe_split(self.batch_size, self.next_split)}"
+            return f"{where} {self.step}: {what} while trying a smaller split; back to {describe_split(self.batch_size, self.next_split)}"
+        return f"{where} {self.step}: {what}, retrying as {describe_split(self.batch_size, self.next_split)}"
 
 
 class SplitController:
@@ -316,6 +320,7 @@ class Recovery:
         self.memory = memory or (lambda: {})
         self.clock = clock or time.perf_counter
         self.probe = probe
+        self.phase = "train"
         self.known = set()  # (signature, k) that ran without error
         self.last_split = 1
         self.last_need: int | None = None
@@ -371,6 +376,7 @@ class Recovery:
                 kind=self.classify(failure) if failure is not None else "predicted",
                 regrow=trial,
                 seconds=self.clock() - t0,
+                phase=self.phase,
             )
             self.on_event(event)
             if nxt is None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from keras_gpu_tools import _backends
+from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.grad_accum import accumulation_problem, refusal
@@ -29,6 +32,23 @@ from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
 logger = logging.getLogger("keras_gpu_tools")
 
 _MODES = ("accumulate", "split")
+_EVAL_MARK = "_keras_gpu_tools_eval_original"  # on our test/predict function: Keras's own
+_PHASES = {"test": "evaluation", "predict": "prediction"}
+
+
+@dataclass
+class _Eval:
+    """The retrying of one kind of step besides training: ``test`` (validation, evaluate()) or ``predict``."""
+
+    kind: str
+    controller: SplitController
+    recovery: Recovery
+    runner: Any = None
+    model: Any = None  # not `self.model` inside a step: on JAX that property syncs fit()'s state
+    original: Callable | None = None
+    active: bool = False
+    idle: set = field(default_factory=set)  # batch shapes that ran whole: Keras's own step, no copy
+    step: int = 0
 
 
 class OOMBatchSizeReducer(FitCallback):
@@ -169,6 +189,7 @@ class OOMBatchSizeReducer(FitCallback):
         self._attachment = None
         self._writer: EventWriter | None = None
         self._spe = 1
+        self._eval: dict[str, _Eval] = {}  # "test" / "predict": evaluation and prediction steps
 
     # -- public ---------------------------------------------------------------
     @property
@@ -220,6 +241,105 @@ class OOMBatchSizeReducer(FitCallback):
         if self._writer is not None:
             self._writer.scalars(values, step=self._global_step)
             self._writer.flush()
+
+    # -- evaluation and prediction ------------------------------------------------------
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        self._attach_eval("test")
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        self._detach_eval("test")
+
+    def on_predict_begin(self, logs: dict | None = None) -> None:
+        self._attach_eval("predict")
+
+    def on_predict_end(self, logs: dict | None = None) -> None:
+        self._detach_eval("predict")
+
+    def _attach_eval(self, kind: str) -> None:
+        """Runs each test (validation, evaluate()) or predict step through the same retrying as training."""
+        model = self.model
+        current = ki.eval_function(model, kind)
+        if current is None:
+            return
+        current = getattr(current, _EVAL_MARK, current)  # a wrapper an evaluate() that raised left behind
+        ev = self._eval.get(kind)
+        if ev is None:
+            controller = SplitController(self.min_batch_size)
+            recovery = Recovery(
+                controller,
+                on_event=self._on_event,
+                memory=self._memory,
+                classify=_backends.oom_kind,
+                rebuild=_backends.oom_error,
+            )
+            recovery.phase = kind
+            ev = self._eval[kind] = _Eval(kind, controller, recovery)
+        ev.runner = self.backend.eval_runner(model, kind, current, self.mode)
+        ev.model = model
+        ev.original = current
+        call = self.backend.eval_call(
+            kind, lambda batch, state=None: self._one_eval(ev, batch, state), self._spe_of(model)
+        )
+
+        def function(*args):
+            if not ev.active:  # left by an evaluate() that died: Keras's own function, and unwrap
+                ki.set_eval_function(model, kind, current)
+                return current(*args)
+            return call(*args)
+
+        setattr(function, _EVAL_MARK, current)
+        ev.active = True
+        ki.set_eval_function(model, kind, function)
+
+    def _detach_eval(self, kind: str) -> None:
+        ev = self._eval.get(kind)
+        if ev is None or not ev.active:
+            return
+        ev.active = False
+        model = ev.model
+        fn = ki.eval_function(model, kind) if model is not None else None
+        if fn is not None and getattr(fn, _EVAL_MARK, None) is ev.original:
+            ki.set_eval_function(model, kind, ev.original)
+        ev.runner = ev.model = None
+
+    @staticmethod
+    def _spe_of(model) -> int:
+        return max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+
+    def _one_eval(self, ev: _Eval, batch, state=None):
+        sig = batch_signature(batch)
+        ev.step += 1
+        if sig in ev.idle:
+            try:
+                return ev.runner.run(batch, 0, 1, state, False)
+            except Exception as e:
+                if not _backends.is_oom(e):
+                    self._detach_eval(ev.kind)
+                    raise
+                if not ev.runner.idle_recoverable:
+                    self._detach_eval(ev.kind)
+                    raise UnrecoverableOOM(
+                        f"OOMBatchSizeReducer: out of memory in an {_PHASES[ev.kind]} step at a batch shape that had "
+                        f"already run whole ({sig!r}); no copy of its state was kept, so it cannot be retried "
+                        "exactly. Set `late_recovery=True`, or lower the batch size."
+                    ) from e
+                ev.idle.discard(sig)  # a predict step has no state: retry it split
+        n = leading_dim(batch) or 1
+        if self.mode == "accumulate" and ev.kind == "test" and ev.controller.split_for(n) > 1:
+            problem = ki.loss_reduction_problem(ev.model)
+            if problem:
+                self._detach_eval(ev.kind)
+                raise refusal(problem)
+        try:
+            result, k = ev.recovery.run(ev.runner, batch, n, sig, state, step=ev.step - 1)
+        except BaseException:
+            if ev.recovery.restored_state is not None:
+                self.backend.hand_back_eval_state(ev.model, ev.kind, ev.recovery.restored_state)
+            self._detach_eval(ev.kind)
+            raise
+        if k == 1 and not self.late_recovery:
+            ev.idle.add(sig)
+        return result
 
     # -- step hook observer -------------------------------------------------------
     def sample(self, index: int) -> bool:
@@ -332,6 +452,8 @@ class OOMBatchSizeReducer(FitCallback):
         return "\n".join(lines)
 
     def _stop_fit(self, aborted: bool) -> None:
+        for kind in list(self._eval):
+            self._detach_eval(kind)  # validation that raised never reached on_test_end
         attachment, self._attachment = self._attachment, None
         if attachment is not None:
             attachment.detach()

@@ -424,3 +424,48 @@ def test_numerator_over_denominator_is_keras_own_loss(reduction, with_mask, with
     expected = float(ops.convert_to_numpy(loss(y_true, y_pred, sample_weight=sw)))  # (torch: scales sw in place)
     np.testing.assert_allclose(got, expected, rtol=1e-6)
     assert facts["mask"] is with_mask and facts["weights"] is with_weights and not facts["scalar"]
+
+
+# -- evaluation and prediction ---------------------------------------------------------------------------
+@real_oom
+def test_validation_that_runs_out_of_memory_is_split_and_equals_the_unsplit_run():
+    x, y = tokens(seed=9)
+    sw = weights_of(seed=4, steps=T)
+    loss = keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")
+    model, reference = sequence_model(4, loss, metrics=["mae"]), sequence_model(10**9, loss, metrics=["mae"])
+    reducer = OOMBatchSizeReducer()
+    fit_kw = dict(
+        batch_size=4,  # training fits; validation batches of 16 run out of memory
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        validation_data=(x, y, sw),
+        validation_batch_size=BATCH,
+    )
+    history = model.fit(x, y, callbacks=[reducer], **fit_kw).history
+    ref_history = reference.fit(x, y, **fit_kw).history
+    assert [e.phase for e in reducer.events] == ["test", "test"]
+    assert reducer.events[0].line().startswith("evaluation step 0: out of memory at batch 16")
+    assert_same_run(model, reference, history, ref_history)
+
+
+@real_oom
+def test_evaluate_and_predict_that_run_out_of_memory_equal_the_unsplit_run():
+    x, y = tokens(seed=10)
+    loss = keras.losses.MeanSquaredError()
+    model, reference = sequence_model(4, loss, metrics=["mae"]), sequence_model(10**9, loss, metrics=["mae"])
+    reducer = OOMBatchSizeReducer()
+    got = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True, callbacks=[reducer])
+    expected = reference.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+    assert set(got) == set(expected)
+    for key in expected:
+        np.testing.assert_allclose(got[key], expected[key], rtol=1e-5, err_msg=key)
+    predicted = model.predict(x, batch_size=BATCH, verbose=0, callbacks=[reducer])
+    np.testing.assert_allclose(predicted, reference.predict(x, batch_size=BATCH, verbose=0), rtol=1e-6, atol=1e-7)
+    assert [e.phase for e in reducer.events] == ["test", "test", "predict", "predict"]
+    assert model.test_function is not None and not hasattr(model.test_function, "_keras_gpu_tools_eval_original")
+    assert not hasattr(model.predict_function, "_keras_gpu_tools_eval_original")  # Keras's own functions again
+    # a second evaluate starts at the split that worked: no new out-of-memory error
+    again = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True, callbacks=[reducer])
+    np.testing.assert_allclose(again["loss"], expected["loss"], rtol=1e-5)
+    assert len(reducer.events) == 4
