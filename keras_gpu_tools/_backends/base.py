@@ -49,6 +49,10 @@ class Backend:
         """The first GPU's ``device``, ``bytes_limit``, ``bytes_in_use``, ``peak_bytes_in_use`` (empty on CPU)."""
         return {}
 
+    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
+        """Per local GPU: the allocator's peak bytes since the process started, and the device's capacity."""
+        return {}
+
     def uses_tf32(self) -> bool:
         """Whether float32 matmuls run as TF32 (their peak FLOP/s is TF32's)."""
         return False
@@ -105,6 +109,27 @@ class Backend:
     def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
         """The train function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``."""
         raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
+
+    def explain_oom(
+        self, error: BaseException | None, context: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """What the framework can tell about an out-of-memory error, at the moment it happened.
+
+        Returns ``(figures, artifacts)``: :class:`~keras_gpu_tools._core.oom_explain.OOMExplanation`
+        field values from the allocator (memory in use, peak, limit, the
+        largest buffers, the failing program's memory analysis), and files to
+        write next to the event (name suffix -> bytes) when
+        ``context["files"]`` is set. ``error`` is None for a failure predicted
+        from a memory analysis (``context["predicted_need"]``).
+        """
+        return {}, {}
+
+    def start_memory_history(self) -> str | None:
+        """Starts recording the allocator's history of allocations; returns why it cannot, or None."""
+        return f"the Keras backend {self.name!r} records no allocation history (torch with CUDA does)"
+
+    def stop_memory_history(self) -> None:
+        """Stops what :meth:`start_memory_history` started."""
 
     def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
         """The runner that retries an evaluation (``kind="test"``) or prediction (``"predict"``) batch, split."""

@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps, gpu_peaks
 from keras_gpu_tools._core import keras_internals as ki
-from keras_gpu_tools._core.batches import leading_dim, leaves
+from keras_gpu_tools._core.batches import batch_signature, leading_dim, leaves
 from keras_gpu_tools._core.grad_accum import (
     FULL_SNAPSHOT_MAX_BYTES,
     LossRouting,
@@ -227,6 +228,7 @@ class JaxRunner(_HostSnapshot):
         self._step = ki.jax_step_function(original)
         self.state_bytes = None
         self.routing = LossRouting(model)
+        self._memory: dict[tuple, dict[str, int] | None] = {}  # (batch signature, split) -> memory analysis
 
     # -- traced functions ------------------------------------------------------
     def _micro(self, tv, ntv, ov, mv, acc, data, w, totals):
@@ -306,46 +308,105 @@ class JaxRunner(_HostSnapshot):
     def finish(self, result, guarded: bool):
         return result
 
+    def memory_of(self, batch, n: int, k: int, state) -> dict[str, int] | None:
+        """XLA's memory analysis of the program one attempt at ``k`` runs, compiled but not run; cached.
+
+        ``arguments``, ``outputs``, ``temporaries``, ``aliased`` (outputs that
+        reuse donated arguments) and ``need``: what the attempt adds to the
+        memory in use, temporaries and new outputs, plus the accumulator and the
+        batch's copy to the device where they are not there yet. Compiled with
+        GPU autotuning off (:func:`compile_for_analysis`): autotuning runs
+        candidate kernels, which is what made each failing split cost seconds.
+        """
+        key = (batch_signature(batch), k)
+        if key in self._memory:
+            return self._memory[key]
+        found = None
+        try:
+            jnp = self.jnp
+            state = _specs(state)
+            if k == 1:
+                if self._step is None:
+                    return None
+                lowered = self._step.lower(state, batch)
+                extra = 0
+            else:
+                tv, ntv, ov, mv = ki.jax_state_parts(state)
+                part, w = micro_batches(batch, n, k)[0]
+                totals = jnp.ones((max(1, len(ki.flat_losses(self.model) or [])),), "float32")
+                self.routing.lenient = True  # a trace for its memory analysis: the totals' values do not matter
+                try:
+                    lowered = self._micro_jit.lower(tv, ntv, ov, mv, list(tv), part, jnp.float32(w), totals)
+                finally:
+                    self.routing.lenient = False
+                extra = 0 if self._acc is not None else sum(nbytes(a) for a in tv)  # the accumulator
+            found = program_memory(compile_for_analysis(lowered))
+            if found is not None:
+                host = sum(nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))  # copied in
+                found["need"] = found["temporaries"] + found["outputs"] - found["aliased"] + extra + host
+        except Exception as e:
+            logger.debug("keras_gpu_tools: memory analysis failed: %s", e)
+            found = None
+        self._memory[key] = found
+        return found
+
     def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
         """(fits, bytes needed) from XLA's memory analysis, or (None, None) where the device has no limit."""
         mem = BACKEND.device_memory()
         limit = mem.get("bytes_limit")
         if not limit:
             return None, None
-        try:
-            jnp = self.jnp
-            if k == 1:
-                if self._step is None:
-                    return None, None
-                compiled = self._step.lower(state, batch).compile()
-                extra = 0
-            else:
-                tv, ntv, ov, mv = ki.jax_state_parts(state)
-                part, w = micro_batches(batch, n, k)[0]
-                acc = [self.jax.ShapeDtypeStruct(a.shape, a.dtype) for a in tv]
-                totals = jnp.ones((max(1, len(ki.flat_losses(self.model) or [])),), "float32")
-                self.routing.lenient = True  # a trace for its memory analysis: the totals' values do not matter
-                try:
-                    lowered = self._micro_jit.lower(tv, ntv, ov, mv, acc, part, jnp.float32(w), totals)
-                finally:
-                    self.routing.lenient = False
-                compiled = lowered.compile()
-                extra = 0 if self._acc is not None else sum(nbytes(a) for a in tv)
-            ma = compiled.memory_analysis()
-            if ma is None:
-                return None, None
-            need = (
-                int(getattr(ma, "temp_size_in_bytes", 0))
-                + int(getattr(ma, "output_size_in_bytes", 0))
-                - int(getattr(ma, "alias_size_in_bytes", 0))
-                + extra
-            )
-            need += sum(nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))  # host inputs to copy
-            in_use = mem.get("bytes_in_use", 0)
-            return in_use + need <= 0.95 * limit, need
-        except Exception as e:
-            logger.debug("keras_gpu_tools: memory analysis failed: %s", e)
+        found = self.memory_of(batch, n, k, state)
+        if found is None:
             return None, None
+        need = found["need"]
+        return mem.get("bytes_in_use", 0) + need <= PREDICT_FRACTION * limit, need
+
+
+#: The share of the device's memory limit a step may be predicted to use (XLA's
+#: analysis leaves out allocator fragmentation and the runtime's own buffers).
+PREDICT_FRACTION = 0.95
+
+
+def _specs(tree):
+    """Shape-only stand-ins (with their sharding) of the arrays in ``tree``; donated ones included."""
+    import jax
+
+    def spec(a):
+        if hasattr(a, "shape") and hasattr(a, "dtype") and hasattr(a, "is_deleted"):
+            sharding = getattr(a, "sharding", None)
+            try:
+                return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+            except Exception:
+                return jax.ShapeDtypeStruct(a.shape, a.dtype)
+        return a
+
+    return jax.tree_util.tree_map(spec, tree)
+
+
+def compile_for_analysis(lowered):
+    """``lowered.compile()`` for its memory analysis only: on a GPU without autotuning (faster; not for running)."""
+    if BACKEND.async_device():
+        try:
+            return lowered.compile(compiler_options={"xla_gpu_autotune_level": 0})
+        except Exception as e:  # an XLA without the option: compile as usual
+            logger.debug("keras_gpu_tools: compiling without autotuning failed (%s); compiling as usual", e)
+    return lowered.compile()
+
+
+def program_memory(compiled) -> dict[str, int] | None:
+    """``arguments``, ``outputs``, ``temporaries``, ``aliased`` bytes of a compiled program (XLA's analysis)."""
+    ma = compiled.memory_analysis()
+    if isinstance(ma, (list, tuple)):
+        ma = ma[0] if ma else None
+    if ma is None:
+        return None
+    return {
+        "arguments": int(getattr(ma, "argument_size_in_bytes", 0)),
+        "outputs": int(getattr(ma, "output_size_in_bytes", 0)),
+        "temporaries": int(getattr(ma, "temp_size_in_bytes", 0)),
+        "aliased": int(getattr(ma, "alias_size_in_bytes", 0)),
+    }
 
 
 class JaxEvalRunner(_HostSnapshot):
@@ -498,6 +559,15 @@ class JaxBackend(Backend):
         except Exception:
             return {}
 
+    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
+        out = {}
+        for i, dev in enumerate(self._gpu_list()):
+            stats = dev.memory_stats() or {}
+            if "peak_bytes_in_use" in stats:
+                limit = stats.get("bytes_limit")
+                out[i] = (float(stats["peak_bytes_in_use"]), float(limit) if limit else None)
+        return out
+
     def uses_tf32(self) -> bool:
         jax = deps.loaded("jax")
         return jax is not None and jax.config.jax_default_matmul_precision in (None, "default", "tensorfloat32")
@@ -583,6 +653,51 @@ class JaxBackend(Backend):
     def oom_error(self, original: BaseException, message: str) -> BaseException | None:
         made = type(original)(message)
         return made if isinstance(made, BaseException) else None
+
+    def explain_oom(self, error, context) -> tuple[dict, dict]:
+        """The device's memory statistics, the largest live arrays, the failing program's memory analysis,
+        and (``context["files"]``) the device memory profile (pprof, for ``pprof`` or xprof)."""
+        jax = deps.loaded("jax")
+        figures: dict[str, Any] = {"sources": []}
+        artifacts: dict[str, bytes] = {}
+        if jax is None:
+            return figures, artifacts
+        try:
+            dev = jax.local_devices()[0]
+            stats = dev.memory_stats() or {}
+            if stats:
+                figures["device"] = getattr(dev, "device_kind", str(dev))
+                figures["in_use_bytes"] = stats.get("bytes_in_use")
+                figures["peak_bytes"] = stats.get("peak_bytes_in_use")
+                limit = stats.get("bytes_limit")
+                if limit:
+                    figures["capacity_bytes"] = int(limit)
+                    figures["free_bytes"] = max(0, int(limit) - int(stats.get("bytes_in_use", 0)))
+                figures["sources"].append(f"{dev}.memory_stats()")
+        except Exception:
+            pass
+        try:
+            live = sorted(jax.live_arrays(), key=lambda a: -int(getattr(a, "nbytes", 0)))[:5]
+            figures["largest"] = [(f"live array {a.dtype}{list(a.shape)}", int(a.nbytes)) for a in live]
+            if live:
+                figures["sources"].append("jax.live_arrays()")
+        except Exception:
+            pass
+        runner = context.get("runner")
+        if hasattr(runner, "memory_of"):
+            program = runner.memory_of(context["batch"], context["n"], context["k"], context["state"])
+            if program:
+                figures["program"] = {k: v for k, v in program.items() if k != "need"}
+                figures["sources"].append("XLA's memory analysis of the failing program (compiled, not run)")
+                if error is None and context.get("predicted_need") is not None:
+                    figures["requested_bytes"] = int(context["predicted_need"])
+                    figures["allocation"] = f"the step at split {context['k']} (predicted, not run)"
+        if context.get("files"):
+            try:
+                artifacts["device_memory.prof"] = jax.profiler.device_memory_profile()
+            except Exception:
+                logger.debug("keras_gpu_tools: no device memory profile", exc_info=True)
+        return figures, artifacts
 
     def reducer_problem(self, model) -> str | None:
         return None

@@ -432,6 +432,16 @@ class TensorFlowBackend(Backend):
         except Exception:
             return {}
 
+    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
+        tf = deps.loaded("tensorflow")
+        if tf is None:
+            return {}
+        out = {}
+        for i, _ in enumerate(tf.config.list_logical_devices("GPU")):
+            info = tf.config.experimental.get_memory_info(f"GPU:{i}")
+            out[i] = (float(info["peak"]), _gpu_total_bytes(i))
+        return out
+
     def uses_tf32(self) -> bool:
         tf = deps.loaded("tensorflow")
         return bool(tf is not None and tf.config.experimental.is_tensor_float_32_execution_enabled())
@@ -476,6 +486,40 @@ class TensorFlowBackend(Backend):
 
     def oom_error(self, original: BaseException, message: str) -> BaseException | None:
         return type(original)(getattr(original, "node_def", None), getattr(original, "op", None), message)
+
+    def explain_oom(self, error, context) -> tuple[dict, dict]:
+        """``get_memory_info`` of the device the error names (GPU:0 by default; the CPU where its allocator keeps statistics)."""
+        tf = deps.loaded("tensorflow")
+        figures: dict[str, Any] = {}
+        if tf is None:
+            return figures, {}
+        text = str(error or "")
+        device = "GPU:0"
+        for name in ("GPU", "CPU"):
+            marker = f"device:{name}:"
+            if marker in text:
+                index = text.split(marker, 1)[1].split()[0].rstrip(".,")
+                device = f"{name}:{''.join(c for c in index if c.isdigit()) or '0'}"
+                break
+        else:
+            if not tf.config.list_logical_devices("GPU"):
+                device = "CPU:0"
+        try:
+            info = tf.config.experimental.get_memory_info(device)
+            if info.get("peak"):  # the default CPU allocator keeps none (zeros)
+                figures["in_use_bytes"] = int(info["current"])
+                figures["peak_bytes"] = int(info["peak"])
+                figures["sources"] = [f"tf.config.experimental.get_memory_info({device!r})"]
+        except Exception:
+            pass
+        if device.startswith("GPU"):
+            total = _gpu_total_bytes(int(device.split(":")[1]))
+            if total:
+                figures["capacity_bytes"] = total
+                if "in_use_bytes" in figures:
+                    figures["free_bytes"] = max(0, total - figures["in_use_bytes"])
+                figures.setdefault("sources", []).append("NVML (the GPU's total memory)")
+        return figures, {}
 
     def reducer_problem(self, model) -> str | None:
         strategy = getattr(model, "distribute_strategy", None)
@@ -526,6 +570,19 @@ class TensorFlowBackend(Backend):
             return out
 
         return train_function
+
+
+def _gpu_total_bytes(index: int) -> int | None:
+    """The total memory of the framework's GPU ``index`` from NVML (TensorFlow reports no capacity itself)."""
+    try:
+        from keras_gpu_tools._core import devices, nvml
+
+        found = devices.visible_gpus(nvml.default_nvml())
+        if index < len(found) and found[index].memory_total_bytes:
+            return int(found[index].memory_total_bytes)
+    except Exception:
+        pass
+    return None
 
 
 BACKEND = TensorFlowBackend()

@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps
@@ -244,6 +245,16 @@ def _fresh_sample_weights(batch):
     return (batch[0], batch[1], clone(batch[2]))
 
 
+def _describe_block(block: dict, segment: dict) -> str:
+    """A snapshot block in words: where it was allocated (the innermost frame outside torch), where known."""
+    frames = block.get("frames") or []
+    for frame in frames:
+        name = str(frame.get("filename", ""))
+        if name and "/torch/" not in name and not name.startswith("??"):
+            return f"block at {os.path.basename(name)}:{frame.get('line')} ({frame.get('name')})"
+    return f"block in a {segment.get('segment_type', '')} segment".replace("a  segment", "a segment")
+
+
 def _cuda():
     torch = deps.loaded("torch")
     if torch is None or not torch.cuda.is_available():
@@ -298,6 +309,15 @@ class TorchBackend(Backend):
         except Exception:
             return {}
 
+    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
+        cuda = _cuda()
+        if cuda is None or not cuda.is_initialized():
+            return {}
+        out = {}
+        for i in range(cuda.device_count()):
+            out[i] = (float(cuda.max_memory_allocated(i)), float(cuda.mem_get_info(i)[1]))
+        return out
+
     def uses_tf32(self) -> bool:
         torch = deps.loaded("torch")
         return bool(torch is not None and torch.backends.cuda.matmul.allow_tf32)
@@ -344,6 +364,70 @@ class TorchBackend(Backend):
     def oom_error(self, original: BaseException, message: str) -> BaseException | None:
         made = type(original)(message)
         return made if isinstance(made, BaseException) else None
+
+    def explain_oom(self, error, context) -> tuple[dict, dict]:
+        """The CUDA allocator's statistics and a summary of ``torch.cuda.memory_snapshot()``; with the
+        allocation history recording (``start_memory_history``), the snapshot file PyTorch's memory
+        visualizer (https://pytorch.org/memory_viz) opens."""
+        cuda = _cuda()
+        figures: dict[str, Any] = {"sources": []}
+        artifacts: dict[str, bytes] = {}
+        if cuda is None or not cuda.is_initialized():
+            return figures, artifacts
+        try:
+            i = cuda.current_device()
+            free, total = cuda.mem_get_info(i)
+            stats = cuda.memory_stats(i)
+            figures.update(
+                device=f"cuda:{i} ({cuda.get_device_name(i)})",
+                free_bytes=int(free),
+                capacity_bytes=int(total),
+                in_use_bytes=int(stats.get("allocated_bytes.all.current", 0)),
+                peak_bytes=int(stats.get("allocated_bytes.all.peak", 0)),
+                reserved_bytes=int(stats.get("reserved_bytes.all.current", 0))
+                - int(stats.get("allocated_bytes.all.current", 0)),
+            )
+            figures["sources"].append("torch.cuda.mem_get_info / memory_stats")
+            blocks = []
+            for segment in cuda.memory_snapshot():
+                for block in segment.get("blocks", []):
+                    if block.get("state") == "active_allocated":
+                        blocks.append((_describe_block(block, segment), int(block.get("size", 0))))
+            blocks.sort(key=lambda b: -b[1])
+            figures["largest"] = blocks[:5]
+            figures["sources"].append("torch.cuda.memory_snapshot()")
+        except Exception:
+            logger.debug("keras_gpu_tools: torch memory figures failed", exc_info=True)
+        if context.get("files") and self._recording:
+            try:
+                import pickle
+
+                artifacts["memory_snapshot.pickle"] = pickle.dumps(cuda.memory._snapshot())
+            except Exception:
+                logger.debug("keras_gpu_tools: no memory snapshot", exc_info=True)
+        return figures, artifacts
+
+    _recording = False
+
+    def start_memory_history(self) -> str | None:
+        cuda = _cuda()
+        if cuda is None:
+            return "torch records allocation history on CUDA devices only; this process has none"
+        try:
+            cuda.memory._record_memory_history(max_entries=100000)
+        except Exception as e:
+            return f"torch.cuda.memory._record_memory_history failed: {e}"
+        self._recording = True
+        return None
+
+    def stop_memory_history(self) -> None:
+        cuda = _cuda()
+        if cuda is not None and self._recording:
+            self._recording = False
+            try:
+                cuda.memory._record_memory_history(enabled=None)
+            except Exception:
+                logger.debug("keras_gpu_tools: could not stop the memory history", exc_info=True)
 
     def reducer_problem(self, model) -> str | None:
         return None

@@ -669,6 +669,14 @@ def optimizer_variables_list(optimizer) -> list[Any]:
     return list(getattr(optimizer, "_trainable_variables", None) or [])
 
 
+def all_layers(model) -> list[Any]:
+    """Every layer of the model, nested ones included (``Layer._flatten_layers``)."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if callable(flatten):
+        return list(flatten(include_self=True, recursive=True))
+    return [model, *getattr(model, "layers", [])]
+
+
 def expected_additional_losses(model) -> int:
     """The losses Keras adds to the compiled ones by itself: weight and activity regularizers.
 
@@ -679,9 +687,7 @@ def expected_additional_losses(model) -> int:
     layer's own ``add_loss``, whose averaging is the layer's.
     """
     weights = sum(1 for v in model.trainable_weights if getattr(v, "regularizer", None) is not None)
-    flatten = getattr(model, "_flatten_layers", None)
-    layers = flatten(include_self=True, recursive=True) if callable(flatten) else [model, *model.layers]
-    activity = sum(1 for layer in layers if getattr(layer, "activity_regularizer", None) is not None)
+    activity = sum(1 for layer in all_layers(model) if getattr(layer, "activity_regularizer", None) is not None)
     return weights + activity
 
 

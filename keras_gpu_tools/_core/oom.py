@@ -58,6 +58,11 @@ class OOMEvent:
     regrow: bool = False  # the failed attempt was a regrow trial
     seconds: float = 0.0  # time of the failed attempt
     phase: str = "train"  # "train", "test" (evaluate() and validation) or "predict"
+    explanation: dict[str, Any] | None = None  # why (OOMExplanation.as_dict()), where it could be told
+
+    def why(self) -> list[str]:
+        """The explanation's readable lines (empty where none was recorded)."""
+        return list((self.explanation or {}).get("lines") or [])
 
     def line(self) -> str:
         where = {"test": "evaluation step", "predict": "prediction step"}.get(self.phase, "step")
@@ -310,10 +315,12 @@ class Recovery:
         probe: bool = False,
         classify: Callable[[BaseException], str | None] | None = None,
         rebuild: Callable[[BaseException, str], BaseException] | None = None,
+        explain: Callable[[BaseException | None, dict[str, Any]], dict[str, Any] | None] | None = None,
     ):
         import time
 
         self.classify = classify or (lambda e: None)
+        self.explain = explain or (lambda e, context: None)
         self.rebuild = rebuild or (lambda e, message: OutOfMemoryError(message))
         self.controller = controller
         self.on_event = on_event or (lambda e: None)
@@ -331,16 +338,20 @@ class Recovery:
         k = ctl.split_for(n)
         tried: list[tuple[int, int]] = []
         self.restored_state = None
+        predicting = self.probe  # after a real out-of-memory error, always: ask before running the next split
+        explanation = None
         while True:
             guarded = (signature, k) not in self.known or ctl.in_trial
             trial = ctl.in_trial
             failure: BaseException | None = None
             t0 = self.clock()
             predicted = None
-            if guarded and self.probe and hasattr(runner, "predict"):
+            context = {"runner": runner, "batch": batch, "n": n, "k": k, "state": state, "step": step}
+            if guarded and predicting and hasattr(runner, "predict"):
                 predicted, self.last_need = runner.predict(batch, n, k, state)
             if predicted is False:
                 failure = None
+                explanation = self.explain(None, dict(context, predicted_need=self.last_need))
             else:
                 snap = runner.protect(state, guarded)
                 try:
@@ -353,6 +364,12 @@ class Recovery:
                     if self.classify(e) is None:
                         raise  # not ours: unchanged, with its traceback
                     failure = e
+                    predicting = True
+                    try:  # while the failed step's memory is still held: the allocator's view of it
+                        explanation = self.explain(e, context)
+                    except Exception:
+                        logger.debug("keras_gpu_tools: explaining the out-of-memory error failed", exc_info=True)
+                        explanation = None
                     _clear_frames(e)
                 else:
                     self.known.add((signature, k))
@@ -377,6 +394,7 @@ class Recovery:
                 regrow=trial,
                 seconds=self.clock() - t0,
                 phase=self.phase,
+                explanation=explanation,
             )
             self.on_event(event)
             if nxt is None:
@@ -384,6 +402,8 @@ class Recovery:
                 if self.last_need is not None:
                     memory.setdefault("needed_bytes", self.last_need)
                 message = final_message(tried, max(1, ctl.min_batch_size), memory, failure)
+                if event.why():
+                    message += "\nWhy: " + "\n     ".join(event.why())
                 if failure is None:
                     raise OutOfMemoryError(message + "\n(Predicted from the compiled step's memory analysis; not run.)")
                 raise self.rebuild(failure, message) from failure

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -14,9 +15,10 @@ from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.grad_accum import accumulation_problem, refusal
 from keras_gpu_tools._core.oom import OOMEvent, Recovery, SplitController
+from keras_gpu_tools._core.oom_explain import OOMExplanation, explanation_of
 from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools._core.step_timing import StepRecord
-from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools._core.tensorboard import EventWriter, to_plain
 from keras_gpu_tools._core.validation import (
     check_bool,
     check_choice,
@@ -159,6 +161,8 @@ class OOMBatchSizeReducer(FitCallback):
         run_name: str = "oom",
         verbose: int = 0,
         late_recovery: bool = False,
+        record_memory_history: bool = False,
+        plan: Any = None,
     ):
         super().__init__()
         self.min_batch_size = check_int("min_batch_size", min_batch_size, low=1)
@@ -170,8 +174,11 @@ class OOMBatchSizeReducer(FitCallback):
         check_run_dir(self.log_dir, self.run_name)
         self.verbose = check_verbose("verbose", verbose)
         self.late_recovery = check_bool("late_recovery", late_recovery)
+        self.record_memory_history = check_bool("record_memory_history", record_memory_history)
+        self.plan = plan
+        self.max_micro_batch_size = _planned_size(plan)
         self.warnings = WarnOnce(OOMWarning)
-        self.controller = SplitController(self.min_batch_size, self.regrow_after)
+        self.controller = SplitController(self.min_batch_size, self.regrow_after, self.max_micro_batch_size)
         self.events: list[OOMEvent] = []
         self.recovery_seconds = 0.0
         self._recovery = Recovery(
@@ -181,8 +188,13 @@ class OOMBatchSizeReducer(FitCallback):
             probe=self.probe,
             classify=_backends.oom_kind,
             rebuild=_backends.oom_error,
+            explain=self._explain,
         )
         self._micro_batches = 1
+        self._artifacts: dict[str, bytes] = {}  # files of the explanation being recorded
+        self._model_ref = None  # the model of this fit (not `self.model` inside a step: on JAX it syncs)
+        self._peak: dict[int, tuple[float, float | None]] = {}  # device -> (peak bytes, capacity) of the run
+        self._last_batch: int | None = None
         self._epoch_events = 0
         self._runner = None
         self._idle_signature = None  # the batch shape that runs whole on the idle path
@@ -226,6 +238,11 @@ class OOMBatchSizeReducer(FitCallback):
                 "OOMBatchSizeReducer: probe=True: this device reports no memory limit "
                 "(CPU); nothing is predicted, out-of-memory errors are retried.",
             )
+        if self.record_memory_history:
+            why = backend.start_memory_history()
+            if why:
+                self.warnings("history", f"OOMBatchSizeReducer: record_memory_history=True: {why}; recording nothing.")
+        self._model_ref = model
         if self.log_dir is not None:
             self._writer = EventWriter(self.run_dir)
         self._attachment = StepHook.attach(model, self, backend, session)  # last; calls self.inner(fn)
@@ -271,6 +288,7 @@ class OOMBatchSizeReducer(FitCallback):
                 memory=self._memory,
                 classify=_backends.oom_kind,
                 rebuild=_backends.oom_error,
+                explain=self._explain,
             )
             recovery.phase = kind
             ev = self._eval[kind] = _Eval(kind, controller, recovery)
@@ -317,6 +335,7 @@ class OOMBatchSizeReducer(FitCallback):
                     self._detach_eval(ev.kind)
                     raise
                 if not ev.runner.idle_recoverable:
+                    self._record_unrecoverable(e, sig, ev.kind, step=ev.step - 1)
                     self._detach_eval(ev.kind)
                     raise UnrecoverableOOM(
                         f"OOMBatchSizeReducer: out of memory in an {_PHASES[ev.kind]} step at a batch shape that had "
@@ -377,6 +396,7 @@ class OOMBatchSizeReducer(FitCallback):
             self._global_step += 1
             return result
         n = leading_dim(batch) or 1
+        self._last_batch = n
         try:
             result, k = self._recovery.run(self._runner, batch, n, sig, state, step=self._global_step)
         except BaseException:
@@ -396,6 +416,7 @@ class OOMBatchSizeReducer(FitCallback):
     def _refuse_late_oom(self, error: BaseException, signature) -> None:
         """An OOM on the idle path: at a shape that had run whole before, with no copy of the state."""
         self._idle_signature = None
+        self._record_unrecoverable(error, signature, "train")
         self._end_fit(aborted=True)
         raise UnrecoverableOOM(
             "OOMBatchSizeReducer: out of memory at a batch shape that had already run whole "
@@ -405,6 +426,91 @@ class OOMBatchSizeReducer(FitCallback):
             "`late_recovery=True` (TensorFlow, torch) to keep that copy before every step, or lower the "
             "batch size."
         ) from error
+
+    # -- why memory ran out -------------------------------------------------------------
+    def _explain(self, error: BaseException | None, context: dict) -> dict | None:
+        """The explanation of one out-of-memory error (or predicted failure), while its memory is still held."""
+        context = dict(context, files=self._writer is not None)
+        figures, artifacts = self.backend.explain_oom(error, context)
+        explanation = explanation_of(error)
+        explanation.merge(figures)
+        self._artifacts = artifacts
+        return explanation.as_dict()
+
+    def _record_unrecoverable(self, error: BaseException, signature, phase: str, step: int | None = None) -> None:
+        """An out-of-memory error that is not retried is recorded (and explained) like the others."""
+        batch_size = next((shape[0] for shape, _ in signature if shape), 0) if signature else 0
+        try:
+            explanation = self._explain(error, {"phase": phase})
+        except Exception:
+            explanation = None
+        self._on_event(
+            OOMEvent(
+                step=self._global_step if step is None else step,
+                batch_size=int(batch_size or 0),
+                failed_split=1,
+                next_split=None,
+                kind=_backends.oom_kind(error) or "unknown",
+                phase=phase,
+                explanation=explanation,
+            )
+        )
+
+    def _write_event_files(self, event: OOMEvent) -> None:
+        """A file per event under ``run_dir/oom_events``: the explanation (text and JSON) and what the backend gave."""
+        artifacts, self._artifacts = self._artifacts, {}
+        if self.run_dir is None or event.explanation is None:
+            return
+        folder = os.path.join(self.run_dir, "oom_events")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            base = os.path.join(folder, f"{event.phase}_step{event.step}_{len(self.events)}")
+            files = []
+            for suffix, data in artifacts.items():
+                with open(f"{base}_{suffix}", "wb") as f:
+                    f.write(data)
+                files.append(f"{base}_{suffix}")
+            event.explanation["files"] = [f"{base}.txt", f"{base}.json"] + files
+            event.explanation["lines"] = OOMExplanation.from_dict(event.explanation).lines()
+            with open(f"{base}.txt", "w") as f:
+                f.write(event.line() + "\n" + "\n".join(event.why()) + "\n")
+            with open(f"{base}.json", "w") as f:
+                json.dump(to_plain(event), f, indent=1)
+        except OSError as e:
+            self.warnings("event-files", f"OOMBatchSizeReducer: could not write {folder}: {e}")
+
+    # -- headroom ----------------------------------------------------------------------------
+    def _record_peak(self) -> None:
+        """The allocator's peak per device against its capacity (what the report shows as headroom)."""
+        try:
+            peaks = self.backend.device_peaks()
+        except Exception:
+            peaks = {}
+        for i, (peak, capacity) in peaks.items():
+            old = self._peak.get(i, (0.0, None))
+            self._peak[i] = (max(old[0], peak), capacity or old[1])
+
+    def headroom(self) -> list[dict[str, Any]]:
+        """Per device: the allocator's peak in this run, the capacity, and the batch that would fit.
+
+        ``fits_batch`` is the plan's batch size where a plan was given, else a
+        linear estimate from the peak at the micro-batch size in use (the
+        memory grows with the batch; the state does not), marked ``estimate``.
+        """
+        self._record_peak()
+        out = []
+        size = self.controller.micro_size or self._last_batch
+        for i, (peak, capacity) in sorted(self._peak.items()):
+            row: dict[str, Any] = {"device": i, "peak_bytes": int(peak), "capacity_bytes": capacity}
+            if self.max_micro_batch_size:
+                row["fits_batch"], row["fits_from"] = self.max_micro_batch_size, "plan"
+            elif capacity and size and peak > 0:
+                state = float(getattr(self._runner, "state_bytes", 0) or 0)
+                per_sample = max(1.0, (peak - state) / size)
+                row["fits_batch"] = max(0, int((0.9 * capacity - state) // per_sample))
+                row["fits_from"] = "estimate (linear in the batch, 10% margin)"
+            out.append(row)
+        return out
 
     # -- internals ------------------------------------------------------------------------
     def _check_late_error(self) -> None:
@@ -425,25 +531,51 @@ class OOMBatchSizeReducer(FitCallback):
         return self.backend.device_memory()
 
     def _on_event(self, event: OOMEvent) -> None:
+        self._write_event_files(event)
         self.events.append(event)
         self.recovery_seconds += event.seconds
         self._epoch_events += 1
         line = f"OOMBatchSizeReducer: {event.line()}"
+        why = event.why()
+        if why:
+            line += "\n  " + "\n  ".join(why)
         logger.warning(line)
         if self.verbose:
             print(line)
+        if event.phase == "train" and self.mode == "accumulate" and (event.next_split or 1) > 1:
+            self._warn_batch_statistics()
         if self._writer is not None:
             values = {"oom/events_total": float(len(self.events))}
             if event.next_split is not None:
                 values["oom/micro_batches"] = float(event.next_split)
             self._writer.scalars(values, step=event.step)
             self._writer.json("oom/events/data", event, step=event.step)  # for report()
+            if why:
+                self._writer.text("oom/explanation", event.line() + "\n\n" + "\n\n".join(why), step=event.step)
+
+    def _warn_batch_statistics(self) -> None:
+        model = self._model_ref
+        layers = ki.all_layers(model) if model is not None else []
+        if any(
+            getattr(layer, "_keras_gpu_tools_batch_statistics", False) or _has_batch_statistics(layer)
+            for layer in layers
+        ):
+            self.warnings(
+                "batchnorm",
+                "OOMBatchSizeReducer: the model normalises by batch statistics (BatchNormalization): each "
+                "micro-batch is normalised by its own, and the moving averages update once per micro-batch, so "
+                "accumulate mode is not the unsplit batch there. Use GroupNormalization or LayerNormalization "
+                "where that matters.",
+            )
 
     def summary(self) -> str:
-        """One line per recovery, and the split in use."""
+        """One line per recovery (and why, where known), the split in use, and the headroom."""
         if not self.events:
             return "OOMBatchSizeReducer: no out-of-memory error."
-        lines = [f"OOMBatchSizeReducer: {e.line()}" for e in self.events]
+        lines = []
+        for e in self.events:
+            lines.append(f"OOMBatchSizeReducer: {e.line()}")
+            lines.extend(f"  {w}" for w in e.why())
         size = self.controller.micro_size
         lines.append(
             f"OOMBatchSizeReducer: {len(self.events)} recovery(ies), {self.recovery_seconds:.2f} s in failed attempts; "
@@ -454,6 +586,15 @@ class OOMBatchSizeReducer(FitCallback):
     def _stop_fit(self, aborted: bool) -> None:
         for kind in list(self._eval):
             self._detach_eval(kind)  # validation that raised never reached on_test_end
+        if self.record_memory_history:
+            self.backend.stop_memory_history()
+        try:
+            headroom = self.headroom()
+        except Exception:  # the teardown never fails for a figure
+            logger.debug("keras_gpu_tools: headroom failed", exc_info=True)
+            headroom = []
+        if self._writer is not None and headroom:
+            self._writer.json("oom/headroom/data", headroom, step=self._global_step)  # for report()
         attachment, self._attachment = self._attachment, None
         if attachment is not None:
             attachment.detach()
@@ -461,6 +602,21 @@ class OOMBatchSizeReducer(FitCallback):
         if writer is not None:
             writer.close()
         self._runner = None
+
+
+def _has_batch_statistics(layer) -> bool:
+    import keras
+
+    return isinstance(layer, keras.layers.BatchNormalization)
+
+
+def _planned_size(plan) -> int | None:
+    """The largest micro-batch a plan allows: a `BatchPlan`'s `batch_size`, or an int."""
+    if plan is None:
+        return None
+    if hasattr(plan, "batch_size"):
+        return check_int("plan.batch_size", plan.batch_size, low=1)
+    return check_int("plan", plan, low=1)
 
 
 __all__ = ["OOMBatchSizeReducer"]

@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, FAST_OOM, MemoryCliff, real_oom
+from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, real_oom
 
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 
@@ -418,3 +418,60 @@ def test_shares_the_step_hook_with_the_input_bound_detector(reducer_first):
     np.testing.assert_array_equal(seen(model), np.full(n, 2))
     assert iterations(model) == 6 and reducer.micro_batches == 4
     assert restored(model)
+
+
+@real_oom
+def test_each_recovery_is_explained_in_the_log_dir_the_summary_and_the_report(tmp_path):
+    from keras_gpu_tools import report
+
+    n = 32
+    x, y = data(n)
+    model = make_model(n, limit=4)
+    reducer = OOMBatchSizeReducer(log_dir=str(tmp_path))
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    first = reducer.events[0]
+    # The allocator's own figure: the cliff asked for 16 samples x 2**38 float32 columns.
+    asked = first.explanation["requested_bytes"]
+    assert 16 * HUGE_COLS * 4 <= asked < 16 * HUGE_COLS * 4 + 2**20  # XLA adds its other temporaries
+    assert first.why()[0].startswith("asked 16.0 TiB")
+    if BACKEND == "tensorflow":
+        assert "memory_cliff" in first.explanation["allocation"] and tuple(first.explanation["shape"]) == (
+            16,
+            HUGE_COLS,
+        )
+    if BACKEND == "jax":  # the failing program's memory analysis, compiled but not run
+        assert first.explanation["program"]["temporaries"] >= 16 * HUGE_COLS * 4
+    files = first.explanation["files"]
+    assert files and all(os.path.exists(f) for f in files)
+    with open(files[0]) as f:
+        assert f.read().splitlines()[1] == first.why()[0]
+    assert "asked 16.0 TiB" in reducer.summary()
+    for r in (report([reducer], model), report(str(tmp_path))):  # from the callback, and from the logs alone
+        text = str(r)
+        assert "step 0: out of memory at batch 16, retrying as 2 x 8" in text
+        assert "    asked 16.0 TiB" in text
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's memory analysis (JAX)")
+def test_after_a_real_oom_the_next_split_is_chosen_from_memory_analysis_without_running_failing_ones(monkeypatch):
+    from keras_gpu_tools import _backends
+
+    # The CPU reports no memory limit; give it the 8 GiB of a small GPU, as probe's test does.
+    monkeypatch.setattr(
+        type(_backends.get("jax")),
+        "device_memory",
+        lambda self: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0},
+    )
+    n = 32
+    x, y = data(n)
+    model = make_model(n, limit=4)
+    reducer = OOMBatchSizeReducer()  # no probe: the first attempt runs and fails for real
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    # 16 ran out of memory for real; 2 x 8 was only compiled, its analysis said no; 4 x 4 ran.
+    assert [e.kind for e in reducer.events] == ["jax", "predicted"]
+    predicted = reducer.events[1]
+    assert predicted.line() == "step 0: predicted out of memory at batch 16 (as 2 x 8), retrying as 4 x 4"
+    assert predicted.explanation["requested_bytes"] >= 8 * HUGE_COLS * 4  # what the 2 x 8 step would need
+    assert reducer.micro_batches == 4
+    np.testing.assert_array_equal(seen(model), np.ones(n))
+    assert iterations(model) == 2
