@@ -84,6 +84,37 @@ class Backend:
         """Shape-only stand-ins of a sampled call's arguments, for :meth:`step_flops`."""
         return None
 
+    # -- planning the batch size (plan_batch_size) ------------------------------------------------
+    def replicas(self, model) -> int:
+        """The devices a batch is split over under data parallelism (1 without)."""
+        return 1
+
+    def device_capacities(self, model, replicas: int) -> list[int | None]:
+        """The memory of each of those devices (None where the device reports none, a CPU)."""
+        return [None] * replicas
+
+    def plan_snapshot(self, model, batch) -> Any:
+        """Builds what a training step needs for ``batch`` and keeps a host copy of every variable."""
+        import keras
+
+        from keras_gpu_tools._core import keras_internals as ki
+
+        ki.build_for_training(model, batch)
+        return [(v, keras.ops.convert_to_numpy(v.value)) for v in ki.variables_of(model, "all")]
+
+    def plan_restore(self, model, snapshot) -> None:
+        """Puts back what :meth:`plan_snapshot` kept (trial steps trained the model)."""
+        for v, value in snapshot:
+            v.assign(value)
+        model.reset_metrics()
+
+    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
+        """The peak bytes of one training step on ``batch`` per device, and how they were obtained."""
+        raise ValueError(f"plan_batch_size does not support the Keras backend {self.name!r} (tensorflow, jax, torch).")
+
+    def plan_method(self, model) -> str:
+        return ""
+
     # -- profiler ------------------------------------------------------------------------------
     def profiler(self):
         """A new profiler session (``available``, ``start``, ``step``, ``stop``); see ``_core.profiler``."""

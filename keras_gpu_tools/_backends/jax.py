@@ -640,6 +640,49 @@ class JaxBackend(Backend):
         flops = gpu_peaks.jaxpr_flops(jax.make_jaxpr(step)(*specs)) or None
         return flops, "matmul/convolution FLOPs of the step's jaxpr"
 
+    # -- planning the batch size
+    def replicas(self, model) -> int:
+        return ki.jax_data_parallel()[0]
+
+    def device_capacities(self, model, replicas: int) -> list[int | None]:
+        out = []
+        for dev in self._gpu_list()[:replicas]:
+            limit = (dev.memory_stats() or {}).get("bytes_limit")
+            out.append(int(limit) if limit else None)
+        return out + [None] * (replicas - len(out))
+
+    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
+        """XLA's memory analysis of Keras's compiled train step on ``batch``'s shapes; compiled, not run."""
+        import jax
+
+        model.make_train_function()
+        step = ki.jax_step_function(model.train_function)
+        if step is None:
+            raise ValueError(
+                "plan_batch_size: the JAX train step is not jitted (run_eagerly=True or jit_compile=False); "
+                "XLA's memory analysis needs the compiled step."
+            )
+        _, dist = ki.jax_data_parallel()
+
+        def spec(a):
+            if a is None:
+                return None
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=ki.jax_batch_sharding(dist, tuple(a.shape)))
+
+        x, y = batch
+        data = jax.tree_util.tree_map(spec, (x, y) if y is not None else (x,))
+        memory = program_memory(compile_for_analysis(step.lower(_specs(ki.jax_state_of(model)), data)))
+        if memory is None:
+            raise ValueError("plan_batch_size: XLA returned no memory analysis for the train step.")
+        peak = memory["arguments"] + memory["temporaries"] + memory["outputs"] - memory["aliased"]
+        return [float(peak)] * replicas, self.plan_method(model)
+
+    def plan_method(self, model) -> str:
+        return (
+            "XLA's memory analysis of the compiled train step, per device (arguments + temporaries + outputs, "
+            "less the outputs that reuse donated arguments); compiled, never run"
+        )
+
     # -- profiler
     def profiler(self):
         return _JAX()

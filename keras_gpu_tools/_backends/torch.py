@@ -255,6 +255,61 @@ def _describe_block(block: dict, segment: dict) -> str:
     return f"block in a {segment.get('segment_type', '')} segment".replace("a  segment", "a segment")
 
 
+def _nbytes(t) -> int:
+    try:
+        return int(t.untyped_storage().nbytes())
+    except Exception:
+        return 0
+
+
+class _LiveTensors:
+    """Counts the bytes of tensor storage alive at once while the block runs, op by op; ``peak`` is the most.
+
+    A ``TorchDispatchMode`` sees every ATen op, the backward pass's too: each
+    op's outputs are added once per storage, and storages that died are
+    taken off before (their memory may be reused by the op's outputs).
+    Storage that existed before the block (the weights) is not counted.
+    """
+
+    def __enter__(self):
+        import torch
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        tracker = self
+        self.live: dict[int, tuple[Any, int]] = {}
+        self.current = 0
+        self.peak = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for key, (ref, size) in list(tracker.live.items()):
+                    if ref.expired():
+                        del tracker.live[key]
+                        tracker.current -= size
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                        storage = t.untyped_storage()
+                        key = storage.data_ptr()
+                        if key and key not in tracker.live:
+                            size = int(storage.nbytes())
+                            tracker.live[key] = (StorageWeakRef(storage), size)
+                            tracker.current += size
+                tracker.peak = max(tracker.peak, tracker.current)
+                return out
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        self.live = {}
+        return False
+
+
 def _cuda():
     torch = deps.loaded("torch")
     if torch is None or not torch.cuda.is_available():
@@ -344,6 +399,42 @@ class TorchBackend(Backend):
 
     def prepare_hook(self, hook) -> None:
         _install_fetch_timer(hook)
+
+    # -- planning the batch size
+    def device_capacities(self, model, replicas: int) -> list[int | None]:
+        cuda = _cuda()
+        if cuda is None:
+            return [None] * replicas
+        return [int(cuda.mem_get_info(cuda.current_device())[1])] * replicas
+
+    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
+        """One warm-up trial step, then one measured: the CUDA allocator's peak, or on a CPU the peak of live tensors."""
+        x, y = batch
+        model.train_on_batch(x, y)
+        cuda = _cuda()
+        if cuda is not None and cuda.is_initialized():
+            i = cuda.current_device()
+            cuda.synchronize(i)
+            cuda.reset_peak_memory_stats(i)
+            model.train_on_batch(x, y)
+            cuda.synchronize(i)
+            return [float(cuda.max_memory_allocated(i))], self.plan_method(model)
+        from keras_gpu_tools._core import keras_internals as ki
+
+        state = sum(_nbytes(v.value) for v in ki.variables_of(model, "all"))
+        with _LiveTensors() as live:
+            model.train_on_batch(x, y)
+        return [float(state + live.peak)], self.plan_method(model)
+
+    def plan_method(self, model) -> str:
+        cuda = _cuda()
+        if cuda is not None and cuda.is_initialized():
+            return "trial steps (one warm-up, one measured): torch.cuda.max_memory_allocated"
+        return (
+            "trial steps (one warm-up, one measured) on the CPU, whose allocator keeps no statistics: the peak of "
+            "tensor storage alive at once during the step, counted op by op (a TorchDispatchMode), plus the "
+            "model's variables and optimizer state"
+        )
 
     # -- profiler
     def profiler(self):

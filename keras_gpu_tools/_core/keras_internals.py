@@ -839,3 +839,62 @@ def compute_loss_of(model, y, y_pred, sample_weight):
     if compile_loss is None:
         return None
     return compile_loss(y, y_pred, sample_weight)
+
+
+# -- planning the batch size ------------------------------------------------------------------
+def build_for_training(model, batch) -> None:
+    """Builds the model, its compiled losses and metrics and the optimizer for ``batch`` (``Trainer._symbolic_build``).
+
+    What ``fit()`` does before its first step, from the batch's shapes only:
+    afterwards every variable a training step touches exists, so a copy of
+    them taken now is the whole state.
+    """
+    x, y = batch
+    build = getattr(model, "_symbolic_build", None)
+    if not callable(build):
+        raise _fail("`Trainer._symbolic_build(data_batch=...)`")
+    build(data_batch=(x, y) if y is not None else (x,))
+
+
+def jax_state_of(model) -> tuple:
+    """The 4-tuple state a JAX train step takes, from the model's variables (``JAXTrainer._get_jax_state``)."""
+    get = getattr(model, "_get_jax_state", None)
+    if not callable(get):
+        raise _fail("`JAXTrainer._get_jax_state`")
+    return jax_state_parts(
+        get(
+            trainable_variables=True,
+            non_trainable_variables=True,
+            optimizer_variables=True,
+            metrics_variables=True,
+            purge_model_variables=False,
+        )
+    )
+
+
+def jax_data_parallel() -> tuple[int, Any]:
+    """``(replicas, distribution)`` of the Keras distribution in effect (1, None without one)."""
+    from keras.src.distribution import distribution_lib
+
+    dist = distribution_lib.distribution()
+    if dist is None:
+        return 1, None
+    mesh = getattr(dist, "device_mesh", None)
+    if mesh is None:
+        return 1, dist
+    names = list(getattr(mesh, "axis_names", []) or [])
+    batch_dim = getattr(dist, "batch_dim_name", None) or (names[0] if names else None)
+    shape = list(getattr(mesh, "shape", []) or [])
+    if batch_dim in names and len(shape) == len(names):
+        return int(shape[names.index(batch_dim)]), dist
+    return 1, dist
+
+
+def jax_batch_sharding(dist, shape: tuple[int, ...]):
+    """The sharding fit() gives an input of ``shape`` under ``dist`` (its data layout), or None."""
+    if dist is None:
+        return None
+    try:
+        return dist.get_data_layout(shape).backend_layout
+    except Exception:
+        return None

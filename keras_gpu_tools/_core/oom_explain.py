@@ -277,4 +277,18 @@ def explanation_of(error: BaseException | None, **figures: Any) -> OOMExplanatio
     return e
 
 
-__all__ = ["OOMExplanation", "explanation_of", "parse_message", "tensor_bytes"]
+def headroom_lines(rows: list[dict[str, Any]] | None) -> list[str]:
+    """Per device: the allocator's peak against the capacity, and the batch that would fit."""
+    out = []
+    for row in rows or []:
+        peak, capacity = row.get("peak_bytes"), row.get("capacity_bytes")
+        text = f"GPU {row.get('device')}: peak {format_bytes(peak)}"
+        if capacity:
+            text += f" of {format_bytes(capacity)} ({100.0 * float(peak or 0) / float(capacity):.0f}%)"
+        if row.get("fits_batch") is not None:
+            text += f"; a batch of {row['fits_batch']} would fit ({row.get('fits_from')})"
+        out.append(text)
+    return out
+
+
+__all__ = ["OOMExplanation", "explanation_of", "headroom_lines", "parse_message", "tensor_bytes"]

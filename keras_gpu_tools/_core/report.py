@@ -50,6 +50,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from keras_gpu_tools._core.oom_explain import headroom_lines
+
 GPU_KEY = re.compile(r"^gpu/([^/]+)/(.+)$")
 SPLIT_KEYS = (("input/wait_ms", "input wait"), ("input/compute_ms", "compute"), ("input/other_ms", "other"))
 SPLIT_COLORS = ("#d62728", "#1f77b4", "#bbbbbb")
@@ -636,22 +638,6 @@ def _oom_lines(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]
     known = {f.name for f in dataclasses.fields(OOMEvent)}
     events = [OOMEvent(**{k: r[k] for k in known & set(r)}) for r in records]
     return [e.line() for e in events], [e.why() for e in events]
-
-
-def headroom_lines(rows: list[dict[str, Any]] | None) -> list[str]:
-    """Per device: the allocator's peak against the capacity, and the batch that would fit."""
-    from keras_gpu_tools._core.oom import format_bytes
-
-    out = []
-    for row in rows or []:
-        peak, capacity = row.get("peak_bytes"), row.get("capacity_bytes")
-        text = f"GPU {row.get('device')}: peak {format_bytes(peak)}"
-        if capacity:
-            text += f" of {format_bytes(capacity)} ({100.0 * float(peak or 0) / float(capacity):.0f}%)"
-        if row.get("fits_batch") is not None:
-            text += f"; a batch of {row['fits_batch']} would fit ({row.get('fits_from')})"
-        out.append(text)
-    return out
 
 
 def _floats(figures: dict[str, Any]) -> dict[str, float]:

@@ -15,7 +15,7 @@ from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.grad_accum import accumulation_problem, refusal
 from keras_gpu_tools._core.oom import OOMEvent, Recovery, SplitController
-from keras_gpu_tools._core.oom_explain import OOMExplanation, explanation_of
+from keras_gpu_tools._core.oom_explain import OOMExplanation, explanation_of, headroom_lines
 from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools._core.step_timing import StepRecord
 from keras_gpu_tools._core.tensorboard import EventWriter, to_plain
@@ -212,7 +212,9 @@ class OOMBatchSizeReducer(FitCallback):
     @property
     def micro_batch_size(self) -> int | None:
         """The micro-batch size in use, or None while batches run whole."""
-        return self.controller.micro_size
+        if self._micro_batches <= 1:
+            return None
+        return self.controller.micro_size or self.controller.max_micro_size
 
     # -- Keras hooks ------------------------------------------------------------
     def _start_fit(self, session) -> None:
@@ -570,13 +572,15 @@ class OOMBatchSizeReducer(FitCallback):
 
     def summary(self) -> str:
         """One line per recovery (and why, where known), the split in use, and the headroom."""
+        headroom = [f"OOMBatchSizeReducer: headroom: {h}" for h in headroom_lines(self.headroom())]
         if not self.events:
-            return "OOMBatchSizeReducer: no out-of-memory error."
+            return "\n".join(["OOMBatchSizeReducer: no out-of-memory error."] + headroom)
         lines = []
         for e in self.events:
             lines.append(f"OOMBatchSizeReducer: {e.line()}")
             lines.extend(f"  {w}" for w in e.why())
-        size = self.controller.micro_size
+        lines += headroom
+        size = self.micro_batch_size
         lines.append(
             f"OOMBatchSizeReducer: {len(self.events)} recovery(ies), {self.recovery_seconds:.2f} s in failed attempts; "
             f"micro-batches of {size if size else 'the whole batch'} now."

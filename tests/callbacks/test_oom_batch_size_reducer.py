@@ -475,3 +475,24 @@ def test_after_a_real_oom_the_next_split_is_chosen_from_memory_analysis_without_
     assert reducer.micro_batches == 4
     np.testing.assert_array_equal(seen(model), np.ones(n))
     assert iterations(model) == 2
+
+
+def test_headroom_peak_against_capacity_and_the_batch_that_would_fit(tmp_path, monkeypatch):
+    from keras_gpu_tools import _backends, report
+
+    backend = type(_backends.get(BACKEND))
+    # A CPU has no allocator peak or capacity: stand in for one GPU's (what device_peaks reads on a GPU).
+    monkeypatch.setattr(backend, "device_peaks", lambda self: {0: (6 * 2**30, 8 * 2**30)})
+    n = 16
+    x, y = data(n)
+    model = make_model(n, limit=10**9)
+    reducer = OOMBatchSizeReducer(log_dir=str(tmp_path))
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[reducer])
+    (row,) = reducer.headroom()
+    assert row["peak_bytes"] == 6 * 2**30 and row["capacity_bytes"] == 8 * 2**30
+    assert row["fits_from"].startswith("estimate") and row["fits_batch"] > 16  # 6 of 8 GiB used at 16
+    assert "headroom: GPU 0: peak 6.0 GiB of 8.0 GiB (75%); a batch of" in reducer.summary()
+    assert "GPU 0: peak 6.0 GiB of 8.0 GiB (75%)" in str(report(str(tmp_path)))  # from the logs alone
+    planned = OOMBatchSizeReducer(plan=64)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[planned])
+    assert planned.headroom()[0]["fits_batch"] == 64 and planned.headroom()[0]["fits_from"] == "plan"
