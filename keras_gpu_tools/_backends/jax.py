@@ -356,16 +356,29 @@ class JaxRunner(_HostSnapshot):
         limit = mem.get("bytes_limit")
         if not limit:
             return None, None
+        in_use = mem.get("bytes_in_use", 0)
+        sig = batch_signature(batch)
+        micro = -(-n // k)
+        # A larger split than one analysed already: its need scaled by the micro-batch size (an
+        # overestimate: the state's part does not shrink). Clearly fitting, it runs with no analysis.
+        known = [(-(-n // kk), f["need"]) for (s, kk), f in self._memory.items() if s == sig and f and kk < k]
+        if known:
+            m0, need0 = min(known)
+            estimate = int(need0 * micro / m0)
+            if in_use + estimate <= ESTIMATE_FRACTION * limit:
+                return True, estimate
         found = self.memory_of(batch, n, k, state)
         if found is None:
             return None, None
         need = found["need"]
-        return mem.get("bytes_in_use", 0) + need <= PREDICT_FRACTION * limit, need
+        return in_use + need <= PREDICT_FRACTION * limit, need
 
 
 #: The share of the device's memory limit a step may be predicted to use (XLA's
 #: analysis leaves out allocator fragmentation and the runtime's own buffers).
 PREDICT_FRACTION = 0.95
+#: Below this share, a split estimated from a smaller one's analysis runs without an analysis of its own.
+ESTIMATE_FRACTION = 0.8
 
 
 def _specs(tree):

@@ -94,6 +94,57 @@ INTERNALS: tuple[Internal, ...] = (
         "telling whether a failed step already applied an update before retrying it",
     ),
     Internal(
+        "CompileLoss._flat_losses: (path, loss, loss_weights, name) entries read at every call; "
+        "model._compile_loss and its _user_loss",
+        "keras/src/trainers/compile_utils.py: CompileLoss.build(), call()",
+        "the OOM reducer routes each compiled loss of a micro-batch to weight it by what it averages over",
+    ),
+    Internal(
+        "Loss.__call__ reduces call()'s values with reduce_weighted_values/apply_mask (private helpers "
+        "keras.src.losses.loss.apply_mask, squeeze_or_expand_to_same_rank; masks from "
+        "keras.src.backend.common.masking.get_keras_mask)",
+        "keras/src/losses/loss.py",
+        "each loss's numerator and denominator per reduction, so micro-batches add up to the batch's loss",
+    ),
+    Internal(
+        "Trainer.compute_loss adds each of model.losses through _aggregate_additional_loss; activity "
+        "regularizers are divided by the batch size (Layer.__call__)",
+        "keras/src/trainers/trainer.py: compute_loss(); keras/src/layers/layer.py: __call__()",
+        "counting the losses a layer adds, to refuse accumulation where their averaging is unknown",
+    ),
+    Internal(
+        "optimizer._trainable_variables: what apply(grads) without variables updates",
+        "keras/src/optimizers/base_optimizer.py: apply()",
+        "a custom train_step's apply(grads) is accumulated for the variables it means",
+    ),
+    Internal(
+        "test/predict function signatures (TF f(iterator) / f(batches), JAX f(state, iterator) with donated "
+        "state, torch f(batches)), read anew at every step after on_test_begin/on_predict_begin",
+        "keras/src/backend/*/trainer.py: evaluate(), predict(), make_test_function(), make_predict_function()",
+        "the OOM reducer retries evaluation and prediction steps too",
+    ),
+    Internal(
+        "JAX: Callback.model calls model.jax_state_sync(), which marks the state synced",
+        "keras/src/callbacks/callback.py: model",
+        "never read inside a step (it would make evaluate() drop later metric updates)",
+    ),
+    Internal(
+        "model._call_has_training_arg: stateless_call passes keywords to call() as they are",
+        "keras/src/layers/layer.py",
+        "the forward pass that measures a loss's mask passes training=False only where call() takes it",
+    ),
+    Internal(
+        "Trainer._symbolic_build(data_batch=...) builds the model, compiled losses and metrics and the "
+        "optimizer; JAXTrainer._get_jax_state(...)",
+        "keras/src/trainers/trainer.py; keras/src/backend/jax/trainer.py",
+        "plan_batch_size builds and copies the whole state before trial steps, and lowers the JAX step",
+    ),
+    Internal(
+        "Layer._flatten_layers(include_self, recursive)",
+        "keras/src/layers/layer.py",
+        "finding BatchNormalization and activity regularizers in nested models",
+    ),
+    Internal(
         "Keras disables JAX profiling on Python < 3.12",
         "keras/src/callbacks/tensorboard.py",
         "ProfilerWindow refuses JAX profiling there with the same reason",
@@ -874,9 +925,9 @@ def jax_state_of(model) -> tuple:
 
 def jax_data_parallel() -> tuple[int, Any]:
     """``(replicas, distribution)`` of the Keras distribution in effect (1, None without one)."""
-    from keras.src.distribution import distribution_lib
+    import keras
 
-    dist = distribution_lib.distribution()
+    dist = keras.distribution.distribution()
     if dist is None:
         return 1, None
     mesh = getattr(dist, "device_mesh", None)

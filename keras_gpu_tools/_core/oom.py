@@ -328,6 +328,10 @@ class Recovery:
         self.clock = clock or time.perf_counter
         self.probe = probe
         self.phase = "train"
+        # After a real out-of-memory error, ask the runner's memory analysis (JAX) before running the next
+        # splits, so those that cannot fit are neither compiled for running nor run (False: the behaviour
+        # before, kept for benchmarks/oom_gpu_proof.py's comparison).
+        self.predict_after_oom = True
         self.known = set()  # (signature, k) that ran without error
         self.last_split = 1
         self.last_need: int | None = None
@@ -338,7 +342,7 @@ class Recovery:
         k = ctl.split_for(n)
         tried: list[tuple[int, int]] = []
         self.restored_state = None
-        predicting = self.probe  # after a real out-of-memory error, always: ask before running the next split
+        predicting = self.probe  # after a real out-of-memory error too: ask before running the next split
         explanation = None
         while True:
             guarded = (signature, k) not in self.known or ctl.in_trial
@@ -364,7 +368,7 @@ class Recovery:
                     if self.classify(e) is None:
                         raise  # not ours: unchanged, with its traceback
                     failure = e
-                    predicting = True
+                    predicting = predicting or self.predict_after_oom
                     try:  # while the failed step's memory is still held: the allocator's view of it
                         explanation = self.explain(e, context)
                     except Exception:

@@ -89,6 +89,8 @@ class OOMExplanation:
     sources: list[str] = dataclasses.field(default_factory=list)
     files: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    message: str | None = None  # the error's own text (its start), for the record
+    allocator: dict[str, Any] = dataclasses.field(default_factory=dict)  # the allocator's figures, as read
 
     def merge(self, figures: dict[str, Any]) -> None:
         """Fills the figures not known yet from ``figures`` (what the message said first)."""
@@ -272,8 +274,11 @@ def explanation_of(error: BaseException | None, **figures: Any) -> OOMExplanatio
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         e.merge(parse_message(str(cur)))
+        if e.message is None:
+            e.message = str(cur)[:4000]
         cur = getattr(cur, "oom_original", None) or cur.__cause__
     e.merge(figures)
+    e.allocator = {k: v for k, v in figures.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return e
 
 

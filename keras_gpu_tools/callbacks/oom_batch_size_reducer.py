@@ -57,21 +57,34 @@ class OOMBatchSizeReducer(FitCallback):
     """Recovers from out-of-memory errors by retrying the batch as micro-batches.
 
     When a training step runs out of device memory, the same batch is run
-    again as 2, then 4, 8, ... micro-batches until it fits; later batches
-    start at the micro-batch size that worked. Out-of-memory errors are
-    recognised by type: TensorFlow `ResourceExhaustedError`, JAX/XLA
-    `RESOURCE_EXHAUSTED` runtime errors, torch `OutOfMemoryError` (and torch's
-    CPU allocator error). Every other exception passes through unchanged.
+    again as 2, then 4, 8, ... micro-batches until it fits (each retry with
+    a smaller largest micro-batch, none below `min_batch_size`); later
+    batches start at the micro-batch size that worked. Validation steps,
+    `evaluate()` and `predict()` (given the callback) are retried the same
+    way: split, with the results of the unsplit step. Out-of-memory errors
+    are recognised by type: TensorFlow `ResourceExhaustedError`, JAX/XLA
+    `RESOURCE_EXHAUSTED` runtime errors, torch `OutOfMemoryError` (and
+    torch's CPU allocator error). Every other exception passes through
+    unchanged.
 
     Modes:
 
     - `"accumulate"` (default): the model's own `train_step` runs on each
-      micro-batch, the gradients are accumulated (weighted by micro-batch
-      size) and the optimizer is applied once. The number of optimizer
-      updates, the learning-rate schedule, the loss and the metrics are those
-      of the unsplit batch, up to floating-point rounding, for losses that
-      are a mean over the batch (Keras's default reduction). Loss scaling
-      (`mixed_float16`) is applied once, on the accumulated gradients.
+      micro-batch with each compiled loss weighted by what it really
+      averages over in the whole batch (its samples, its mask's valid
+      entries, its sample and class weights, or nothing for `"sum"`); the
+      gradients are accumulated and the optimizer applies once, to the
+      variables the step handed it. The update, the number of updates and
+      the learning-rate schedule, the loss and the metrics of the epoch logs
+      are those of the unsplit batch, up to floating-point rounding, for
+      every built-in reduction, masked losses, sample and class weights,
+      several outputs and Keras's weight and activity regularizers. Loss
+      scaling (`mixed_float16`) is applied once. What cannot be made exact
+      raises `InexactAccumulationError` before anything is applied (in
+      `on_train_begin` where the model tells, else at the first split, with
+      the state put back): a second optimizer, a loss with a custom
+      reduction or `reduction=None`, an overridden `compute_loss`, a
+      `train_step` that computes its own loss, a layer's own `add_loss`.
     - `"split"`: the micro-batches run as separate training steps: a truly
       smaller batch. This changes the optimisation: k optimizer updates per
       original batch (`optimizer.iterations` and learning-rate schedules
@@ -82,7 +95,20 @@ class OOMBatchSizeReducer(FitCallback):
     each micro-batch by its own statistics, and their moving averages are
     updated once per micro-batch (k times per original batch, with the
     layer's momentum each time): use `GroupNormalization`/`LayerNormalization`
-    where that matters.
+    where that matters (a warning says so when it happens). Random layers
+    (`Dropout`) draw other numbers than the unsplit step would.
+
+    Each out-of-memory error is explained (`OOMEvent.explanation`, `why()`):
+    what the failing allocation asked for and what was free of what (from the
+    error's message), the allocator's current and peak memory, the largest
+    buffers (JAX: live arrays, the failing program's XLA memory analysis and
+    the device memory profile; torch: `torch.cuda.memory_snapshot()`;
+    TensorFlow: `get_memory_info` and the op the error names). It goes to the
+    log, `summary()`, the report and, with `log_dir`, to TensorBoard
+    (`oom/explanation`) and a file per event in `log_dir/<run_name>/oom_events`.
+    On JAX, after a real out-of-memory error the next splits are chosen from
+    XLA's memory analysis of their compiled steps (compiled without
+    autotuning, never run), so a split that cannot fit is not run.
 
     Nothing is lost or repeated: the failed batch is retried (on TensorFlow
     it is fetched in Python before the step, so the error cannot consume it);
@@ -137,15 +163,24 @@ class OOMBatchSizeReducer(FitCallback):
             as Keras's own step inside a `try`, at no cost, and an
             out-of-memory error there raises `UnrecoverableOOM`. Defaults to
             `False`.
+        record_memory_history: record the allocator's history of allocations
+            while training (torch on CUDA: `torch.cuda.memory`), and write with
+            each event the snapshot file that PyTorch's memory visualizer
+            (https://pytorch.org/memory_viz) opens (needs `log_dir`). Other
+            backends warn once. Defaults to `False`.
+        plan: a `BatchPlan` from `keras_gpu_tools.plan_batch_size` (or the
+            largest micro-batch size as an int): batches above it start split
+            at it, and regrowing never goes past it. Defaults to `None`.
 
     Example:
 
     ```python
     from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 
-    reducer = OOMBatchSizeReducer(regrow_after=500)
+    reducer = OOMBatchSizeReducer(regrow_after=500, log_dir="logs")
     model.fit(x, y, batch_size=1024, epochs=3, callbacks=[reducer])
     print(reducer.micro_batches)  # e.g. 4: each batch of 1024 ran as 4 x 256
+    print(reducer.summary())  # each recovery, why memory ran out, the headroom
     ```
     """
 
@@ -434,8 +469,7 @@ class OOMBatchSizeReducer(FitCallback):
         """The explanation of one out-of-memory error (or predicted failure), while its memory is still held."""
         context = dict(context, files=self._writer is not None)
         figures, artifacts = self.backend.explain_oom(error, context)
-        explanation = explanation_of(error)
-        explanation.merge(figures)
+        explanation = explanation_of(error, **figures)
         self._artifacts = artifacts
         return explanation.as_dict()
 

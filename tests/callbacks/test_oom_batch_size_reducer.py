@@ -338,6 +338,10 @@ def test_arguments_are_validated():
         OOMBatchSizeReducer(mode="halve")
     with pytest.raises(TypeError, match="probe"):
         OOMBatchSizeReducer(probe="yes")
+    with pytest.raises(TypeError, match="Invalid value for argument `record_memory_history`"):
+        OOMBatchSizeReducer(record_memory_history=1)
+    with pytest.raises(ValueError, match="Invalid value for argument `plan`"):
+        OOMBatchSizeReducer(plan=2.5)
 
 
 def test_tensorflow_real_oom_suite():
