@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 # Framework-free, so imported eagerly: users filter warnings by these classes.
 from keras_gpu_tools.errors import (
     GPUMonitoringWarning,
+    InexactAccumulationError,
     InputPipelineWarning,
     KerasGPUToolsWarning,
     KerasInternalsError,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         ProfilerWindow,
     )
     from keras_gpu_tools.layers import MixedPrecisionOutput
+    from keras_gpu_tools.planner import BatchPlan, plan_batch_size
 
 # Public name -> the module it is taken from. Callbacks and layers go through
 # their subpackages, which map each name to its defining module.
@@ -56,14 +58,18 @@ _LAZY = {
     "check_mixed_precision": "keras_gpu_tools._core.mixed_precision",
     "TrainingReport": "keras_gpu_tools._core.report",
     "report": "keras_gpu_tools._core.report",
+    "BatchPlan": "keras_gpu_tools.planner",
+    "plan_batch_size": "keras_gpu_tools.planner",
 }
 # Subpackages that `import keras_gpu_tools` used to bind: `keras_gpu_tools.callbacks.X`
 # keeps working without an explicit `import keras_gpu_tools.callbacks`.
 _SUBPACKAGES = ("callbacks", "layers")
 
 __all__ = [
+    "BatchPlan",
     "GPUMonitoringWarning",
     "GPUUtilizationLogger",
+    "InexactAccumulationError",
     "InputBoundDetector",
     "InputPipelineWarning",
     "KerasGPUToolsWarning",
@@ -84,6 +90,7 @@ __all__ = [
     "UnrecoverableOOM",
     "__version__",
     "check_mixed_precision",
+    "plan_batch_size",
     "report",
 ]
 

@@ -52,6 +52,15 @@ class UnrecoverableOOM(MemoryError):
     """An out-of-memory error that could not be retried without losing or repeating an update."""
 
 
+class InexactAccumulationError(ValueError):
+    """`OOMBatchSizeReducer(mode="accumulate")` cannot reproduce the unsplit batch for this model or train step.
+
+    Raised before any update is applied (in `on_train_begin` where it can be
+    told from the model, else at the first split, with the state put back),
+    with the reason; `mode="split"` trains on truly smaller batches instead.
+    """
+
+
 class OutOfMemoryError(MemoryError):
     """Even `min_batch_size` ran out of memory, where the backend's own error type cannot be built."""
 
@@ -62,6 +71,7 @@ class MissingDependency(ImportError):
 
 __all__ = [
     "GPUMonitoringWarning",
+    "InexactAccumulationError",
     "InputPipelineWarning",
     "KerasGPUToolsWarning",
     "KerasInternalsError",

@@ -49,6 +49,10 @@ class Backend:
         """The first GPU's ``device``, ``bytes_limit``, ``bytes_in_use``, ``peak_bytes_in_use`` (empty on CPU)."""
         return {}
 
+    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
+        """Per local GPU: the allocator's peak bytes since the process started, and the device's capacity."""
+        return {}
+
     def uses_tf32(self) -> bool:
         """Whether float32 matmuls run as TF32 (their peak FLOP/s is TF32's)."""
         return False
@@ -80,6 +84,37 @@ class Backend:
         """Shape-only stand-ins of a sampled call's arguments, for :meth:`step_flops`."""
         return None
 
+    # -- planning the batch size (plan_batch_size) ------------------------------------------------
+    def replicas(self, model) -> int:
+        """The devices a batch is split over under data parallelism (1 without)."""
+        return 1
+
+    def device_capacities(self, model, replicas: int) -> list[int | None]:
+        """The memory of each of those devices (None where the device reports none, a CPU)."""
+        return [None] * replicas
+
+    def plan_snapshot(self, model, batch) -> Any:
+        """Builds what a training step needs for ``batch`` and keeps a host copy of every variable."""
+        import keras
+
+        from keras_gpu_tools._core import keras_internals as ki
+
+        ki.build_for_training(model, batch)
+        return [(v, keras.ops.convert_to_numpy(v.value)) for v in ki.variables_of(model, "all")]
+
+    def plan_restore(self, model, snapshot) -> None:
+        """Puts back what :meth:`plan_snapshot` kept (trial steps trained the model)."""
+        for v, value in snapshot:
+            v.assign(value)
+        model.reset_metrics()
+
+    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
+        """The peak bytes of one training step on ``batch`` per device, and how they were obtained."""
+        raise ValueError(f"plan_batch_size does not support the Keras backend {self.name!r} (tensorflow, jax, torch).")
+
+    def plan_method(self, model) -> str:
+        return ""
+
     # -- profiler ------------------------------------------------------------------------------
     def profiler(self):
         """A new profiler session (``available``, ``start``, ``step``, ``stop``); see ``_core.profiler``."""
@@ -105,6 +140,38 @@ class Backend:
     def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
         """The train function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``."""
         raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
+
+    def explain_oom(
+        self, error: BaseException | None, context: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """What the framework can tell about an out-of-memory error, at the moment it happened.
+
+        Returns ``(figures, artifacts)``: :class:`~keras_gpu_tools._core.oom_explain.OOMExplanation`
+        field values from the allocator (memory in use, peak, limit, the
+        largest buffers, the failing program's memory analysis), and files to
+        write next to the event (name suffix -> bytes) when
+        ``context["files"]`` is set. ``error`` is None for a failure predicted
+        from a memory analysis (``context["predicted_need"]``).
+        """
+        return {}, {}
+
+    def start_memory_history(self) -> str | None:
+        """Starts recording the allocator's history of allocations; returns why it cannot, or None."""
+        return f"the Keras backend {self.name!r} records no allocation history (torch with CUDA does)"
+
+    def stop_memory_history(self) -> None:
+        """Stops what :meth:`start_memory_history` started."""
+
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        """The runner that retries an evaluation (``kind="test"``) or prediction (``"predict"``) batch, split."""
+        raise ValueError(self.reducer_problem(model))
+
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+        """The test or predict function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``."""
+        raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
+
+    def hand_back_eval_state(self, model, kind: str, state) -> None:
+        """After a failed evaluation or prediction step, puts the state from before it into the model (JAX)."""
 
     def check_late_error(self, model) -> BaseException | None:
         """An error of an earlier asynchronous step that surfaces only when results are read (JAX)."""

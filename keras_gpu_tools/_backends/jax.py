@@ -13,12 +13,22 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps, gpu_peaks
 from keras_gpu_tools._core import keras_internals as ki
-from keras_gpu_tools._core.batches import leading_dim, leaves
-from keras_gpu_tools._core.grad_accum import FULL_SNAPSHOT_MAX_BYTES, Snapshot, micro_batches, nbytes
+from keras_gpu_tools._core.batches import batch_signature, leading_dim, leaves
+from keras_gpu_tools._core.grad_accum import (
+    FULL_SNAPSHOT_MAX_BYTES,
+    LossRouting,
+    Snapshot,
+    concat_outputs,
+    measure_order,
+    micro_batches,
+    nbytes,
+    refusal,
+)
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
 from keras_gpu_tools.errors import KerasInternalsError, UnrecoverableOOM
 
@@ -155,88 +165,15 @@ class _JAX:
 
 
 # -- gradient accumulation -----------------------------------------------------------------
-class JaxRunner:
-    """JAX: the state is the train function's argument (donated by Keras's step)."""
+class _HostSnapshot:
+    """The state of a JAX step put back after a failed attempt: a host copy, since Keras's steps donate it."""
 
-    backend = "jax"
+    state_bytes: int | None = None
+    full_snapshot_max_bytes = FULL_SNAPSHOT_MAX_BYTES
 
-    def __init__(
-        self,
-        model,
-        original: Callable,
-        mode: str = "accumulate",
-        full_snapshot_max_bytes: int = FULL_SNAPSHOT_MAX_BYTES,
-    ):
-        import jax
-        import jax.numpy as jnp
+    def _forget(self) -> None:
+        """What a failed attempt leaves behind besides the state (the accumulator)."""
 
-        self.jax = jax
-        self.jnp = jnp
-        self.model = model
-        self.original = original
-        self.mode = mode
-        self.full_snapshot_max_bytes = full_snapshot_max_bytes
-        self._acc = None
-        self._micro_jit = jax.jit(self._micro, donate_argnums=(4,))
-        self._apply_jit = jax.jit(self._apply, donate_argnums=(0, 1, 2))
-        self._step = ki.jax_step_function(original)
-        self.state_bytes = None
-
-    # -- traced functions ------------------------------------------------------
-    def _micro(self, tv, ntv, ov, mv, acc, data, w):
-        box, scaled = [], []
-        with ki.capture_apply(
-            self.model.optimizer, box.append, weight=w, on_scaled=lambda: scaled.append(1), stateless=True
-        ):
-            logs, state = self.model.train_step((tv, ntv, ov, mv), data)
-        if not box:
-            raise KerasInternalsError("keras_gpu_tools: train_step did not call optimizer.stateless_apply")
-        grads = box[0]
-        _, ntv2, _, mv2 = ki.jax_state_parts(state)
-        factor = 1.0 if scaled else w  # the loss was already weighted by scale_loss
-        acc = [a + (g * factor).astype(a.dtype) for a, g in zip(acc, grads)]
-        return logs, list(ntv2), list(mv2), acc
-
-    def _apply(self, tv, ov, acc):
-        tv2, ov2 = self.model.optimizer.stateless_apply(ov, acc, tv)
-        return list(tv2), list(ov2), [self.jnp.zeros_like(a) for a in acc]
-
-    # -- running ---------------------------------------------------------------------
-    def whole(self, batch, state):
-        """The idle path: Keras's own step on the whole batch, nothing else."""
-        return self.original(state, iter((batch,)))
-
-    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
-        if k == 1:
-            out = self.original(state, iter_one(batch))
-        elif self.mode == "split":
-            out = None
-            for part, _ in micro_batches(batch, n, k):
-                out = self.original(state, iter_one(part))
-                state = out[1]
-        else:
-            out = self._run_accumulated(batch, n, k, state)
-        if guarded:
-            self.jax.block_until_ready(out)  # a late out-of-memory error surfaces here
-        return out
-
-    def _zeros(self, tv):
-        return [self.jnp.zeros(a.shape, a.dtype) for a in tv]
-
-    def _run_accumulated(self, batch, n, k, state):
-        tv, ntv, ov, mv = ki.jax_state_parts(state)
-        acc = self._acc
-        if acc is None or any(a.is_deleted() for a in acc):
-            acc = self._zeros(tv)
-        self._acc = None
-        logs = None
-        for part, w in micro_batches(batch, n, k):
-            logs, ntv, mv, acc = self._micro_jit(tv, ntv, ov, mv, acc, part, self.jnp.float32(w))
-        tv, ov, acc = self._apply_jit(tv, ov, acc)
-        self._acc = acc
-        return logs, (tv, ntv, ov, mv)
-
-    # -- state -------------------------------------------------------------------------
     def _state_bytes(self, state) -> int:
         if self.state_bytes is None:
             self.state_bytes = sum(nbytes(a) for part in state for a in part)
@@ -250,7 +187,7 @@ class JaxRunner:
         return Snapshot("none", None)
 
     def restore(self, snap: Snapshot, state):
-        self._acc = None
+        self._forget()
         alive = all(not a.is_deleted() for p in state for a in p)
         if alive:
             try:
@@ -274,8 +211,163 @@ class JaxRunner:
             )
         return tuple(restored)
 
+
+class JaxRunner(_HostSnapshot):
+    """JAX: the state is the train function's argument (donated by Keras's step)."""
+
+    def _forget(self) -> None:
+        self._acc = None
+
+    backend = "jax"
+
+    def __init__(
+        self,
+        model,
+        original: Callable,
+        mode: str = "accumulate",
+        full_snapshot_max_bytes: int = FULL_SNAPSHOT_MAX_BYTES,
+    ):
+        import jax
+        import jax.numpy as jnp
+
+        self.jax = jax
+        self.jnp = jnp
+        self.model = model
+        self.original = original
+        self.mode = mode
+        self.full_snapshot_max_bytes = full_snapshot_max_bytes
+        self._acc = None
+        self._micro_jit = jax.jit(self._micro, donate_argnums=(4,))
+        self._apply_jit = jax.jit(self._apply, donate_argnums=(0, 1, 2))
+        self._measure_jit = jax.jit(self._measure_fn)
+        self._step = ki.jax_step_function(original)
+        self.state_bytes = None
+        self.routing = LossRouting(model)
+        self._memory: dict[tuple, dict[str, int] | None] = {}  # (batch signature, split) -> memory analysis
+
+    # -- traced functions ------------------------------------------------------
+    def _micro(self, tv, ntv, ov, mv, acc, data, w, totals):
+        box, scaled = [], []
+        with ki.capture_apply(
+            self.model.optimizer, box.append, weight=w, on_scaled=lambda: scaled.append(1), stateless=True
+        ):
+            with self.routing.micro(w, totals):
+                logs, state = self.model.train_step((tv, ntv, ov, mv), data)
+        self.routing.check_step()
+        if not box:
+            raise KerasInternalsError("keras_gpu_tools: train_step did not call optimizer.stateless_apply")
+        if len(box) > 1:
+            raise refusal(
+                "train_step applied gradients more than once (a second optimizer, or the same one twice): "
+                "one accumulated update per batch cannot reproduce that"
+            )
+        grads = box[0]
+        _, ntv2, _, mv2 = ki.jax_state_parts(state)
+        factor = 1.0 if scaled else w  # the loss was already weighted by scale_loss
+        acc = [a + (g * factor).astype(a.dtype) for a, g in zip(acc, grads)]
+        return logs, list(ntv2), list(mv2), acc
+
+    def _apply(self, tv, ov, acc):
+        tv2, ov2 = self.model.optimizer.stateless_apply(ov, acc, tv)
+        return list(tv2), list(ov2), [self.jnp.zeros_like(a) for a in acc]
+
+    def _measure_fn(self, tv, ntv, data):
+        return _measure_losses(self, tv, ntv, data)
+
+    # -- running ---------------------------------------------------------------------
+    def whole(self, batch, state):
+        """The idle path: Keras's own step on the whole batch, nothing else."""
+        return self.original(state, iter((batch,)))
+
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if k == 1:
+            out = self.original(state, iter_one(batch))
+        elif self.mode == "split":
+            out = None
+            for part, _ in micro_batches(batch, n, k):
+                out = self.original(state, iter_one(part))
+                state = out[1]
+        else:
+            out = self._run_accumulated(batch, n, k, state)
+        if guarded:
+            self.jax.block_until_ready(out)  # a late out-of-memory error surfaces here
+        return out
+
+    def _zeros(self, tv):
+        return [self.jnp.zeros(a.shape, a.dtype) for a in tv]
+
+    def _totals(self, parts, tv, ntv):
+        routing = self.routing
+        if not routing.needs_totals():
+            return None
+        first = [float(d) for d in self._measure_jit(tv, ntv, parts[0][0])]
+        routing.measured = True
+        if not routing.needs_totals():
+            return None
+        rest = [[float(d) for d in self._measure_jit(tv, ntv, part)] for part, _ in parts[1:]]
+        return routing.totals([first] + rest)
+
+    def _run_accumulated(self, batch, n, k, state):
+        tv, ntv, ov, mv = ki.jax_state_parts(state)
+        parts = micro_batches(batch, n, k)
+        totals = self._totals(parts, tv, ntv)
+        vector = self.jnp.asarray(totals if totals else [1.0], "float32")
+        acc = self._acc
+        if acc is None or any(a.is_deleted() for a in acc):
+            acc = self._zeros(tv)
+        self._acc = None
+        logs = None
+        for part, w in parts:
+            logs, ntv, mv, acc = self._micro_jit(tv, ntv, ov, mv, acc, part, self.jnp.float32(w), vector)
+        tv, ov, acc = self._apply_jit(tv, ov, acc)
+        self._acc = acc
+        return logs, (tv, ntv, ov, mv)
+
+    # -- state -------------------------------------------------------------------------
     def finish(self, result, guarded: bool):
         return result
+
+    def memory_of(self, batch, n: int, k: int, state) -> dict[str, int] | None:
+        """XLA's memory analysis of the program one attempt at ``k`` runs, compiled but not run; cached.
+
+        ``arguments``, ``outputs``, ``temporaries``, ``aliased`` (outputs that
+        reuse donated arguments) and ``need``: what the attempt adds to the
+        memory in use, temporaries and new outputs, plus the accumulator and the
+        batch's copy to the device where they are not there yet. Compiled with
+        GPU autotuning off (:func:`compile_for_analysis`): autotuning runs
+        candidate kernels, which is what made each failing split cost seconds.
+        """
+        key = (batch_signature(batch), k)
+        if key in self._memory:
+            return self._memory[key]
+        found = None
+        try:
+            jnp = self.jnp
+            state = _specs(state)
+            if k == 1:
+                if self._step is None:
+                    return None
+                lowered = self._step.lower(state, batch)
+                extra = 0
+            else:
+                tv, ntv, ov, mv = ki.jax_state_parts(state)
+                part, w = micro_batches(batch, n, k)[0]
+                totals = jnp.ones((max(1, len(ki.flat_losses(self.model) or [])),), "float32")
+                self.routing.lenient = True  # a trace for its memory analysis: the totals' values do not matter
+                try:
+                    lowered = self._micro_jit.lower(tv, ntv, ov, mv, list(tv), part, jnp.float32(w), totals)
+                finally:
+                    self.routing.lenient = False
+                extra = 0 if self._acc is not None else sum(nbytes(a) for a in tv)  # the accumulator
+            found = program_memory(compile_for_analysis(lowered))
+            if found is not None:
+                host = sum(nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))  # copied in
+                found["need"] = found["temporaries"] + found["outputs"] - found["aliased"] + extra + host
+        except Exception as e:
+            logger.debug("keras_gpu_tools: memory analysis failed: %s", e)
+            found = None
+        self._memory[key] = found
+        return found
 
     def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
         """(fits, bytes needed) from XLA's memory analysis, or (None, None) where the device has no limit."""
@@ -283,34 +375,154 @@ class JaxRunner:
         limit = mem.get("bytes_limit")
         if not limit:
             return None, None
-        try:
-            jnp = self.jnp
-            if k == 1:
-                if self._step is None:
-                    return None, None
-                compiled = self._step.lower(state, batch).compile()
-                extra = 0
-            else:
-                tv, ntv, ov, mv = ki.jax_state_parts(state)
-                part, w = micro_batches(batch, n, k)[0]
-                acc = [self.jax.ShapeDtypeStruct(a.shape, a.dtype) for a in tv]
-                compiled = self._micro_jit.lower(tv, ntv, ov, mv, acc, part, jnp.float32(w)).compile()
-                extra = 0 if self._acc is not None else sum(nbytes(a) for a in tv)
-            ma = compiled.memory_analysis()
-            if ma is None:
-                return None, None
-            need = (
-                int(getattr(ma, "temp_size_in_bytes", 0))
-                + int(getattr(ma, "output_size_in_bytes", 0))
-                - int(getattr(ma, "alias_size_in_bytes", 0))
-                + extra
-            )
-            need += sum(nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))  # host inputs to copy
-            in_use = mem.get("bytes_in_use", 0)
-            return in_use + need <= 0.95 * limit, need
-        except Exception as e:
-            logger.debug("keras_gpu_tools: memory analysis failed: %s", e)
+        in_use = mem.get("bytes_in_use", 0)
+        sig = batch_signature(batch)
+        micro = -(-n // k)
+        # A larger split than one analysed already: its need scaled by the micro-batch size (an
+        # overestimate: the state's part does not shrink). Clearly fitting, it runs with no analysis.
+        known = [(-(-n // kk), f["need"]) for (s, kk), f in self._memory.items() if s == sig and f and kk < k]
+        if known:
+            m0, need0 = min(known)
+            estimate = int(need0 * micro / m0)
+            if in_use + estimate <= ESTIMATE_FRACTION * limit:
+                return True, estimate
+        found = self.memory_of(batch, n, k, state)
+        if found is None:
             return None, None
+        need = found["need"]
+        return in_use + need <= PREDICT_FRACTION * limit, need
+
+
+#: The share of the device's memory limit a step may be predicted to use (XLA's
+#: analysis leaves out allocator fragmentation and the runtime's own buffers).
+PREDICT_FRACTION = 0.95
+#: Below this share, a split estimated from a smaller one's analysis runs without an analysis of its own.
+ESTIMATE_FRACTION = 0.8
+
+
+def _specs(tree):
+    """Shape-only stand-ins (with their sharding) of the arrays in ``tree``; donated ones included."""
+    import jax
+
+    def spec(a):
+        if hasattr(a, "shape") and hasattr(a, "dtype") and hasattr(a, "is_deleted"):
+            sharding = getattr(a, "sharding", None)
+            try:
+                return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+            except Exception:
+                return jax.ShapeDtypeStruct(a.shape, a.dtype)
+        return a
+
+    return jax.tree_util.tree_map(spec, tree)
+
+
+def compile_for_analysis(lowered):
+    """``lowered.compile()`` for its memory analysis only: on a GPU without autotuning (faster; not for running)."""
+    if BACKEND.async_device():
+        try:
+            return lowered.compile(compiler_options={"xla_gpu_autotune_level": 0})
+        except Exception as e:  # an XLA without the option: compile as usual
+            logger.debug("keras_gpu_tools: compiling without autotuning failed (%s); compiling as usual", e)
+    return lowered.compile()
+
+
+def program_memory(compiled) -> dict[str, int] | None:
+    """``arguments``, ``outputs``, ``temporaries``, ``aliased`` bytes of a compiled program (XLA's analysis)."""
+    ma = compiled.memory_analysis()
+    if isinstance(ma, (list, tuple)):
+        ma = ma[0] if ma else None
+    if ma is None:
+        return None
+    return {
+        "arguments": int(getattr(ma, "argument_size_in_bytes", 0)),
+        "outputs": int(getattr(ma, "output_size_in_bytes", 0)),
+        "temporaries": int(getattr(ma, "temp_size_in_bytes", 0)),
+        "aliased": int(getattr(ma, "alias_size_in_bytes", 0)),
+    }
+
+
+class JaxEvalRunner(_HostSnapshot):
+    """JAX: a test step (state: trainable, non-trainable, metrics) or a predict step (trainable, non-trainable).
+
+    Keras's own steps donate their state, so a first attempt keeps a host copy
+    (:class:`_HostSnapshot`); split, the micro-batches run through a jit of the
+    model's own ``test_step``/``predict_step`` that donates nothing.
+    """
+
+    backend = "jax"
+    idle_recoverable = False  # Keras's step donated the weights: without a copy nothing can be retried
+
+    def __init__(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        import jax
+        import jax.numpy as jnp
+
+        self.jax = jax
+        self.jnp = jnp
+        self.model = model
+        self.kind = kind
+        self.original = original
+        self.mode = mode
+        self.routing = LossRouting(model)
+        self._micro_jit = jax.jit(self._micro)
+        self._plain_jit = jax.jit(lambda state, data: self.model.test_step(state, data))
+        self._measure_jit = jax.jit(lambda tv, ntv, data: _measure_losses(self, tv, ntv, data))
+
+    def _micro(self, state, data, w, totals):
+        if self.kind == "predict":
+            outputs, ntv = self.model.predict_step(state, data)
+            return outputs, (state[0], ntv)
+        with self.routing.micro(w, totals):
+            logs, state = self.model.test_step(state, data)
+        self.routing.check_step()
+        return logs, state
+
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if k == 1:
+            out = self.original(state, iter_one(batch))
+        elif self.kind == "predict":
+            outputs = []
+            for part, _ in micro_batches(batch, n, k):
+                o, state = self._micro_jit(state, part, self.jnp.float32(1.0), self.jnp.ones((1,), "float32"))
+                outputs.append(o)
+            out = (concat_outputs(outputs), state)
+        elif self.mode == "split":
+            out = None
+            for part, _ in micro_batches(batch, n, k):
+                out = self._plain_jit(state, part)  # Keras's own test_step, not donating
+                state = out[1]
+        else:
+            parts = micro_batches(batch, n, k)
+            totals = None
+            if self.routing.needs_totals():
+                tv, ntv = state[0], state[1]
+                first = [float(d) for d in self._measure_jit(tv, ntv, parts[0][0])]
+                self.routing.measured = True
+                if self.routing.needs_totals():
+                    rest = [[float(d) for d in self._measure_jit(tv, ntv, p)] for p, _ in parts[1:]]
+                    totals = self.routing.totals([first] + rest)
+            vector = self.jnp.asarray(totals if totals else [1.0], "float32")
+            out = None
+            for part, w in parts:
+                out = self._micro_jit(state, part, self.jnp.float32(w), vector)
+                state = out[1]
+        if guarded:
+            self.jax.block_until_ready(out)
+        return out
+
+    def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
+        return None, None
+
+
+def _measure_losses(runner, tv, ntv, data):
+    """Each compiled loss's denominator on ``data`` (traced: a forward pass in inference mode)."""
+    import keras
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    y_pred, _ = runner.model.stateless_call(tv, ntv, x, **ki.training_kwargs(runner.model, False))
+    out = []
+    with runner.routing.measuring(out):
+        ki.compute_loss_of(runner.model, y, y_pred, sample_weight)
+    return [runner.jnp.asarray(d, "float32") for d in measure_order(out)]
 
 
 # -- FLOPs ---------------------------------------------------------------------------------
@@ -378,6 +590,15 @@ class JaxBackend(Backend):
             return out
         except Exception:
             return {}
+
+    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
+        out = {}
+        for i, dev in enumerate(self._gpu_list()):
+            stats = dev.memory_stats() or {}
+            if "peak_bytes_in_use" in stats:
+                limit = stats.get("bytes_limit")
+                out[i] = (float(stats["peak_bytes_in_use"]), float(limit) if limit else None)
+        return out
 
     def uses_tf32(self) -> bool:
         jax = deps.loaded("jax")
@@ -451,6 +672,49 @@ class JaxBackend(Backend):
         flops = gpu_peaks.jaxpr_flops(jax.make_jaxpr(step)(*specs)) or None
         return flops, "matmul/convolution FLOPs of the step's jaxpr"
 
+    # -- planning the batch size
+    def replicas(self, model) -> int:
+        return ki.jax_data_parallel()[0]
+
+    def device_capacities(self, model, replicas: int) -> list[int | None]:
+        out = []
+        for dev in self._gpu_list()[:replicas]:
+            limit = (dev.memory_stats() or {}).get("bytes_limit")
+            out.append(int(limit) if limit else None)
+        return out + [None] * (replicas - len(out))
+
+    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
+        """XLA's memory analysis of Keras's compiled train step on ``batch``'s shapes; compiled, not run."""
+        import jax
+
+        model.make_train_function()
+        step = ki.jax_step_function(model.train_function)
+        if step is None:
+            raise ValueError(
+                "plan_batch_size: the JAX train step is not jitted (run_eagerly=True or jit_compile=False); "
+                "XLA's memory analysis needs the compiled step."
+            )
+        _, dist = ki.jax_data_parallel()
+
+        def spec(a):
+            if a is None:
+                return None
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=ki.jax_batch_sharding(dist, tuple(a.shape)))
+
+        x, y = batch
+        data = jax.tree_util.tree_map(spec, (x, y) if y is not None else (x,))
+        memory = program_memory(compile_for_analysis(step.lower(_specs(ki.jax_state_of(model)), data)))
+        if memory is None:
+            raise ValueError("plan_batch_size: XLA returned no memory analysis for the train step.")
+        peak = memory["arguments"] + memory["temporaries"] + memory["outputs"] - memory["aliased"]
+        return [float(peak)] * replicas, self.plan_method(model)
+
+    def plan_method(self, model) -> str:
+        return (
+            "XLA's memory analysis of the compiled train step, per device (arguments + temporaries + outputs, "
+            "less the outputs that reuse donated arguments); compiled, never run"
+        )
+
     # -- profiler
     def profiler(self):
         return _JAX()
@@ -465,11 +729,78 @@ class JaxBackend(Backend):
         made = type(original)(message)
         return made if isinstance(made, BaseException) else None
 
+    def explain_oom(self, error, context) -> tuple[dict, dict]:
+        """The device's memory statistics, the largest live arrays, the failing program's memory analysis,
+        and (``context["files"]``) the device memory profile (pprof, for ``pprof`` or xprof)."""
+        jax = deps.loaded("jax")
+        figures: dict[str, Any] = {"sources": []}
+        artifacts: dict[str, bytes] = {}
+        if jax is None:
+            return figures, artifacts
+        try:
+            dev = jax.local_devices()[0]
+            stats = dev.memory_stats() or {}
+            if stats:
+                figures["device"] = getattr(dev, "device_kind", str(dev))
+                figures["in_use_bytes"] = stats.get("bytes_in_use")
+                figures["peak_bytes"] = stats.get("peak_bytes_in_use")
+                limit = stats.get("bytes_limit")
+                if limit:
+                    figures["capacity_bytes"] = int(limit)
+                    figures["free_bytes"] = max(0, int(limit) - int(stats.get("bytes_in_use", 0)))
+                figures["sources"].append(f"{dev}.memory_stats()")
+        except Exception:
+            pass
+        try:
+            live = sorted(jax.live_arrays(), key=lambda a: -int(getattr(a, "nbytes", 0)))[:5]
+            figures["largest"] = [(f"live array {a.dtype}{list(a.shape)}", int(a.nbytes)) for a in live]
+            if live:
+                figures["sources"].append("jax.live_arrays()")
+        except Exception:
+            pass
+        runner = context.get("runner")
+        if hasattr(runner, "memory_of"):
+            program = runner.memory_of(context["batch"], context["n"], context["k"], context["state"])
+            if program:
+                figures["program"] = {k: v for k, v in program.items() if k != "need"}
+                figures["sources"].append("XLA's memory analysis of the failing program (compiled, not run)")
+                if error is None and context.get("predicted_need") is not None:
+                    figures["requested_bytes"] = int(context["predicted_need"])
+                    figures["allocation"] = f"the step at split {context['k']} (predicted, not run)"
+        if context.get("files"):
+            try:
+                artifacts["device_memory.prof"] = jax.profiler.device_memory_profile()
+            except Exception:
+                logger.debug("keras_gpu_tools: no device memory profile", exc_info=True)
+        return figures, artifacts
+
     def reducer_problem(self, model) -> str | None:
         return None
 
     def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
         return JaxRunner(model, original, mode, **kwargs)
+
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        return JaxEvalRunner(model, kind, original, mode)
+
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+        def step_function(state, iterator):
+            outputs = []
+            for i in range(steps_per_execution):
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    if i == 0:
+                        raise
+                    break
+                out, state = one(batch, state)
+                outputs.append(out)
+            return (concat_outputs(outputs) if kind == "predict" else outputs[-1]), state
+
+        return step_function
+
+    def hand_back_eval_state(self, model, kind: str, state) -> None:
+        ki.jax_write_variables(model, kind, state)
 
     def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
         if steps_per_execution == 1:

@@ -19,9 +19,9 @@ from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import leading_dim, leaves
-from keras_gpu_tools._core.grad_accum import StatefulRunner
+from keras_gpu_tools._core.grad_accum import StatefulEvalRunner, StatefulRunner, concat_outputs, measure_order
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
-from keras_gpu_tools.errors import KerasInternalsError
+from keras_gpu_tools.errors import InexactAccumulationError
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -132,10 +132,13 @@ class TFRunner(StatefulRunner):
 
         self.tf = tf
         self._accs = None
-        self._none = set()
+        self._rows = self._row_indices = None
+        self._sparse: dict[int, None] = {}
+        self._refused: InexactAccumulationError | None = None  # variables whose gradient is sparse (tf.IndexedSlices)
         self._w = None
         self._micro_fn = None
-        self._apply_fn = None
+        self._apply_fns: dict[tuple, Callable] = {}
+        self._measure_fn = None
         self._small_fn = None
 
     def _run_original(self, batch):
@@ -153,61 +156,132 @@ class TFRunner(StatefulRunner):
                 tf.Variable(tf.zeros(tuple(v.shape), dtype=v.dtype), trainable=False, name="kgt_oom_acc")
                 for v in self.model.trainable_variables
             ]
+            # Sparse gradients (an embedding's tf.IndexedSlices) are kept as the rows and
+            # indices of every micro-batch, concatenated: Keras's optimizers treat repeated
+            # indices slice by slice (Adam squares each), so a dense sum would differ.
+            self._rows = [
+                tf.Variable(
+                    tf.zeros((0, *tuple(v.shape)[1:]), dtype=v.dtype),
+                    shape=tf.TensorShape([None, *tuple(v.shape)[1:]]),
+                    trainable=False,
+                    name="kgt_oom_rows",
+                )
+                if len(v.shape)
+                else None
+                for v in self.model.trainable_variables
+            ]
+            self._row_indices = [
+                tf.Variable(tf.zeros((0,), tf.int64), shape=tf.TensorShape([None]), trainable=False, name="kgt_oom_idx")
+                if len(v.shape)
+                else None
+                for v in self.model.trainable_variables
+            ]
             strategy = self.model.distribute_strategy
 
-            def micro(data, w):
+            def micro(data, w, totals):
                 def replica(d):
                     self._w = w
                     self._scaled = False
-                    with ki.capture_apply(self.model.optimizer, self._sink, weight=w, on_scaled=self._mark_scaled):
-                        return self.model.train_step(d)
+                    self.applies = 0
+                    try:
+                        with ki.capture_apply(self.model.optimizer, self._sink, weight=w, on_scaled=self._mark_scaled):
+                            with self.routing.micro(w, totals):
+                                logs = self.model.train_step(d)
+                        self.routing.check_step()
+                    except InexactAccumulationError as e:
+                        self._refused = e
+                        raise
+                    return logs
 
                 return strategy.run(replica, args=(data,))
 
+            self._micro_fn = self._function(micro)
+
+    def _apply(self):
+        applied = self._applied()
+        if not applied:
+            return  # train_step applied nothing (no trainable weights): neither does the batch
+        key = tuple(applied)
+        fn = self._apply_fns.get(key)
+        if fn is None:
+            tf = self.tf
+            strategy = self.model.distribute_strategy
+            variables = self.model.trainable_variables
+
+            sparse = set(self._sparse)
+
+            def grad(i, has):
+                if not has:
+                    return None
+                if i in sparse:
+                    return tf.IndexedSlices(
+                        self._rows[i].read_value(), self._row_indices[i].read_value(), tf.shape(variables[i])
+                    )
+                return self._accs[i].read_value()
+
             def apply():
                 def replica():
-                    grads = [None if i in self._none else acc.read_value() for i, acc in enumerate(self._accs)]
-                    self.model.optimizer.apply(grads, self.model.trainable_variables)
-                    for acc in self._accs:
-                        acc.assign(tf.zeros_like(acc))
+                    grads = [grad(i, has) for i, has in applied]
+                    self.model.optimizer.apply(grads, [variables[i] for i, _ in applied])
+                    self._clear(i for i, _ in applied)
                     return tf.constant(0)
 
                 return strategy.run(replica)
 
-            self._micro_fn = self._function(micro)
-            self._apply_fn = self._function(apply)
+            fn = self._apply_fns[key] = self._function(apply)
+        fn()
+
+    def _clear(self, indices) -> None:
+        tf = self.tf
+        for i in indices:
+            self._accs[i].assign(tf.zeros_like(self._accs[i]))
+            if self._rows[i] is not None:
+                self._rows[i].assign(self._rows[i][:0])
+                self._row_indices[i].assign(self._row_indices[i][:0])
 
     def _sink(self, grads, variables):
         tf = self.tf
-        variables = variables if variables is not None else self.model.trainable_variables
-        for g, v in zip(grads, variables):
-            i = self._index.get(id(v))
-            if i is None:
-                raise KerasInternalsError(
-                    "keras_gpu_tools: train_step applied gradients to a variable that is not trainable"
-                )
+        for i, g in self._hand(grads, variables):
             if g is None:
-                self._none.add(i)
                 continue
             acc = self._accs[i]
+            w = tf.cast(self._w, acc.dtype)
+            if isinstance(g, tf.IndexedSlices) and self._rows[i] is not None:
+                self._sparse[i] = None
+                values = tf.cast(g.values, acc.dtype)
+                self._rows[i].assign(tf.concat([self._rows[i], values if self._scaled else values * w], 0))
+                self._row_indices[i].assign(tf.concat([self._row_indices[i], tf.cast(g.indices, tf.int64)], 0))
+                continue
             g = tf.cast(tf.convert_to_tensor(g), acc.dtype)
-            acc.assign_add(g if self._scaled else g * tf.cast(self._w, acc.dtype))
+            acc.assign_add(g if self._scaled else g * w)
 
-    def _run_accumulated(self, parts):
+    def _measure(self, part) -> list[float]:
+        if self._measure_fn is None:
+            self._measure_fn = self._function(_measuring(self))
+        return [float(d) for d in self._measure_fn(part).numpy()]
+
+    def _run_accumulated(self, parts, totals):
         self._build()
+        tf = self.tf
         logs = None
+        vector = tf.constant(totals if totals else [1.0], tf.float32)
+        self._refused = None
         try:
             for part, w in parts:
-                logs = self._micro_fn(part, self.tf.constant(w, self.tf.float32))
-            self._apply_fn()
+                logs = self._micro_fn(part, tf.constant(w, tf.float32), vector)
+            self._apply()
+        except Exception:
+            refused, self._refused = self._refused, None
+            if refused is not None:  # autograph turns it into a StagingError while tracing
+                raise refused from None
+            raise
         finally:
             self._w = None
         return logs
 
     def _reset_accumulator(self):
         if self._accs is not None:
-            for acc in self._accs:
-                acc.assign(self.tf.zeros_like(acc))
+            self._clear(range(len(self._accs)))
 
     def _small_changed(self) -> None:
         self._small_fn = None
@@ -220,6 +294,76 @@ class TFRunner(StatefulRunner):
             tf = self.tf
             self._small_fn = tf.function(lambda: [tf.identity(v.value) for v in small])
         return self._small_fn()
+
+
+class TFEvalRunner(StatefulEvalRunner):
+    """TensorFlow: a test step (``f(iterator)``) or a predict step (``f(batches)``), split."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import tensorflow as tf
+
+        self.tf = tf
+        self._micro_fn = None
+        self._measure_fn = None
+        self._refused: InexactAccumulationError | None = None
+
+    def _function(self, fn):
+        if getattr(self.model, "run_eagerly", False):
+            return fn
+        return self.tf.function(fn, reduce_retracing=True, jit_compile=bool(getattr(self.model, "jit_compile", False)))
+
+    def _run_original(self, batch):
+        if self.kind == "predict":
+            return self.original([batch])
+        return ki.tf_run_batches(self.original, [batch])
+
+    def _micro_test(self, part, w: float, totals: list[float]):
+        tf = self.tf
+        if self._micro_fn is None:
+
+            def micro(data, w, totals):
+                try:
+                    with self.routing.micro(w, totals):
+                        logs = self.model.test_step(data)
+                    self.routing.check_step()
+                except InexactAccumulationError as e:
+                    self._refused = e
+                    raise
+                return logs
+
+            self._micro_fn = self._function(micro)
+        self._refused = None
+        try:
+            return self._micro_fn(part, tf.constant(w, tf.float32), tf.constant(totals, tf.float32))
+        except Exception:
+            refused, self._refused = self._refused, None
+            if refused is not None:
+                raise refused from None
+            raise
+
+    def _measure(self, part) -> list[float]:
+        if self._measure_fn is None:
+            self._measure_fn = self._function(_measuring(self))
+        return [float(d) for d in self._measure_fn(part).numpy()]
+
+
+def _measuring(runner):
+    """A function of one batch returning each compiled loss's denominator (a forward pass, no update)."""
+    import keras
+
+    tf = runner.tf
+
+    def measure(data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = runner.model(x, training=False)
+        out = []
+        with runner.routing.measuring(out):
+            ki.compute_loss_of(runner.model, y, y_pred, sample_weight)
+        found = measure_order(out)
+        return tf.stack([tf.cast(d, tf.float32) for d in found]) if found else tf.zeros((0,))
+
+    return measure
 
 
 def _fetch(iterator, n: int) -> list[Any]:
@@ -288,6 +432,16 @@ class TensorFlowBackend(Backend):
         except Exception:
             return {}
 
+    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
+        tf = deps.loaded("tensorflow")
+        if tf is None:
+            return {}
+        out = {}
+        for i, _ in enumerate(tf.config.list_logical_devices("GPU")):
+            info = tf.config.experimental.get_memory_info(f"GPU:{i}")
+            out[i] = (float(info["peak"]), _gpu_total_bytes(i))
+        return out
+
     def uses_tf32(self) -> bool:
         tf = deps.loaded("tensorflow")
         return bool(tf is not None and tf.config.experimental.is_tensor_float_32_execution_enabled())
@@ -320,6 +474,49 @@ class TensorFlowBackend(Backend):
             "batches one call each, so its compute includes per-step dispatch the compiled loop avoids."
         )
 
+    # -- planning the batch size
+    def replicas(self, model) -> int:
+        return int(getattr(getattr(model, "distribute_strategy", None), "num_replicas_in_sync", 1) or 1)
+
+    def _plan_devices(self, replicas: int) -> list[str]:
+        tf = deps.loaded("tensorflow")
+        gpus = tf.config.list_logical_devices("GPU") if tf is not None else []
+        return [f"GPU:{i}" for i in range(min(replicas, len(gpus)))] if gpus else ["CPU:0"]
+
+    def device_capacities(self, model, replicas: int) -> list[int | None]:
+        devices = self._plan_devices(replicas)
+        if devices == ["CPU:0"]:
+            return [None] * replicas
+        return [_gpu_total_bytes(int(d.split(":")[1])) for d in devices]
+
+    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
+        """One trial step to trace and compile, then one measured: the allocator's peak per device."""
+        tf = deps.loaded("tensorflow")
+        x, y = batch
+        model.train_on_batch(x, y)
+        devices = self._plan_devices(replicas)
+        try:
+            for d in devices:
+                tf.config.experimental.reset_memory_stats(d)
+        except ValueError:  # "Cannot reset memory stats for device 'CPU:0'": an allocator without statistics
+            peaks = []
+        else:
+            model.train_on_batch(x, y)
+            peaks = [float(tf.config.experimental.get_memory_info(d)["peak"]) for d in devices]
+        if not any(peaks):
+            raise ValueError(
+                "plan_batch_size: this TensorFlow CPU allocator keeps no memory statistics (with "
+                "TF_ENABLE_ONEDNN_OPTS=0, say). Set TF_CPU_ALLOCATOR_USE_BFC=true in the environment before "
+                "TensorFlow is imported, or plan on a GPU."
+            )
+        return peaks, self.plan_method(model)
+
+    def plan_method(self, model) -> str:
+        return (
+            "trial steps (one to trace and compile, one measured): tf.config.experimental.get_memory_info's "
+            "peak per device"
+        )
+
     # -- profiler
     def profiler(self):
         return _TF()
@@ -332,6 +529,40 @@ class TensorFlowBackend(Backend):
 
     def oom_error(self, original: BaseException, message: str) -> BaseException | None:
         return type(original)(getattr(original, "node_def", None), getattr(original, "op", None), message)
+
+    def explain_oom(self, error, context) -> tuple[dict, dict]:
+        """``get_memory_info`` of the device the error names (GPU:0 by default; the CPU where its allocator keeps statistics)."""
+        tf = deps.loaded("tensorflow")
+        figures: dict[str, Any] = {}
+        if tf is None:
+            return figures, {}
+        text = str(error or "")
+        device = "GPU:0"
+        for name in ("GPU", "CPU"):
+            marker = f"device:{name}:"
+            if marker in text:
+                index = text.split(marker, 1)[1].split()[0].rstrip(".,")
+                device = f"{name}:{''.join(c for c in index if c.isdigit()) or '0'}"
+                break
+        else:
+            if not tf.config.list_logical_devices("GPU"):
+                device = "CPU:0"
+        try:
+            info = tf.config.experimental.get_memory_info(device)
+            if info.get("peak"):  # the default CPU allocator keeps none (zeros)
+                figures["in_use_bytes"] = int(info["current"])
+                figures["peak_bytes"] = int(info["peak"])
+                figures["sources"] = [f"tf.config.experimental.get_memory_info({device!r})"]
+        except Exception:
+            pass
+        if device.startswith("GPU"):
+            total = _gpu_total_bytes(int(device.split(":")[1]))
+            if total:
+                figures["capacity_bytes"] = total
+                if "in_use_bytes" in figures:
+                    figures["free_bytes"] = max(0, total - figures["in_use_bytes"])
+                figures.setdefault("sources", []).append("NVML (the GPU's total memory)")
+        return figures, {}
 
     def reducer_problem(self, model) -> str | None:
         strategy = getattr(model, "distribute_strategy", None)
@@ -346,6 +577,29 @@ class TensorFlowBackend(Backend):
     def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
         return TFRunner(model, original, mode, **kwargs)
 
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        return TFEvalRunner(model, kind, original, mode)
+
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+        if kind == "predict":
+
+            def predict_function(batches):  # already fetched by predict()
+                return concat_outputs([one(batch) for batch in batches])
+
+            return predict_function
+
+        def test_function(iterator):
+            # Fetched in Python, like the training step, so that a batch survives an OOM.
+            batches = _fetch(iterator, steps_per_execution)
+            if not batches:
+                raise StopIteration
+            out = None
+            for batch in batches:
+                out = one(batch)
+            return out
+
+        return test_function
+
     def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
         def train_function(iterator):
             # Fetched in Python so that a batch survives an out-of-memory error
@@ -359,6 +613,19 @@ class TensorFlowBackend(Backend):
             return out
 
         return train_function
+
+
+def _gpu_total_bytes(index: int) -> int | None:
+    """The total memory of the framework's GPU ``index`` from NVML (TensorFlow reports no capacity itself)."""
+    try:
+        from keras_gpu_tools._core import devices, nvml
+
+        found = devices.visible_gpus(nvml.default_nvml())
+        if index < len(found) and found[index].memory_total_bytes:
+            return int(found[index].memory_total_bytes)
+    except Exception:
+        pass
+    return None
 
 
 BACKEND = TensorFlowBackend()

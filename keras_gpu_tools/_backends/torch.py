@@ -14,12 +14,13 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import leading_dim
-from keras_gpu_tools._core.grad_accum import StatefulRunner
+from keras_gpu_tools._core.grad_accum import StatefulEvalRunner, StatefulRunner, concat_outputs, measure_order
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -125,33 +126,48 @@ class TorchRunner(StatefulRunner):
     def _run_original(self, batch):
         return self.original([batch])
 
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if guarded:
+            # Keras's torch loss scales a masked batch's sample weights in place
+            # (`apply_mask`: `sample_weight *= mask`); an attempt that fails after
+            # that must leave the batch it retries as it was.
+            batch = _fresh_sample_weights(batch)
+        return super().run(batch, n, k, state, guarded)
+
     def _sink(self, grads, variables):
-        variables = variables if variables is not None else self.model.trainable_variables
         with self.torch.no_grad():
-            for g, v in zip(grads, variables):
+            for i, g in self._hand(grads, variables):
                 if g is None:
                     continue
-                i = self._index[id(v)]
                 w = 1.0 if self._scaled else self._w
                 if i in self._acc:
                     self._acc[i].add_(g, alpha=w)
                 else:
                     self._acc[i] = g.detach() * w
 
-    def _run_accumulated(self, parts):
+    def _measure(self, part) -> list[float]:
+        return _measure(self, part)
+
+    def _run_accumulated(self, parts, totals):
         model = self.model
         logs = None
         self._acc = {}
+        vector = totals if totals else [1.0]
         try:
             for part, w in parts:
                 self._w = w
                 self._scaled = False
+                self.applies = 0
                 with ki.capture_apply(model.optimizer, self._sink, weight=w, on_scaled=self._mark_scaled):
-                    logs = model.train_step(part)
-            variables = model.trainable_variables
-            grads = [self._acc.get(i) for i in range(len(variables))]
-            with self.torch.no_grad():
-                model.optimizer.apply(grads, variables)
+                    with self.routing.micro(w, vector):
+                        logs = model.train_step(part)
+                self.routing.check_step()
+            applied = self._applied()
+            if applied:
+                variables = model.trainable_variables
+                grads = [self._acc.get(i) if has else None for i, has in applied]
+                with self.torch.no_grad():
+                    model.optimizer.apply(grads, [variables[i] for i, _ in applied])
         finally:
             self._acc = {}
         return logs
@@ -168,6 +184,130 @@ class TorchRunner(StatefulRunner):
         except Exception:
             pass
         return out
+
+
+class TorchEvalRunner(StatefulEvalRunner):
+    """torch: a test or predict step (``f(batches)``), split."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import torch
+
+        self.torch = torch
+
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if guarded:
+            batch = _fresh_sample_weights(batch)  # see TorchRunner.run
+        return super().run(batch, n, k, state, guarded)
+
+    def _run_original(self, batch):
+        return self.original([batch])
+
+    def _micro_test(self, part, w: float, totals: list[float]):
+        with self.torch.no_grad():
+            with self.routing.micro(w, totals):
+                logs = self.model.test_step(part)
+        self.routing.check_step()
+        return logs
+
+    def _measure(self, part) -> list[float]:
+        return _measure(self, part)
+
+
+def _measure(runner, part) -> list[float]:
+    """Each compiled loss's denominator on ``part`` (a forward pass in inference mode, no update)."""
+    import keras
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(part)
+    out = []
+    with runner.torch.no_grad():
+        y_pred = runner.model(x, training=False)
+        with runner.routing.measuring(out):
+            ki.compute_loss_of(runner.model, y, y_pred, sample_weight)
+    return [float(d) for d in measure_order(out)]
+
+
+def _fresh_sample_weights(batch):
+    """The batch with its sample weights (the third element of ``(x, y, sample_weight)``) copied."""
+    if not (isinstance(batch, tuple) and len(batch) == 3 and batch[2] is not None):
+        return batch
+    torch = deps.loaded("torch")
+
+    def clone(t):
+        if torch is not None and isinstance(t, torch.Tensor):
+            return t.clone()
+        if isinstance(t, dict):
+            return {k: clone(v) for k, v in t.items()}
+        if isinstance(t, (list, tuple)):
+            return type(t)(clone(v) for v in t)
+        return t
+
+    return (batch[0], batch[1], clone(batch[2]))
+
+
+def _describe_block(block: dict, segment: dict) -> str:
+    """A snapshot block in words: where it was allocated (the innermost frame outside torch), where known."""
+    frames = block.get("frames") or []
+    for frame in frames:
+        name = str(frame.get("filename", ""))
+        if name and "/torch/" not in name and not name.startswith("??"):
+            return f"block at {os.path.basename(name)}:{frame.get('line')} ({frame.get('name')})"
+    return f"block in a {segment.get('segment_type', '')} segment".replace("a  segment", "a segment")
+
+
+def _nbytes(t) -> int:
+    try:
+        return int(t.untyped_storage().nbytes())
+    except Exception:
+        return 0
+
+
+class _LiveTensors:
+    """Counts the bytes of tensor storage alive at once while the block runs, op by op; ``peak`` is the most.
+
+    A ``TorchDispatchMode`` sees every ATen op, the backward pass's too: each
+    op's outputs are added once per storage, and storages that died are
+    taken off before (their memory may be reused by the op's outputs).
+    Storage that existed before the block (the weights) is not counted.
+    """
+
+    def __enter__(self):
+        import torch
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        tracker = self
+        self.live: dict[int, tuple[Any, int]] = {}
+        self.current = 0
+        self.peak = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for key, (ref, size) in list(tracker.live.items()):
+                    if ref.expired():
+                        del tracker.live[key]
+                        tracker.current -= size
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                        storage = t.untyped_storage()
+                        key = storage.data_ptr()
+                        if key and key not in tracker.live:
+                            size = int(storage.nbytes())
+                            tracker.live[key] = (StorageWeakRef(storage), size)
+                            tracker.current += size
+                tracker.peak = max(tracker.peak, tracker.current)
+                return out
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        self.live = {}
+        return False
 
 
 def _cuda():
@@ -224,6 +364,15 @@ class TorchBackend(Backend):
         except Exception:
             return {}
 
+    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
+        cuda = _cuda()
+        if cuda is None or not cuda.is_initialized():
+            return {}
+        out = {}
+        for i in range(cuda.device_count()):
+            out[i] = (float(cuda.max_memory_allocated(i)), float(cuda.mem_get_info(i)[1]))
+        return out
+
     def uses_tf32(self) -> bool:
         torch = deps.loaded("torch")
         return bool(torch is not None and torch.backends.cuda.matmul.allow_tf32)
@@ -251,6 +400,42 @@ class TorchBackend(Backend):
     def prepare_hook(self, hook) -> None:
         _install_fetch_timer(hook)
 
+    # -- planning the batch size
+    def device_capacities(self, model, replicas: int) -> list[int | None]:
+        cuda = _cuda()
+        if cuda is None:
+            return [None] * replicas
+        return [int(cuda.mem_get_info(cuda.current_device())[1])] * replicas
+
+    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
+        """One warm-up trial step, then one measured: the CUDA allocator's peak, or on a CPU the peak of live tensors."""
+        x, y = batch
+        model.train_on_batch(x, y)
+        cuda = _cuda()
+        if cuda is not None and cuda.is_initialized():
+            i = cuda.current_device()
+            cuda.synchronize(i)
+            cuda.reset_peak_memory_stats(i)
+            model.train_on_batch(x, y)
+            cuda.synchronize(i)
+            return [float(cuda.max_memory_allocated(i))], self.plan_method(model)
+        from keras_gpu_tools._core import keras_internals as ki
+
+        state = sum(_nbytes(v.value) for v in ki.variables_of(model, "all"))
+        with _LiveTensors() as live:
+            model.train_on_batch(x, y)
+        return [float(state + live.peak)], self.plan_method(model)
+
+    def plan_method(self, model) -> str:
+        cuda = _cuda()
+        if cuda is not None and cuda.is_initialized():
+            return "trial steps (one warm-up, one measured): torch.cuda.max_memory_allocated"
+        return (
+            "trial steps (one warm-up, one measured) on the CPU, whose allocator keeps no statistics: the peak of "
+            "tensor storage alive at once during the step, counted op by op (a TorchDispatchMode), plus the "
+            "model's variables and optimizer state"
+        )
+
     # -- profiler
     def profiler(self):
         return _Torch()
@@ -271,11 +456,94 @@ class TorchBackend(Backend):
         made = type(original)(message)
         return made if isinstance(made, BaseException) else None
 
+    def explain_oom(self, error, context) -> tuple[dict, dict]:
+        """The CUDA allocator's statistics and a summary of ``torch.cuda.memory_snapshot()``; with the
+        allocation history recording (``start_memory_history``), the snapshot file PyTorch's memory
+        visualizer (https://pytorch.org/memory_viz) opens."""
+        cuda = _cuda()
+        figures: dict[str, Any] = {"sources": []}
+        artifacts: dict[str, bytes] = {}
+        if cuda is None or not cuda.is_initialized():
+            return figures, artifacts
+        try:
+            i = cuda.current_device()
+            free, total = cuda.mem_get_info(i)
+            stats = cuda.memory_stats(i)
+            figures.update(
+                device=f"cuda:{i} ({cuda.get_device_name(i)})",
+                free_bytes=int(free),
+                capacity_bytes=int(total),
+                in_use_bytes=int(stats.get("allocated_bytes.all.current", 0)),
+                peak_bytes=int(stats.get("allocated_bytes.all.peak", 0)),
+                reserved_bytes=int(stats.get("reserved_bytes.all.current", 0))
+                - int(stats.get("allocated_bytes.all.current", 0)),
+            )
+            figures["sources"].append("torch.cuda.mem_get_info / memory_stats")
+            blocks = []
+            for segment in cuda.memory_snapshot():
+                for block in segment.get("blocks", []):
+                    if block.get("state") == "active_allocated":
+                        blocks.append((_describe_block(block, segment), int(block.get("size", 0))))
+            blocks.sort(key=lambda b: -b[1])
+            figures["largest"] = blocks[:5]
+            figures["sources"].append("torch.cuda.memory_snapshot()")
+        except Exception:
+            logger.debug("keras_gpu_tools: torch memory figures failed", exc_info=True)
+        if context.get("files") and self._recording:
+            try:
+                import pickle
+
+                artifacts["memory_snapshot.pickle"] = pickle.dumps(cuda.memory._snapshot())
+            except Exception:
+                logger.debug("keras_gpu_tools: no memory snapshot", exc_info=True)
+        return figures, artifacts
+
+    _recording = False
+
+    def start_memory_history(self) -> str | None:
+        cuda = _cuda()
+        if cuda is None:
+            return "torch records allocation history on CUDA devices only; this process has none"
+        try:
+            cuda.memory._record_memory_history(max_entries=100000)
+        except Exception as e:
+            return f"torch.cuda.memory._record_memory_history failed: {e}"
+        self._recording = True
+        return None
+
+    def stop_memory_history(self) -> None:
+        cuda = _cuda()
+        if cuda is not None and self._recording:
+            self._recording = False
+            try:
+                cuda.memory._record_memory_history(enabled=None)
+            except Exception:
+                logger.debug("keras_gpu_tools: could not stop the memory history", exc_info=True)
+
     def reducer_problem(self, model) -> str | None:
         return None
 
     def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
         return TorchRunner(model, original, mode, **kwargs)
+
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        return TorchEvalRunner(model, kind, original, mode)
+
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+        if kind == "predict":
+
+            def predict_function(data):
+                return concat_outputs([one(batch) for batch in data])
+
+            return predict_function
+
+        def test_function(data):
+            logs = None
+            for batch in data:
+                logs = one(batch)
+            return logs
+
+        return test_function
 
     def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
         def train_function(data):

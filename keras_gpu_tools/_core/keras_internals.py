@@ -94,6 +94,57 @@ INTERNALS: tuple[Internal, ...] = (
         "telling whether a failed step already applied an update before retrying it",
     ),
     Internal(
+        "CompileLoss._flat_losses: (path, loss, loss_weights, name) entries read at every call; "
+        "model._compile_loss and its _user_loss",
+        "keras/src/trainers/compile_utils.py: CompileLoss.build(), call()",
+        "the OOM reducer routes each compiled loss of a micro-batch to weight it by what it averages over",
+    ),
+    Internal(
+        "Loss.__call__ reduces call()'s values with reduce_weighted_values/apply_mask (private helpers "
+        "keras.src.losses.loss.apply_mask, squeeze_or_expand_to_same_rank; masks from "
+        "keras.src.backend.common.masking.get_keras_mask)",
+        "keras/src/losses/loss.py",
+        "each loss's numerator and denominator per reduction, so micro-batches add up to the batch's loss",
+    ),
+    Internal(
+        "Trainer.compute_loss adds each of model.losses through _aggregate_additional_loss; activity "
+        "regularizers are divided by the batch size (Layer.__call__)",
+        "keras/src/trainers/trainer.py: compute_loss(); keras/src/layers/layer.py: __call__()",
+        "counting the losses a layer adds, to refuse accumulation where their averaging is unknown",
+    ),
+    Internal(
+        "optimizer._trainable_variables: what apply(grads) without variables updates",
+        "keras/src/optimizers/base_optimizer.py: apply()",
+        "a custom train_step's apply(grads) is accumulated for the variables it means",
+    ),
+    Internal(
+        "test/predict function signatures (TF f(iterator) / f(batches), JAX f(state, iterator) with donated "
+        "state, torch f(batches)), read anew at every step after on_test_begin/on_predict_begin",
+        "keras/src/backend/*/trainer.py: evaluate(), predict(), make_test_function(), make_predict_function()",
+        "the OOM reducer retries evaluation and prediction steps too",
+    ),
+    Internal(
+        "JAX: Callback.model calls model.jax_state_sync(), which marks the state synced",
+        "keras/src/callbacks/callback.py: model",
+        "never read inside a step (it would make evaluate() drop later metric updates)",
+    ),
+    Internal(
+        "model._call_has_training_arg: stateless_call passes keywords to call() as they are",
+        "keras/src/layers/layer.py",
+        "the forward pass that measures a loss's mask passes training=False only where call() takes it",
+    ),
+    Internal(
+        "Trainer._symbolic_build(data_batch=...) builds the model, compiled losses and metrics and the "
+        "optimizer; JAXTrainer._get_jax_state(...)",
+        "keras/src/trainers/trainer.py; keras/src/backend/jax/trainer.py",
+        "plan_batch_size builds and copies the whole state before trial steps, and lowers the JAX step",
+    ),
+    Internal(
+        "Layer._flatten_layers(include_self, recursive)",
+        "keras/src/layers/layer.py",
+        "finding BatchNormalization and activity regularizers in nested models",
+    ),
+    Internal(
         "Keras disables JAX profiling on Python < 3.12",
         "keras/src/callbacks/tensorboard.py",
         "ProfilerWindow refuses JAX profiling there with the same reason",
@@ -182,6 +233,19 @@ def get_train_function(model) -> Callable:
 
 def set_train_function(model, fn: Callable) -> None:
     model.train_function = fn
+
+
+_EVAL_ATTRIBUTES = {"test": "test_function", "predict": "predict_function"}
+
+
+def eval_function(model, kind: str) -> Callable | None:
+    """``model.test_function`` (``kind="test"``) or ``model.predict_function`` (``"predict"``), or None."""
+    return getattr(model, _EVAL_ATTRIBUTES[kind], None)
+
+
+def set_eval_function(model, kind: str, fn: Callable) -> None:
+    """Replaces the test or predict function; evaluate()/predict() read it anew at every step."""
+    setattr(model, _EVAL_ATTRIBUTES[kind], fn)
 
 
 def steps_per_execution(model) -> int:
@@ -526,6 +590,24 @@ def jax_hand_back_state(model, state) -> None:
         logger.debug("keras_gpu_tools: could not hand the JAX state back to the model", exc_info=True)
 
 
+def jax_write_variables(model, kind: str, state) -> None:
+    """Writes a JAX evaluation (``test``: tv, ntv, mv) or prediction (``predict``: tv, ntv) state into the model.
+
+    After an error inside ``evaluate()``/``predict()``, Keras never syncs the
+    state it took from the model (and purged from its variables); this puts
+    the state from before the failed attempt back.
+    """
+    try:
+        groups = [model.trainable_variables, model.non_trainable_variables]
+        if kind == "test":
+            groups.append(model.metrics_variables)
+        for variables, values in zip(groups, state):
+            for v, value in zip(variables, values):
+                v.assign(value)
+    except Exception:
+        logger.debug("keras_gpu_tools: could not write the JAX state back into the model", exc_info=True)
+
+
 def variables_of(model, which: str) -> list[Any]:
     """Keras variables of ``model``: ``all``, or ``small`` (non-trainable, metrics, the optimizer's counters)."""
     out, seen = [], set()
@@ -569,5 +651,320 @@ def iterations_value(model) -> int | None:
         import keras
 
         return int(keras.ops.convert_to_numpy(v.value))
+    except Exception:
+        return None
+
+
+# -- the compiled losses: what each averages over (the OOM reducer's exact accumulation) ----------
+#: The reductions of a Keras `Loss` whose numerator and denominator :func:`loss_parts` knows.
+KNOWN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight", "sum")
+
+
+def flat_losses(model) -> list[Any] | None:
+    """The compiled losses, one per output (``CompileLoss._flat_losses``), or None before they are built."""
+    compile_loss = getattr(model, "_compile_loss", None)
+    if compile_loss is None:
+        return []
+    flat = getattr(compile_loss, "_flat_losses", None)
+    return list(flat) if flat is not None else None
+
+
+def loss_reduction_problem(model) -> str | None:
+    """Why the compiled losses' averaging cannot be reproduced over micro-batches, or None.
+
+    Keras builds the compiled losses before ``on_train_begin`` (``_symbolic_build``);
+    each is a :class:`keras.losses.Loss` whose ``__call__`` reduces the values
+    ``call`` returns. A subclass that overrides ``__call__`` reduces in its own
+    way, and ``reduction=None`` returns a loss per sample that Keras's step
+    itself then differentiates as a sum on some backends and refuses on others.
+    """
+    import keras
+
+    if type(model).compute_loss is not keras.Model.compute_loss:
+        return (
+            f"{type(model).__name__} overrides `compute_loss`, so the loss of a batch is defined by that code, "
+            "and what it averages over (and so how to weight each micro-batch) is unknown"
+        )
+    flat = flat_losses(model)
+    if flat is not None:
+        losses = [entry.loss for entry in flat]
+    else:  # not built yet (TensorFlow builds at the first trace): the losses compile() was given
+        from keras.src import tree
+
+        given = getattr(getattr(model, "_compile_loss", None), "_user_loss", None)
+        losses = [x for x in tree.flatten(given) if isinstance(x, keras.losses.Loss)] if given is not None else []
+    for loss in losses:
+        name = getattr(loss, "name", None) or type(loss).__name__
+        if type(loss).__call__ is not keras.losses.Loss.__call__:
+            return (
+                f"the loss {name!r} ({type(loss).__name__}) overrides `Loss.__call__`: a custom reduction, whose "
+                "average over a batch cannot be rebuilt from micro-batches"
+            )
+        if getattr(loss, "reduction", None) not in KNOWN_REDUCTIONS:
+            return (
+                f"the loss {name!r} has reduction={getattr(loss, 'reduction', None)!r}: it returns a loss per "
+                "sample, not one value per batch"
+            )
+    return None
+
+
+def other_optimizers(model) -> list[Any]:
+    """Optimizers the model holds besides ``model.optimizer`` (a GAN's second one, say)."""
+    import keras
+
+    own = getattr(model, "optimizer", None)
+    mine = {id(own), id(getattr(own, "inner_optimizer", None))}
+    found, seen = [], set()
+
+    def visit(value, depth):
+        if isinstance(value, keras.optimizers.Optimizer):
+            if id(value) not in mine and id(value) not in seen:
+                seen.add(id(value))
+                found.append(value)
+        elif depth < 2 and isinstance(value, (list, tuple)):
+            for v in value:
+                visit(v, depth + 1)
+        elif depth < 2 and isinstance(value, dict):
+            for v in value.values():
+                visit(v, depth + 1)
+
+    for name, value in vars(model).items():
+        if name != "optimizer":
+            visit(value, 0)
+    return found
+
+
+def optimizer_variables_list(optimizer) -> list[Any]:
+    """The variables an optimizer was built for (what ``apply(grads)`` without variables updates)."""
+    return list(getattr(optimizer, "_trainable_variables", None) or [])
+
+
+def all_layers(model) -> list[Any]:
+    """Every layer of the model, nested ones included (``Layer._flatten_layers``)."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if callable(flatten):
+        return list(flatten(include_self=True, recursive=True))
+    return [model, *getattr(model, "layers", [])]
+
+
+def expected_additional_losses(model) -> int:
+    """The losses Keras adds to the compiled ones by itself: weight and activity regularizers.
+
+    Weight regularization is one scalar per regularized trainable weight; an
+    activity regularizer adds one per layer output, divided by the batch size
+    (``Layer.__call__``). Both are exact when each micro-batch's is weighted
+    by its share of the samples. Anything beyond that count came from a
+    layer's own ``add_loss``, whose averaging is the layer's.
+    """
+    weights = sum(1 for v in model.trainable_weights if getattr(v, "regularizer", None) is not None)
+    activity = sum(1 for layer in all_layers(model) if getattr(layer, "activity_regularizer", None) is not None)
+    return weights + activity
+
+
+def loss_parts(loss, y_true, y_pred, sample_weight) -> tuple[Any, Any, dict[str, Any]]:
+    """``(numerator, denominator, facts)`` of one compiled loss on one (micro-)batch.
+
+    Mirrors ``Loss.__call__`` and ``reduce_weighted_values`` of Keras 3.15: the
+    value Keras returns is ``divide_no_nan(numerator, denominator)``, where the
+    numerator is the sum of the values weighted by the sample weights and the
+    mask, and the denominator is
+
+    - ``"sum"``: 1;
+    - ``"sum_over_batch_size"``/``"mean"``: the number of values, times the
+      mask's valid fraction when there is a mask (``apply_mask`` weights valid
+      entries by ``total / valid``);
+    - ``"mean_with_sample_weight"``: the sum of the (masked) sample weights, or
+      the number of values without either.
+
+    ``facts``: ``mask`` (a mask was applied), ``weights`` (sample weights were
+    given), ``scalar`` (the loss function returned one value: it averaged by
+    itself), ``reduction``.
+    """
+    import keras
+    from keras import ops
+    from keras.src import tree
+    from keras.src.backend.common.masking import get_keras_mask
+    from keras.src.losses.loss import apply_mask, squeeze_or_expand_to_same_rank
+
+    reduction = loss.reduction
+    in_mask = get_keras_mask(y_pred)
+    with keras.name_scope(loss.name):
+        y_pred = tree.map_structure(lambda x: ops.convert_to_tensor(x, dtype=loss.dtype), y_pred)
+        y_true = tree.map_structure(lambda x: ops.convert_to_tensor(x, dtype=loss.dtype), y_true)
+        values = loss.call(y_true, y_pred)
+        out_mask = get_keras_mask(values)
+        if in_mask is not None and out_mask is not None:
+            mask = in_mask & out_mask
+        else:
+            mask = in_mask if in_mask is not None else out_mask
+        values = ops.convert_to_tensor(values, dtype=loss.dtype)
+        facts = {
+            "mask": mask is not None,
+            "weights": sample_weight is not None,
+            "scalar": tuple(values.shape) in ((), (0,)),
+            "reduction": reduction,
+        }
+        if sample_weight is not None:
+            # A copy: `apply_mask` multiplies in place (`*=`), which on torch would scale the
+            # batch's own weights that the metrics read next.
+            sample_weight = ops.copy(ops.convert_to_tensor(sample_weight, dtype=loss.dtype))
+        if mask is not None:
+            mask = ops.convert_to_tensor(mask, dtype=loss.dtype)
+        # The plain mask (0/1): the numerator is the same for every reduction.
+        weights = apply_mask(sample_weight, mask, dtype=values.dtype, reduction="sum")
+        if weights is not None:
+            weights = ops.cast(weights, values.dtype)
+            values, weights = squeeze_or_expand_to_same_rank(values, weights)
+            numerator = ops.sum(values * weights)
+        else:
+            numerator = ops.sum(values)
+        count = ops.cast(ops.prod(ops.convert_to_tensor(ops.shape(values), dtype="int32")), values.dtype)
+        if facts["scalar"] or reduction == "sum":
+            denominator = ops.ones((), dtype=values.dtype)
+        elif reduction == "mean_with_sample_weight":
+            denominator = ops.sum(weights) if weights is not None else count
+        elif mask is not None:
+            total = ops.cast(ops.prod(ops.convert_to_tensor(ops.shape(mask), dtype="int32")), values.dtype)
+            denominator = count * ops.divide_no_nan(ops.sum(mask), total)
+        else:
+            denominator = count
+    return numerator, denominator, facts
+
+
+class _RoutedLoss:
+    """Stands in for one compiled loss: ``CompileLoss.call`` calls it as ``loss(y_true, y_pred, sample_weight)``."""
+
+    def __init__(self, index: int, loss, on_loss: Callable):
+        self.index = index
+        self.loss = loss
+        self.on_loss = on_loss
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        return self.on_loss(self.index, self.loss, y_true, y_pred, sample_weight)
+
+    def __getattr__(self, name):  # name, reduction, dtype, ... of the loss itself
+        return getattr(self.loss, name)
+
+
+@contextlib.contextmanager
+def routed_losses(model, on_loss: Callable):
+    """While the block runs, each compiled loss ``j`` is computed by ``on_loss(j, loss, y_true, y_pred, sample_weight)``.
+
+    ``CompileLoss.call`` reads ``self._flat_losses`` (``(path, loss,
+    loss_weights, name)`` entries) at every call; the entries are replaced by
+    ones whose loss is routed, and put back after. Everything else of
+    ``CompileLoss.call`` (the structure of outputs, the per-output loss
+    metrics, ``loss_weights``) stays Keras's.
+    """
+    compile_loss = getattr(model, "_compile_loss", None)
+    flat = getattr(compile_loss, "_flat_losses", None) if compile_loss is not None else None
+    if flat is None:
+        yield
+        return
+    routed = [
+        type(entry)(entry.path, _RoutedLoss(j, entry.loss, on_loss), entry.loss_weights, entry.name)
+        if isinstance(entry, tuple) and hasattr(entry, "_fields")
+        else entry
+        for j, entry in enumerate(flat)
+    ]
+    compile_loss._flat_losses = routed
+    try:
+        yield
+    finally:
+        compile_loss._flat_losses = flat
+
+
+@contextlib.contextmanager
+def muted_loss_metrics(model):
+    """The per-output loss metrics of ``CompileLoss`` do not update while the block runs (a measuring pass)."""
+    compile_loss = getattr(model, "_compile_loss", None)
+    metrics = list(getattr(compile_loss, "metrics", None) or []) if compile_loss is not None else []
+    with contextlib.ExitStack() as stack:
+        for m in metrics:
+            stack.enter_context(_patched(m, "update_state", lambda *a, **k: None))
+        yield
+
+
+@contextlib.contextmanager
+def counted_additional_losses(model, count: Callable[[], None]):
+    """Calls ``count()`` for each additional loss (``model.losses``) ``Trainer.compute_loss`` adds."""
+    original = model._aggregate_additional_loss
+
+    def aggregate(loss):
+        count()
+        return original(loss)
+
+    with _patched(model, "_aggregate_additional_loss", aggregate):
+        yield
+
+
+def training_kwargs(model, training: bool) -> dict[str, Any]:
+    """``{"training": training}`` where the model's ``call`` takes it: ``stateless_call`` passes keywords on as they are."""
+    return {"training": training} if getattr(model, "_call_has_training_arg", True) else {}
+
+
+def compute_loss_of(model, y, y_pred, sample_weight):
+    """The compiled loss of ``(y, y_pred)`` alone (no ``model.losses``): ``CompileLoss.__call__``."""
+    compile_loss = getattr(model, "_compile_loss", None)
+    if compile_loss is None:
+        return None
+    return compile_loss(y, y_pred, sample_weight)
+
+
+# -- planning the batch size ------------------------------------------------------------------
+def build_for_training(model, batch) -> None:
+    """Builds the model, its compiled losses and metrics and the optimizer for ``batch`` (``Trainer._symbolic_build``).
+
+    What ``fit()`` does before its first step, from the batch's shapes only:
+    afterwards every variable a training step touches exists, so a copy of
+    them taken now is the whole state.
+    """
+    x, y = batch
+    build = getattr(model, "_symbolic_build", None)
+    if not callable(build):
+        raise _fail("`Trainer._symbolic_build(data_batch=...)`")
+    build(data_batch=(x, y) if y is not None else (x,))
+
+
+def jax_state_of(model) -> tuple:
+    """The 4-tuple state a JAX train step takes, from the model's variables (``JAXTrainer._get_jax_state``)."""
+    get = getattr(model, "_get_jax_state", None)
+    if not callable(get):
+        raise _fail("`JAXTrainer._get_jax_state`")
+    return jax_state_parts(
+        get(
+            trainable_variables=True,
+            non_trainable_variables=True,
+            optimizer_variables=True,
+            metrics_variables=True,
+            purge_model_variables=False,
+        )
+    )
+
+
+def jax_data_parallel() -> tuple[int, Any]:
+    """``(replicas, distribution)`` of the Keras distribution in effect (1, None without one)."""
+    import keras
+
+    dist = keras.distribution.distribution()
+    if dist is None:
+        return 1, None
+    mesh = getattr(dist, "device_mesh", None)
+    if mesh is None:
+        return 1, dist
+    names = list(getattr(mesh, "axis_names", []) or [])
+    batch_dim = getattr(dist, "batch_dim_name", None) or (names[0] if names else None)
+    shape = list(getattr(mesh, "shape", []) or [])
+    if batch_dim in names and len(shape) == len(names):
+        return int(shape[names.index(batch_dim)]), dist
+    return 1, dist
+
+
+def jax_batch_sharding(dist, shape: tuple[int, ...]):
+    """The sharding fit() gives an input of ``shape`` under ``dist`` (its data layout), or None."""
+    if dist is None:
+        return None
+    try:
+        return dist.get_data_layout(shape).backend_layout
     except Exception:
         return None

@@ -18,7 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from keras_gpu_tools.errors import OutOfMemoryError, UnrecoverableOOM  # noqa: F401 - re-exported
+from keras_gpu_tools.errors import (  # noqa: F401 - re-exported
+    InexactAccumulationError,
+    OutOfMemoryError,
+    UnrecoverableOOM,
+)
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -53,16 +57,25 @@ class OOMEvent:
     kind: str  # backend of the error
     regrow: bool = False  # the failed attempt was a regrow trial
     seconds: float = 0.0  # time of the failed attempt
+    phase: str = "train"  # "train", "test" (evaluate() and validation) or "predict"
+    explanation: dict[str, Any] | None = None  # why (OOMExplanation.as_dict()), where it could be told
+
+    def why(self) -> list[str]:
+        """The explanation's readable lines (empty where none was recorded)."""
+        return list((self.explanation or {}).get("lines") or [])
 
     def line(self) -> str:
+        where = {"test": "evaluation step", "predict": "prediction step"}.get(self.phase, "step")
         what = f"out of memory at batch {self.batch_size}"
         if self.failed_split > 1:
             what += f" (as {describe_split(self.batch_size, self.failed_split)})"
+        if self.kind == "predicted":
+            what = "predicted " + what
         if self.next_split is None:
-            return f"step {self.step}: {what}; no smaller split is allowed"
+            return f"{where} {self.step}: {what}; no smaller split is allowed"
         if self.regrow:
-            return f"step {self.step}: {what} while trying a smaller split; back to {describe_split(self.batch_size, self.next_split)}"
-        return f"step {self.step}: {what}, retrying as {describe_split(self.batch_size, self.next_split)}"
+            return f"{where} {self.step}: {what} while trying a smaller split; back to {describe_split(self.batch_size, self.next_split)}"
+        return f"{where} {self.step}: {what}, retrying as {describe_split(self.batch_size, self.next_split)}"
 
 
 class SplitController:
@@ -71,36 +84,60 @@ class SplitController:
     The state is the micro-batch size that works (``None`` until an
     out-of-memory error). A batch of ``n`` runs as ``ceil(n / micro_size)``
     micro-batches, so the last, smaller batch of an epoch keeps the same
-    micro-batch size.
+    micro-batch size. No micro-batch is ever smaller than ``min_batch_size``:
+    where a batch cannot be split into micro-batches of at most
+    ``micro_size`` that are all at least ``min_batch_size``, it runs as the
+    fewest micro-batches that respect the minimum (or whole).
 
     Args:
         min_batch_size: the smallest micro-batch to try. Defaults to `1`.
         regrow_after: after this many good steps at a split, try half as many
             micro-batches again (a failure doubles the wait). `None` never
             regrows. Defaults to `None`.
+        max_micro_size: the largest micro-batch known to fit (a batch-size
+            plan): batches above it start split, and regrowing never goes
+            past it. `None` for no limit. Defaults to `None`.
     """
 
-    def __init__(self, min_batch_size: int = 1, regrow_after: int | None = None):
-        self.min_batch_size = int(min_batch_size)
+    def __init__(self, min_batch_size: int = 1, regrow_after: int | None = None, max_micro_size: int | None = None):
+        self.min_batch_size = max(1, int(min_batch_size))
         self.regrow_after = regrow_after
-        self.micro_size: int | None = None  # None: whole batches
+        self.max_micro_size = max_micro_size
+        self.micro_size: int | None = None  # None: whole batches (or the plan's size)
         self._good_steps = 0
         self._regrow_wait = regrow_after
         self._trial_from: int | None = None  # micro size before a regrow trial
 
+    def _most(self, n: int) -> int:
+        """The most micro-batches a batch of ``n`` may run as: each at least ``min_batch_size``."""
+        return max(1, n // self.min_batch_size)
+
     def split_for(self, n: int) -> int:
         """Micro-batches for a batch of ``n`` (1 = unsplit), regrow trials included."""
-        if self.micro_size is None or n <= self.micro_size:
+        micro = self.micro_size if self.micro_size is not None else self.max_micro_size
+        if micro is None or n <= micro:
             return 1
-        return min(n, math.ceil(n / self.micro_size))
+        return min(n, math.ceil(n / micro), self._most(n))
 
     def next_split(self, n: int, k: int) -> int | None:
-        """The split to try after ``k`` micro-batches of a batch of ``n`` ran out of memory."""
-        floor = max(1, self.min_batch_size)
-        most = max(1, math.ceil(n / floor))
-        if k >= most:
+        """The split to try after ``k`` micro-batches of a batch of ``n`` ran out of memory.
+
+        Twice as many micro-batches, and in any case a largest micro-batch
+        strictly smaller than the one that failed; None where that would
+        need a micro-batch below ``min_batch_size``.
+        """
+        failed = math.ceil(n / k)  # the largest micro-batch of the failed attempt
+        if failed <= 1:
             return None
-        return min(2 * k, most)
+        target = min(math.ceil(n / (2 * k)), failed - 1)  # the largest micro-batch at twice the split
+        nxt = math.ceil(n / target)  # the fewest micro-batches with that largest one
+        most = self._most(n)
+        if nxt > most:
+            # As small as the minimum allows, if that is still smaller than what failed.
+            if math.ceil(n / most) >= failed:
+                return None
+            nxt = math.ceil(n / math.ceil(n / most))
+        return nxt
 
     def on_oom(self, n: int, k: int) -> int | None:
         """Records a failure at ``k``; returns the next split, or None to give up."""
@@ -113,8 +150,14 @@ class SplitController:
             return self.split_for(n)
         nxt = self.next_split(n, k)
         if nxt is not None:
-            self.micro_size = max(1, math.ceil(n / nxt))
+            self.micro_size = math.ceil(n / nxt)
         return nxt
+
+    def jump_to(self, n: int, k: int) -> None:
+        """Sets the split of a batch of ``n`` to ``k``, chosen without running (a prediction)."""
+        self._good_steps = 0
+        self._trial_from = None
+        self.micro_size = math.ceil(n / k) if k > 1 else self.micro_size
 
     @property
     def in_trial(self) -> bool:
@@ -131,8 +174,12 @@ class SplitController:
             and self._good_steps >= (self._regrow_wait or self.regrow_after)
         ):
             self._good_steps = 0
-            self._trial_from = self.micro_size
-            self.micro_size = 2 * self.micro_size  # half as many micro-batches
+            grown = 2 * self.micro_size  # half as many micro-batches
+            if self.max_micro_size is not None:
+                grown = min(grown, self.max_micro_size)  # never past the plan
+            if grown > self.micro_size:
+                self._trial_from = self.micro_size
+                self.micro_size = grown
 
     def reset(self) -> None:
         self.micro_size = None
@@ -186,6 +233,14 @@ def final_message(
                 parts.append(f"{label} {format_bytes(value) if key != 'device' else value}")
         if parts:
             lines.append("Device memory: " + ", ".join(parts) + ".")
+    smallest = min(split_sizes(n, k))
+    held_by_minimum = not unsplit and k > 1 and math.ceil(n / k) > max(1, min_batch_size)
+    if held_by_minimum:
+        lines.append(
+            f"min_batch_size={min_batch_size} allows no smaller split of {n}: a largest micro-batch below "
+            f"{math.ceil(n / k)} would leave some micro-batches below {min_batch_size} (the smallest tried was "
+            f"{smallest}). Lower `min_batch_size` to let OOMBatchSizeReducer go further."
+        )
     if unsplit:
         lines.append(
             f"The batch was not split: lower `min_batch_size` below {n} to let OOMBatchSizeReducer retry it as "
@@ -193,7 +248,7 @@ def final_message(
             "(keras.mixed_precision.set_global_policy('mixed_bfloat16' or 'mixed_float16')), a smaller model or "
             "shorter inputs, or rematerialisation (keras.config.set_remat / keras.RematScope)."
         )
-    else:
+    elif not held_by_minimum:
         lines.append(
             "Even one micro-batch does not fit: the model itself (weights, optimizer state, one micro-batch's "
             "activations) needs more memory than the device has. What to do: use mixed precision "
@@ -260,16 +315,23 @@ class Recovery:
         probe: bool = False,
         classify: Callable[[BaseException], str | None] | None = None,
         rebuild: Callable[[BaseException, str], BaseException] | None = None,
+        explain: Callable[[BaseException | None, dict[str, Any]], dict[str, Any] | None] | None = None,
     ):
         import time
 
         self.classify = classify or (lambda e: None)
+        self.explain = explain or (lambda e, context: None)
         self.rebuild = rebuild or (lambda e, message: OutOfMemoryError(message))
         self.controller = controller
         self.on_event = on_event or (lambda e: None)
         self.memory = memory or (lambda: {})
         self.clock = clock or time.perf_counter
         self.probe = probe
+        self.phase = "train"
+        # After a real out-of-memory error, ask the runner's memory analysis (JAX) before running the next
+        # splits, so those that cannot fit are neither compiled for running nor run (False: the behaviour
+        # before, kept for benchmarks/oom_gpu_proof.py's comparison).
+        self.predict_after_oom = True
         self.known = set()  # (signature, k) that ran without error
         self.last_split = 1
         self.last_need: int | None = None
@@ -280,24 +342,38 @@ class Recovery:
         k = ctl.split_for(n)
         tried: list[tuple[int, int]] = []
         self.restored_state = None
+        predicting = self.probe  # after a real out-of-memory error too: ask before running the next split
+        explanation = None
         while True:
             guarded = (signature, k) not in self.known or ctl.in_trial
             trial = ctl.in_trial
             failure: BaseException | None = None
             t0 = self.clock()
             predicted = None
-            if guarded and self.probe and hasattr(runner, "predict"):
+            context = {"runner": runner, "batch": batch, "n": n, "k": k, "state": state, "step": step}
+            if guarded and predicting and hasattr(runner, "predict"):
                 predicted, self.last_need = runner.predict(batch, n, k, state)
             if predicted is False:
                 failure = None
+                explanation = self.explain(None, dict(context, predicted_need=self.last_need))
             else:
                 snap = runner.protect(state, guarded)
                 try:
                     result = runner.run(batch, n, k, state, guarded)
+                except InexactAccumulationError:
+                    # Refused before the update was applied: put back what the micro-batches changed.
+                    self.restored_state = runner.restore(snap, state)
+                    raise
                 except Exception as e:
                     if self.classify(e) is None:
                         raise  # not ours: unchanged, with its traceback
                     failure = e
+                    predicting = predicting or self.predict_after_oom
+                    try:  # while the failed step's memory is still held: the allocator's view of it
+                        explanation = self.explain(e, context)
+                    except Exception:
+                        logger.debug("keras_gpu_tools: explaining the out-of-memory error failed", exc_info=True)
+                        explanation = None
                     _clear_frames(e)
                 else:
                     self.known.add((signature, k))
@@ -321,6 +397,8 @@ class Recovery:
                 kind=self.classify(failure) if failure is not None else "predicted",
                 regrow=trial,
                 seconds=self.clock() - t0,
+                phase=self.phase,
+                explanation=explanation,
             )
             self.on_event(event)
             if nxt is None:
@@ -328,6 +406,8 @@ class Recovery:
                 if self.last_need is not None:
                     memory.setdefault("needed_bytes", self.last_need)
                 message = final_message(tried, max(1, ctl.min_batch_size), memory, failure)
+                if event.why():
+                    message += "\nWhy: " + "\n     ".join(event.why())
                 if failure is None:
                     raise OutOfMemoryError(message + "\n(Predicted from the compiled step's memory analysis; not run.)")
                 raise self.rebuild(failure, message) from failure

@@ -50,6 +50,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from keras_gpu_tools._core.oom_explain import headroom_lines
+
 GPU_KEY = re.compile(r"^gpu/([^/]+)/(.+)$")
 SPLIT_KEYS = (("input/wait_ms", "input wait"), ("input/compute_ms", "compute"), ("input/other_ms", "other"))
 SPLIT_COLORS = ("#d62728", "#1f77b4", "#bbbbbb")
@@ -64,6 +66,7 @@ DEVICES_DATA_TAG = "gpu/devices/data"  # GPUUtilizationLogger.device_records()
 VERDICT_DATA_TAG = "input/verdict/data"
 ANALYSIS_DATA_SUFFIX = "/input_pipeline/data"  # profile/steps_<a>_<b>/input_pipeline/data: TraceAnalysis
 OOM_DATA_TAG = "oom/events/data"  # one OOMEvent per recovery
+OOM_HEADROOM_TAG = "oom/headroom/data"  # per device: peak, capacity, the batch that would fit
 MP_DATA_TAG = MP_TAG + DATA_SUFFIX  # [MixedPrecisionFinding]
 _OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "oom/")
 _NO_FINDING = "No mixed-precision finding."
@@ -108,6 +111,8 @@ class ReportData:
     throughput: dict[str, float] = dataclasses.field(default_factory=dict)  # last figures of the run
     verdict: dict[str, Any] | None = None  # category, message, evidence, advice, text
     oom_events: list[str] = dataclasses.field(default_factory=list)
+    oom_details: list[list[str]] = dataclasses.field(default_factory=list)  # why, per event (may be shorter)
+    oom_headroom: list[str] = dataclasses.field(default_factory=list)  # peak against capacity, per device
     oom_series: dict[str, Series] = dataclasses.field(default_factory=dict)
     oom_summary: dict[str, Any] = dataclasses.field(default_factory=dict)
     oom_seen: bool = False  # an OOM callback (or its logs) was there
@@ -319,7 +324,10 @@ def _from_profiler(data: ReportData, prof) -> None:
 def _from_oom(data: ReportData, cb) -> None:
     data.sources.append(type(cb).__name__)
     data.oom_seen = True
-    data.oom_events = [e.line() for e in list(cb.events)]
+    events = list(cb.events)
+    data.oom_events = [e.line() for e in events]
+    data.oom_details = [e.why() for e in events]
+    data.oom_headroom = headroom_lines(cb.headroom())
     data.oom_summary["micro-batches per batch now"] = cb.micro_batches
     if cb.recovery_seconds:
         data.oom_summary["seconds spent in failed attempts"] = round(float(cb.recovery_seconds), 2)
@@ -639,9 +647,12 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
         data.findings = findings
     oom = read(OOM_DATA_TAG, lambda v: (_oom_lines(v), sum(float(r.get("seconds") or 0.0) for r in v)))
     if oom is not None:
-        data.oom_seen, data.oom_events = True, oom[0]
+        data.oom_seen, (data.oom_events, data.oom_details) = True, oom[0]
         if oom[1]:
             data.oom_summary["seconds spent in failed attempts"] = round(oom[1], 2)
+    headroom = read(OOM_HEADROOM_TAG, lambda v: headroom_lines(v[-1] if v and isinstance(v[-1], list) else v))
+    if headroom is not None:
+        data.oom_seen, data.oom_headroom = True, headroom
     text = prose.get("input/verdict", "")  # the last one written: the whole fit's, like its JSON
     verdict = read(
         VERDICT_DATA_TAG,
@@ -658,12 +669,13 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     return data
 
 
-def _oom_lines(records: list[dict[str, Any]]) -> list[str]:
-    """The line of each recovery, from `OOMEvent` records."""
+def _oom_lines(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The line of each recovery and why, from `OOMEvent` records."""
     from keras_gpu_tools._core.oom import OOMEvent
 
     known = {f.name for f in dataclasses.fields(OOMEvent)}
-    return [OOMEvent(**{k: r[k] for k in known & set(r)}).line() for r in records]
+    events = [OOMEvent(**{k: r[k] for k in known & set(r)}) for r in records]
+    return [e.line() for e in events], [e.why() for e in events]
 
 
 def _floats(figures: dict[str, Any]) -> dict[str, float]:
@@ -1067,7 +1079,11 @@ class TrainingReport:
             n = d.oom_count() or 0
             body = [f"{n} recover{'y' if n == 1 else 'ies'} from out-of-memory errors."]
             body += [f"{k}: {v}" for k, v in d.oom_summary.items()]
-            body += [f"- {e}" for e in d.oom_events]
+            for i, line in enumerate(d.oom_events):
+                body.append(f"- {line}")
+                body += [f"    {w}" for w in (d.oom_details[i] if i < len(d.oom_details) else [])]
+            if d.oom_headroom:
+                body += ["Headroom:"] + [f"- {h}" for h in d.oom_headroom]
             if n and not d.oom_events:
                 body.append("(The log directory holds the counts; the callback's `summary()` has each recovery.)")
             sections.append(("Out of memory", body))
@@ -1204,7 +1220,13 @@ class TrainingReport:
             n = d.oom_count() or 0
             parts.append(f"<p>{n} recover{'y' if n == 1 else 'ies'} from out-of-memory errors.</p>")
             if d.oom_events:
-                parts.append("<ul>" + "".join(f"<li>{e(x)}</li>" for x in d.oom_events) + "</ul>")
+                items = []
+                for i, x in enumerate(d.oom_events):
+                    why = d.oom_details[i] if i < len(d.oom_details) else []
+                    items.append("<li>" + e(x) + "".join(f"<br><small>{e(w)}</small>" for w in why) + "</li>")
+                parts.append("<ul>" + "".join(items) + "</ul>")
+            if d.oom_headroom:
+                parts.append("<p>Headroom:</p><ul>" + "".join(f"<li>{e(h)}</li>" for h in d.oom_headroom) + "</ul>")
             rows = [(k, v) for k, v in d.oom_summary.items()]
             if rows:
                 parts.append(table(["figure", "value"], rows))

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from keras_gpu_tools import _backends
+from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
+from keras_gpu_tools._core.grad_accum import accumulation_problem, refusal
 from keras_gpu_tools._core.oom import OOMEvent, Recovery, SplitController
+from keras_gpu_tools._core.oom_explain import OOMExplanation, explanation_of, headroom_lines
 from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools._core.step_timing import StepRecord
-from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools._core.tensorboard import EventWriter, to_plain
 from keras_gpu_tools._core.validation import (
     check_bool,
     check_choice,
@@ -28,27 +34,57 @@ from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
 logger = logging.getLogger("keras_gpu_tools")
 
 _MODES = ("accumulate", "split")
+_EVAL_MARK = "_keras_gpu_tools_eval_original"  # on our test/predict function: Keras's own
+_PHASES = {"test": "evaluation", "predict": "prediction"}
+
+
+@dataclass
+class _Eval:
+    """The retrying of one kind of step besides training: ``test`` (validation, evaluate()) or ``predict``."""
+
+    kind: str
+    controller: SplitController
+    recovery: Recovery
+    runner: Any = None
+    model: Any = None  # not `self.model` inside a step: on JAX that property syncs fit()'s state
+    original: Callable | None = None
+    active: bool = False
+    idle: set = field(default_factory=set)  # batch shapes that ran whole: Keras's own step, no copy
+    step: int = 0
 
 
 class OOMBatchSizeReducer(FitCallback):
     """Recovers from out-of-memory errors by retrying the batch as micro-batches.
 
     When a training step runs out of device memory, the same batch is run
-    again as 2, then 4, 8, ... micro-batches until it fits; later batches
-    start at the micro-batch size that worked. Out-of-memory errors are
-    recognised by type: TensorFlow `ResourceExhaustedError`, JAX/XLA
-    `RESOURCE_EXHAUSTED` runtime errors, torch `OutOfMemoryError` (and torch's
-    CPU allocator error). Every other exception passes through unchanged.
+    again as 2, then 4, 8, ... micro-batches until it fits (each retry with
+    a smaller largest micro-batch, none below `min_batch_size`); later
+    batches start at the micro-batch size that worked. Validation steps,
+    `evaluate()` and `predict()` (given the callback) are retried the same
+    way: split, with the results of the unsplit step. Out-of-memory errors
+    are recognised by type: TensorFlow `ResourceExhaustedError`, JAX/XLA
+    `RESOURCE_EXHAUSTED` runtime errors, torch `OutOfMemoryError` (and
+    torch's CPU allocator error). Every other exception passes through
+    unchanged.
 
     Modes:
 
     - `"accumulate"` (default): the model's own `train_step` runs on each
-      micro-batch, the gradients are accumulated (weighted by micro-batch
-      size) and the optimizer is applied once. The number of optimizer
-      updates, the learning-rate schedule, the loss and the metrics are those
-      of the unsplit batch, up to floating-point rounding, for losses that
-      are a mean over the batch (Keras's default reduction). Loss scaling
-      (`mixed_float16`) is applied once, on the accumulated gradients.
+      micro-batch with each compiled loss weighted by what it really
+      averages over in the whole batch (its samples, its mask's valid
+      entries, its sample and class weights, or nothing for `"sum"`); the
+      gradients are accumulated and the optimizer applies once, to the
+      variables the step handed it. The update, the number of updates and
+      the learning-rate schedule, the loss and the metrics of the epoch logs
+      are those of the unsplit batch, up to floating-point rounding, for
+      every built-in reduction, masked losses, sample and class weights,
+      several outputs and Keras's weight and activity regularizers. Loss
+      scaling (`mixed_float16`) is applied once. What cannot be made exact
+      raises `InexactAccumulationError` before anything is applied (in
+      `on_train_begin` where the model tells, else at the first split, with
+      the state put back): a second optimizer, a loss with a custom
+      reduction or `reduction=None`, an overridden `compute_loss`, a
+      `train_step` that computes its own loss, a layer's own `add_loss`.
     - `"split"`: the micro-batches run as separate training steps: a truly
       smaller batch. This changes the optimisation: k optimizer updates per
       original batch (`optimizer.iterations` and learning-rate schedules
@@ -59,7 +95,20 @@ class OOMBatchSizeReducer(FitCallback):
     each micro-batch by its own statistics, and their moving averages are
     updated once per micro-batch (k times per original batch, with the
     layer's momentum each time): use `GroupNormalization`/`LayerNormalization`
-    where that matters.
+    where that matters (a warning says so when it happens). Random layers
+    (`Dropout`) draw other numbers than the unsplit step would.
+
+    Each out-of-memory error is explained (`OOMEvent.explanation`, `why()`):
+    what the failing allocation asked for and what was free of what (from the
+    error's message), the allocator's current and peak memory, the largest
+    buffers (JAX: live arrays, the failing program's XLA memory analysis and
+    the device memory profile; torch: `torch.cuda.memory_snapshot()`;
+    TensorFlow: `get_memory_info` and the op the error names). It goes to the
+    log, `summary()`, the report and, with `log_dir`, to TensorBoard
+    (`oom/explanation`) and a file per event in `log_dir/<run_name>/oom_events`.
+    On JAX, after a real out-of-memory error the next splits are chosen from
+    XLA's memory analysis of their compiled steps (compiled without
+    autotuning, never run), so a split that cannot fit is not run.
 
     Nothing is lost or repeated: the failed batch is retried (on TensorFlow
     it is fetched in Python before the step, so the error cannot consume it);
@@ -114,15 +163,24 @@ class OOMBatchSizeReducer(FitCallback):
             as Keras's own step inside a `try`, at no cost, and an
             out-of-memory error there raises `UnrecoverableOOM`. Defaults to
             `False`.
+        record_memory_history: record the allocator's history of allocations
+            while training (torch on CUDA: `torch.cuda.memory`), and write with
+            each event the snapshot file that PyTorch's memory visualizer
+            (https://pytorch.org/memory_viz) opens (needs `log_dir`). Other
+            backends warn once. Defaults to `False`.
+        plan: a `BatchPlan` from `keras_gpu_tools.plan_batch_size` (or the
+            largest micro-batch size as an int): batches above it start split
+            at it, and regrowing never goes past it. Defaults to `None`.
 
     Example:
 
     ```python
     from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 
-    reducer = OOMBatchSizeReducer(regrow_after=500)
+    reducer = OOMBatchSizeReducer(regrow_after=500, log_dir="logs")
     model.fit(x, y, batch_size=1024, epochs=3, callbacks=[reducer])
     print(reducer.micro_batches)  # e.g. 4: each batch of 1024 ran as 4 x 256
+    print(reducer.summary())  # each recovery, why memory ran out, the headroom
     ```
     """
 
@@ -138,6 +196,8 @@ class OOMBatchSizeReducer(FitCallback):
         run_name: str = "oom",
         verbose: int = 0,
         late_recovery: bool = False,
+        record_memory_history: bool = False,
+        plan: Any = None,
     ):
         super().__init__()
         self.min_batch_size = check_int("min_batch_size", min_batch_size, low=1)
@@ -149,8 +209,11 @@ class OOMBatchSizeReducer(FitCallback):
         check_run_dir(self.log_dir, self.run_name)
         self.verbose = check_verbose("verbose", verbose)
         self.late_recovery = check_bool("late_recovery", late_recovery)
+        self.record_memory_history = check_bool("record_memory_history", record_memory_history)
+        self.plan = plan
+        self.max_micro_batch_size = _planned_size(plan)
         self.warnings = WarnOnce(OOMWarning)
-        self.controller = SplitController(self.min_batch_size, self.regrow_after)
+        self.controller = SplitController(self.min_batch_size, self.regrow_after, self.max_micro_batch_size)
         self.events: list[OOMEvent] = []
         self.recovery_seconds = 0.0
         self._recovery = Recovery(
@@ -160,14 +223,20 @@ class OOMBatchSizeReducer(FitCallback):
             probe=self.probe,
             classify=_backends.oom_kind,
             rebuild=_backends.oom_error,
+            explain=self._explain,
         )
         self._micro_batches = 1
+        self._artifacts: dict[str, bytes] = {}  # files of the explanation being recorded
+        self._model_ref = None  # the model of this fit (not `self.model` inside a step: on JAX it syncs)
+        self._peak: dict[int, tuple[float, float | None]] = {}  # device -> (peak bytes, capacity) of the run
+        self._last_batch: int | None = None
         self._epoch_events = 0
         self._runner = None
         self._idle_signature = None  # the batch shape that runs whole on the idle path
         self._attachment = None
         self._writer: EventWriter | None = None
         self._spe = 1
+        self._eval: dict[str, _Eval] = {}  # "test" / "predict": evaluation and prediction steps
 
     # -- public ---------------------------------------------------------------
     @property
@@ -178,7 +247,9 @@ class OOMBatchSizeReducer(FitCallback):
     @property
     def micro_batch_size(self) -> int | None:
         """The micro-batch size in use, or None while batches run whole."""
-        return self.controller.micro_size
+        if self._micro_batches <= 1:
+            return None
+        return self.controller.micro_size or self.controller.max_micro_size
 
     # -- Keras hooks ------------------------------------------------------------
     def _start_fit(self, session) -> None:
@@ -187,6 +258,10 @@ class OOMBatchSizeReducer(FitCallback):
         problem = backend.reducer_problem(model)
         if problem:
             raise ValueError(problem)
+        if self.mode == "accumulate":
+            inexact = accumulation_problem(model)
+            if inexact:
+                raise refusal(inexact)
         self._spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         if self.probe and not backend.predicts_memory:
             self.warnings(
@@ -200,6 +275,11 @@ class OOMBatchSizeReducer(FitCallback):
                 "OOMBatchSizeReducer: probe=True: this device reports no memory limit "
                 "(CPU); nothing is predicted, out-of-memory errors are retried.",
             )
+        if self.record_memory_history:
+            why = backend.start_memory_history()
+            if why:
+                self.warnings("history", f"OOMBatchSizeReducer: record_memory_history=True: {why}; recording nothing.")
+        self._model_ref = model
         if self.log_dir is not None:
             self._writer = EventWriter(self.run_dir)
         self._attachment = StepHook.attach(model, self, backend, session)  # last; calls self.inner(fn)
@@ -215,6 +295,107 @@ class OOMBatchSizeReducer(FitCallback):
         if self._writer is not None:
             self._writer.scalars(values, step=self._global_step)
             self._writer.flush()
+
+    # -- evaluation and prediction ------------------------------------------------------
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        self._attach_eval("test")
+
+    def on_test_end(self, logs: dict | None = None) -> None:
+        self._detach_eval("test")
+
+    def on_predict_begin(self, logs: dict | None = None) -> None:
+        self._attach_eval("predict")
+
+    def on_predict_end(self, logs: dict | None = None) -> None:
+        self._detach_eval("predict")
+
+    def _attach_eval(self, kind: str) -> None:
+        """Runs each test (validation, evaluate()) or predict step through the same retrying as training."""
+        model = self.model
+        current = ki.eval_function(model, kind)
+        if current is None:
+            return
+        current = getattr(current, _EVAL_MARK, current)  # a wrapper an evaluate() that raised left behind
+        ev = self._eval.get(kind)
+        if ev is None:
+            controller = SplitController(self.min_batch_size)
+            recovery = Recovery(
+                controller,
+                on_event=self._on_event,
+                memory=self._memory,
+                classify=_backends.oom_kind,
+                rebuild=_backends.oom_error,
+                explain=self._explain,
+            )
+            recovery.phase = kind
+            ev = self._eval[kind] = _Eval(kind, controller, recovery)
+        ev.runner = self.backend.eval_runner(model, kind, current, self.mode)
+        ev.model = model
+        ev.original = current
+        call = self.backend.eval_call(
+            kind, lambda batch, state=None: self._one_eval(ev, batch, state), self._spe_of(model)
+        )
+
+        def function(*args):
+            if not ev.active:  # left by an evaluate() that died: Keras's own function, and unwrap
+                ki.set_eval_function(model, kind, current)
+                return current(*args)
+            return call(*args)
+
+        setattr(function, _EVAL_MARK, current)
+        ev.active = True
+        ki.set_eval_function(model, kind, function)
+
+    def _detach_eval(self, kind: str) -> None:
+        ev = self._eval.get(kind)
+        if ev is None or not ev.active:
+            return
+        ev.active = False
+        model = ev.model
+        fn = ki.eval_function(model, kind) if model is not None else None
+        if fn is not None and getattr(fn, _EVAL_MARK, None) is ev.original:
+            ki.set_eval_function(model, kind, ev.original)
+        ev.runner = ev.model = None
+
+    @staticmethod
+    def _spe_of(model) -> int:
+        return max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+
+    def _one_eval(self, ev: _Eval, batch, state=None):
+        sig = batch_signature(batch)
+        ev.step += 1
+        if sig in ev.idle:
+            try:
+                return ev.runner.run(batch, 0, 1, state, False)
+            except Exception as e:
+                if not _backends.is_oom(e):
+                    self._detach_eval(ev.kind)
+                    raise
+                if not ev.runner.idle_recoverable:
+                    self._record_unrecoverable(e, sig, ev.kind, step=ev.step - 1)
+                    self._detach_eval(ev.kind)
+                    raise UnrecoverableOOM(
+                        f"OOMBatchSizeReducer: out of memory in an {_PHASES[ev.kind]} step at a batch shape that had "
+                        f"already run whole ({sig!r}); no copy of its state was kept, so it cannot be retried "
+                        "exactly. Set `late_recovery=True`, or lower the batch size."
+                    ) from e
+                ev.idle.discard(sig)  # a predict step has no state: retry it split
+        n = leading_dim(batch) or 1
+        if self.mode == "accumulate" and ev.kind == "test" and ev.controller.split_for(n) > 1:
+            problem = ki.loss_reduction_problem(ev.model)
+            if problem:
+                self._detach_eval(ev.kind)
+                raise refusal(problem)
+        try:
+            result, k = ev.recovery.run(ev.runner, batch, n, sig, state, step=ev.step - 1)
+        except BaseException:
+            if ev.recovery.restored_state is not None:
+                self.backend.hand_back_eval_state(ev.model, ev.kind, ev.recovery.restored_state)
+            self._detach_eval(ev.kind)
+            raise
+        if k == 1 and not self.late_recovery:
+            ev.idle.add(sig)
+        return result
 
     # -- step hook observer -------------------------------------------------------
     def sample(self, index: int) -> bool:
@@ -252,6 +433,7 @@ class OOMBatchSizeReducer(FitCallback):
             self._global_step += 1
             return result
         n = leading_dim(batch) or 1
+        self._last_batch = n
         try:
             result, k = self._recovery.run(self._runner, batch, n, sig, state, step=self._global_step)
         except BaseException:
@@ -271,6 +453,7 @@ class OOMBatchSizeReducer(FitCallback):
     def _refuse_late_oom(self, error: BaseException, signature) -> None:
         """An OOM on the idle path: at a shape that had run whole before, with no copy of the state."""
         self._idle_signature = None
+        self._record_unrecoverable(error, signature, "train")
         self._end_fit(aborted=True)
         raise UnrecoverableOOM(
             "OOMBatchSizeReducer: out of memory at a batch shape that had already run whole "
@@ -280,6 +463,90 @@ class OOMBatchSizeReducer(FitCallback):
             "`late_recovery=True` (TensorFlow, torch) to keep that copy before every step, or lower the "
             "batch size."
         ) from error
+
+    # -- why memory ran out -------------------------------------------------------------
+    def _explain(self, error: BaseException | None, context: dict) -> dict | None:
+        """The explanation of one out-of-memory error (or predicted failure), while its memory is still held."""
+        context = dict(context, files=self._writer is not None)
+        figures, artifacts = self.backend.explain_oom(error, context)
+        explanation = explanation_of(error, **figures)
+        self._artifacts = artifacts
+        return explanation.as_dict()
+
+    def _record_unrecoverable(self, error: BaseException, signature, phase: str, step: int | None = None) -> None:
+        """An out-of-memory error that is not retried is recorded (and explained) like the others."""
+        batch_size = next((shape[0] for shape, _ in signature if shape), 0) if signature else 0
+        try:
+            explanation = self._explain(error, {"phase": phase})
+        except Exception:
+            explanation = None
+        self._on_event(
+            OOMEvent(
+                step=self._global_step if step is None else step,
+                batch_size=int(batch_size or 0),
+                failed_split=1,
+                next_split=None,
+                kind=_backends.oom_kind(error) or "unknown",
+                phase=phase,
+                explanation=explanation,
+            )
+        )
+
+    def _write_event_files(self, event: OOMEvent) -> None:
+        """A file per event under ``run_dir/oom_events``: the explanation (text and JSON) and what the backend gave."""
+        artifacts, self._artifacts = self._artifacts, {}
+        if self.run_dir is None or event.explanation is None:
+            return
+        folder = os.path.join(self.run_dir, "oom_events")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            base = os.path.join(folder, f"{event.phase}_step{event.step}_{len(self.events)}")
+            files = []
+            for suffix, data in artifacts.items():
+                with open(f"{base}_{suffix}", "wb") as f:
+                    f.write(data)
+                files.append(f"{base}_{suffix}")
+            event.explanation["files"] = [f"{base}.txt", f"{base}.json"] + files
+            event.explanation["lines"] = OOMExplanation.from_dict(event.explanation).lines()
+            with open(f"{base}.txt", "w") as f:
+                f.write(event.line() + "\n" + "\n".join(event.why()) + "\n")
+            with open(f"{base}.json", "w") as f:
+                json.dump(to_plain(event), f, indent=1)
+        except OSError as e:
+            self.warnings("event-files", f"OOMBatchSizeReducer: could not write {folder}: {e}")
+
+    # -- headroom ----------------------------------------------------------------------------
+    def _record_peak(self) -> None:
+        """The allocator's peak per device against its capacity (what the report shows as headroom)."""
+        try:
+            peaks = self.backend.device_peaks()
+        except Exception:
+            peaks = {}
+        for i, (peak, capacity) in peaks.items():
+            old = self._peak.get(i, (0.0, None))
+            self._peak[i] = (max(old[0], peak), capacity or old[1])
+
+    def headroom(self) -> list[dict[str, Any]]:
+        """Per device: the allocator's peak in this run, the capacity, and the batch that would fit.
+
+        ``fits_batch`` is the plan's batch size where a plan was given, else a
+        linear estimate from the peak at the micro-batch size in use (the
+        memory grows with the batch; the state does not), marked ``estimate``.
+        """
+        self._record_peak()
+        out = []
+        size = self.controller.micro_size or self._last_batch
+        for i, (peak, capacity) in sorted(self._peak.items()):
+            row: dict[str, Any] = {"device": i, "peak_bytes": int(peak), "capacity_bytes": capacity}
+            if self.max_micro_batch_size:
+                row["fits_batch"], row["fits_from"] = self.max_micro_batch_size, "plan"
+            elif capacity and size and peak > 0:
+                state = float(getattr(self._runner, "state_bytes", 0) or 0)
+                per_sample = max(1.0, (peak - state) / size)
+                row["fits_batch"] = max(0, int((0.9 * capacity - state) // per_sample))
+                row["fits_from"] = "estimate (linear in the batch, 10% margin)"
+            out.append(row)
+        return out
 
     # -- internals ------------------------------------------------------------------------
     def _check_late_error(self) -> None:
@@ -300,26 +567,54 @@ class OOMBatchSizeReducer(FitCallback):
         return self.backend.device_memory()
 
     def _on_event(self, event: OOMEvent) -> None:
+        self._write_event_files(event)
         self.events.append(event)
         self.recovery_seconds += event.seconds
         self._epoch_events += 1
         line = f"OOMBatchSizeReducer: {event.line()}"
+        why = event.why()
+        if why:
+            line += "\n  " + "\n  ".join(why)
         logger.warning(line)
         if self.verbose:
             print(line)
+        if event.phase == "train" and self.mode == "accumulate" and (event.next_split or 1) > 1:
+            self._warn_batch_statistics()
         if self._writer is not None:
             values = {"oom/events_total": float(len(self.events))}
             if event.next_split is not None:
                 values["oom/micro_batches"] = float(event.next_split)
             self._writer.scalars(values, step=event.step)
             self._writer.json("oom/events/data", event, step=event.step)  # for report()
+            if why:
+                self._writer.text("oom/explanation", event.line() + "\n\n" + "\n\n".join(why), step=event.step)
+
+    def _warn_batch_statistics(self) -> None:
+        model = self._model_ref
+        layers = ki.all_layers(model) if model is not None else []
+        if any(
+            getattr(layer, "_keras_gpu_tools_batch_statistics", False) or _has_batch_statistics(layer)
+            for layer in layers
+        ):
+            self.warnings(
+                "batchnorm",
+                "OOMBatchSizeReducer: the model normalises by batch statistics (BatchNormalization): each "
+                "micro-batch is normalised by its own, and the moving averages update once per micro-batch, so "
+                "accumulate mode is not the unsplit batch there. Use GroupNormalization or LayerNormalization "
+                "where that matters.",
+            )
 
     def summary(self) -> str:
-        """One line per recovery, and the split in use."""
+        """One line per recovery (and why, where known), the split in use, and the headroom."""
+        headroom = [f"OOMBatchSizeReducer: headroom: {h}" for h in headroom_lines(self.headroom())]
         if not self.events:
-            return "OOMBatchSizeReducer: no out-of-memory error."
-        lines = [f"OOMBatchSizeReducer: {e.line()}" for e in self.events]
-        size = self.controller.micro_size
+            return "\n".join(["OOMBatchSizeReducer: no out-of-memory error."] + headroom)
+        lines = []
+        for e in self.events:
+            lines.append(f"OOMBatchSizeReducer: {e.line()}")
+            lines.extend(f"  {w}" for w in e.why())
+        lines += headroom
+        size = self.micro_batch_size
         lines.append(
             f"OOMBatchSizeReducer: {len(self.events)} recovery(ies), {self.recovery_seconds:.2f} s in failed attempts; "
             f"micro-batches of {size if size else 'the whole batch'} now."
@@ -327,6 +622,17 @@ class OOMBatchSizeReducer(FitCallback):
         return "\n".join(lines)
 
     def _stop_fit(self, aborted: bool) -> None:
+        for kind in list(self._eval):
+            self._detach_eval(kind)  # validation that raised never reached on_test_end
+        if self.record_memory_history:
+            self.backend.stop_memory_history()
+        try:
+            headroom = self.headroom()
+        except Exception:  # the teardown never fails for a figure
+            logger.debug("keras_gpu_tools: headroom failed", exc_info=True)
+            headroom = []
+        if self._writer is not None and headroom:
+            self._writer.json("oom/headroom/data", headroom, step=self._global_step)  # for report()
         attachment, self._attachment = self._attachment, None
         if attachment is not None:
             attachment.detach()
@@ -334,6 +640,21 @@ class OOMBatchSizeReducer(FitCallback):
         if writer is not None:
             writer.close()
         self._runner = None
+
+
+def _has_batch_statistics(layer) -> bool:
+    import keras
+
+    return isinstance(layer, keras.layers.BatchNormalization)
+
+
+def _planned_size(plan) -> int | None:
+    """The largest micro-batch a plan allows: a `BatchPlan`'s `batch_size`, or an int."""
+    if plan is None:
+        return None
+    if hasattr(plan, "batch_size"):
+        return check_int("plan.batch_size", plan.batch_size, low=1)
+    return check_int("plan", plan, low=1)
 
 
 __all__ = ["OOMBatchSizeReducer"]

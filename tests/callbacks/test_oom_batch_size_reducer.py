@@ -1,16 +1,10 @@
 """OOMBatchSizeReducer end to end, with real out-of-memory errors on CPU.
 
-The model has a memory cliff: above `limit` samples per step one of its layers
-materialises a tensor of at least 1 TiB per sample, which the backend's own
-CPU allocator refuses (TensorFlow `ResourceExhaustedError`, XLA's CPU runtime
-"Out of memory allocating", torch's DefaultCPUAllocator error). Nothing is
-faked: the errors come from the allocators, inside the real step.
-
-TensorFlow's default CPU allocator on this machine (oneDNN's, "mklcpu") retries a
-failed allocation for 10 s before it raises, and the choice is fixed when
-TensorFlow is imported. So on TensorFlow these tests run in a subprocess started
-with `TF_ENABLE_ONEDNN_OPTS=0`, whose allocator refuses at once
-(`test_tensorflow_real_oom_suite`).
+The model has a memory cliff (`oom_models.MemoryCliff`): above `limit` samples
+per step one of its layers materialises a tensor of at least 1 TiB per sample,
+which the backend's own CPU allocator refuses. On TensorFlow the real-OOM tests
+of this file and of `test_oom_exact.py` run in one subprocess whose allocator
+refuses at once (`test_tensorflow_real_oom_suite`).
 
 Every test counts the samples each step trained on with a non-trainable
 counter in the model (`SeenCounter`), which also checks that a failed attempt's
@@ -22,21 +16,16 @@ import os
 import subprocess
 import sys
 import traceback
-import warnings
 
 import keras
 import numpy as np
 import pytest
 from keras import ops
+from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, real_oom
 
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 
-BACKEND = keras.backend.backend()
-FAST_OOM = BACKEND != "tensorflow" or os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0"
-real_oom = pytest.mark.skipif(not FAST_OOM, reason="TensorFlow: run in a subprocess by test_tensorflow_real_oom_suite")
 pytestmark = pytest.mark.multibackend
-
-HUGE_COLS = 2**38  # float32 columns per sample above the limit: 1 TiB per sample
 
 
 class SeenCounter(keras.layers.Layer):
@@ -54,37 +43,6 @@ class SeenCounter(keras.layers.Layer):
             ids = ops.cast(x[:, 0], "int32")
             self.seen.assign(self.seen + ops.sum(ops.one_hot(ids, self.num_samples, dtype=self.seen.dtype), axis=0))
         return x[:, 1:]
-
-
-class MemoryCliff(keras.layers.Layer):
-    """Above `limit` samples, materialises a (batch, 2**38) float32 tensor: the allocator refuses it."""
-
-    def __init__(self, limit, **kw):
-        super().__init__(**kw)
-        self.limit = limit
-
-    def call(self, x):
-        if BACKEND == "tensorflow":
-            import tensorflow as tf
-
-            n = tf.shape(x, out_type=tf.int64)[0]
-            cols = tf.where(n > self.limit, tf.constant(HUGE_COLS, tf.int64), tf.constant(1, tf.int64))
-            big = tf.fill(tf.stack([n, cols]), tf.cast(x[0, 0], tf.float32) * 0.0 + 1.0)  # runtime value: not folded
-            return x + ops.cast(tf.reduce_max(big) - 1.0, x.dtype)
-        n = x.shape[0]
-        if not isinstance(n, int) or n <= self.limit:
-            return x
-        if BACKEND == "jax":
-            import jax.numpy as jnp
-
-            with warnings.catch_warnings():  # an index into 2**38 columns asks for int64
-                warnings.simplefilter("ignore", UserWarning)
-                big = jnp.zeros((n, HUGE_COLS), "float32").at[0, 0].set(x[0, 0].astype("float32"))
-            return x + (0.0 * big.max()).astype(x.dtype)
-        import torch
-
-        big = torch.ones((n, HUGE_COLS), dtype=torch.float32, device=x.device)
-        return x + (big.max() - 1.0).to(x.dtype)
 
 
 class Boom(keras.layers.Layer):
@@ -380,11 +338,15 @@ def test_arguments_are_validated():
         OOMBatchSizeReducer(mode="halve")
     with pytest.raises(TypeError, match="probe"):
         OOMBatchSizeReducer(probe="yes")
+    with pytest.raises(TypeError, match="Invalid value for argument `record_memory_history`"):
+        OOMBatchSizeReducer(record_memory_history=1)
+    with pytest.raises(ValueError, match="Invalid value for argument `plan`"):
+        OOMBatchSizeReducer(plan=2.5)
 
 
 @pytest.mark.slow
 def test_tensorflow_real_oom_suite():
-    """Runs this file's real-OOM tests on TensorFlow with an allocator that fails at once."""
+    """Runs the real-OOM tests (this file, test_oom_exact.py) on TensorFlow with an allocator that fails at once."""
     if BACKEND != "tensorflow" or FAST_OOM:
         pytest.skip("only from a TensorFlow run whose allocator retries for 10 s")
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="3")
@@ -399,6 +361,7 @@ def test_tensorflow_real_oom_suite():
             "--disable-warnings",
             "-rfE",
             os.path.abspath(__file__),
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_oom_exact.py"),
             "-k",
             "not test_tensorflow_real_oom_suite",
         ],
@@ -460,3 +423,81 @@ def test_shares_the_step_hook_with_the_input_bound_detector(reducer_first):
     np.testing.assert_array_equal(seen(model), np.full(n, 2))
     assert iterations(model) == 6 and reducer.micro_batches == 4
     assert restored(model)
+
+
+@real_oom
+def test_each_recovery_is_explained_in_the_log_dir_the_summary_and_the_report(tmp_path):
+    from keras_gpu_tools import report
+
+    n = 32
+    x, y = data(n)
+    model = make_model(n, limit=4)
+    reducer = OOMBatchSizeReducer(log_dir=str(tmp_path))
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    first = reducer.events[0]
+    # The allocator's own figure: the cliff asked for 16 samples x 2**38 float32 columns.
+    asked = first.explanation["requested_bytes"]
+    assert 16 * HUGE_COLS * 4 <= asked < 16 * HUGE_COLS * 4 + 2**20  # XLA adds its other temporaries
+    assert first.why()[0].startswith("asked 16.0 TiB")
+    if BACKEND == "tensorflow":
+        assert "memory_cliff" in first.explanation["allocation"] and tuple(first.explanation["shape"]) == (
+            16,
+            HUGE_COLS,
+        )
+    if BACKEND == "jax":  # the failing program's memory analysis, compiled but not run
+        assert first.explanation["program"]["temporaries"] >= 16 * HUGE_COLS * 4
+    files = first.explanation["files"]
+    assert files and all(os.path.exists(f) for f in files)
+    with open(files[0]) as f:
+        assert f.read().splitlines()[1] == first.why()[0]
+    assert "asked 16.0 TiB" in reducer.summary()
+    for r in (report([reducer], model), report(str(tmp_path))):  # from the callback, and from the logs alone
+        text = str(r)
+        assert "step 0: out of memory at batch 16, retrying as 2 x 8" in text
+        assert "    asked 16.0 TiB" in text
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's memory analysis (JAX)")
+def test_after_a_real_oom_the_next_split_is_chosen_from_memory_analysis_without_running_failing_ones(monkeypatch):
+    from keras_gpu_tools import _backends
+
+    # The CPU reports no memory limit; give it the 8 GiB of a small GPU, as probe's test does.
+    monkeypatch.setattr(
+        type(_backends.get("jax")),
+        "device_memory",
+        lambda self: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0},
+    )
+    n = 32
+    x, y = data(n)
+    model = make_model(n, limit=4)
+    reducer = OOMBatchSizeReducer()  # no probe: the first attempt runs and fails for real
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    # 16 ran out of memory for real; 2 x 8 was only compiled, its analysis said no; 4 x 4 ran.
+    assert [e.kind for e in reducer.events] == ["jax", "predicted"]
+    predicted = reducer.events[1]
+    assert predicted.line() == "step 0: predicted out of memory at batch 16 (as 2 x 8), retrying as 4 x 4"
+    assert predicted.explanation["requested_bytes"] >= 8 * HUGE_COLS * 4  # what the 2 x 8 step would need
+    assert reducer.micro_batches == 4
+    np.testing.assert_array_equal(seen(model), np.ones(n))
+    assert iterations(model) == 2
+
+
+def test_headroom_peak_against_capacity_and_the_batch_that_would_fit(tmp_path, monkeypatch):
+    from keras_gpu_tools import _backends, report
+
+    backend = type(_backends.get(BACKEND))
+    # A CPU has no allocator peak or capacity: stand in for one GPU's (what device_peaks reads on a GPU).
+    monkeypatch.setattr(backend, "device_peaks", lambda self: {0: (6 * 2**30, 8 * 2**30)})
+    n = 16
+    x, y = data(n)
+    model = make_model(n, limit=10**9)
+    reducer = OOMBatchSizeReducer(log_dir=str(tmp_path))
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[reducer])
+    (row,) = reducer.headroom()
+    assert row["peak_bytes"] == 6 * 2**30 and row["capacity_bytes"] == 8 * 2**30
+    assert row["fits_from"].startswith("estimate") and row["fits_batch"] > 16  # 6 of 8 GiB used at 16
+    assert "headroom: GPU 0: peak 6.0 GiB of 8.0 GiB (75%); a batch of" in reducer.summary()
+    assert "GPU 0: peak 6.0 GiB of 8.0 GiB (75%)" in str(report(str(tmp_path)))  # from the logs alone
+    planned = OOMBatchSizeReducer(plan=64)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[planned])
+    assert planned.headroom()[0]["fits_batch"] == 64 and planned.headroom()[0]["fits_from"] == "plan"

@@ -100,6 +100,46 @@ def test_controller_doubles_until_min_batch_size():
     assert c.on_oom(100, 100) is None
 
 
+def test_controller_never_runs_a_micro_batch_below_min_batch_size():
+    # Known issue: 16 with a minimum of 3 ran as 4 x 3 + 2 x 2.
+    for n in range(1, 70):
+        for low in range(1, 9):
+            c = SplitController(min_batch_size=low)
+            k, largest = 1, n
+            while True:
+                nxt = c.on_oom(n, k)
+                if nxt is None:
+                    break
+                sizes = split_sizes(n, nxt)
+                assert min(sizes) >= min(low, n), (n, low, nxt, sizes)
+                assert max(sizes) < largest, (n, low, nxt, sizes)  # every retry is strictly smaller
+                assert c.split_for(n) == nxt
+                k, largest = nxt, max(sizes)
+            # it gave up only where no smaller split keeps the minimum
+            if largest > 1:
+                assert all(min(split_sizes(n, j)) < low for j in range(1, n + 1) if max(split_sizes(n, j)) < largest)
+    c = SplitController(min_batch_size=3)
+    ks = [1]
+    while (nxt := c.on_oom(16, ks[-1])) is not None:
+        ks.append(nxt)
+    assert ks == [1, 2, 4]  # 4 x 4; micro-batches of 3 cannot cover 16 with none below 3
+    c.micro_size = 4
+    assert c.split_for(5) == 1  # 3 + 2 would go below the minimum: the last batch of 5 runs whole
+    assert c.split_for(9) == 3  # 3 x 3
+
+
+def test_controller_starts_at_and_regrows_to_the_plan_never_past_it():
+    c = SplitController(regrow_after=1, max_micro_size=64)
+    assert c.split_for(256) == 4 and c.split_for(64) == 1  # split from the start, no OOM needed
+    c.on_oom(256, 4)  # 4 x 64 ran out anyway: 8 x 32
+    assert c.micro_size == 32
+    c.on_success(256, 8)
+    assert c.in_trial and c.micro_size == 64  # grows back to the plan
+    c.on_success(256, 4)
+    c.on_success(256, 4)
+    assert not c.in_trial and c.micro_size == 64  # never past it
+
+
 def test_controller_regrows_and_backs_off():
     c = SplitController(regrow_after=3)
     c.on_oom(64, 1)
@@ -148,8 +188,12 @@ def test_final_message_names_the_split_that_was_tried():
     assert "micro-batches of 32" not in msg and "Batch sizes tried: 16." in msg
     assert "lower `min_batch_size` below 16" in msg
     # An uneven last split: the sizes that ran, not min_batch_size.
-    msg = final_message([(16, 1), (16, 2), (16, 4), (16, 6)], 3)
-    assert "out of memory even at micro-batches of at most 3 (16 as 4 x 3 + 2 x 2; min_batch_size=3)" in msg
+    msg = final_message([(16, 1), (16, 2), (16, 4), (16, 5)], 3)
+    assert "out of memory even at micro-batches of at most 4 (16 as 1 x 4 + 4 x 3; min_batch_size=3)" in msg
+    assert "min_batch_size=3 allows no smaller split of 16" in msg and "Lower `min_batch_size`" in msg
+    assert "Even one micro-batch does not fit" not in msg  # the minimum, not the device, stopped it
+    msg = final_message([(9, 1), (9, 2), (9, 3)], 3)
+    assert "out of memory even at micro-batches of 3 (9 as 3 x 3; min_batch_size=3)" in msg
     assert "Even one micro-batch does not fit" in msg
     msg = final_message([(16, 1), (16, 2), (16, 4)], 4)
     assert "out of memory even at micro-batches of 4 (16 as 4 x 4; min_batch_size=4)" in msg

@@ -1,0 +1,170 @@
+"""plan_batch_size: the largest batch that fits each device, found before training.
+
+The backend answers "what is the peak memory of one training step at batch b,
+per device?" (``Backend.step_memory``): on JAX from XLA's memory analysis of
+the compiled train step (compiled, never run); on TensorFlow and torch from a
+few real trial steps and the allocator's peak (torch on a CPU: the peak of
+tensor storage alive at once, counted op by op, since its CPU allocator
+keeps no statistics). :func:`~keras_gpu_tools._core.batch_search.search_batch_size`
+searches with it, exponentially then by halving.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from keras_gpu_tools import _backends
+from keras_gpu_tools._core.batch_search import BatchPlan, search_batch_size
+from keras_gpu_tools._core.validation import check_int, check_number
+
+logger = logging.getLogger("keras_gpu_tools")
+
+
+def plan_batch_size(
+    model,
+    x,
+    y=None,
+    *,
+    max_batch_size: int | None = None,
+    memory_limit_mib: float | None = None,
+    margin: float = 0.1,
+) -> BatchPlan:
+    """Finds the largest batch size that fits every device, with headroom.
+
+    The model must be compiled. Only the shapes and dtypes of one sample of
+    `x` (and `y`) matter on JAX; TensorFlow and torch train on real batches
+    built from them (repeated where `x` has fewer samples than the batch),
+    and the weights, the optimizer state and the metrics are put back
+    afterwards.
+
+    How the peak memory of a step is obtained (the plan's `method`):
+
+    - JAX: XLA's memory analysis of the compiled train step (its arguments,
+      temporaries and outputs, less the outputs that reuse donated
+      arguments), per device; compiled, never run, so no trial step and no
+      out-of-memory error.
+    - TensorFlow: trial steps and `tf.config.experimental.get_memory_info`'s
+      peak per device. On a CPU, TensorFlow's allocator keeps statistics only
+      with `TF_CPU_ALLOCATOR_USE_BFC=true` set before TensorFlow is imported.
+    - torch: trial steps and `torch.cuda.max_memory_allocated` per device; on
+      a CPU the peak of tensor storage alive at once during the step (counted
+      op by op), plus the model's state.
+
+    A trial that runs out of memory counts as not fitting.
+
+    Args:
+        model: a compiled Keras model.
+        x: input data: an array, or a list/dict of arrays (a batch's structure).
+        y: target data, or None for a model without targets.
+        max_batch_size: the largest global batch size to consider, or None
+            for no limit. Defaults to `None`.
+        memory_limit_mib: the memory of each device to plan for, in MiB;
+            defaults to each device's capacity. Set it to plan for a smaller
+            card, or on a CPU (which reports none). Defaults to `None`.
+        margin: the share of each device's memory left free. Defaults to `0.1`.
+
+    Returns:
+        A `BatchPlan`: `batch_size` (global), `per_device_batch_size`,
+        `devices`, `peak_mib` and `capacity_mib` per device, `margin`,
+        `method` and `trials`. Pass it to `OOMBatchSizeReducer(plan=...)` so
+        that training starts split at a larger batch and never regrows past it.
+
+    Example:
+
+    ```python
+    import keras_gpu_tools
+
+    plan = keras_gpu_tools.plan_batch_size(model, x_train, y_train)
+    print(plan)  # batch size 3072: predicted peak 70.8 GiB of 79.1 GiB ...
+    model.fit(x_train, y_train, batch_size=plan.batch_size)
+    ```
+    """
+    max_batch_size = check_int("max_batch_size", max_batch_size, low=1, allow_none=True)
+    memory_limit_mib = check_number(
+        "memory_limit_mib", memory_limit_mib, low=0, exclusive_low=True, allow_none=True, what="number of MiB"
+    )
+    margin = check_number("margin", margin, low=0, high=1, exclusive_high=True, what="fraction")
+    if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
+        raise ValueError(
+            "plan_batch_size needs a compiled model (`model.compile(optimizer, loss)`): it plans a training step."
+        )
+    backend = _backends.get()
+    replicas = backend.replicas(model)
+    capacities = backend.device_capacities(model, replicas)
+    if memory_limit_mib is not None:
+        capacities = [memory_limit_mib * 2**20] * replicas
+    elif any(c is None for c in capacities):
+        raise ValueError(
+            "Invalid value for argument `memory_limit_mib`. Received: memory_limit_mib=None, but this device reports "
+            "no memory capacity (a CPU). Expected the memory to plan for, in MiB (e.g. memory_limit_mib=16384)."
+        )
+    limits = [(1.0 - margin) * c for c in capacities]
+    per_device_max = None if max_batch_size is None else max(1, max_batch_size // replicas)
+    n_samples = _num_samples(x)
+    method = ""
+    # Trial steps train the model: everything is built first, copied, and put back after.
+    snapshot = backend.plan_snapshot(model, _sample_batch(x, y, replicas, n_samples))
+
+    def measure(per_device: int) -> list[float] | None:
+        nonlocal method
+        batch = _sample_batch(x, y, per_device * replicas, n_samples)
+        try:
+            peaks, method = backend.step_memory(model, batch, replicas)
+        except Exception as e:
+            if not _backends.is_oom(e):
+                raise
+            logger.info("keras_gpu_tools: plan_batch_size: batch %d ran out of memory", per_device * replicas)
+            return None
+        return peaks
+
+    try:
+        best, trials = search_batch_size(measure, limits, start=1, maximum=per_device_max)
+    finally:
+        backend.plan_restore(model, snapshot)
+    peak = next((t.peak_bytes for t in reversed(trials) if t.fits and t.batch_size == best), None)
+    return BatchPlan(
+        batch_size=best * replicas,
+        per_device_batch_size=best,
+        devices=replicas,
+        peak_mib=[p / 2**20 for p in (peak or [])],
+        capacity_mib=[c / 2**20 for c in capacities],
+        margin=margin,
+        method=method or backend.plan_method(model),
+        trials=trials,
+    )
+
+
+def _num_samples(x) -> int:
+    from keras_gpu_tools._core.batches import leading_dim
+
+    n = leading_dim(x)
+    if not n:
+        raise ValueError(
+            f"Invalid value for argument `x`. Received: x of type {type(x).__name__}. Expected an array, or a "
+            "list/dict of arrays, with at least one sample."
+        )
+    return n
+
+
+def _sample_batch(x, y, b: int, n: int):
+    """``(x, y)`` of ``b`` samples: the first ``b``, repeated where there are fewer (only the shapes matter)."""
+    import numpy as np
+
+    index = np.arange(b) % n
+
+    def take(a):
+        if a is None:
+            return None
+        if isinstance(a, dict):
+            return {k: take(v) for k, v in a.items()}
+        if isinstance(a, (list, tuple)):
+            return type(a)(take(v) for v in a)
+        a = np.asarray(a)
+        if a.dtype == np.float64:  # Keras's data adapters train on floatx
+            a = a.astype("float32")
+        return a[index]
+
+    return take(x), take(y)
+
+
+__all__ = ["BatchPlan", "plan_batch_size"]

@@ -1,0 +1,66 @@
+"""Layers and data that produce a real out-of-memory error on CPU, shared by the OOM reducer's tests.
+
+`MemoryCliff` materialises, above `limit` samples per step, a tensor of at
+least 1 TiB per sample, which the backend's own CPU allocator refuses
+(TensorFlow `ResourceExhaustedError`, XLA's CPU runtime "Out of memory
+allocating", torch's DefaultCPUAllocator error). Nothing is faked: the errors
+come from the allocators, inside the real step.
+
+TensorFlow's default CPU allocator on this machine (oneDNN's) retries a failed
+allocation for 10 s before it raises, and the choice is fixed when TensorFlow
+is imported. So on TensorFlow the real-OOM tests run in a subprocess started
+with `TF_ENABLE_ONEDNN_OPTS=0`, whose allocator refuses at once
+(`test_oom_batch_size_reducer.py::test_tensorflow_real_oom_suite`).
+"""
+
+import os
+import warnings
+
+import keras
+import pytest
+from keras import ops
+
+BACKEND = keras.backend.backend()
+FAST_OOM = BACKEND != "tensorflow" or os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0"
+real_oom = pytest.mark.skipif(not FAST_OOM, reason="TensorFlow: run in a subprocess by test_tensorflow_real_oom_suite")
+
+HUGE_COLS = 2**38  # float32 columns per sample above the limit: 1 TiB per sample
+
+
+class MemoryCliff(keras.layers.Layer):
+    """Above `limit` samples, materialises a (batch, 2**38) float32 tensor: the allocator refuses it.
+
+    Passes its input (of any rank) and its mask on unchanged.
+    """
+
+    def __init__(self, limit, **kw):
+        super().__init__(**kw)
+        self.limit = limit
+        self.supports_masking = True
+
+    def call(self, x):
+        if BACKEND == "tensorflow":
+            import tensorflow as tf
+
+            n = tf.shape(x, out_type=tf.int64)[0]
+            cols = tf.where(n > self.limit, tf.constant(HUGE_COLS, tf.int64), tf.constant(1, tf.int64))
+            first = tf.cast(tf.reshape(x, [-1])[0], tf.float32)
+            big = tf.fill(tf.stack([n, cols]), first * 0.0 + 1.0)  # a runtime value: not folded
+            return x + ops.cast(tf.reduce_max(big) - 1.0, x.dtype)
+        n = x.shape[0]
+        if not isinstance(n, int) or n <= self.limit:
+            return x
+        if BACKEND == "jax":
+            import jax.numpy as jnp
+
+            with warnings.catch_warnings():  # an index into 2**38 columns asks for int64
+                warnings.simplefilter("ignore", UserWarning)
+                big = jnp.zeros((n, HUGE_COLS), "float32").at[0, 0].set(jnp.ravel(x)[0].astype("float32"))
+            return x + (0.0 * big.max()).astype(x.dtype)
+        import torch
+
+        big = torch.ones((n, HUGE_COLS), dtype=torch.float32, device=x.device)
+        return x + (big.max() - 1.0).to(x.dtype)
+
+    def compute_mask(self, inputs, mask=None):
+        return mask

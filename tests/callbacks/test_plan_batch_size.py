@@ -1,0 +1,106 @@
+"""plan_batch_size on CPU, with a memory limit: XLA's memory analysis (JAX), real trial steps (TensorFlow, torch).
+
+A CPU reports no memory capacity, so each test plans for `memory_limit_mib`.
+The plan must fit (its peak within the limit less the margin), a batch not
+much larger must not (the search's last failing trial), the model must come
+out as it went in, and `OOMBatchSizeReducer(plan=...)` must start training
+split at the plan's size, with no out-of-memory error at all.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+from oom_models import BACKEND, MemoryCliff, real_oom
+
+from keras_gpu_tools import BatchPlan, OOMBatchSizeReducer, plan_batch_size
+
+pytestmark = pytest.mark.multibackend
+
+
+def wide_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(2048, activation="relu"), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
+    return model
+
+
+def test_the_plan_fits_the_limit_a_larger_batch_does_not_and_the_model_is_unchanged():
+    model = wide_model()
+    x = np.random.RandomState(0).rand(10, 64).astype("float32")
+    y = np.random.RandomState(1).rand(10, 1).astype("float32")
+    plan = plan_batch_size(model, x, y, memory_limit_mib=48, margin=0.1)
+    assert isinstance(plan, BatchPlan) and plan.devices == 1 and plan.capacity_mib == [48.0]
+    assert 0 < plan.batch_size == plan.per_device_batch_size
+    assert plan.peak_mib[0] <= 0.9 * 48
+    fitting = [t.batch_size for t in plan.trials if t.fits]
+    failing = [t.batch_size for t in plan.trials if not t.fits]
+    assert max(fitting) == plan.batch_size and min(failing) <= 1.5 * plan.batch_size
+    # the peaks grow with the batch (the memory model the search relies on), by the activations' size
+    peaks = dict(sorted((t.batch_size, t.peak_bytes[0]) for t in plan.trials if t.peak_bytes))
+    activations = 1024 * 2048 * 4  # the hidden layer's output at batch 1024, float32
+    assert activations <= peaks[1024] - peaks[1] <= 4 * activations
+    assert plan.method and str(plan).startswith(f"batch size {plan.batch_size}: predicted peak")
+    # trial steps (TensorFlow, torch) trained the model; it is put back
+    assert int(ops.convert_to_numpy(model.optimizer.iterations)) == 0
+    fresh = wide_model()
+    fresh.build((None, 64))
+    for a, b in zip(model.get_weights(), fresh.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    capped = plan_batch_size(model, x, y, memory_limit_mib=48, max_batch_size=100)
+    assert capped.batch_size == 100 and max(t.batch_size for t in capped.trials) == 100
+
+
+def test_bad_arguments_are_refused_with_keras_style_messages():
+    model = wide_model()
+    x = np.zeros((4, 64), "float32")
+    y = np.zeros((4, 1), "float32")
+    with pytest.raises(ValueError, match="Received: memory_limit_mib=None, but this device reports no memory"):
+        plan_batch_size(model, x, y)  # a CPU has no capacity to plan for
+    with pytest.raises(ValueError, match="Invalid value for argument `margin`"):
+        plan_batch_size(model, x, y, memory_limit_mib=64, margin=1.0)
+    with pytest.raises(ValueError, match="needs a compiled model"):
+        plan_batch_size(keras.Sequential([keras.Input((64,)), keras.layers.Dense(1)]), x, y, memory_limit_mib=64)
+
+
+def test_the_reducer_starts_split_at_the_plan_and_regrows_only_to_it():
+    model = wide_model()
+    r = np.random.RandomState(3)
+    x, y = r.rand(64, 64).astype("float32"), r.rand(64, 1).astype("float32")
+    plan = plan_batch_size(model, x, y, memory_limit_mib=48, max_batch_size=16)
+    assert plan.batch_size == 16
+    reducer = OOMBatchSizeReducer(plan=plan, regrow_after=1)
+    model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0, callbacks=[reducer])
+    assert reducer.events == [] and reducer.micro_batches == 4 and reducer.micro_batch_size == 16
+    assert int(ops.convert_to_numpy(model.optimizer.iterations)) == 2  # accumulated: one update per batch
+    with pytest.raises(ValueError, match="Invalid value for argument `plan`"):
+        OOMBatchSizeReducer(plan=0)
+
+
+@real_oom
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="TensorFlow's CPU allocator that fails at once keeps no statistics")
+def test_training_at_the_plan_never_runs_out_of_memory_and_regrows_only_to_it():
+    n = 32
+    r = np.random.RandomState(2)
+    x, y = r.randn(n, 3).astype("float32"), r.randn(n, 1).astype("float32")
+
+    def cliff_model():
+        keras.utils.set_random_seed(1)
+        inp = keras.Input((3,))
+        out = keras.layers.Dense(1)(keras.layers.Dense(8)(MemoryCliff(4)(inp)))
+        model = keras.Model(inp, out)
+        model.compile("sgd", "mse")
+        return model
+
+    model = cliff_model()
+    # Above 4 samples the step needs TiBs: JAX predicts it, TensorFlow and torch run out of memory in the trial.
+    plan = plan_batch_size(model, x, y, memory_limit_mib=1024)
+    assert plan.batch_size == 4
+    reducer = OOMBatchSizeReducer(plan=plan, regrow_after=1)
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[reducer])
+    assert reducer.events == [] and reducer.micro_batches == 4  # split from the first step; never grown past 4
+    assert int(ops.convert_to_numpy(model.optimizer.iterations)) == 4
+    reference = cliff_model()
+    reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[OOMBatchSizeReducer()])
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # the same training as recovering would give
