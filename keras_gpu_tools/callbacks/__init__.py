@@ -7,8 +7,9 @@ free of both until a callback is actually used.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from keras_gpu_tools._core.lazy import lazy_module
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
     from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
@@ -41,18 +42,4 @@ __all__ = [
 # Hidden from type checkers: they would take a module __getattr__ to mean that any
 # attribute exists, and miss a misspelt name; they see the imports above instead.
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> Any:
-        """Imports the module that defines the public name `name` and returns it."""
-        try:
-            module = _LAZY[name]
-        except KeyError:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value  # later lookups find it without calling __getattr__
-        return value
-
-
-def __dir__() -> list[str]:
-    """The module's names, the not yet imported public ones included."""
-    return sorted(set(globals()) | set(__all__))
+    __getattr__, __dir__ = lazy_module(__name__, _LAZY, globals())
