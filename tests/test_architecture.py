@@ -86,12 +86,16 @@ def test_no_backend_name_comparisons_outside_the_backends():
     assert not offenders, "\n".join(offenders)
 
 
+# Spelt in pieces so that this file does not itself refer to them.
+OUTSIDE = ("/".join(("..", "shared")), "KERAS-" + "INTERNALS.md", "GPU-" + "MACHINE.md")
+
+
 def test_nothing_refers_to_files_outside_the_repository():
     root = PKG.parent
     offenders = []
     for path in [*root.glob("keras_gpu_tools/**/*.py"), *root.glob("tests/**/*.py"), *root.glob("benchmarks/*")]:
-        if path.is_file() and path.name != pathlib.Path(__file__).name:
+        if path.is_file():
             text = path.read_text(errors="ignore")
-            if "../shared" in text or "KERAS-INTERNALS.md" in text or "GPU-MACHINE.md" in text:
+            if any(ref in text for ref in OUTSIDE):
                 offenders.append(str(path.relative_to(root)))
     assert not offenders, offenders
