@@ -7,8 +7,9 @@ in a step), nothing tells a callback that training is over. A
 teardowns its callbacks registered, once, when that fit ends:
 
 - normally: each callback's ``on_train_end`` stops its own part and releases it;
-- on Python 3.12+, at the moment fit() raises, on the training thread
-  (``sys.monitoring``'s PY_UNWIND event, enabled only while a session is open);
+- on Python 3.12+, at the moment fit() raises, on the training thread, while a
+  callback asks for it (``sys.monitoring``'s PY_UNWIND event; see
+  :meth:`FitSession.watch_unwind`);
 - when a later fit() on the same model calls a step hook left behind, or one
   of our callbacks starts it (:meth:`FitSession.current`), on the training
   thread, before that fit runs a step;
@@ -127,8 +128,24 @@ class FitSession:
             if start:
                 self._thread = threading.Thread(target=self._watch, name="keras_gpu_tools-fit-watchdog", daemon=True)
         if start:
-            self.unwind_hook = _watch_unwind(self)
             self._thread.start()
+
+    def watch_unwind(self, on: bool) -> bool:
+        """Runs the teardowns on the training thread the moment fit() raises (Python 3.12+), while ``on``.
+
+        ``sys.monitoring``'s PY_UNWIND event is global: while it is on, every
+        exception leaving any Python frame calls us, which cost about 16 us per
+        JAX step. So it is on only while something needs the training thread at
+        once (a torch profiler window); the rest waits for the watchdog or the
+        next fit. Returns whether the event is being watched.
+        """
+        with self._lock:
+            if on and not self.unwind_hook and not self.closed and self.frame is not None:
+                self.unwind_hook = _watch_unwind(self)
+            elif not on and self.unwind_hook:
+                self.unwind_hook = False
+                _unwatch_unwind(self)
+            return self.unwind_hook
 
     def release(self, owner) -> None:
         """``owner`` has stopped by itself (its ``on_train_end``); the last one closes the session."""

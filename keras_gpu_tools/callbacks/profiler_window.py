@@ -385,6 +385,8 @@ class ProfilerWindow(FitCallback):
             self._skip_until = window.end - 1
             return
         self._active = window
+        if self._profiler.owner_thread_only and self._session is not None:
+            self._session.watch_unwind(True)  # stop it on the training thread the moment fit() raises
         self._active_reason = reason
         self._active_started = time.time()
         self._active_done = 0
@@ -395,6 +397,8 @@ class ProfilerWindow(FitCallback):
             window, self._active = self._active, None
             if window is None:
                 return
+            if self._session is not None:
+                self._session.watch_unwind(False)
             failed = False
             try:
                 self._profiler.stop(outputs)

@@ -31,14 +31,17 @@ class FakeModel:
 
 
 class SessionCallback:
-    def __init__(self, training_thread=False):
+    def __init__(self, training_thread=False, unwind=False):
         self.stopped = Recorder()
         self.session = None
         self.training_thread = training_thread
+        self.unwind = unwind
 
     def on_train_begin(self, model):
         self.session = FitSession.current(model)
         self.session.add(self, self.stopped, training_thread=self.training_thread)
+        if self.unwind:
+            self.session.watch_unwind(True)
 
     def on_train_end(self):
         self.stopped(False)
@@ -82,7 +85,7 @@ def test_abort_runs_once_after_fit_raised():
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring needs Python 3.12")
 def test_abort_runs_on_the_training_thread_as_fit_raises():
-    cb = SessionCallback()
+    cb = SessionCallback(unwind=True)
     with pytest.raises(RuntimeError):
         FakeModel().fit(cb, fail=RuntimeError("boom"))
     # Already done when the exception reaches us, on this thread.
@@ -145,10 +148,7 @@ def test_the_next_fit_ends_a_session_that_nobody_noticed_died(monkeypatch):
     dead = SessionCallback()
     with pytest.raises(KeyboardInterrupt):
         model.fit(dead, fail=KeyboardInterrupt())
-    if sys.version_info >= (3, 12):
-        assert dead.stopped.calls  # PY_UNWIND already did it
-    else:
-        assert dead.stopped.calls == []
+    assert dead.stopped.calls == []  # nothing asked for PY_UNWIND (3.12+), and the watchdog sleeps
     fresh = SessionCallback()
     model.fit(fresh)
     # Ended on this thread, before the new fit's own callbacks started.
@@ -156,7 +156,6 @@ def test_the_next_fit_ends_a_session_that_nobody_noticed_died(monkeypatch):
     assert fresh.stopped.calls == [(threading.get_ident(), False)]
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.12+ stops on the training thread as fit() raises")
 def test_training_thread_teardown_is_deferred_from_the_watchdog():
     model = FakeModel()
     cb = SessionCallback(training_thread=True)
@@ -168,3 +167,21 @@ def test_training_thread_teardown_is_deferred_from_the_watchdog():
     run_deferred()  # the training thread's next contact with the package
     assert cb.stopped.calls == [(threading.get_ident(), True)]
     assert not lifecycle._deferred
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring needs Python 3.12")
+def test_unwind_is_watched_only_while_asked():
+    import sys as _sys
+
+    cb = SessionCallback()
+
+    class Model(FakeModel):
+        def fit(self, callback, fail=None):
+            callback.on_train_begin(self)
+            assert callback.session.watch_unwind(True)
+            assert _sys.monitoring.get_events(lifecycle._unwind_tool) != 0
+            callback.session.watch_unwind(False)
+            assert _sys.monitoring.get_events(lifecycle._unwind_tool) == 0
+            callback.on_train_end()
+
+    Model().fit(cb)
