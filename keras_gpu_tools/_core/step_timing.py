@@ -74,6 +74,10 @@ XPROF_MODERATE = 0.05
 # steps), below what a filling cache or a compilation costs (2x and more).
 SLOWER = 0.5
 DIFFERENT = 0.10
+# ...and is slower by at least this much per step: below a millisecond a busy
+# host's scheduling alone moves a 10-step epoch by as much (seen in CI: 1.12 ms
+# then 0.59 ms, same pipeline), while warm-up costs tens of milliseconds.
+AT_LEAST = 0.001
 
 
 @dataclasses.dataclass
@@ -318,7 +322,8 @@ def steady_start(parts: Sequence[Measurement], slower: float = SLOWER, different
     Part ``k`` is left out while its step time is more than ``slower`` above the
     median step time of the parts after it and its wait share differs from
     theirs (time-weighted) by ``different`` or more, or its step time is over
-    twice that median. The last part is always kept.
+    twice that median; either way by at least ``AT_LEAST`` seconds per step.
+    The last part is always kept.
     """
     k = 0
     while k < len(parts) - 1:
@@ -326,7 +331,10 @@ def steady_start(parts: Sequence[Measurement], slower: float = SLOWER, different
         steps = [p.step for p in rest if p.step]
         if not steps or not part.step:
             break
-        ratio = part.step / statistics.median(steps)
+        median = statistics.median(steps)
+        if part.step - median < AT_LEAST:
+            break
+        ratio = part.step / median
         after = aggregate(rest).wait_fraction
         unlike = part.wait_fraction is None or after is None or abs(part.wait_fraction - after) >= different
         if not (ratio > 2.0 or (ratio > 1.0 + slower and unlike)):
