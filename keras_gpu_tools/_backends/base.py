@@ -61,6 +61,13 @@ class Backend:
         """Fills ``doctor``'s :class:`FrameworkFacts` (version, GPUs, CUDA build) for this framework."""
         facts.error = f"backend {self.name!r} has no GPU support in this tool"
 
+    # -- the job --------------------------------------------------------------------------------
+    def topology(self, model) -> Any:
+        """This process's :class:`~keras_gpu_tools._core.topology.Topology` under the engine in use."""
+        from keras_gpu_tools._core import topology
+
+        return topology.single()
+
     # -- the training step ----------------------------------------------------------------------
     def sync(self, outputs) -> None:
         """Waits until the device has finished the work that produced ``outputs``."""

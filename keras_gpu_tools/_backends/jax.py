@@ -536,6 +536,21 @@ def _flops_of(cost) -> float | None:
     return flops if flops > 0 else None
 
 
+def _distributed_client():
+    """The client of ``jax.distributed`` (its key-value store is the job's channel), or None.
+
+    JAX exposes it only as ``jax._src.distributed.global_state.client`` (checked
+    with JAX 0.10 to 0.12); a JAX that moves it leaves job-wide figures out.
+    """
+    try:
+        from jax._src import distributed
+
+        client = distributed.global_state.client
+    except Exception:
+        return None
+    return client if hasattr(client, "blocking_key_value_get") else None
+
+
 class JaxBackend(Backend):
     """JAX (jitted steps with donated state, ``jax.profiler``, XLA memory analysis)."""
 
@@ -561,6 +576,40 @@ class JaxBackend(Backend):
 
     def gpu_devices(self) -> list[str]:
         return [str(d) for d in self._gpu_list()]
+
+    # -- the job
+    def topology(self, model):
+        from keras_gpu_tools._core import topology
+
+        jax = deps.loaded("jax")
+        if jax is None:
+            return topology.single()
+        import keras
+
+        dist = keras.distribution.distribution()
+        mesh = getattr(dist, "device_mesh", None)
+        in_step = int(getattr(getattr(mesh, "devices", None), "size", 0) or 1)
+        engine = (
+            f"keras.distribution {type(dist).__name__}, mesh {dict(zip(mesh.axis_names, mesh.shape))}"
+            if mesh is not None
+            else "one device"
+        )
+        gpus = self._gpu_list()
+        ids = tuple(int(d.id) for d in (gpus or jax.local_devices()))
+        count = jax.process_count()
+        if count <= 1:
+            return topology.single(engine, in_step, ids)
+        index = jax.process_index()
+        client = _distributed_client()
+        return topology.Topology(
+            process_index=index,
+            process_count=count,
+            device_ids=ids,
+            devices_in_step=in_step,
+            engine=engine,
+            source="jax.distributed",
+            exchange=topology.KVExchange(client, index, count) if client is not None else None,
+        )
 
     def allocator_memory(self, indices: Iterable[int]) -> Stats:
         gpus = self._gpu_list()

@@ -478,6 +478,22 @@ class TensorFlowBackend(Backend):
     def replicas(self, model) -> int:
         return int(getattr(getattr(model, "distribute_strategy", None), "num_replicas_in_sync", 1) or 1)
 
+    # -- the job
+    def topology(self, model):
+        from keras_gpu_tools._core import topology
+
+        strategy = getattr(model, "distribute_strategy", None)
+        n = self.replicas(model)
+        name = type(strategy).__name__ if strategy is not None else ""
+        # The default strategy is one device; MultiWorkerMirroredStrategy does not
+        # train under Keras 3 (keras-team/keras#20585), so a strategy is one process.
+        engine = (
+            f"tf.distribute {name} over {n} replicas"
+            if n > 1 or name not in ("", "_DefaultDistributionStrategy")
+            else "one device"
+        )
+        return topology.single(engine, n, tuple(range(n)) if n > 1 else None)
+
     def _plan_devices(self, replicas: int) -> list[str]:
         tf = deps.loaded("tensorflow")
         gpus = tf.config.list_logical_devices("GPU") if tf is not None else []

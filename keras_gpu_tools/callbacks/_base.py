@@ -17,13 +17,13 @@ class guarantees, for every fit():
 
 from __future__ import annotations
 
-import os
 import threading
 
 import keras
 
 from keras_gpu_tools import _backends
 from keras_gpu_tools._core import keras_internals as ki
+from keras_gpu_tools._core import topology as topo
 from keras_gpu_tools._core.lifecycle import FitSession, run_deferred
 from keras_gpu_tools._core.step_hook import StepHook
 
@@ -41,6 +41,8 @@ class FitCallback(keras.callbacks.Callback):
         self._session: FitSession | None = None
         self._backend_obj: _backends.Backend | None = None
         self._global_step = 0  # training steps seen by this instance, across fit() calls
+        self._fits = 0  # fit() calls begun: every process of a job counts the same
+        self.topology = topo.Topology()  # this process's place in the job, read at each fit()
 
     # -- for subclasses ---------------------------------------------------------------------
     def _start_fit(self, session: FitSession) -> None:
@@ -62,9 +64,26 @@ class FitCallback(keras.callbacks.Callback):
 
     @property
     def run_dir(self) -> str | None:
-        """``log_dir/run_name``: this callback's own TensorBoard run (None without a log_dir)."""
+        """This callback's own TensorBoard run (None without a log_dir).
+
+        ``log_dir/run_name``; in a job of several processes each writes its own
+        run, ``log_dir/run_name/process_<i>``, so no run has two writers.
+        """
         log_dir = getattr(self, "log_dir", None)
-        return os.path.join(log_dir, self.run_name) if log_dir else None
+        return self.topology.run_dir(log_dir, self.run_name) if log_dir else None
+
+    @property
+    def job_run_dir(self) -> str | None:
+        """The run of the job-wide figures, written by process 0 of a job of several (else None)."""
+        log_dir = getattr(self, "log_dir", None)
+        if not log_dir or not self.topology.multi_process or not self.topology.is_chief:
+            return None
+        return self.topology.job_run_dir(log_dir, self.run_name)
+
+    def _job_gather(self, warn) -> topo.JobGather:
+        """The job's channel for this fit(): keys of this callback and fit, ``warn(message)`` once on failure."""
+        name = getattr(self, "run_name", type(self).__name__)
+        return topo.JobGather(self.topology, f"{name}/fit{self._fits}", warn)
 
     @property
     def global_step(self) -> int:
@@ -81,6 +100,12 @@ class FitCallback(keras.callbacks.Callback):
         ki.check_keras_version()
         self._end_fit(aborted=True)  # what a fit() that died before its session noticed left
         self._backend_obj = None
+        self._fits += 1
+        try:
+            self.topology = self.backend.topology(self.model)
+        except Exception as e:  # monitoring never stops training: one process it is
+            ki.logger.warning("keras_gpu_tools: reading the distribution failed (%s); taken as one process", e)
+            self.topology = topo.single()
         session = FitSession.current(self.model)
         with self._teardown_lock:
             self._session = session

@@ -1,0 +1,73 @@
+"""Starts a real job of several JAX processes on this machine and collects what each returned.
+
+Each process runs ``worker.py``: it joins the job with
+``keras.distribution.initialize`` (on the CPU over gloo, so CI can run it; on
+GPUs with one GPU per process), runs one scenario of ``scenarios.py`` and
+writes the scenario's JSON result. A process that hangs is killed at the
+timeout, and the test fails with every process's output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def run_job(
+    scenario: str,
+    tmp_path: Path,
+    processes: int = 2,
+    devices_per_process: int = 1,
+    gpus: bool = False,
+    timeout: float = 240.0,
+    args: dict | None = None,
+) -> list[dict]:
+    """Runs ``scenario`` ("module.function" of this folder) in ``processes`` processes; their results by index."""
+    port = free_port()
+    out = tmp_path / "job"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "args.json").write_text(json.dumps(args or {}))
+    procs = []
+    for i in range(processes):
+        env = dict(os.environ)
+        env.update(
+            KERAS_BACKEND="jax",
+            PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+            TF_CPP_MIN_LOG_LEVEL="3",
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
+        )
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i * devices_per_process + k) for k in range(devices_per_process))
+        else:
+            env["JAX_PLATFORMS"] = "cpu"
+        cmd = [sys.executable, str(HERE / "worker.py"), scenario, str(i), str(processes), str(port), str(out)]
+        log = open(out / f"log_{i}.txt", "w")
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    failed = []
+    for i, (p, log) in enumerate(procs):
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q, _ in procs:
+                q.kill()
+            failed.append(f"process {i} did not finish within {timeout:g} s (a hang)")
+        log.close()
+        if p.returncode:
+            failed.append(f"process {i} exited with {p.returncode}")
+    if failed:
+        logs = "\n".join(f"--- process {i} ---\n{(out / f'log_{i}.txt').read_text()[-4000:]}" for i in range(processes))
+        raise AssertionError("; ".join(failed) + "\n" + logs)
+    return [json.loads((out / f"result_{i}.json").read_text()) for i in range(processes)]

@@ -1,0 +1,55 @@
+"""What each process of a test job does (see ``launch.py``); each returns a JSON-ready dict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import keras
+import numpy as np
+
+
+def data_parallel() -> keras.distribution.DataParallel:
+    """Data parallelism over every device of the job; each process feeds its own shard."""
+    dist = keras.distribution.DataParallel(devices=jax.devices())
+    dist.auto_shard_dataset = False
+    keras.distribution.set_distribution(dist)
+    return dist
+
+
+def tiny_model(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    return model
+
+
+def shard(index: int, n: int = 128, seed: int = 1):
+    """This process's samples: different on every process, as under a real sharded input."""
+    rng = np.random.default_rng(seed + index)
+    return rng.random((n, 8), dtype="float32"), rng.random((n, 1), dtype="float32")
+
+
+def weights_sum(model) -> float:
+    return float(sum(np.asarray(v.value, dtype="float64").sum() for v in model.trainable_variables))
+
+
+def topology(index: int, count: int, out: Path) -> dict:
+    """Who each process is, and one value gathered over the job's channel."""
+    from keras_gpu_tools import _backends
+
+    data_parallel()
+    model = tiny_model()
+    topo = _backends.get().topology(model)
+    gathered = topo.exchange.gather("test/hello", {"index": index}, timeout_s=30)
+    return {
+        "process_index": topo.process_index,
+        "process_count": topo.process_count,
+        "devices_in_step": topo.devices_in_step,
+        "device_ids": list(topo.device_ids or ()),
+        "labels": [topo.device_label(i) for i in range(len(topo.device_ids or ()))],
+        "source": topo.source,
+        "engine": topo.engine,
+        "gathered": gathered,
+        "run_dir": topo.run_dir("logs", "gpu"),
+    }

@@ -1,0 +1,64 @@
+"""Who am I, in a real job of two JAX processes on the CPU (gloo), and the job's channel."""
+
+import pytest
+from launch import run_job
+
+from keras_gpu_tools._core import topology as topo
+
+pytest.importorskip("jax")
+
+
+@pytest.mark.slow
+def test_two_processes_know_their_place_and_share_a_channel(tmp_path):
+    results = run_job("scenarios.topology", tmp_path, processes=2, devices_per_process=2)
+    for i, r in enumerate(results):
+        assert r["process_index"] == i and r["process_count"] == 2 and r["source"] == "jax.distributed"
+        assert r["devices_in_step"] == 4  # the mesh: 2 processes x 2 devices
+        assert "DataParallel" in r["engine"]
+        assert r["gathered"] == [{"index": 0}, {"index": 1}]
+        assert r["run_dir"].endswith(f"gpu/process_{i}")
+    ids = results[0]["device_ids"] + results[1]["device_ids"]
+    assert len(set(ids)) == 4  # job-wide ids: no two devices share one
+    assert results[0]["labels"] != results[1]["labels"]
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, None),
+        ({"RANK": "1", "WORLD_SIZE": "4"}, (1, 4, "RANK/WORLD_SIZE")),
+        ({"RANK": "0", "WORLD_SIZE": "1"}, None),  # one process: nothing to keep apart
+        ({"SLURM_PROCID": "2", "SLURM_NTASKS": "3"}, (2, 3, "SLURM_PROCID/SLURM_NTASKS")),
+        (
+            {"RANK": "x", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
+            (1, 2, "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE"),
+        ),
+        ({"RANK": "5", "WORLD_SIZE": "2"}, None),  # inconsistent: ignored
+    ],
+)
+def test_launcher_variables(env, expected):
+    assert topo.from_launcher(env) == expected
+    t = topo.single(env=env)
+    if expected:
+        assert (t.process_index, t.process_count) == expected[:2] and t.exchange is None
+        assert t.run_dir("logs", "gpu").endswith(f"process_{expected[0]}")
+        assert t.device_label(0) == f"{t.host}:0"
+    else:
+        assert not t.multi_process and t.run_dir("logs", "gpu") == "logs/gpu" and t.device_label(3) == "3"
+
+
+def test_job_gather_of_one_process_is_none_and_a_failing_channel_warns_once():
+    assert topo.JobGather(topo.Topology(), "x", print).gather("a", 1) is None
+
+    class Silent:
+        def key_value_set(self, key, value):
+            pass
+
+        def blocking_key_value_get(self, key, timeout_ms):
+            raise TimeoutError("deadline exceeded")
+
+    warned = []
+    t = topo.Topology(process_index=0, process_count=2, exchange=topo.KVExchange(Silent(), 0, 2))
+    g = topo.JobGather(t, "det/fit1", warned.append, timeout_s=0.01)
+    assert g.gather("epoch0", {"a": 1}) is None and g.gather("epoch1", {"a": 1}) is None
+    assert len(warned) == 1 and "process 1 gave no 'det/fit1/epoch0'" in warned[0]

@@ -1,0 +1,24 @@
+"""One process of a job started by ``launch.py``: join, run the scenario, write its result."""
+
+import json
+import sys
+from pathlib import Path
+
+scenario, index, count, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5])
+
+import jax  # noqa: E402
+
+# Collectives between CPU processes need gloo; GPU devices use NCCL whatever this says.
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+import keras  # noqa: E402
+
+keras.distribution.initialize(job_addresses=f"localhost:{port}", num_processes=count, process_id=index)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import importlib  # noqa: E402
+
+module, _, function = scenario.rpartition(".")  # "scenarios.topology": module of tests/distributed
+args = json.loads((out / "args.json").read_text())
+result = getattr(importlib.import_module(module or "scenarios"), function)(index, count, out, **args)
+(out / f"result_{index}.json").write_text(json.dumps(result))
