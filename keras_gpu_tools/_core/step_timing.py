@@ -116,7 +116,8 @@ class Measurement:
     wait_fraction: float | None = None
     steps_per_sec: float | None = None
     samples_per_sec: float | None = None
-    flops_per_sec: float | None = None
+    flops_per_sec: float | None = None  # the step's, over every device that runs it
+    flops_per_sec_per_device: float | None = None
     mfu: float | None = None
     overlapped: bool = False  # the real step was shorter than the serialized one
 
@@ -146,6 +147,7 @@ class Measurement:
         put("throughput/steps_per_sec", self.steps_per_sec)
         put("throughput/samples_per_sec", self.samples_per_sec)
         put("throughput/flops_per_sec", self.flops_per_sec)
+        put("throughput/flops_per_sec_per_device", self.flops_per_sec_per_device)
         put("throughput/mfu", self.mfu)
         return out
 
@@ -215,7 +217,10 @@ class StepStats:
                 self._interval_sum += r.interval
                 self._interval_steps += n + extra
 
-    def measurement(self, flops_per_step: float | None = None, peak_flops: float | None = None) -> Measurement:
+    def measurement(
+        self, flops_per_step: float | None = None, peak_flops: float | None = None, devices: int = 1
+    ) -> Measurement:
+        """The window's figures; FLOP arguments as in :func:`set_flops`."""
         m = Measurement(steps=self.steps, sampled_steps=self.sampled_steps)
         if self._fetch_steps:
             m.fetch = self._fetch_sum / self._fetch_steps
@@ -255,16 +260,30 @@ class StepStats:
                 )
             if samples:
                 m.samples_per_sec = samples / self._span_sum
-        if flops_per_step and m.steps_per_sec:
-            m.flops_per_sec = flops_per_step * m.steps_per_sec
-            if peak_flops:
-                m.mfu = m.flops_per_sec / peak_flops
+        set_flops(m, flops_per_step, peak_flops, devices)
         return m
+
+
+def set_flops(m: Measurement, flops_per_step: float | None, peak_flops: float | None, devices: int = 1) -> None:
+    """FLOP/s and MFU of ``m`` from its step rate.
+
+    ``flops_per_step`` is the whole step's work, every device's together (XLA's
+    cost analysis of the global, un-partitioned step); ``peak_flops`` the sum
+    of the peaks of the ``devices`` that run it. So a step spread over two
+    GPUs reads the MFU of one GPU doing half the work, not twice it.
+    """
+    if flops_per_step and m.steps_per_sec:
+        m.flops_per_sec = flops_per_step * m.steps_per_sec
+        m.flops_per_sec_per_device = m.flops_per_sec / max(int(devices), 1)
+        m.mfu = m.flops_per_sec / peak_flops if peak_flops else None
 
 
 # -- spans of several parts: one aggregation for epochs, the steady state, the fit --------------
 def aggregate(
-    parts: Sequence[Measurement], flops_per_step: float | None = None, peak_flops: float | None = None
+    parts: Sequence[Measurement],
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+    devices: int = 1,
 ) -> Measurement:
     """The figures of the span made of ``parts``, time-weighted over the steps each covers.
 
@@ -296,10 +315,7 @@ def aggregate(
             m.samples_per_sec = sum(p.samples_per_sec * p.steps / p.steps_per_sec for p in with_samples) / sum(
                 p.steps / p.steps_per_sec for p in with_samples
             )
-    if flops_per_step and m.steps_per_sec:
-        m.flops_per_sec = flops_per_step * m.steps_per_sec
-        if peak_flops:
-            m.mfu = m.flops_per_sec / peak_flops
+    set_flops(m, flops_per_step, peak_flops, devices)
     m.overlapped = any(p.overlapped for p in parts)
     return m
 
@@ -770,6 +786,7 @@ def _rows(m: Measurement) -> list[tuple[str, str]]:
         ("steps/s", "n/a" if m.steps_per_sec is None else f"{m.steps_per_sec:.1f}"),
         ("samples/s", "n/a" if m.samples_per_sec is None else f"{m.samples_per_sec:.0f}"),
         ("achieved FLOP/s", _flops(m.flops_per_sec)),
+        ("achieved FLOP/s per device", _flops(m.flops_per_sec_per_device)),
         ("MFU", "n/a" if m.mfu is None else f"{100 * m.mfu:.1f}%"),
         ("without the wait, at most", "n/a" if m.speedup_bound is None else f"{m.speedup_bound:.2f}x faster"),
         ("steps (timed with a sync)", f"{m.steps} ({m.sampled_steps})"),

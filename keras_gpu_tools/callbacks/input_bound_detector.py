@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from typing import Any
 
-from keras_gpu_tools._core import gpu_peaks
+from keras_gpu_tools._core import gpu_peaks, stragglers
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.step_hook import Attachment, StepHook
@@ -26,7 +27,7 @@ from keras_gpu_tools._core.step_timing import (
     verdict_for,
     warmup_reason,
 )
-from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools._core.tensorboard import EventWriter, to_plain
 from keras_gpu_tools._core.validation import (
     check_bool,
     check_int,
@@ -171,8 +172,9 @@ class InputBoundDetector(FitCallback):
     | `input/step_ms` | ms | time per training step |
     | `throughput/steps_per_sec` | 1/s | training steps per second |
     | `throughput/samples_per_sec` | 1/s | examples per second |
-    | `throughput/flops_per_sec` | FLOP/s | achieved, where the FLOPs are known |
-    | `throughput/mfu` | 0..1 | model FLOPs utilization against the GPU's dense peak |
+    | `throughput/flops_per_sec` | FLOP/s | achieved by the step, every device of it together, where the FLOPs are known |
+    | `throughput/flops_per_sec_per_device` | FLOP/s | the same per device that runs the step |
+    | `throughput/mfu` | 0..1 | model FLOPs utilization: against the summed dense peaks of the step's devices |
 
     FLOPs come from XLA's cost analysis of the step on JAX (its HLO, computed
     once per fit at the first epoch end; where the installed JAX offers no
@@ -181,6 +183,38 @@ class InputBoundDetector(FitCallback):
     table of NVIDIA GPUs by NVML name and compute dtype (or from
     `peak_flops`). MFU is left out where either is unknown (TensorFlow and
     torch report no FLOPs by themselves).
+
+    Several devices: the FLOPs are the whole step's (XLA counts the global,
+    un-partitioned step, every device's share of it; in a job of several
+    processes the same count as one process with the same global batch), and
+    MFU divides the achieved FLOP/s by the peaks of all the devices that run
+    the step (``topology.devices_in_step``): one device's peak times their
+    number, or, where the processes of a job report different peaks, the sum
+    of each process's share, gathered once at the first epoch end.
+
+    A job of several processes (``keras.distribution.initialize``): each
+    process writes its own run, ``log_dir/<run_name>/process_<i>``. At each
+    epoch end the processes exchange their figures once over the job's
+    channel, and every process's epoch logs get the same job-wide keys:
+
+    | key | unit | meaning |
+    |---|---|---|
+    | `job/step_ms_max` | ms | the slowest process's step time |
+    | `job/step_ms_slowest_process` | index | which process that is |
+    | `job/input_wait_fraction_max` | 0..1 | the highest input wait share |
+    | `job/input_wait_process` | index | which process that is |
+    | `job/samples_per_sec` | 1/s | the job's examples per second (every process's summed) |
+
+    Process 0 also writes them, with the job verdict as text, to the run
+    `log_dir/<run_name>/job`. `detector.job_verdict` (and the end of
+    `summary()`) gives every process's steady-state figures and names a
+    straggler: a process whose input wait share is 10 points or more above
+    the median of the others' and at least twice it, or whose step is over
+    1.25x the others' median and 1 ms or more longer; with advice for that
+    process (its own pipeline's tips). Under synchronous data parallelism the
+    others wait for it in the all-reduce, so their steps are slow too, but
+    their wait is not in their input. A failing channel leaves the job's
+    figures out (a warning, once); training goes on.
 
     How the step is split: the wait that counts is the part of the fetch the
     device could not hide, `min(fetch, step - compute)`, where `step` is the
@@ -230,11 +264,13 @@ class InputBoundDetector(FitCallback):
             `"auto"`.
         epoch_logs: whether to add the epoch figures to `logs`. Defaults to
             `True`.
-        flops_per_step: FLOPs of one training step, if you know them better
+        flops_per_step: FLOPs of one training step over its whole (global)
+            batch, every device's share together, if you know them better
             than the backend (None: XLA cost analysis on JAX). Defaults to
             `None`.
-        peak_flops: the device's peak FLOP/s to compute MFU against (None:
-            from the table, for NVIDIA GPUs). Defaults to `None`.
+        peak_flops: ONE device's peak FLOP/s (None: from the table, for
+            NVIDIA GPUs). MFU divides by it times the number of devices that
+            run the step. Defaults to `None`.
 
     Example:
 
@@ -291,6 +327,8 @@ class InputBoundDetector(FitCallback):
         self.measurement: Measurement | None = None  # the steady state's figures (the verdict's scope)
         self.fit_measurement: Measurement | None = None  # the whole fit's, every phase included
         self.epoch_history: list[dict[str, float]] = []
+        #: the job's verdict (a job of several processes, after its first epoch end; else None)
+        self.job_verdict: stragglers.JobVerdict | None = None
         self.epoch_verdicts: list[Verdict] = []
         self.window_verdicts: list[tuple[int, Verdict]] = []  # (global step, verdict)
         self.pipeline: dict[str, Any] = {}
@@ -308,7 +346,13 @@ class InputBoundDetector(FitCallback):
         self._cpu: _CpuMeter | None = None
         self._host: dict[str, float] = {}
         self._flops: float | None = None
-        self._peak: float | None = None
+        self._peak: float | None = None  # the summed peak of the step's devices
+        self._peak_device: float | None = None  # one of this process's devices
+        self._devices = 1  # devices that run one step
+        self._job = None  # the job's channel for this fit (JobGather)
+        self._job_writer: EventWriter | None = None
+        self._job_peak_checked = False
+        self._job_peak_changed = False
         self._jax_specs = None
         self._epoch_last_call = -1
         self._epoch_first_call = -1
@@ -318,7 +362,11 @@ class InputBoundDetector(FitCallback):
         """A report of the last fit(): verdict, figures (steady state and whole fit), phases, evidence, advice."""
         if self.verdict is None or self.measurement is None:
             return "InputBoundDetector: no training step measured yet."
-        return summary_text("InputBoundDetector", self.measurement, self.verdict, self.notes, fit=self.fit_measurement)
+        text = summary_text("InputBoundDetector", self.measurement, self.verdict, self.notes, fit=self.fit_measurement)
+        if self.job_verdict is not None:
+            n = len(self.job_verdict.processes)
+            text += f"\n\nThe job ({n} processes; each one's steady state):\n\n" + self.job_verdict.text()
+        return text
 
     # -- step observer (called by the step hook, on the training thread) ------------------
     def sample(self, index: int) -> bool:
@@ -368,6 +416,7 @@ class InputBoundDetector(FitCallback):
         self.epoch_verdicts = []
         self.window_verdicts = []
         self.notes = []
+        self.job_verdict = None
         self._window = StepStats()
         self._window_t0 = time.time()
         self._windows = []
@@ -377,12 +426,19 @@ class InputBoundDetector(FitCallback):
         self.pipeline = ki.describe_pipeline(self.model)
         self._context = {"gpu": self._trains_on_gpu(), "cores": os.cpu_count() or 1, "epochs": None}
         self._gpu_logger = self._find_gpu_logger()
-        self._peak = self.peak_flops or self._table_peak()
+        self._devices = max(int(self.topology.devices_in_step or 1), 1)
+        self._peak_device = self.peak_flops or self._table_peak()
+        # Homogeneous devices until the job says otherwise (first epoch end).
+        self._peak = self._peak_device * self._devices if self._peak_device else None
+        self._job_peak_checked = False
+        self._job = self._job_gather(lambda message: self.warnings("job", f"InputBoundDetector: {message}"))
         spe = ki.steps_per_execution(self.model)
         note = self.backend.execution_note(spe) if spe > 1 else None
         if note:
             self.notes.append(note)
         self._writer = EventWriter(self.run_dir) if self.log_dir else None
+        job_dir = self.job_run_dir if self._job.active else None
+        self._job_writer = EventWriter(job_dir) if job_dir else None
         self._running = True
         try:  # last: nothing can fail after the hook is in place
             self._attachment = StepHook.attach(self.model, self, self.backend, session)
@@ -415,24 +471,34 @@ class InputBoundDetector(FitCallback):
         self._host = self._cpu.read() if self._cpu is not None else {}
         if self._flops is None and self._jax_specs is not None:
             self._flops = self._jax_flops()
-        m = aggregate([w.measurement for w in self._windows], self._flops, self._peak)
+        m = aggregate([w.measurement for w in self._windows], self._flops, self._peak, self._devices)
         self._epochs.append(_Span(f"epoch {epoch + 1}", m, self._epoch_t0, self._windows))
         self._windows = []
         scope = f"epoch {epoch + 1}"
         # From this fit's second epoch on, a cache is filled (with `initial_epoch`, Keras's index is no guide).
         v = self._verdict(m, self._epoch_t0, scope=scope, cache_serves=len(self._epochs) > 1)
         self.epoch_verdicts.append(v)
-        values = m.logs()
+        self._update_overall()
+        job = self._job_figures(epoch, m)  # once per epoch, every process at the same point
+        if self._job_peak_changed:  # MFU against the job's summed peak
+            m = self._epochs[-1].measurement = aggregate(
+                [w.measurement for w in self._epochs[-1].parts], self._flops, self._peak, self._devices
+            )
+            self._update_overall()
+        values = dict(m.logs(), **job)
         self.epoch_history.append(values)
         if self.epoch_logs and logs is not None:
             logs.update(values)
-        self._update_overall()
         if self._writer is not None:
             self._writer.text("input/verdict", summary_text(f"Epoch {epoch + 1}", m, v), step=self._global_step)
             record = {"scope": scope, "verdict": v, "measurement": m, "figures": values}
+            if self.job_verdict is not None:
+                record["job"] = self.job_verdict
             self._writer.json("input/verdict/data", record, step=self._global_step)  # for report()
         if self.verbose:
             print(f"InputBoundDetector epoch {epoch + 1}: {v.message}")
+            if self.job_verdict is not None and self.job_verdict.stragglers:
+                print(f"InputBoundDetector job: {self.job_verdict.message}")
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if not self._running:
@@ -451,6 +517,8 @@ class InputBoundDetector(FitCallback):
                 "fit_figures": fit.logs() if fit is not None else {},
                 "notes": self.notes,
             }
+            if self.job_verdict is not None:
+                data["job"] = self.job_verdict  # as of the last epoch end (no exchange at the end of fit)
             self._writer.json("input/verdict/data", data, step=self._global_step)  # for report()
         if self.verbose and self.verdict is not None:
             print(self.summary())
@@ -466,7 +534,7 @@ class InputBoundDetector(FitCallback):
         """The run's verdict: its steady state, the phases left out, the whole fit's figures."""
         spans = list(self._epochs)
         if final and self._windows:  # fit() ended inside an epoch: its windows so far
-            m = aggregate([w.measurement for w in self._windows], self._flops, self._peak)
+            m = aggregate([w.measurement for w in self._windows], self._flops, self._peak, self._devices)
             spans.append(_Span(f"epoch {len(spans) + 1} (part)", m, self._windows[0].t0, list(self._windows)))
         if not spans:
             return
@@ -476,8 +544,8 @@ class InputBoundDetector(FitCallback):
             units, by_epoch = spans[0].parts, False
         k = steady_start([u.measurement for u in units])
         steady = units[k:]
-        m = aggregate([u.measurement for u in steady], self._flops, self._peak)
-        fit = aggregate([s.measurement for s in spans], self._flops, self._peak)
+        m = aggregate([u.measurement for u in steady], self._flops, self._peak, self._devices)
+        fit = aggregate([s.measurement for s in spans], self._flops, self._peak, self._devices)
         phases = [
             Phase(
                 u.label,
@@ -524,7 +592,7 @@ class InputBoundDetector(FitCallback):
         t0, self._window_t0 = self._window_t0, time.time()
         if not w.steps:
             return
-        m = w.measurement(self._flops, self._peak)
+        m = w.measurement(self._flops, self._peak, self._devices)
         self._windows.append(_Span(f"steps {self._global_step - w.steps + 1}-{self._global_step}", m, t0))
         if m.wait_fraction is None and m.steps_per_sec is None:
             return
@@ -533,6 +601,44 @@ class InputBoundDetector(FitCallback):
         self.window_verdicts.append((self._global_step, v))
         if self._writer is not None:
             self._writer.scalars(m.logs(), step=self._global_step)
+
+    def _job_figures(self, epoch: int, m: Measurement) -> dict[str, float]:
+        """This epoch's job-wide keys, gathered once from every process; the job verdict; {} for one process.
+
+        Every process gets the same list and computes the same keys and
+        verdict. At the first epoch end the per-device peaks are compared:
+        where processes drive different GPUs, MFU's denominator is their sum.
+        """
+        self._job_peak_changed = False
+        job = self._job
+        if job is None or not job.active:
+            return {}
+        steady, v = self.measurement, self.verdict
+        row = stragglers.process_row(
+            self.topology.process_index,
+            self.topology.host,
+            m.logs(),
+            steady.logs() if steady is not None else {},
+            scope=v.scope if v is not None else "",
+            category=v.category if v is not None else UNKNOWN,
+            advice=v.advice if v is not None else (),
+            peak_flops=None if self._job_peak_checked else self._peak_device,
+        )
+        # Own row as the others see it (JSON), so every process computes from identical values.
+        rows = job.gather(f"epoch{epoch}", json.loads(json.dumps(to_plain(row))))
+        if rows is None:
+            return {}
+        if not self._job_peak_checked:
+            self._job_peak_checked = True
+            peak = stragglers.job_peak(rows, self._devices)
+            if peak != self._peak:
+                self._peak, self._job_peak_changed = peak, True
+        self.job_verdict = stragglers.job_verdict(rows)
+        keys = stragglers.job_logs(rows)
+        if self._job_writer is not None:
+            self._job_writer.scalars(keys, step=self._global_step)
+            self._job_writer.text("input/job_verdict", self.job_verdict.text(), step=self._global_step)
+        return keys
 
     def _find_gpu_logger(self):
         if self.gpu_logger is None:
@@ -626,9 +732,11 @@ class InputBoundDetector(FitCallback):
         att, self._attachment = self._attachment, None
         if att is not None:
             att.detach()
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        for name in ("_writer", "_job_writer"):
+            writer = getattr(self, name)
+            setattr(self, name, None)
+            if writer is not None:
+                writer.close()
 
     def __repr__(self) -> str:
         cat = self.verdict.category if self.verdict else UNKNOWN

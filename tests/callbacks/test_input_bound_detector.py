@@ -201,6 +201,10 @@ def test_windows_epochs_and_fit_add_up(tmp_path):
     kept = [e for e, p in zip(epochs, det.verdict.phases) if p.steady]
     assert det.measurement.wait_fraction == pytest.approx(_time_weighted(kept, "input/wait_ms"), rel=1e-9)
     assert [p.label for p in det.verdict.phases] == ["epoch 1", "epoch 2", "epoch 3"]
+    # One process: no job, so no job keys, no job verdict, no job run.
+    assert not [k for k in hist.history if k.startswith("job/")] and det.job_verdict is None
+    assert det.job_run_dir is None and "The job" not in det.summary()
+    assert not (tmp_path / "input" / "job").exists()
     # Each epoch is its TensorBoard windows (which never span two epochs), the same way.
     acc = read_events(det.run_dir)
     points = {}
@@ -220,6 +224,7 @@ def test_windows_epochs_and_fit_add_up(tmp_path):
     assert record["verdict"]["speedup_bound"] == pytest.approx(det.verdict.speedup_bound)
     assert record["fit_figures"]["input/wait_fraction"] == pytest.approx(fit.wait_fraction)
     assert record["figures"]["input/wait_fraction"] == pytest.approx(det.measurement.wait_fraction)
+    assert "job" not in record
 
 
 @pytest.mark.multibackend
@@ -431,3 +436,4 @@ def test_jax_flops_and_mfu(backend):
     dense = 2 * 16 * (8 * 16 + 16 * 1)  # forward matmul FLOPs of one batch
     assert 2 * dense < per_step < 20 * dense  # forward + backward + update
     assert hist.history["throughput/mfu"][0] == pytest.approx(flops / 1e12)
+    assert hist.history["throughput/flops_per_sec_per_device"][0] == pytest.approx(flops)  # one device

@@ -195,6 +195,28 @@ def test_flops_and_mfu_only_when_known():
     assert stats.measurement(peak_flops=1e12).mfu is None
 
 
+def test_mfu_over_the_devices_of_the_step():
+    # The case: a step over 2 GPUs counts the whole mesh's FLOPs; against one
+    # GPU's peak MFU read 1.105. Against the peaks of both, it is the per-GPU figure.
+    clock, stats = FakeClock(), StepStats()
+    run_steps(stats, clock, 5, fetch=0.0, compute=0.010, rest=0.0)  # 100 steps/s
+    peak = 1e12  # one device's
+    one = stats.measurement(flops_per_step=5e9, peak_flops=peak, devices=1)
+    two = stats.measurement(flops_per_step=2 * 5e9, peak_flops=2 * peak, devices=2)  # twice the work, same rate
+    assert one.mfu == pytest.approx(0.5) and two.mfu == pytest.approx(one.mfu)
+    assert two.flops_per_sec == pytest.approx(1e12)  # the job's: the whole step
+    assert two.flops_per_sec_per_device == pytest.approx(one.flops_per_sec_per_device) == pytest.approx(5e11)
+    logs = two.logs()
+    assert logs["throughput/flops_per_sec_per_device"] == pytest.approx(5e11)
+    assert logs["throughput/mfu"] == pytest.approx(0.5)
+    # Aggregates carry the same arithmetic.
+    m = st.aggregate([two, two], flops_per_step=1e10, peak_flops=4e12, devices=4)
+    assert m.flops_per_sec == pytest.approx(1e12) and m.flops_per_sec_per_device == pytest.approx(2.5e11)
+    assert m.mfu == pytest.approx(0.25)
+    assert st.aggregate([two], flops_per_step=1e10, devices=2).mfu is None  # no peak: left out
+    assert "throughput/flops_per_sec_per_device" not in stats.measurement().logs()
+
+
 @pytest.mark.parametrize(
     "fraction, expected",
     [

@@ -1,0 +1,254 @@
+"""The job's view of the input pipeline: every process's figures, job-wide keys, stragglers.
+
+Nothing here knows about Keras or a framework. At each epoch end every
+process of a job sends one :func:`process_row` over the job's channel; every
+process gets the same list back and computes the same :func:`job_logs` and
+:func:`job_verdict` from it, so all of them agree.
+
+A straggler is a process whose figures stand out from the others'. The rule
+(:func:`find_stragglers`) compares each process with the median of the
+*others*, so one slow process among many cannot drag the reference towards
+itself, and needs both a relative and an absolute margin, so the noise of a
+busy host (a few points of wait, a fraction of a millisecond per step) does
+not name anyone:
+
+- input wait: its wait share is at least ``WAIT_POINTS`` (10 points) above
+  the others' median and at least ``WAIT_RATIO`` (2x) of it;
+- step time: its step is more than ``STEP_RATIO`` (1.25x) the others' median
+  and at least ``STEP_AT_LEAST_MS`` (1 ms) longer.
+
+Under synchronous data parallelism every process runs at the slowest one's
+pace (the others wait for it in the gradient all-reduce), so step times are
+alike and the straggler shows in its input wait: the others' wait is inside
+their step (the collective), not in their input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+WAIT_POINTS = 0.10
+WAIT_RATIO = 2.0
+STEP_RATIO = 1.25
+STEP_AT_LEAST_MS = 1.0
+
+# What each process sends of a Measurement's logs, under short names.
+_FIGURES = {
+    "steps": "input/steps",
+    "step_ms": "input/step_ms",
+    "wait_fraction": "input/wait_fraction",
+    "wait_ms": "input/wait_ms",
+    "compute_ms": "input/compute_ms",
+    "samples_per_sec": "throughput/samples_per_sec",
+}
+
+
+def figures(logs: dict[str, float]) -> dict[str, float | None]:
+    """The figures a process sends, from a Measurement's ``logs()`` (unknown: None)."""
+    return {k: logs.get(key) for k, key in _FIGURES.items()}
+
+
+def process_row(
+    index: int,
+    host: str,
+    epoch: dict[str, float],
+    steady: dict[str, float],
+    scope: str = "",
+    category: str = "unknown",
+    advice: Sequence[str] = (),
+    peak_flops: float | None = None,
+) -> dict[str, Any]:
+    """One process's message of an epoch end (JSON-ready): this epoch's and its steady state's figures."""
+    return {
+        "process": int(index),
+        "host": host,
+        "epoch": figures(epoch),
+        "steady": dict(figures(steady), scope=scope, category=category, advice=list(advice)),
+        "peak_flops": peak_flops,
+    }
+
+
+def _argmax(values: Sequence[float | None]) -> int | None:
+    known = [(v, i) for i, v in enumerate(values) if v is not None]
+    return max(known, key=lambda t: (t[0], -t[1]))[1] if known else None
+
+
+def job_logs(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The job-wide epoch keys from every process's epoch figures (unknown figures are left out).
+
+    ``job/step_ms_max`` and ``job/step_ms_slowest_process`` (its index),
+    ``job/input_wait_fraction_max`` and ``job/input_wait_process``,
+    ``job/samples_per_sec`` (the sum; left out unless every process knows its own).
+    """
+    out: dict[str, float] = {}
+    procs = [int(r["process"]) for r in rows]
+    steps = [r["epoch"].get("step_ms") for r in rows]
+    waits = [r["epoch"].get("wait_fraction") for r in rows]
+    i = _argmax(steps)
+    if i is not None:
+        out["job/step_ms_max"] = float(steps[i])
+        out["job/step_ms_slowest_process"] = float(procs[i])
+    i = _argmax(waits)
+    if i is not None:
+        out["job/input_wait_fraction_max"] = float(waits[i])
+        out["job/input_wait_process"] = float(procs[i])
+    rates = [r["epoch"].get("samples_per_sec") for r in rows]
+    if rates and all(r is not None for r in rates):
+        out["job/samples_per_sec"] = float(sum(rates))
+    return out
+
+
+@dataclasses.dataclass
+class Straggler:
+    """A process that stands out: by ``kind`` ("input wait" or "step time"), ``value`` against the others' median."""
+
+    process: int
+    kind: str
+    value: float
+    others_median: float
+
+
+def find_stragglers(rows: Sequence[dict[str, Any]], part: str = "steady") -> list[Straggler]:
+    """The processes whose input wait or step time stands out (see the module docstring for the rule)."""
+    out: list[Straggler] = []
+    if len(rows) < 2:
+        return out
+    for r in rows:
+        others = [o[part] for o in rows if o is not r]
+        own = r[part]
+        w = own.get("wait_fraction")
+        ow = [o.get("wait_fraction") for o in others if o.get("wait_fraction") is not None]
+        if w is not None and ow:
+            med = statistics.median(ow)
+            if w - med >= WAIT_POINTS - 1e-9 and w >= WAIT_RATIO * med:  # (0.15 - 0.05 < 0.10 in floats)
+                out.append(Straggler(int(r["process"]), "input wait", float(w), float(med)))
+                continue
+        s = own.get("step_ms")
+        os_ = [o.get("step_ms") for o in others if o.get("step_ms")]
+        if s and os_:
+            med = statistics.median(os_)
+            if s > STEP_RATIO * med and s - med >= STEP_AT_LEAST_MS - 1e-9:
+                out.append(Straggler(int(r["process"]), "step time", float(s), float(med)))
+    return out
+
+
+@dataclasses.dataclass
+class JobVerdict:
+    """The job's verdict: every process's steady-state figures, the stragglers, what to change."""
+
+    processes: list[dict[str, Any]]  # by process index: figures, scope, category
+    stragglers: list[Straggler]
+    message: str
+    advice: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def straggler_processes(self) -> list[int]:
+        return [s.process for s in self.stragglers]
+
+    def text(self) -> str:
+        """The per-process table, the verdict and the advice (plain text, valid Markdown)."""
+        lines = [
+            "| process | host | scope | steps | wait for input | step | samples/s | verdict |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for p in self.processes:
+            mark = " (straggler)" if p["process"] in self.straggler_processes else ""
+            lines.append(
+                f"| {p['process']}{mark} | {p.get('host') or '?'} | {p.get('scope') or '?'} | "
+                f"{_num(p.get('steps'), '.0f')} | {_pct(p.get('wait_fraction'))} | {_ms(p.get('step_ms'))} | "
+                f"{_num(p.get('samples_per_sec'), '.0f')} | {p.get('category') or '?'} |"
+            )
+        lines += ["", self.message]
+        if self.advice:
+            lines += ["", "What to change:"] + [f"- {a}" for a in self.advice]
+        return "\n".join(lines)
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _ms(x) -> str:
+    return "n/a" if x is None else f"{x:.2f} ms"
+
+
+def _num(x, fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _range(values: Sequence[float | None], fmt) -> str:
+    known = [v for v in values if v is not None]
+    if not known:
+        return "n/a"
+    lo, hi = fmt(min(known)), fmt(max(known))
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def job_verdict(rows: Sequence[dict[str, Any]]) -> JobVerdict:
+    """The job's verdict over every process's steady state; the same on every process for the same rows."""
+    rows = sorted(rows, key=lambda r: int(r["process"]))
+    procs = [dict(r["steady"], process=int(r["process"]), host=r.get("host")) for r in rows]
+    for p in procs:
+        p.pop("advice", None)
+    found = find_stragglers(rows)
+    by_index = {int(r["process"]): r for r in rows}
+    n = len(rows)
+    if not found:
+        waits = [p.get("wait_fraction") for p in procs]
+        message = (
+            f"No process stands out: over the {n} processes the input wait is {_range(waits, _pct)} of the step "
+            f"and the step {_range([p.get('step_ms') for p in procs], _ms)}."
+        )
+        if all(p.get("category") in ("highly input-bound", "moderately input-bound") for p in procs):
+            message += " Every process waits for its input alike: the job is input-bound as a whole; see each process's advice."
+        return JobVerdict(procs, [], message)
+    sentences, advice = [], []
+    for s in found:
+        own = by_index[s.process]["steady"]
+        others = [p for p in procs if p["process"] != s.process]
+        others_step = _range([p.get("step_ms") for p in others], _ms)
+        if s.kind == "input wait":
+            sentences.append(
+                f"Process {s.process} holds the job back: it waits for input {_pct(s.value)} of its step time "
+                f"({_ms(own.get('wait_ms'))} of a {_ms(own.get('step_ms'))} step) where the other processes wait "
+                f"{_pct(s.others_median)} (median). Under synchronous data parallelism the others wait for it in the "
+                f"gradient all-reduce, so their step time ({others_step}) is inflated too: their wait sits in the "
+                f"collective, not in their input, and the whole job runs at process {s.process}'s input rate."
+            )
+            tips = list(own.get("advice") or [])
+            advice += [f"Process {s.process}: {t}" for t in tips]
+            advice.append(
+                f"Process {s.process}: check what differs from the others: its host "
+                f"({by_index[s.process].get('host') or '?'}: other jobs on its CPUs, a slower disk or network), and its "
+                "shard of the data (larger or slower-to-decode files). Changing the other processes' pipelines "
+                "will not help."
+            )
+        else:
+            sentences.append(
+                f"Process {s.process} is slower: its steps take {_ms(s.value)} where the other processes take "
+                f"{_ms(s.others_median)} (median), and its input wait ({_pct(own.get('wait_fraction'))}) is not what "
+                "stands out. If the processes train in step (synchronous data parallelism), the others wait for it "
+                "and their step time is inflated too."
+            )
+            advice.append(
+                f"Process {s.process}: look at its device and host (another job on its GPU or CPUs, a slower or "
+                "throttled GPU, a smaller share of the interconnect); a GPUUtilizationLogger on it shows its GPU's "
+                "utilization and clocks."
+            )
+    return JobVerdict(procs, found, " ".join(sentences), advice)
+
+
+def job_peak(rows: Sequence[dict[str, Any]], devices_in_step: int) -> float | None:
+    """The summed peak FLOP/s of the step's devices, from each process's per-device peak.
+
+    Each process drives ``devices_in_step / processes`` of the step's devices.
+    None if a process does not know its peak (MFU is then left out everywhere).
+    """
+    peaks = [r.get("peak_flops") for r in rows]
+    if not peaks or any(p is None for p in peaks):
+        return None
+    share = max(int(devices_in_step), 1) / len(peaks)
+    return float(sum(float(p) * share for p in peaks))

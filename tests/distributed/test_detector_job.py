@@ -1,0 +1,105 @@
+"""InputBoundDetector in real jobs of two JAX processes on the CPU (gloo): job figures, stragglers, MFU."""
+
+import json
+import os
+
+import pytest
+from launch import run_job
+
+pytest.importorskip("jax")
+
+JOB_KEYS = (
+    "job/step_ms_max",
+    "job/step_ms_slowest_process",
+    "job/input_wait_fraction_max",
+    "job/input_wait_process",
+    "job/samples_per_sec",
+)
+
+
+def read_events(run_dir):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def job_history(result):
+    return {k: v for k, v in result["history"].items() if k.startswith("job/")}
+
+
+@pytest.mark.slow
+def test_a_process_with_a_slow_input_is_named_by_every_process(tmp_path):
+    # Process 1 takes 20 ms to load each batch, process 0 nothing; both run 2 devices' worth of peaks apart.
+    results = run_job(
+        "scenarios_detector.fit_job",
+        tmp_path,
+        processes=2,
+        args={"delays": [0.0, 0.02], "peaks": [1e12, 3e12]},
+    )
+    r0, r1 = results
+    for r in results:
+        assert r["warnings"] == []
+        assert r["job_stragglers"] == [1]  # both name process 1
+        assert "Process 1 holds the job back" in r["job_message"] and "all-reduce" in r["job_message"]
+        # Advice for process 1's own pipeline (a generator), known on every process.
+        assert r["job_advice"][0].startswith("Process 1: A Python generator runs in the training loop")
+        assert "| 1 (straggler) |" in r["summary"] and "The job (2 processes" in r["summary"]
+        h = r["history"]
+        assert set(JOB_KEYS) <= set(h) and h["job/input_wait_process"] == [1.0, 1.0, 1.0]
+        # MFU against the job's summed peak: one device at 1e12 and one at 3e12 (gathered at the first epoch end).
+        for flops, mfu in zip(h["throughput/flops_per_sec"], h["throughput/mfu"]):
+            assert mfu == pytest.approx(flops / 4e12)
+    assert r0["job_message"] == r1["job_message"] and r0["job_text"] == r1["job_text"]  # they agree
+    assert job_history(r0) == job_history(r1)  # the same job keys in both Histories
+    h0, h1 = r0["history"], r1["history"]
+    assert h1["input/wait_fraction"][-1] > 0.4 and h0["input/wait_fraction"][-1] < 0.1
+    for e in range(3):  # each process's own figures, as today; the job's from them
+        assert h0["job/input_wait_fraction_max"][e] == max(h0["input/wait_fraction"][e], h1["input/wait_fraction"][e])
+        assert h0["job/step_ms_max"][e] == max(h0["input/step_ms"][e], h1["input/step_ms"][e])
+        total = h0["throughput/samples_per_sec"][e] + h1["throughput/samples_per_sec"][e]
+        assert h0["job/samples_per_sec"][e] == pytest.approx(total)
+    # The job run: written by process 0 alone, the same keys at the same epoch ends.
+    logs = tmp_path / "job" / "logs" / "input"
+    assert r0["job_run_dir"] == str(logs / "job") and r1["job_run_dir"] is None
+    assert r0["run_dir"].endswith("input/process_0") and r1["run_dir"].endswith("input/process_1")
+    files = os.listdir(logs / "job")
+    assert files and all(f.split(".")[-2] == str(r0["pid"]) for f in files)  # events.out.tfevents.<t>.<host>.<pid>.<n>
+    acc = read_events(logs / "job")
+    for key in JOB_KEYS:
+        points = acc.Scalars(key)
+        assert [p.step for p in points] == [30, 60, 90]
+        assert [p.value for p in points] == pytest.approx(h0[key], rel=1e-6)
+    text = acc.Tensors("input/job_verdict")[-1].tensor_proto.string_val[0].decode()
+    assert "Process 1 holds the job back" in text
+    # The JSON verdict for report() has a "job" part, in each process's own run.
+    for i in range(2):
+        own = read_events(logs / f"process_{i}")
+        assert not [t for t in own.Tags()["scalars"] if t.startswith("job/")]
+        record = json.loads(own.Tensors("input/verdict/data")[-1].tensor_proto.string_val[0])
+        assert record["scope"] == "fit" and [s["process"] for s in record["job"]["stragglers"]] == [1]
+        assert [p["process"] for p in record["job"]["processes"]] == [0, 1]
+
+
+@pytest.mark.slow
+def test_a_balanced_job_names_no_straggler_and_counts_the_flops_of_the_global_step(tmp_path):
+    # 2 processes x 2 devices, 16 samples per process: a global batch of 32 over 4 devices.
+    results = run_job("scenarios_detector.fit_job", tmp_path, processes=2, devices_per_process=2, args={"epochs": 2})
+    for r in results:
+        assert r["job_stragglers"] == [] and r["job_message"].startswith("No process stands out")
+        assert r["devices_in_step"] == 4
+        h = r["history"]
+        for flops, per_device, mfu in zip(
+            h["throughput/flops_per_sec"], h["throughput/flops_per_sec_per_device"], h["throughput/mfu"]
+        ):
+            assert per_device == pytest.approx(flops / 4) and mfu == pytest.approx(flops / 4e12)
+    assert job_history(results[0]) == job_history(results[1])
+    # XLA counts the global step (the traced arguments are the job's global arrays): the same FLOPs as one
+    # process with the same global batch, so FLOP/s is the job's and the per-device figure divides by 4.
+    (one,) = run_job(
+        "scenarios_detector.fit_job", tmp_path / "one", processes=1, args={"epochs": 1, "steps": 5, "batch": 32}
+    )
+    assert one["devices_in_step"] == 1 and one["flops_source"] == "XLA cost analysis"
+    assert results[0]["flops_per_step"] == results[1]["flops_per_step"] == one["flops_per_step"] > 0
+    assert "job/step_ms_max" not in one["history"]  # one process: no job keys
