@@ -217,14 +217,29 @@ class _GPM:
 
 
 class GPUProbe:
-    """Reads one GPU's metrics under the key prefix ``gpu/<index>/``."""
+    """Reads one GPU's metrics under the key prefix ``gpu/<label>/``.
 
-    def __init__(self, nvml: NVML, index: int, gpu: GPUInfo, warn: WarnOnce, pcie: bool = True, gpm: bool = True):
+    ``index`` is the framework's (``GPU:<index>``); ``label`` names the GPU in
+    the keys, unambiguous across a job of several processes (defaults to the
+    index: one process).
+    """
+
+    def __init__(
+        self,
+        nvml: NVML,
+        index: int,
+        gpu: GPUInfo,
+        warn: WarnOnce,
+        pcie: bool = True,
+        gpm: bool = True,
+        label: str | None = None,
+    ):
         self.nvml = nvml
         self.index = index
         self.gpu = gpu
         self.warn = warn
-        self.prefix = f"gpu/{index}/"
+        self.label = str(index) if label is None else label
+        self.prefix = f"gpu/{self.label}/"
         self.readers = _simple_readers(nvml, pcie)
         self.gpm = _GPM(nvml, gpu) if gpm else None
         self.lost = False
@@ -409,9 +424,11 @@ class MetricSampler:
                 )
                 self.allocator = None
                 stats = {}
+            labels = {p.index: p.label for p in self.gpu_probes}
             for index, (current, peak) in stats.items():
-                out[f"gpu/{index}/allocator_memory_mib"] = current / MIB
-                out[f"gpu/{index}/allocator_peak_memory_mib"] = peak / MIB
+                label = labels.get(index, str(index))
+                out[f"gpu/{label}/allocator_memory_mib"] = current / MIB
+                out[f"gpu/{label}/allocator_peak_memory_mib"] = peak / MIB
         if self.host is not None:
             out.update(self.host.read())
         return out

@@ -33,6 +33,12 @@ What is read (a missing one leaves its part of the report out):
 
 An event file that cannot be read (not an event file, corrupt, cut short) is
 named in the report; when none can be read, `report()` raises `ValueError`.
+
+A log directory written by a job of several processes holds, per callback,
+one run per process (`<run>/process_<p>`) and process 0's job-wide figures
+(`<run>/job`). The report shows the GPUs of every process (their tags name them
+apart), everything else from the lowest process (0) alone, so nothing is
+counted twice, and a table of the job-wide figures (`job/...` scalars).
 """
 
 from __future__ import annotations
@@ -68,7 +74,12 @@ ANALYSIS_DATA_SUFFIX = "/input_pipeline/data"  # profile/steps_<a>_<b>/input_pip
 OOM_DATA_TAG = "oom/events/data"  # one OOMEvent per recovery
 OOM_HEADROOM_TAG = "oom/headroom/data"  # per device: peak, capacity, the batch that would fit
 MP_DATA_TAG = MP_TAG + DATA_SUFFIX  # [MixedPrecisionFinding]
-_OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "oom/")
+# (`oom/` last: History's oom keys are read, the others come from the callbacks' runs)
+_OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "job/", "oom/")
+# The runs of a job of several processes: one per process, and the job-wide figures (process 0's).
+PROCESS_RUN = re.compile(r"^(.+)/process_(\d+)$")
+JOB_RUN = re.compile(r"^(.+)/job$")
+JOB_STATS = ("min", "mean", "max")
 _NO_FINDING = "No mixed-precision finding."
 _UNREADABLE = "Event files that could not be read"
 
@@ -121,6 +132,27 @@ class ReportData:
     training: dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...
     notes: list[str] = dataclasses.field(default_factory=list)
     unreadable: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # event file, what went wrong
+    # A job of several processes: the indices whose runs were read (empty: one process), how many
+    # the job has, and the job-wide figures (`job/...`) by tag, on the step (or epoch) axis.
+    processes: list[int] = dataclasses.field(default_factory=list)
+    process_count: int = 1
+    job: dict[str, Series] = dataclasses.field(default_factory=dict)
+
+    def job_rows(self) -> tuple[list[tuple[str, float | None, float | None, float | None]], list[tuple[str, float]]]:
+        """The job-wide figures at their last point: (figure, min, mean, max) rows, and the other figures."""
+        grouped: dict[str, dict[str, float]] = {}
+        single: list[tuple[str, float]] = []
+        for tag, s in sorted(self.job.items()):
+            if not s.values:
+                continue
+            name = tag[len("job/") :] if tag.startswith("job/") else tag
+            base, _, stat = name.rpartition("_")
+            if base and stat in JOB_STATS:
+                grouped.setdefault(base, {})[stat] = s.values[-1]
+            else:
+                single.append((name, s.values[-1]))
+        rows = [(name, *(g.get(stat) for stat in JOB_STATS)) for name, g in grouped.items()]
+        return rows, single
 
     def oom_count(self) -> int | None:
         """Recoveries: from the callback's records, else from the logged counts."""
@@ -199,13 +231,17 @@ def _finite(v) -> float | None:
 def _gpu_row(rec: dict[str, Any]) -> dict[str, str]:
     """A row of the GPU table from a `GPUUtilizationLogger.device_records()` entry."""
     mem, cc = rec.get("memory_total_bytes"), rec.get("compute_capability")
-    return {
-        "index": str(rec.get("index", "?")),
+    row = {
+        # the GPU's name in the tags (gpu/<label>/...): its job-wide label in a job of several processes
+        "index": str(rec.get("label", rec.get("index", "?"))),
         "name": str(rec.get("name", "?")) + (" (MIG)" if rec.get("is_mig") else ""),
         "uuid": str(rec.get("uuid") or ""),
         "memory": f"{mem / 2**20:.0f} MiB" if mem else "?",
         "compute capability": ".".join(map(str, cc)) if cc else "?",
     }
+    if (rec.get("process_count") or 1) > 1:  # which process of the job monitored it
+        row["process"] = f"{rec.get('process_index', '?')} ({rec.get('host') or '?'})"
+    return row
 
 
 def _verdict_dict(rec: dict[str, Any], text: str, fit_figures: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -288,6 +324,14 @@ def _finding_dict(rec: dict[str, Any]) -> dict[str, str | None]:
 def _from_gpu_logger(data: ReportData, lg) -> None:
     data.sources.append(type(lg).__name__)
     data.gpus += [_gpu_row(r) for r in lg.device_records()]
+    topology = getattr(lg, "topology", None)
+    if topology is not None and topology.process_count > 1:
+        data.processes, data.process_count = [topology.process_index], topology.process_count
+    for epoch, values in enumerate(list(lg.epoch_history)):  # job-wide figures, one point per epoch
+        for key, value in values.items():
+            v = _finite(value)
+            if key.startswith("job/") and v is not None:
+                data.job.setdefault(key, Series(key)).add(0.0, epoch + 1, v)
     for wall, step, means in list(lg.timeline):
         if data.t0 is None or wall < data.t0:
             data.t0 = wall
@@ -555,11 +599,32 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     window_points: dict[int, dict[str, float]] = {}
     texts: list[tuple[str, str, int, float, str]] = []  # run, tag, step, wall, text
     read = 0
+    # A job of several processes: each GPU's series from its own process's run, the rest from the
+    # lowest process only (each process has its own host, input, oom, profile figures: never summed).
+    process_of = {run: int(m.group(2)) for run, _, _ in runs if (m := PROCESS_RUN.match(run))}
+    data.processes = sorted(set(process_of.values()))
+    first = data.processes[0] if data.processes else None
     for run, path, files in runs:
         scalars, run_texts, count = _read_run(run, path, files, data.unreadable)
         read += count
         if count:
             data.sources.append(run)
+        if JOB_RUN.match(run):
+            for tag, points in scalars.items():
+                s = data.job.setdefault(tag, Series(tag))
+                for e in points:
+                    s.add(e.wall_time, e.step, e.value)
+            continue
+        if process_of.get(run, first) != first:
+            for tag, points in scalars.items():
+                if tag.startswith("gpu/"):
+                    s = data.series.setdefault(tag, Series(tag))
+                    for e in points:
+                        s.add(e.wall_time, e.step, e.value)
+                        data.t0 = e.wall_time if data.t0 is None else min(data.t0, e.wall_time)
+            points = run_texts.get(DEVICES_DATA_TAG, [])
+            texts += [(run, DEVICES_DATA_TAG, e.step, e.wall_time, e.text) for e in points]
+            continue
         for tag, points in scalars.items():
             if tag.startswith(("gpu/", "host/")):
                 s = data.series.setdefault(tag, Series(tag))
@@ -605,6 +670,7 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     prose: dict[str, str] = {}  # the last text of each tag written for people
     records: dict[str, Any] = {}  # the last JSON of each `.../data` tag
     oom_records: list[dict[str, Any]] = []
+    devices: dict[int, Any] = {}  # the last device records of each process (-1: not a process run)
     for run, tag, _step, _wall, text in texts:
         if not tag.endswith(DATA_SUFFIX):
             prose[tag] = text
@@ -616,11 +682,21 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
             continue
         if tag == OOM_DATA_TAG:
             oom_records.append(value)  # one per recovery
+        elif tag == DEVICES_DATA_TAG:
+            devices[process_of.get(run, -1)] = value
         else:
             records[tag] = value
 
     if oom_records:
         records[OOM_DATA_TAG] = oom_records
+    if devices:  # every process's GPUs, in process order
+        records[DEVICES_DATA_TAG] = [
+            r for p in sorted(devices) for r in (devices[p] if isinstance(devices[p], list) else [devices[p]])
+        ]
+        counts = [r.get("process_count") for r in records[DEVICES_DATA_TAG] if isinstance(r, dict)]
+        data.process_count = max([c for c in counts if isinstance(c, int)] + [len(data.processes), 1])
+    elif data.processes:
+        data.process_count = max(len(data.processes), 1)
 
     def read(tag: str, convert) -> Any:
         """`convert(records[tag])`; None where the tag is missing or its JSON not shaped as expected."""
@@ -1033,7 +1109,10 @@ class TrainingReport:
             sections.append((_UNREADABLE, [f"- {path} {why}" for path, why in d.unreadable]))
         body = []
         for g in d.gpus:
-            body.append(f"GPU {g['index']}: {g['name']}, {g['memory']}, compute capability {g['compute capability']}")
+            where = f", process {g['process']}" if g.get("process") else ""
+            body.append(
+                f"GPU {g['index']}: {g['name']}, {g['memory']}, compute capability {g['compute capability']}{where}"
+            )
         rows = [(k, s) for k, s in d.series.items() if s.values]
         if rows:
             body.append(f"{'metric':42s} {'min':>9s} {'mean':>9s} {'max':>9s} {'last':>9s}")
@@ -1043,6 +1122,8 @@ class TrainingReport:
             body.insert(0, "No GPU was monitored (host metrics only).")
         if body:
             sections.append(("GPUs and host", body))
+        if d.process_count > 1 or d.job:
+            sections.append((self._job_heading(), self._job_text()))
 
         body = []
         if d.split_x:
@@ -1113,6 +1194,31 @@ class TrainingReport:
             sections.append(("Training curves", body))
         return sections
 
+    def _job_heading(self) -> str:
+        d = self.data
+        return f"Job of {d.process_count} processes" if d.process_count > 1 else "Job"
+
+    def _job_text(self) -> list[str]:
+        d = self.data
+        body = []
+        if len(d.processes) > 1:
+            body.append(
+                f"Runs of processes {', '.join(map(str, d.processes))}: the GPUs of every process; "
+                f"the other sections are process {d.processes[0]}'s."
+            )
+        elif d.processes:
+            body.append(f"The figures of process {d.processes[0]}; the job-wide ones below are every process's.")
+        rows, single = d.job_rows()
+        if rows:
+            body.append("Job-wide figures at the last epoch:")
+            body.append(f"{'figure':42s} {'min':>9s} {'mean':>9s} {'max':>9s}")
+            for name, *stats in rows:
+                body.append(f"{name:42s} " + " ".join("      n/a" if v is None else f"{v:9.1f}" for v in stats))
+        body += [f"{name}: {value:.4g}" for name, value in single]
+        if not rows and not single:
+            body.append("No job-wide figures were written (one process, or its channel failed).")
+        return body
+
     # -- HTML ------------------------------------------------------------------------
     def html(self, full_page: bool = False) -> str:
         d = self.data
@@ -1153,9 +1259,11 @@ class TrainingReport:
             if d.gpus:
                 parts.append(
                     table(
-                        ["GPU", "name", "memory", "compute capability", "UUID"],
+                        ["GPU", "name", "memory", "compute capability", "UUID"]
+                        + (["process"] if any(g.get("process") for g in d.gpus) else []),
                         [
                             (g["index"], g["name"], g["memory"], g["compute capability"], g.get("uuid", ""))
+                            + ((g.get("process", ""),) if any(g.get("process") for g in d.gpus) else ())
                             for g in d.gpus
                         ],
                     )
@@ -1174,6 +1282,21 @@ class TrainingReport:
                     )
                     + "</details>"
                 )
+
+        if d.process_count > 1 or d.job:
+            parts.append(f"<h3>{e(self._job_heading())}</h3>")
+            rows, single = d.job_rows()
+            if d.processes:
+                parts.append(f"<p>{e(self._job_text()[0])}</p>")
+            if rows:
+                parts.append(
+                    table(
+                        ["job-wide figure at the last epoch", "min", "mean", "max"],
+                        [(n, *("n/a" if v is None else f"{v:.1f}" for v in stats)) for n, *stats in rows],
+                    )
+                )
+            if single:
+                parts.append(table(["figure", "value"], [(n, f"{v:.4g}") for n, v in single]))
 
         if "step_time" in pngs:
             parts.append("<h3>Step time</h3>")
@@ -1283,6 +1406,8 @@ class TrainingReport:
         out = []
         if d.unreadable:
             out.append((f"{len(d.unreadable)} event file(s) could not be read", "bad"))
+        if d.process_count > 1:
+            out.append((f"job of {d.process_count} processes", "info"))
         for index in d.gpu_indices():
             s = d.series.get(f"gpu/{index}/sm_activity_percent") or d.series.get(f"gpu/{index}/utilization_percent")
             if s and s.values:
@@ -1442,6 +1567,10 @@ def _fill_from(data: ReportData, other: ReportData) -> None:
         data.profiles = other.profiles
     if data.findings is None:
         data.findings = other.findings
+    if not data.job:
+        data.job = other.job
+    if not data.processes:
+        data.processes, data.process_count = other.processes, other.process_count
     data.unreadable = other.unreadable
     if not data.training:
         data.training = other.training

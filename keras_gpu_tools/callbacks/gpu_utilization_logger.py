@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import threading
 import time
@@ -20,8 +21,9 @@ from keras_gpu_tools._core.gpu_sampler import (
     SamplingThread,
     WarnOnce,
 )
-from keras_gpu_tools._core.nvml import NVML, NVMLUnavailable, default_nvml
+from keras_gpu_tools._core.nvml import NVML, GPUInfo, NVMLUnavailable, default_nvml
 from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools._core.topology import JobGather, spread
 from keras_gpu_tools._core.validation import (
     check_bool,
     check_devices,
@@ -33,11 +35,20 @@ from keras_gpu_tools._core.validation import (
 from keras_gpu_tools.callbacks._base import FitCallback
 
 MAX_INTERVAL = 3600.0  # seconds: one sample an hour is already no monitoring
+# The per-GPU epoch means whose spread over every GPU of a job is logged as `job/gpu/<metric>_min|_mean|_max`.
+JOB_METRICS = ("utilization_percent", "sm_activity_percent", "memory_used_mib")
+# Fits of this class started in this process. Every process of a job starts the
+# same fits in the same order, so the n-th is the same fit everywhere: it keys the
+# job's channel, whose keys cannot be written twice, also for a new logger per fit().
+_JOB_FITS = itertools.count()
 
 
 def _key_table() -> str:
     rows = [f"    - `gpu/<i>/{k}`: {doc}" for k, doc in GPU_FIELDS.items()]
     rows += [f"    - `host/{k}`: {doc}" for k, doc in HOST_FIELDS.items()]
+    rows += [
+        f"    - `job/gpu/{k}_min`, `_mean`, `_max`: over every GPU of a job of several processes" for k in JOB_METRICS
+    ]
     return "\n".join(rows)
 
 
@@ -67,8 +78,25 @@ class GPUUtilizationLogger(FitCallback):
           a fit is still being taken when the first epoch ends, that epoch end
           waits for it (once, bounded by one second plus `interval`).
 
-        Keys (`<i>` is the GPU's index as the framework numbers it, `GPU:<i>`):
+        Keys (`<i>` is the GPU's index as the framework numbers it, `GPU:<i>`;
+        in a job of several processes, a name unambiguous across the job, see
+        below):
     {keys}
+
+        In a job of several processes (`keras.distribution.initialize` on JAX,
+        or a launcher's `RANK`/`WORLD_SIZE`, `SLURM_PROCID`, ...), each process
+        writes its own run, `log_dir/<run_name>/process_<p>`, and names its GPUs
+        by their job-wide device id (`gpu/<id>/...`), or `<host>:<NVML index>`
+        where the engine gives no such id. At each epoch end the processes
+        exchange their GPUs' epoch means of utilization, SM activity and memory
+        used, once, over the engine's coordination service (JAX's distributed
+        key-value store), and every process adds the same
+        `job/gpu/<metric>_min|_mean|_max` over all GPUs of the job to its epoch
+        logs; process 0 also writes them to the run `log_dir/<run_name>/job`.
+        If a process does not answer within `job_timeout_s` (60 s), a warning
+        is issued and the job keys are left out for the rest of the fit.
+        Without a coordination service (a launcher's variables alone) nothing
+        is exchanged.
 
         A metric a GPU cannot report (NVML says NotSupported, for example on a MIG
         instance or a consumer card) is warned about once and left out; it is
@@ -115,6 +143,9 @@ class GPUUtilizationLogger(FitCallback):
     """
 
     async_safe = True
+    #: seconds an epoch end waits for the other processes' figures before the
+    #: job-wide keys are left out for the rest of the fit (a warning says so)
+    job_timeout_s: float = 60.0
 
     def __init__(
         self,
@@ -157,6 +188,10 @@ class GPUUtilizationLogger(FitCallback):
         self._last_sample: dict[str, float] = {}
         self._last_written_step = -1
         self._first_sample = threading.Event()
+        self._labels: dict[int, str] = {}  # framework index -> the GPU's name in the keys
+        self._gather: JobGather | None = None
+        self._job_key = ""
+        self._job_writer: EventWriter | None = None
 
     __doc__ = __doc__.replace("{keys}", _key_table())
 
@@ -171,10 +206,16 @@ class GPUUtilizationLogger(FitCallback):
         self.gpus = self._resolve_devices()
         warn = self.warnings
         nvml = self._nvml or default_nvml()
-        probes = [GPUProbe(nvml, i, g, warn, pcie=self.pcie, gpm=self.gpm) for i, g in self.gpus]
+        self._labels = {i: self._device_label(i, g) for i, g in self.gpus}
+        probes = [GPUProbe(nvml, i, g, warn, pcie=self.pcie, gpm=self.gpm, label=self._labels[i]) for i, g in self.gpus]
         allocator = self.backend.allocator_memory if self.gpus else None
         self._sampler = MetricSampler(probes, HostProbe(warn), allocator, warn)
+        self._gather = self._job_gather(lambda message: warn("job", f"GPUUtilizationLogger: {message}"))
+        self._gather.timeout_s = float(self.job_timeout_s)
+        self._job_key = f"job{next(_JOB_FITS)}"
         self._writer = EventWriter(self.run_dir) if self.log_dir else None
+        job_run_dir = self.job_run_dir
+        self._job_writer = EventWriter(job_run_dir) if job_run_dir and self._gather.active else None
         if self._writer is not None and self.gpus:
             self._writer.text("gpu/devices", self._device_table(), step=self._global_step)
             self._writer.json("gpu/devices/data", self.device_records(), step=self._global_step)  # for report()
@@ -217,11 +258,48 @@ class GPUUtilizationLogger(FitCallback):
         # lists line up with the epochs and CSVLogger keeps every column.
         sampler = self._sampler
         values = sampler.epoch_summary(agg) if sampler is not None else agg.summary()
+        try:
+            values.update(self._job_figures(epoch, values))
+        except Exception as e:  # monitoring never stops training: the job figures stop instead
+            if self._gather is not None:
+                self._gather.failed = True
+            self.warnings("job", f"GPUUtilizationLogger: job-wide figures are left out for the rest of this fit(): {e}")
         self.epoch_history.append(values)
         if self.epoch_logs and logs is not None:
             logs.update(values)
 
     # -- internals ------------------------------------------------------------
+    def _device_label(self, index: int, gpu: GPUInfo) -> str:
+        """The GPU's name in the keys: its index alone, or one no other process of the job uses."""
+        topo = self.topology
+        if topo.multi_process and topo.device_ids is None:
+            # Processes started by a launcher on one host each see their own GPU
+            # as GPU:0; NVML's index is the machine's, so it tells them apart.
+            return f"{topo.host}:{gpu.nvml_index}" + (f".{gpu.mig_index}" if gpu.is_mig else "")
+        return topo.device_label(index)
+
+    def _job_figures(self, epoch: int, values: dict[str, float]) -> dict[str, float]:
+        """`job/gpu/<metric>_min|_mean|_max` over every GPU of the job: one exchange per epoch (empty: one process)."""
+        gather = self._gather
+        if gather is None or not gather.active:
+            return {}
+        labels = list(self._labels.values())
+        mine = {m: [values[k] for k in (f"gpu/{label}/{m}" for label in labels) if k in values] for m in JOB_METRICS}
+        everyone = gather.gather(f"{self._job_key}/epoch{epoch}", mine)
+        if everyone is None:
+            return {}  # JobGather warned once and gave up for this fit
+        out: dict[str, float] = {}
+        try:
+            for m in JOB_METRICS:
+                figures = spread([v for theirs in everyone for v in theirs.get(m) or ()])
+                for stat, value in (figures or {}).items():
+                    out[f"job/gpu/{m}_{stat}"] = value
+        except (AttributeError, TypeError, ValueError) as e:  # a process of another version of the package
+            raise ValueError(f"a process sent figures of another shape ({e})") from None
+        if self._job_writer is not None and out:
+            self._job_writer.scalars(out, step=self._global_step)
+        return out
+
     def _resolve_devices(self):
         nvml = self._nvml or default_nvml()
         try:
@@ -251,11 +329,18 @@ class GPUUtilizationLogger(FitCallback):
         return chosen
 
     def _device_table(self) -> str:
-        lines = ["| index | GPU | UUID | memory (MiB) | compute capability |", "|---|---|---|---|---|"]
+        topo = self.topology
+        job = topo.multi_process
+        lines = [f"Process {topo.process_index} of {topo.process_count} on {topo.host}.", ""] if job else []
+        lines += [
+            "| index | GPU | UUID | memory (MiB) | compute capability |" + (" label |" if job else ""),
+            "|---|---|---|---|---|" + ("---|" if job else ""),
+        ]
         for i, g in self.gpus:
             mem = f"{g.memory_total_bytes / 2**20:.0f}" if g.memory_total_bytes else "?"
             cc = ".".join(map(str, g.compute_capability)) if g.compute_capability else "?"
-            lines.append(f"| {i} | {g.name}{' (MIG)' if g.is_mig else ''} | {g.uuid} | {mem} | {cc} |")
+            label = f" {self._labels.get(i, i)} |" if job else ""
+            lines.append(f"| {i} | {g.name}{' (MIG)' if g.is_mig else ''} | {g.uuid} | {mem} | {cc} |{label}")
         return "\n".join(lines)
 
     def _tick(self) -> None:
@@ -299,12 +384,25 @@ class GPUUtilizationLogger(FitCallback):
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+            if self._job_writer is not None:
+                self._job_writer.close()
+                self._job_writer = None
 
     def device_records(self) -> list[dict[str, Any]]:
-        """The GPUs monitored in the last fit as JSON-ready dicts, as written to `gpu/devices/data`."""
+        """The GPUs monitored in the last fit as JSON-ready dicts, as written to `gpu/devices/data`.
+
+        `index` is the framework's, `label` the GPU's name in the keys
+        (`gpu/<label>/...`); `process_index`, `process_count` and `host` say
+        which process of the job monitored it.
+        """
+        topo = self.topology
         return [
             {
                 "index": i,
+                "label": self._labels.get(i, str(i)),
+                "process_index": topo.process_index,
+                "process_count": topo.process_count,
+                "host": topo.host,
                 "name": g.name,
                 "uuid": g.uuid,
                 "memory_total_bytes": g.memory_total_bytes,

@@ -341,3 +341,27 @@ def test_import_does_not_load_tensorflow():
         assert proc.returncode == 0, proc.stderr[-2000:]
         return
     pytest.skip("neither jax nor torch is installed")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_process_of_a_launched_job_names_its_gpu_by_host_and_nvml_index(tmp_path, monkeypatch, rank):
+    """torchrun/SLURM-style: two processes on one host, each seeing its own GPU as GPU:0, no channel."""
+    import socket
+
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", str(rank))
+    fake = FakeNVML([FakeGPU(uuid="GPU-a", utilization=11), FakeGPU(uuid="GPU-b", utilization=22)])
+    x, y = data(64)
+    cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=NVML(fake))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GPUMonitoringWarning)  # no channel is not a failure: nothing to warn of
+        history = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
+    label = f"{socket.gethostname()}:{rank}"  # NVML's index: the other process's GPU is the host's other one
+    assert history.history[f"gpu/{label}/utilization_percent"] == [[11.0, 22.0][rank]] * 2
+    assert not any(k.startswith("job/") for k in history.history)  # no channel: nothing job-wide
+    assert sorted(os.listdir(tmp_path / "gpu")) == [f"process_{rank}"]  # and no job run
+    acc, scalars = read_scalars(os.path.join(str(tmp_path), "gpu", f"process_{rank}"))
+    assert {t.split("/")[1] for t in scalars if t.startswith("gpu/")} == {label}
+    record = cb.device_records()[0]
+    assert (record["index"], record["label"], record["process_index"], record["process_count"]) == (0, label, rank, 2)

@@ -631,3 +631,13 @@ class OOMAbove(keras.layers.Layer):
 
             raise tf.errors.ResourceExhaustedError(None, None, f"OOM allocating a tensor of {x.shape[0]} samples")
         return x
+
+
+def test_job_keys_of_a_history_are_no_training_curve():
+    hist = {
+        "loss": [1.0, 0.5],
+        "job/gpu/utilization_percent_mean": [40.0, 41.0],
+        "gpu/0/utilization_percent": [1.0, 2.0],
+    }
+    r = report(hist)
+    assert list(r.data.training) == ["loss"]
