@@ -477,9 +477,19 @@ class ProfilerWindow(FitCallback):
                     "profile",
                     f"{self._job_prefix}_{label}",
                 )
-                files = prof.move_to_job_session(
-                    self.run_dir, self._sessions_before, self._profiler.pattern, session, self.topology.process_index
-                )
+                try:
+                    files = prof.move_to_job_session(
+                        self.run_dir,
+                        self._sessions_before,
+                        self._profiler.pattern,
+                        session,
+                        self.topology.process_index,
+                    )
+                except OSError as e:  # the trace stays in this process's own run; training goes on
+                    self.warnings(
+                        ("move", type(e).__name__), f"ProfilerWindow: moving the trace to {session} failed ({e})."
+                    )
+                    files = []
             else:
                 files = prof.claim_session(self.run_dir, self._sessions_before, self._profiler.pattern, label)
             capture = WindowCapture(
