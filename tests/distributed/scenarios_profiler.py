@@ -39,5 +39,6 @@ def doctor(index: int, count: int, out: Path) -> dict:
     """`keras-gpu-tools doctor` inside a job of several processes, under DataParallel."""
     from keras_gpu_tools._core import doctor
 
+    before = doctor.run()  # no keras.distribution set yet
     data_parallel()
-    return {"report": doctor.run()}
+    return {"before": before, "report": doctor.run()}
