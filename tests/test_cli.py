@@ -36,6 +36,7 @@ def test_doctor_runs_on_this_machine_and_exits_0():
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "Keras 3." in out and "backend:" in out and "[NVML]" in out and "Findings" in out
+    assert "[distribution]" in out and "MultiWorkerMirroredStrategy" in out  # the default backend: TensorFlow
 
 
 def test_gpu_present_but_cpu_only_framework_build():
@@ -176,3 +177,56 @@ def test_report_warns_about_unreadable_event_files(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "could be read" in err and garbage.name in err
     assert (tmp_path / "report.html").read_text() == "earlier report"
+
+
+# -- the distribution -------------------------------------------------------------------------
+def test_doctor_shows_one_process_and_the_keras_3_limits_of_tensorflow():
+    d = doctor.distribution_facts("tensorflow", gpus=0, env={})
+    assert (d.process_index, d.process_count, d.engine, d.error) == (0, 1, "one device", None)
+    (note,) = doctor.distribution_findings(d)
+    assert note.level == "info" and "MultiWorkerMirroredStrategy does not train with Keras 3" in note.text
+    assert "keras-team/keras#20585" in note.text and "keras.distribution.initialize()" in note.text
+    report = doctor.render(doctor.FrameworkFacts("tensorflow"), doctor.NVMLFacts(False, "none"), [note], {}, d)
+    assert "[distribution]\n  engine: one device\n  one process; 1 device(s) per training step" in report
+
+
+def test_doctor_warns_where_tf_config_asks_for_several_workers():
+    d = doctor.distribution_facts("tensorflow", gpus=0, env={"TF_CONFIG": '{"cluster": {}}'})
+    (note,) = doctor.distribution_findings(d)
+    assert note.level == "warn" and note.text.startswith("TF_CONFIG is set: tf.distribute.MultiWorkerMirroredStrategy")
+
+
+def test_doctor_names_the_strategy_of_its_scope():
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("a tf.distribute strategy")
+    import tensorflow as tf
+
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        d = doctor.distribution_facts("tensorflow", gpus=0, env={})
+    assert d.engine == "tf.distribute MirroredStrategy over 1 replicas" and d.process_count == 1
+
+
+def test_doctor_says_torch_fit_uses_one_of_several_gpus():
+    gpus = [FakeGPU(uuid="GPU-a"), FakeGPU(uuid="GPU-b")]
+    nv = doctor.nvml_facts(NVML(FakeNVML(gpus)), env={})
+    d = doctor.distribution_facts("torch", gpus=len(nv.visible), env={})
+    (note,) = doctor.distribution_findings(d)
+    assert (
+        note.level == "warn" and "2 GPUs are visible, but Keras's fit() on the torch backend trains on one" in note.text
+    )
+    assert doctor.distribution_findings(doctor.distribution_facts("torch", gpus=1, env={})) == []
+
+
+def test_doctor_warns_that_launcher_processes_train_alone():
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4"}
+    d = doctor.distribution_facts("torch", gpus=1, env=env)
+    assert (d.process_index, d.process_count, d.source) == (1, 4, "SLURM_PROCID/SLURM_NTASKS")
+    assert d.launcher == ["SLURM_PROCID=1", "SLURM_NTASKS=4"] and not d.channel
+    (finding,) = doctor.distribution_findings(d)
+    assert finding.level == "warn" and "process 1 of 4" in finding.text
+    assert "each process trains a model of its own" in finding.text
+    report = doctor.render(doctor.FrameworkFacts("torch"), doctor.NVMLFacts(False, "none"), [finding], env, d)
+    assert "process 1 of 4 (SLURM_PROCID/SLURM_NTASKS)" in report and "store): no" in report
+    assert "launcher variables: SLURM_PROCID=1, SLURM_NTASKS=4" in report

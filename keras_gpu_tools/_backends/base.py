@@ -68,6 +68,14 @@ class Backend:
 
         return topology.single()
 
+    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+        """What ``doctor`` says of scaling out with this framework: ``(level, text)`` pairs.
+
+        ``topology`` is :meth:`topology` outside any fit (``model=None``),
+        ``gpus`` the GPUs this process can see, ``env`` the environment.
+        """
+        return []
+
     # -- the training step ----------------------------------------------------------------------
     def sync(self, outputs) -> None:
         """Waits until the device has finished the work that produced ``outputs``."""

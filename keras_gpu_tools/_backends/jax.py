@@ -611,6 +611,23 @@ class JaxBackend(Backend):
             exchange=topology.KVExchange(client, index, count) if client is not None else None,
         )
 
+    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+        jax = deps.loaded("jax")
+        if jax is None:
+            return []
+        notes = []
+        local = len(jax.local_devices())
+        if local > 1 and topology.devices_in_step < 2:
+            notes.append(
+                (
+                    "info",
+                    f"JAX sees {local} devices and no keras.distribution is set: fit() runs on one. "
+                    "keras.distribution.set_distribution(keras.distribution.DataParallel()) spreads each batch "
+                    "over all of them.",
+                )
+            )
+        return notes
+
     def allocator_memory(self, indices: Iterable[int]) -> Stats:
         gpus = self._gpu_list()
         out: Stats = {}

@@ -484,6 +484,10 @@ class TensorFlowBackend(Backend):
 
         strategy = getattr(model, "distribute_strategy", None)
         n = self.replicas(model)
+        tf = deps.loaded("tensorflow")
+        if model is None and tf is not None:  # doctor: the strategy of the scope it runs in
+            strategy = tf.distribute.get_strategy()
+            n = int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
         name = type(strategy).__name__ if strategy is not None else ""
         # The default strategy is one device; MultiWorkerMirroredStrategy does not
         # train under Keras 3 (keras-team/keras#20585), so a strategy is one process.
@@ -493,6 +497,29 @@ class TensorFlowBackend(Backend):
             else "one device"
         )
         return topology.single(engine, n, tuple(range(n)) if n > 1 else None)
+
+    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+        # keras-team/keras#20585: "unsupported type PerReplica to a Tensor" inside fit(), with no callback.
+        multi_worker = "TF_CONFIG" in env or "MultiWorker" in topology.engine
+        notes = [
+            (
+                "warn" if multi_worker else "info",
+                ("TF_CONFIG is set: " if "TF_CONFIG" in env else "")
+                + "tf.distribute.MultiWorkerMirroredStrategy does not train with Keras 3's fit() "
+                "(keras-team/keras#20585). Several hosts with Keras 3 means the JAX backend: "
+                "keras.distribution.initialize() in every process, then keras.distribution.DataParallel. "
+                "MirroredStrategy over one host's GPUs works.",
+            )
+        ]
+        if gpus > 1 and topology.devices_in_step < 2:
+            notes.append(
+                (
+                    "info",
+                    f"{gpus} GPUs are visible and fit() runs on one: create and compile the model under "
+                    "tf.distribute.MirroredStrategy().scope() to use them all.",
+                )
+            )
+        return notes
 
     def _plan_devices(self, replicas: int) -> list[str]:
         tf = deps.loaded("tensorflow")

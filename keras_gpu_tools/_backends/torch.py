@@ -388,6 +388,18 @@ class TorchBackend(Backend):
         if torch.cuda.is_available():
             facts.gpus = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
 
+    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+        if gpus < 2:
+            return []
+        return [
+            (
+                "warn",
+                f"{gpus} GPUs are visible, but Keras's fit() on the torch backend trains on one (the current "
+                "CUDA device); the others stay idle. For data parallelism with fit(), use the JAX backend "
+                "(keras.distribution.DataParallel) or TensorFlow (tf.distribute.MirroredStrategy).",
+            )
+        ]
+
     # -- the step
     def sync(self, outputs) -> None:
         torch = deps.loaded("torch")

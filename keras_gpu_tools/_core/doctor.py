@@ -1,4 +1,4 @@
-"""`keras-gpu-tools doctor`: is my GPU used, and if not, why?
+"""`keras-gpu-tools doctor`: is my GPU used, and if not, why? And how does this process scale out?
 
 :func:`diagnose` turns facts (what the framework sees, what NVML sees, the
 environment) into findings; the fact gathering is separate so the reasoning is
@@ -38,6 +38,21 @@ class NVMLFacts:
 
 
 @dataclass
+class DistributionFacts:
+    """How this process scales out: the engine, its place in the job, the launcher's word."""
+
+    engine: str = "one device"
+    process_index: int = 0
+    process_count: int = 1
+    source: str = "one process"  # where the index came from: "jax.distributed", "RANK/WORLD_SIZE", ...
+    devices_in_step: int = 1
+    channel: bool = False  # the job's key-value store is reachable (job-wide figures)
+    launcher: list[str] = field(default_factory=list)  # the launcher variables set, "RANK=1"
+    notes: list[tuple[str, str]] = field(default_factory=list)  # (level, text) from the backend
+    error: str | None = None
+
+
+@dataclass
 class Finding:
     level: str  # "ok", "warn", "problem", "info"
     text: str
@@ -53,6 +68,50 @@ def framework_facts(backend: str) -> FrameworkFacts:
     except Exception as e:  # a broken install is a finding, not a crash
         facts.error = f"{type(e).__name__}: {e}"
     return facts
+
+
+def distribution_facts(backend: str, gpus: int, env: dict[str, str] | None = None) -> DistributionFacts:
+    """The distribution in use (``keras.distribution``, a ``tf.distribute`` scope, launcher variables)."""
+    from keras_gpu_tools._core import topology as topo
+
+    env = dict(os.environ if env is None else env)
+    facts = DistributionFacts()
+    facts.launcher = [
+        f"{name}={env[name]}" for pair in topo.LAUNCHER_VARIABLES for name in pair if env.get(name) is not None
+    ]
+    try:
+        from keras_gpu_tools import _backends
+
+        b = _backends.get(backend)
+        t = b.topology(None)  # outside any fit: the engine's own state
+        facts.engine, facts.source, facts.devices_in_step = t.engine, t.source, t.devices_in_step
+        facts.process_index, facts.process_count = t.process_index, t.process_count
+        found = topo.from_launcher(env)  # the environment given (the engine read the process's own)
+        if not t.multi_process and found is not None:
+            facts.process_index, facts.process_count, facts.source = found
+        facts.channel = t.exchange is not None
+        facts.notes = list(b.distribution_notes(t, gpus, env))
+    except Exception as e:  # the doctor reports, it does not crash
+        facts.error = f"{type(e).__name__}: {e}"
+    return facts
+
+
+def distribution_findings(d: DistributionFacts) -> list[Finding]:
+    out = []
+    if d.error:
+        out.append(Finding("warn", f"The distribution could not be read: {d.error}"))
+    if d.process_count > 1 and not d.channel:
+        out.append(
+            Finding(
+                "warn",
+                f"{d.source} say this is process {d.process_index} of {d.process_count}, but the Keras backend "
+                "knows of one process: each process trains a model of its own, and keras_gpu_tools keeps their "
+                "logs apart (log_dir/<run>/process_<i>) without job-wide figures. To train one model over "
+                "several processes, use the JAX backend and call keras.distribution.initialize() first.",
+            )
+        )
+    out += [Finding(level, text) for level, text in d.notes]
+    return out
 
 
 def nvml_facts(nvml: NVML | None = None, env: dict[str, str] | None = None) -> NVMLFacts:
@@ -184,7 +243,13 @@ def mixed_precision_advice(cc) -> str:
     return f"compute capability {major}.{minor}: no tensor cores; mixed precision will not speed training up."
 
 
-def render(fw: FrameworkFacts, nv: NVMLFacts, findings: list[Finding], env: dict[str, str]) -> str:
+def render(
+    fw: FrameworkFacts,
+    nv: NVMLFacts,
+    findings: list[Finding],
+    env: dict[str, str],
+    dist: DistributionFacts | None = None,
+) -> str:
     import keras
 
     lines = ["keras-gpu-tools doctor", "=" * 22, ""]
@@ -213,6 +278,20 @@ def render(fw: FrameworkFacts, nv: NVMLFacts, findings: list[Finding], env: dict
         )
     else:
         lines.append(f"  unavailable: {nv.reason}")
+    if dist is not None:
+        lines.append("")
+        lines.append("[distribution]")
+        lines.append(f"  engine: {dist.engine}")
+        where = (
+            f"process {dist.process_index} of {dist.process_count} ({dist.source})"
+            if dist.process_count > 1
+            else "one process"
+        )
+        lines.append(f"  {where}; {dist.devices_in_step} device(s) per training step")
+        if dist.process_count > 1:
+            lines.append(f"  job's channel (JAX distributed key-value store): {'yes' if dist.channel else 'no'}")
+        if dist.launcher:
+            lines.append(f"  launcher variables: {', '.join(dist.launcher)}")
     lines.append("")
     lines.append("Findings")
     marks = {"ok": "OK  ", "warn": "WARN", "problem": "FAIL", "info": "INFO"}
@@ -227,8 +306,9 @@ def run(backend: str | None = None, nvml: NVML | None = None, env: dict[str, str
     env = dict(os.environ if env is None else env)
     fw = framework_facts(backend or keras.backend.backend())
     nv = nvml_facts(nvml, env)
-    findings = diagnose(fw, nv, env) + policy_findings(nv)
-    return render(fw, nv, findings, env)
+    dist = distribution_facts(fw.backend, max(len(fw.gpus), len(nv.visible)), env)
+    findings = diagnose(fw, nv, env) + distribution_findings(dist) + policy_findings(nv)
+    return render(fw, nv, findings, env, dist)
 
 
 def policy_findings(nv: NVMLFacts) -> list[Finding]:

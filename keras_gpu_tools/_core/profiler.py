@@ -12,6 +12,13 @@ Trace layout (what TensorBoard's Profile tab reads):
 JAX. torch writes a Chrome/Perfetto trace, ``<host>.pt.trace.json``, in the
 same kind of folder; TensorBoard's profile plugin does not read it (open it at
 https://ui.perfetto.dev or chrome://tracing).
+
+In a job of several processes (``keras.distribution.initialize``) every
+process traces the same global steps into its own run first (two processes on
+one host would both write ``<host>.xplane.pb``), then moves its files into one
+session of the job's run, renamed ``<host>_p<i>.*`` (:func:`move_to_job_session`):
+``<log_dir>/<run>/job/plugins/profile/<session>/<host>_p<i>.xplane.pb``. The
+Profile tab then shows one session with one host per process.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ import glob
 import json
 import logging
 import os
+import shutil
+import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -62,6 +72,49 @@ def claim_session(run_dir: str, before: set, pattern: str, label: str) -> list[s
         os.rename(folder, target)
         files.extend(sorted(glob.glob(os.path.join(target, pattern))))
     return files
+
+
+def session_stamp() -> str:
+    """A session folder's name as the profilers write it (``2026_11_26_09_05_02``)."""
+    return time.strftime("%Y_%m_%d_%H_%M_%S")
+
+
+def move_to_job_session(run_dir: str, before: set, pattern: str, session_dir: str, process_index: int) -> list[str]:
+    """Moves what a capture just wrote under ``run_dir`` into the job's ``session_dir``.
+
+    Each file ``<host>.<kind>`` becomes ``<host>_p<i>.<kind>``: xprof takes the
+    name before the kind for the host, so every process is a host of its own
+    even where several share a machine. The emptied folders are removed (an
+    empty ``plugins/profile`` would show as a run without sessions). Returns
+    the moved files that match ``pattern``, sorted.
+    """
+    suffix = pattern.lstrip("*")
+    os.makedirs(session_dir, exist_ok=True)
+    moved = []
+    for folder in sorted(session_dirs(run_dir) - before):
+        names = os.listdir(folder)
+        hosts = {n[: -len(suffix)] for n in names if n.endswith(suffix)}
+        for name in names:
+            host = next((h for h in hosts if name.startswith(h + ".")), None)
+            new = f"{host}_p{process_index}{name[len(host) :]}" if host is not None else f"p{process_index}_{name}"
+            target = os.path.join(session_dir, new)
+            shutil.move(os.path.join(folder, name), target)
+            if new.endswith(suffix):
+                moved.append(target)
+        _remove_empty(folder, stop=run_dir)
+    return sorted(moved)
+
+
+def _remove_empty(folder: str, stop: str) -> None:
+    """Removes ``folder`` and its empty parents up to (not including) ``stop``."""
+    stop = os.path.abspath(stop)
+    folder = os.path.abspath(folder)
+    while folder != stop and folder.startswith(stop):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return
+        folder = os.path.dirname(folder)
 
 
 # ---------------------------------------------------------------------------
@@ -124,11 +177,37 @@ def tool_data(paths: Iterable[str], tool: str):
     return json.loads(data)
 
 
-def analyze_input_pipeline(paths: Sequence[str]) -> TraceAnalysis:
-    """xprof's input-pipeline analysis of a trace: per-step rows and its verdict."""
+def _linked(paths: Sequence[str], folder: str) -> list[str]:
+    """``paths`` reachable from ``folder`` (a hard link, else a symbolic one, else a copy)."""
+    out = []
+    for path in paths:
+        target = os.path.join(folder, os.path.basename(path))
+        for make in (os.link, os.symlink, shutil.copyfile):
+            try:
+                make(os.path.abspath(path), target)
+                break
+            except OSError:
+                continue
+        out.append(target)
+    return out
+
+
+def analyze_input_pipeline(paths: Sequence[str], isolated: bool = False) -> TraceAnalysis:
+    """xprof's input-pipeline analysis of a trace: per-step rows and its verdict.
+
+    xprof caches its result in the trace's folder as ``ALL_HOSTS.op_stats_v2.pb``
+    whatever the files it was given, and serves that cache for the whole
+    session later (TensorBoard too). ``isolated`` analyzes links to the files
+    in a temporary folder instead: one process's trace of a job session must
+    not leave its own figures as the session's.
+    """
     out = TraceAnalysis()
     try:
-        tables = tool_data(paths, "input_pipeline_analyzer")
+        if isolated:
+            with tempfile.TemporaryDirectory(prefix="keras_gpu_tools_xprof_") as tmp:
+                tables = tool_data(_linked(paths, tmp), "input_pipeline_analyzer")
+        else:
+            tables = tool_data(paths, "input_pipeline_analyzer")
     except Exception as e:
         out.error = f"{type(e).__name__}: {e}"
         return out

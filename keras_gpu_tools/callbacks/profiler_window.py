@@ -43,6 +43,12 @@ class WindowCapture:
     mean_step_ms: float | None = None
     reason: str = "scheduled"  # scheduled, triggered, cut short, failed
     analysis: prof.TraceAnalysis | None = None
+    #: process 0 of a job of several: every process's trace file of the window's session
+    job_files: list[str] = field(default_factory=list)
+    #: process 0 of a job: each process's mean step time in the window (by process index)
+    job_mean_step_ms: list[float | None] = field(default_factory=list)
+    #: process 0 of a job: xprof's conclusion over every process's trace
+    job_analysis: prof.TraceAnalysis | None = None
 
     @property
     def trace_dir(self) -> str | None:
@@ -54,6 +60,25 @@ class WindowCapture:
         return (
             f"ProfilerWindow: steps [{self.start_step}, {self.start_step + self.num_steps}) "
             f"({self.reason}) -> {where} ({self.size_bytes / 2**20:.1f} MiB{mean})"
+        )
+
+    def job_line(self) -> str:
+        """Process 0's line for the whole job's window (empty outside a job)."""
+        if not self.job_mean_step_ms:
+            return ""
+        n = len(self.job_mean_step_ms)
+        where = os.path.dirname(self.job_files[0]) if self.job_files else "no trace file"
+        known = [(ms, i) for i, ms in enumerate(self.job_mean_step_ms) if ms is not None]
+        steps = ", ".join("?" if ms is None else f"{ms:.2f}" for ms in self.job_mean_step_ms)
+        slowest = f"; slowest: process {max(known)[1]}" if len(known) > 1 else ""
+        missing = (
+            f"; only {len(self.job_files)} of {n} processes' traces are there (is log_dir shared by every host?)"
+            if len(self.job_files) < n
+            else ""
+        )
+        return (
+            f"ProfilerWindow: job of {n} processes, steps [{self.start_step}, {self.start_step + self.num_steps}) -> "
+            f"{where} ({len(self.job_files)} trace files; mean step per process: {steps} ms{slowest}{missing})"
         )
 
 
@@ -90,6 +115,20 @@ class ProfilerWindow(FitCallback):
     a background thread and its conclusion ("Your program is HIGHLY
     input-bound because ...") is logged and written to TensorBoard as text
     (tag `profile/steps_<a>_<b>`, run `log_dir/<run_name>`).
+
+    In a job of several processes (JAX, `keras.distribution.initialize`),
+    steps are the job's: every process traces the same steps, and all of a
+    window's traces form one session of the run `log_dir/<run_name>/job`
+    (`plugins/profile/<session>/<host>_p<i>.xplane.pb`, one host per
+    process), which the Profile tab shows as one multi-host session. Each
+    process writes its own line and conclusion to `log_dir/<run_name>/process_<i>`;
+    process 0 also writes the job's (every process's mean step time, the
+    slowest process, xprof's conclusion over all traces) to
+    `log_dir/<run_name>/job` and `captures[i].job_*`. The processes agree on
+    the session's name at the start of each fit() and meet once at the end of
+    each window, over the JAX distributed client's key-value store; without
+    it (a process started by a launcher but training alone) each process
+    keeps its sessions in its own run. Call `trigger()` on every process.
 
     A profiler session started by someone else (Keras's `profile_batch`, a
     `tf.profiler.experimental.start` of yours) is left alone: the window is
@@ -214,6 +253,9 @@ class ProfilerWindow(FitCallback):
         self._lock = threading.RLock()
         self._bytes_per_step: float | None = None
         self._sessions_before: set = set()
+        self._job = None  # this fit's JobGather, in a job whose processes agreed on the session names
+        self._job_prefix = ""  # process 0's session stamp: every process names a window's session the same
+        self._job_writer: EventWriter | None = None
 
     # -- public ---------------------------------------------------------------
     def trigger(self, num_steps: int | None = None) -> None:
@@ -240,10 +282,26 @@ class ProfilerWindow(FitCallback):
         self._profiler = profiler
         os.makedirs(self.run_dir, exist_ok=True)
         self._writer = EventWriter(self.run_dir)
+        self._join_job()
         self._attachment = StepHook.attach(self.model, self, self.backend, session)  # last
         self._index0 = self._attachment.hook.next_index  # hook call index of global step `_step0`
         self._step0 = self._global_step
         self._reschedule()
+
+    def _join_job(self) -> None:
+        """In a job of several processes: one session name for every process, from process 0's clock."""
+        self._job, self._job_prefix = None, ""
+        if not self.topology.multi_process:
+            return
+        job = self._job_gather(lambda text: self.warnings("job", f"ProfilerWindow: {text}"))
+        stamps = job.gather("session", prof.session_stamp())
+        if stamps is None:
+            return  # no channel: each process keeps its sessions in its own run
+        self._job, self._job_prefix = job, str(stamps[0])
+        if self.topology.is_chief:
+            job_dir = self.topology.job_run_dir(self.log_dir, self.run_name)
+            os.makedirs(job_dir, exist_ok=True)
+            self._job_writer = EventWriter(job_dir)
 
     def _stop_on_training_thread(self) -> bool:
         # torch's profiler can only be stopped from the thread that started it. While
@@ -266,7 +324,7 @@ class ProfilerWindow(FitCallback):
 
     def on_detach(self, stale: bool) -> None:
         if stale:
-            self._stop_window("cut short")
+            self._stop_window("cut short", meet=False)
 
     def next_sample(self, index: int) -> int | None:
         """The next hook call this callback needs: every call of a window, else the next window's start."""
@@ -317,7 +375,7 @@ class ProfilerWindow(FitCallback):
                 out = call()
         except BaseException as e:
             if type(e).__name__ not in _END_OF_DATA:
-                self._stop_window("cut short")
+                self._stop_window("cut short", meet=False)  # this step failed here: the others may not stop now
             raise
         self._active_wall += time.perf_counter() - t0
         self._active_done += 1
@@ -392,7 +450,8 @@ class ProfilerWindow(FitCallback):
         self._active_done = 0
         self._active_wall = 0.0
 
-    def _stop_window(self, reason: str, outputs=None) -> None:
+    def _stop_window(self, reason: str, outputs=None, meet: bool = True) -> None:
+        """Stops the window's profiler and reports it; ``meet``: the job's processes meet here (not on an abort)."""
         with self._lock:
             window, self._active = self._active, None
             if window is None:
@@ -410,7 +469,29 @@ class ProfilerWindow(FitCallback):
                     f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.",
                 )
             label = f"steps_{window.start}_{window.start + self._active_done}"
-            files = prof.claim_session(self.run_dir, self._sessions_before, self._profiler.pattern, label)
+            job = self._job if self._job is not None and self._job.active else None
+            if job is not None:
+                session = os.path.join(
+                    self.topology.job_run_dir(self.log_dir, self.run_name),
+                    "plugins",
+                    "profile",
+                    f"{self._job_prefix}_{label}",
+                )
+                try:
+                    files = prof.move_to_job_session(
+                        self.run_dir,
+                        self._sessions_before,
+                        self._profiler.pattern,
+                        session,
+                        self.topology.process_index,
+                    )
+                except OSError as e:  # the trace stays in this process's own run; training goes on
+                    self.warnings(
+                        ("move", type(e).__name__), f"ProfilerWindow: moving the trace to {session} failed ({e})."
+                    )
+                    files = []
+            else:
+                files = prof.claim_session(self.run_dir, self._sessions_before, self._profiler.pattern, label)
             capture = WindowCapture(
                 start_step=window.start,
                 num_steps=self._active_done,
@@ -438,20 +519,67 @@ class ProfilerWindow(FitCallback):
                 )
                 tag = f"profile/steps_{window.start}_{window.start + capture.num_steps}/data"
                 self._writer.json(tag, capture, step=window.start)  # the same, for report()
+            if job is not None and meet:
+                self._meet(job, window, capture, session)
             xplanes = [f for f in files if f.endswith(".xplane.pb")]
             if self.analyze and xplanes and prof.xprof_available():
                 t = threading.Thread(
                     target=self._analyze,
-                    args=(capture, xplanes, self._writer),
+                    args=(capture, xplanes, self._writer, job is not None),
                     name="keras_gpu_tools-ProfilerWindow-xprof",
                     daemon=True,
                 )
                 self._analyses.append(t)
                 t.start()
 
-    def _analyze(self, capture: WindowCapture, paths, writer) -> None:
+    def _meet(self, job, window: prof.Window, capture: WindowCapture, session: str) -> None:
+        """Once per window: every process has moved its trace in; process 0 writes the job's line.
+
+        The processes send the names of their files (not paths: hosts may
+        mount ``log_dir`` elsewhere) and their mean step time.
+        """
+        mine = {"files": [os.path.basename(f) for f in capture.files], "mean_step_ms": capture.mean_step_ms}
+        everyone = job.gather(f"window{window.start}", mine)
+        if everyone is None or not self.topology.is_chief:
+            return
+        paths = [os.path.join(session, n) for p in everyone for n in p.get("files", [])]
+        capture.job_files = [f for f in paths if os.path.exists(f)]  # missing: log_dir not shared by the hosts
+        capture.job_mean_step_ms = [p.get("mean_step_ms") for p in everyone]
+        line = capture.job_line()
+        logger.info(line)
+        if self.verbose:
+            print(line)
+        if self._job_writer is not None:
+            tag = f"profile/steps_{window.start}_{window.start + capture.num_steps}"
+            self._job_writer.text(tag, line, step=window.start)
+            self._job_writer.json(tag + "/data", capture, step=window.start)
+        if self.analyze and len(capture.job_files) > 1 and prof.xprof_available():
+            t = threading.Thread(
+                target=self._analyze_job,
+                args=(capture, list(capture.job_files), self._job_writer),
+                name="keras_gpu_tools-ProfilerWindow-xprof-job",
+                daemon=True,
+            )
+            self._analyses.append(t)
+            t.start()
+
+    def _analyze_job(self, capture: WindowCapture, paths, writer) -> None:
+        # In the session's folder: xprof's cache there is then the whole job's, which TensorBoard serves.
+        capture.job_analysis = a = prof.analyze_input_pipeline(paths)
+        text = a.conclusion or f"xprof gave no conclusion ({a.error or 'no steps found'})"
+        steps = f"steps [{capture.start_step}, {capture.start_step + capture.num_steps})"
+        line = f"ProfilerWindow: job of {len(paths)} processes, {steps}: {text}"
+        logger.info(line)
+        if self.verbose:
+            print(line)
+        if writer is not None:
+            tag = f"profile/steps_{capture.start_step}_{capture.start_step + capture.num_steps}/input_pipeline"
+            writer.text(tag, text, step=capture.start_step)
+            writer.json(tag + "/data", a, step=capture.start_step)
+
+    def _analyze(self, capture: WindowCapture, paths, writer, isolated: bool = False) -> None:
         try:
-            capture.analysis = prof.analyze_input_pipeline(paths)
+            capture.analysis = prof.analyze_input_pipeline(paths, isolated=isolated)
         except Exception as e:  # pragma: no cover - analyze_input_pipeline catches
             capture.analysis = prof.TraceAnalysis(error=str(e))
         a = capture.analysis
@@ -476,14 +604,18 @@ class ProfilerWindow(FitCallback):
             attachment.detach()  # the train function is Keras's own again
         with self._lock:
             if self._active is not None:
-                self._stop_window("cut short")
+                # After a failure the other processes may be gone: no meeting (it would wait for them).
+                self._stop_window("cut short", meet=not aborted)
         if not aborted and self._profiler is not None:
             self._say_what_was_not_reached()
         self._profiler = None
+        self._job = None
         self.wait_for_analysis()
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        for name in ("_writer", "_job_writer"):
+            writer = getattr(self, name)
+            setattr(self, name, None)
+            if writer is not None:
+                writer.close()
 
     def _say_what_was_not_reached(self) -> None:
         """At the end of a fit(): the windows it did not reach, so a schedule past the end is never silent."""
