@@ -159,7 +159,10 @@ class KVExchange:
                 raise ExchangeError(
                     f"process {i} gave no {key!r} within {timeout_s:g} s ({type(e).__name__})"
                 ) from None
-            out.append(json.loads(raw))
+            try:
+                out.append(json.loads(raw))
+            except ValueError as e:
+                raise ExchangeError(f"process {i}'s {key!r} is not JSON ({e})") from None
         return out
 
 

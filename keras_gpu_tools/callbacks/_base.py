@@ -17,6 +17,7 @@ class guarantees, for every fit():
 
 from __future__ import annotations
 
+import collections
 import threading
 
 import keras
@@ -26,6 +27,11 @@ from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core import topology as topo
 from keras_gpu_tools._core.lifecycle import FitSession, run_deferred
 from keras_gpu_tools._core.step_hook import StepHook
+
+# fit() starts per run name in this process. Every process of a job counts
+# alike, so ``<run name>/fit<n>`` names the same fit() everywhere, also when a
+# new callback is made for each fit() (the job's store refuses a key twice).
+_FIT_SERIAL: collections.Counter = collections.Counter()
 
 
 class FitCallback(keras.callbacks.Callback):
@@ -41,7 +47,7 @@ class FitCallback(keras.callbacks.Callback):
         self._session: FitSession | None = None
         self._backend_obj: _backends.Backend | None = None
         self._global_step = 0  # training steps seen by this instance, across fit() calls
-        self._fits = 0  # fit() calls begun: every process of a job counts the same
+        self._fit_serial = 0  # this fit()'s number among the process's fits with this run name
         self.topology = topo.Topology()  # this process's place in the job, read at each fit()
 
     # -- for subclasses ---------------------------------------------------------------------
@@ -82,8 +88,10 @@ class FitCallback(keras.callbacks.Callback):
 
     def _job_gather(self, warn) -> topo.JobGather:
         """The job's channel for this fit(): keys of this callback and fit, ``warn(message)`` once on failure."""
-        name = getattr(self, "run_name", type(self).__name__)
-        return topo.JobGather(self.topology, f"{name}/fit{self._fits}", warn)
+        return topo.JobGather(self.topology, f"{self._serial_name()}/fit{self._fit_serial}", warn)
+
+    def _serial_name(self) -> str:
+        return getattr(self, "run_name", type(self).__name__)
 
     @property
     def global_step(self) -> int:
@@ -100,7 +108,8 @@ class FitCallback(keras.callbacks.Callback):
         ki.check_keras_version()
         self._end_fit(aborted=True)  # what a fit() that died before its session noticed left
         self._backend_obj = None
-        self._fits += 1
+        _FIT_SERIAL[self._serial_name()] += 1
+        self._fit_serial = _FIT_SERIAL[self._serial_name()]
         try:
             self.topology = self.backend.topology(self.model)
         except Exception as e:  # monitoring never stops training: one process it is

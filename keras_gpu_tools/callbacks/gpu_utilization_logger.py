@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import itertools
 import os
 import threading
 import time
@@ -37,10 +36,6 @@ from keras_gpu_tools.callbacks._base import FitCallback
 MAX_INTERVAL = 3600.0  # seconds: one sample an hour is already no monitoring
 # The per-GPU epoch means whose spread over every GPU of a job is logged as `job/gpu/<metric>_min|_mean|_max`.
 JOB_METRICS = ("utilization_percent", "sm_activity_percent", "memory_used_mib")
-# Fits of this class started in this process. Every process of a job starts the
-# same fits in the same order, so the n-th is the same fit everywhere: it keys the
-# job's channel, whose keys cannot be written twice, also for a new logger per fit().
-_JOB_FITS = itertools.count()
 
 
 def _key_table() -> str:
@@ -190,8 +185,8 @@ class GPUUtilizationLogger(FitCallback):
         self._first_sample = threading.Event()
         self._labels: dict[int, str] = {}  # framework index -> the GPU's name in the keys
         self._gather: JobGather | None = None
-        self._job_key = ""
         self._job_writer: EventWriter | None = None
+        self._job_run_dir: str | None = None
 
     __doc__ = __doc__.replace("{keys}", _key_table())
 
@@ -212,10 +207,9 @@ class GPUUtilizationLogger(FitCallback):
         self._sampler = MetricSampler(probes, HostProbe(warn), allocator, warn)
         self._gather = self._job_gather(lambda message: warn("job", f"GPUUtilizationLogger: {message}"))
         self._gather.timeout_s = float(self.job_timeout_s)
-        self._job_key = f"job{next(_JOB_FITS)}"
         self._writer = EventWriter(self.run_dir) if self.log_dir else None
         job_run_dir = self.job_run_dir
-        self._job_writer = EventWriter(job_run_dir) if job_run_dir and self._gather.active else None
+        self._job_run_dir = job_run_dir if self._gather.active else None  # opened at its first figures
         if self._writer is not None and self.gpus:
             self._writer.text("gpu/devices", self._device_table(), step=self._global_step)
             self._writer.json("gpu/devices/data", self.device_records(), step=self._global_step)  # for report()
@@ -285,7 +279,7 @@ class GPUUtilizationLogger(FitCallback):
             return {}
         labels = list(self._labels.values())
         mine = {m: [values[k] for k in (f"gpu/{label}/{m}" for label in labels) if k in values] for m in JOB_METRICS}
-        everyone = gather.gather(f"{self._job_key}/epoch{epoch}", mine)
+        everyone = gather.gather(f"epoch{epoch}", mine)
         if everyone is None:
             return {}  # JobGather warned once and gave up for this fit
         out: dict[str, float] = {}
@@ -296,7 +290,9 @@ class GPUUtilizationLogger(FitCallback):
                     out[f"job/gpu/{m}_{stat}"] = value
         except (AttributeError, TypeError, ValueError) as e:  # a process of another version of the package
             raise ValueError(f"a process sent figures of another shape ({e})") from None
-        if self._job_writer is not None and out:
+        if out and self._job_run_dir:
+            if self._job_writer is None:
+                self._job_writer = EventWriter(self._job_run_dir)
             self._job_writer.scalars(out, step=self._global_step)
         return out
 

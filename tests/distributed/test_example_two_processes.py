@@ -33,8 +33,10 @@ def test_the_example_trains_one_model_in_two_processes_into_one_log_dir(tmp_path
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], out[-2000:]
 
     # Every callback's run is per process; no run has two writers (the writer's pid is in the file name).
-    for run in ("gpu", "input", "oom"):
-        assert sorted(os.listdir(log_dir / run)) == ["process_0", "process_1"], run
+    # Process 0 adds the job's figures where there are some: the input wait of every
+    # process; no GPU here, so no job run of GPU figures.
+    for run, job in (("gpu", []), ("input", ["job"]), ("oom", [])):
+        assert sorted(os.listdir(log_dir / run)) == job + ["process_0", "process_1"], run
     writers = defaultdict(set)
     for f in glob.glob(str(log_dir / "**" / "events.out.tfevents.*"), recursive=True):
         writers[os.path.dirname(f)].add(os.path.basename(f).split(".")[4])

@@ -89,7 +89,7 @@ def test_two_processes_log_apart_and_share_job_figures(tmp_path, devices_per_pro
             }
         )
     for r in results:
-        job = {key: v for key, v in r["history"].items() if key.startswith("job/")}
+        job = {key: v for key, v in r["history"].items() if key.startswith("job/gpu/")}  # (the detector's: job/...)
         assert job == {key: [v] * 2 for key, v in expected.items()}
     _, job_scalars = read_run(logs / "job")
     steps = results[0]["global_step"]
