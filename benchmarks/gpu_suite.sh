@@ -4,6 +4,7 @@
 # benchmarks. Results land in $OUT (or ./gpu-results).
 #   bash benchmarks/gpu_suite.sh tests        # the tests
 #   bash benchmarks/gpu_suite.sh benchmarks   # the benchmarks
+#   bash benchmarks/gpu_suite.sh distributed  # issue 11 on a machine of several GPUs
 set -u
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
@@ -35,6 +36,11 @@ overhead)
     --steps 100 --rounds 15 --out "$OUT/gpu_overhead_aa_torch.json" 2>&1 | tail -6
   JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES= timeout 200 python3 benchmarks/host_overhead.py --backends jax,torch \
     --rounds 15 --steps 1500 --out "$OUT/host_overhead_cpu.json" 2>&1 | tail -24
+  ;;
+distributed)
+  # Issue 11, on a machine of 2 or 4 GPUs: MFU over 1/2/4 GPUs, a straggler job, the two-process example;
+  # then the multi-process tests on GPUs' hosts (the same CPU jobs CI runs).
+  KERAS_BACKEND=jax timeout 560 python3 benchmarks/distributed_proof.py --out "$OUT/distributed.json" 2>&1 | tail -20
   ;;
 esac
 exit 0
