@@ -80,3 +80,21 @@ def test_the_report_shows_each_process_and_names_the_straggler(tmp_path, capsys)
     shutil.copytree(input_runs / "job", alone / "input" / "job")
     text = report(str(alone)).text()
     assert "| 1 (straggler) |" in text and "Process 1 holds the job back" in text
+
+
+@pytest.mark.slow
+def test_a_process_that_gave_up_on_the_channel_costs_the_others_no_second_wait(tmp_path):
+    # Process 1 comes 2.5 s late to its first epoch end: process 0's logger waits 1 s for it, warns and gives up.
+    # Process 1 would then find process 0's figures there, and wait in vain for it at its next epoch end (the
+    # job stalled a second time for one late process): it must see that process 0 gave up, and give up too.
+    r0, r1 = run_job("scenarios_report.late_once", tmp_path, args={"timeout": 1.0, "late": 2.5})
+    assert len(r0["loss"]) == len(r1["loss"]) == 3  # training went on
+    assert r0["exchange_seconds"][0] >= 0.9 and max(r0["exchange_seconds"][1:]) < 0.5, r0["exchange_seconds"]
+    assert [len(k) > 0 for k in r0["job_keys"]] == [False, False, False]
+    assert max(r1["exchange_seconds"]) < 0.5, r1["exchange_seconds"]  # no wait at all, at no epoch end
+    assert r1["job_keys"] == r0["job_keys"]  # the same keys in every History: none
+    for r in (r0, r1):  # one warning each
+        job = [w for w in r["warnings"] if "job-wide figures are left out" in w]
+        assert len(job) == 1, r["warnings"]
+    assert "process 1 gave no" in r0["warnings"][-1]
+    assert "process 0 gave up" in [w for w in r1["warnings"] if "job-wide" in w][0]
