@@ -80,8 +80,9 @@ MP_DATA_TAG = MP_TAG + DATA_SUFFIX  # [MixedPrecisionFinding]
 # (`oom/` last: History's oom keys are read, the others come from the callbacks' runs)
 _OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "job/", "oom/")
 # The runs of a job of several processes: one per process, and the job-wide figures (process 0's).
-PROCESS_RUN = re.compile(r"^(.+)/process_(\d+)$")
-JOB_RUN = re.compile(r"^(.+)/job$")
+# (`report logs/input`, a callback's own folder, holds them at its top: `process_0`, `job`)
+PROCESS_RUN = re.compile(r"^(?:(.+)/)?process_(\d+)$")
+JOB_RUN = re.compile(r"^(?:(.+)/)?job$")
 JOB_STATS = ("min", "mean", "max")
 _NO_FINDING = "No mixed-precision finding."
 _UNREADABLE = "Event files that could not be read"
@@ -680,6 +681,9 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     # A job of several processes: each GPU's series from its own process's run, the rest from the
     # lowest process only (each process has its own host, input, oom, profile figures: never summed).
     process_of = {run: int(m.group(2)) for run, _, _ in runs if (m := PROCESS_RUN.match(run))}
+    # A job run: `<run>/job`, or `job` itself next to `process_<i>` runs (a top-level "job" alone is a user's run).
+    top_level_job = any(PROCESS_RUN.match(run).group(1) is None for run in process_of)
+    job_runs = {run for run, _, _ in runs if (m := JOB_RUN.match(run)) and (m.group(1) or top_level_job)}
     data.processes = sorted(set(process_of.values()))
     first = data.processes[0] if data.processes else None
     for run, path, files in runs:
@@ -687,7 +691,7 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
         read += count
         if count:
             data.sources.append(run)
-        if JOB_RUN.match(run):
+        if run in job_runs:
             for tag, points in scalars.items():
                 s = data.job.setdefault(tag, Series(tag))
                 for e in points:

@@ -75,6 +75,12 @@ def test_the_report_shows_each_process_and_names_the_straggler(tmp_path, capsys)
         assert row_of(r["report_text"].split("Job of 2")[1], 1) == row_of(section, 1)
         assert "input_wait_process: 1" in r["report_text"] and "straggler: process 1" in r["report_html"]
 
+    # The detector's own folder (`keras-gpu-tools report logs/input`): the same, process 0's figures alone.
+    mine = report(str(input_runs)).data
+    assert mine.processes == [0, 1] and mine.job_verdict == jv
+    assert mine.split == rep.data.split and mine.verdict["message"] == rep.data.verdict["message"]
+    assert {k: s.values for k, s in mine.job.items()} == {k: s.values for k, s in rep.data.job.items()} != {}
+
     # Only the job run left (say, the process runs are on other hosts): its text is shown as written.
     alone = tmp_path / "alone"
     shutil.copytree(input_runs / "job", alone / "input" / "job")
