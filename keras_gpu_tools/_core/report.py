@@ -25,7 +25,7 @@ What is read (a missing one leaves its part of the report out):
 | callback: records | log dir: run, tags |
 |---|---|
 | `GPUUtilizationLogger`: `device_records()`, `timeline` | `gpu`: scalars `gpu/<i>/*`, `host/*`; JSON `gpu/devices/data` |
-| `InputBoundDetector`: `epoch_history`, `measurement`, `verdict` | `input`: scalars `input/*`, `throughput/*`; JSON `input/verdict/data` |
+| `InputBoundDetector`: `epoch_history`, `measurement`, `verdict`, `job_verdict` | `input`: scalars `input/*`, `throughput/*`; JSON `input/verdict/data` |
 | `ProfilerWindow`: `captures` | `profile`: JSON `profile/steps_<a>_<b>/data`, `.../input_pipeline/data` |
 | `OOMBatchSizeReducer`: `events`, `micro_batches`, `recovery_seconds` | `oom`: scalars `oom/*`; JSON `oom/events/data` |
 | `MixedPrecisionCheck`: `findings` | `report`: JSON `mixed_precision/findings/data` (`TrainingReport.write_to_tensorboard`) |
@@ -38,7 +38,10 @@ A log directory written by a job of several processes holds, per callback,
 one run per process (`<run>/process_<p>`) and process 0's job-wide figures
 (`<run>/job`). The report shows the GPUs of every process (their tags name them
 apart), everything else from the lowest process (0) alone, so nothing is
-counted twice, and a table of the job-wide figures (`job/...` scalars).
+counted twice, and a table of the job-wide figures (`job/...` scalars). The
+job's input verdict (each process's step time and input wait, the stragglers
+and the advice for them) comes from the `job` part of process 0's
+`input/verdict/data`, else from the text `input/job_verdict` of `input/job`.
 """
 
 from __future__ import annotations
@@ -77,8 +80,9 @@ MP_DATA_TAG = MP_TAG + DATA_SUFFIX  # [MixedPrecisionFinding]
 # (`oom/` last: History's oom keys are read, the others come from the callbacks' runs)
 _OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "job/", "oom/")
 # The runs of a job of several processes: one per process, and the job-wide figures (process 0's).
-PROCESS_RUN = re.compile(r"^(.+)/process_(\d+)$")
-JOB_RUN = re.compile(r"^(.+)/job$")
+# (`report logs/input`, a callback's own folder, holds them at its top: `process_0`, `job`)
+PROCESS_RUN = re.compile(r"^(?:(.+)/)?process_(\d+)$")
+JOB_RUN = re.compile(r"^(?:(.+)/)?job$")
 JOB_STATS = ("min", "mean", "max")
 _NO_FINDING = "No mixed-precision finding."
 _UNREADABLE = "Event files that could not be read"
@@ -137,6 +141,9 @@ class ReportData:
     processes: list[int] = dataclasses.field(default_factory=list)
     process_count: int = 1
     job: dict[str, Series] = dataclasses.field(default_factory=dict)
+    # The job's input verdict (InputBoundDetector.job_verdict, or the "job" part of its JSON): each
+    # process's steady-state figures, the stragglers, the message and its advice; see _job_verdict_dict.
+    job_verdict: dict[str, Any] | None = None
 
     def job_rows(self) -> tuple[list[tuple[str, float | None, float | None, float | None]], list[tuple[str, float]]]:
         """The job-wide figures at their last point: (figure, min, mean, max) rows, and the other figures."""
@@ -151,8 +158,13 @@ class ReportData:
                 grouped.setdefault(base, {})[stat] = s.values[-1]
             else:
                 single.append((name, s.values[-1]))
+        for name, g in list(grouped.items()):  # one statistic alone (`job/step_ms_max`): a figure of its own
+            if len(g) == 1:
+                (stat, value), *_ = g.items()
+                single.append((f"{name}_{stat}", value))
+                del grouped[name]
         rows = [(name, *(g.get(stat) for stat in JOB_STATS)) for name, g in grouped.items()]
-        return rows, single
+        return rows, sorted(single)
 
     def oom_count(self) -> int | None:
         """Recoveries: from the callback's records, else from the logged counts."""
@@ -287,6 +299,61 @@ def _phase_line(p: dict[str, Any]) -> str:
     return f"{p['label']}: {p['steps']} steps, {wait} waiting, {step} a step; {where}"
 
 
+def _job_verdict_dict(rec: dict[str, Any], text: str = "") -> dict[str, Any]:
+    """The report's job verdict from a `JobVerdict` record (``text``: the verdict as the job run holds it).
+
+    ``processes``: one row per process (``process``, ``host``, ``scope``, ``steps``, ``wait_fraction``,
+    ``step_ms``, ``samples_per_sec``, ``category``), ``stragglers``: (process, kind) pairs.
+    """
+    processes = []
+    for p in rec.get("processes") or []:
+        processes.append(
+            {
+                "process": int(p["process"]),
+                "host": str(p.get("host") or "?"),
+                "scope": str(p.get("scope") or "?"),
+                "steps": _finite(p.get("steps")),
+                "wait_fraction": _finite(p.get("wait_fraction")),
+                "step_ms": _finite(p.get("step_ms")),
+                "samples_per_sec": _finite(p.get("samples_per_sec")),
+                "category": str(p.get("category") or "unknown"),
+            }
+        )
+    return {
+        "processes": processes,
+        "stragglers": [(int(s["process"]), str(s.get("kind") or "")) for s in rec.get("stragglers") or []],
+        "message": str(rec.get("message") or ""),
+        "advice": [str(a) for a in rec.get("advice") or []],
+        "text": text,
+    }
+
+
+def _job_process_rows(jv: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The per-process table of a job verdict: process (marked when a straggler), host, scope, steps, wait, step, samples/s, verdict."""
+    slow = {p: kind for p, kind in jv["stragglers"]}
+
+    def num(x, fmt: str, scale: float = 1.0, unit: str = "") -> str:
+        return "n/a" if x is None else f"{format(scale * x, fmt)}{unit}"
+
+    return [
+        (
+            f"{p['process']}" + (f" (straggler: {slow[p['process']]})" if p["process"] in slow else ""),
+            p["host"],
+            p["scope"],
+            num(p["steps"], ".0f"),
+            num(p["wait_fraction"], ".1f", 100.0, "%"),
+            num(p["step_ms"], ".2f", unit=" ms"),
+            num(p["samples_per_sec"], ".0f"),
+            p["category"],
+        )
+        for p in jv["processes"]
+    ]
+
+
+JOB_VERDICT_HEADER = ("process", "host", "scope", "steps", "wait for input", "step", "samples/s", "verdict")
+JOB_VERDICT_TAG = "input/job_verdict"  # the job run's text (process 0), read where no JSON has the verdict
+
+
 def _conclusion(analysis: dict[str, Any] | None) -> str:
     """What xprof concluded of a window, worded as `ProfilerWindow` writes it ("" before any analysis)."""
     if not analysis:
@@ -355,6 +422,17 @@ def _from_detector(data: ReportData, det) -> None:
     if det.verdict is not None:
         fit = getattr(det, "fit_measurement", None)
         data.verdict = _verdict_dict(to_plain(det.verdict), det.summary(), fit.logs() if fit is not None else None)
+    job_verdict = getattr(det, "job_verdict", None)
+    if job_verdict is not None:  # a job of several processes: every process has the same
+        data.job_verdict = _job_verdict_dict(to_plain(job_verdict), job_verdict.text())
+        topology = getattr(det, "topology", None)
+        if topology is not None and topology.process_count > 1 and not data.processes:
+            data.processes, data.process_count = [topology.process_index], topology.process_count
+    for epoch, values in enumerate(history):  # the job-wide keys, one point per epoch (as the logger's)
+        for key, value in values.items():
+            v = _finite(value)
+            if key.startswith("job/") and v is not None:
+                data.job.setdefault(key, Series(key)).add(0.0, epoch + 1, v)
 
 
 def _from_profiler(data: ReportData, prof) -> None:
@@ -598,10 +676,14 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
         )
     window_points: dict[int, dict[str, float]] = {}
     texts: list[tuple[str, str, int, float, str]] = []  # run, tag, step, wall, text
+    job_text = ""  # the job verdict as process 0 wrote it to the detector's job run
     read = 0
     # A job of several processes: each GPU's series from its own process's run, the rest from the
     # lowest process only (each process has its own host, input, oom, profile figures: never summed).
     process_of = {run: int(m.group(2)) for run, _, _ in runs if (m := PROCESS_RUN.match(run))}
+    # A job run: `<run>/job`, or `job` itself next to `process_<i>` runs (a top-level "job" alone is a user's run).
+    top_level_job = any(PROCESS_RUN.match(run).group(1) is None for run in process_of)
+    job_runs = {run for run, _, _ in runs if (m := JOB_RUN.match(run)) and (m.group(1) or top_level_job)}
     data.processes = sorted(set(process_of.values()))
     first = data.processes[0] if data.processes else None
     for run, path, files in runs:
@@ -609,11 +691,14 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
         read += count
         if count:
             data.sources.append(run)
-        if JOB_RUN.match(run):
+        if run in job_runs:
             for tag, points in scalars.items():
                 s = data.job.setdefault(tag, Series(tag))
                 for e in points:
                     s.add(e.wall_time, e.step, e.value)
+            points = run_texts.get(JOB_VERDICT_TAG, [])
+            if points:  # the last one: as of the last epoch end
+                job_text = max(points, key=lambda e: (e.wall_time, e.step)).text
             continue
         if process_of.get(run, first) != first:
             for tag, points in scalars.items():
@@ -737,6 +822,15 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     if verdict is not None:
         data.verdict = verdict[0]
         data.throughput.update(verdict[1])
+    # The job's verdict: the "job" part of process 0's JSON, else the text of the job run.
+    job_verdict = read(
+        VERDICT_DATA_TAG, lambda v: _job_verdict_dict(v["job"], job_text) if v.get("job") is not None else None
+    )
+    if job_verdict is None and job_text:
+        job_verdict = _job_verdict_dict({}, job_text)
+    data.job_verdict = job_verdict
+    if job_verdict is not None and len(job_verdict["processes"]) > data.process_count:
+        data.process_count = len(job_verdict["processes"])
     _read_old_prose(data, prose, records, profiles)  # logs written before the JSON tags
     data.profiles = sorted(profiles.values(), key=lambda p: p["start"])
     micro = data.oom_series.get("oom/micro_batches")
@@ -1122,7 +1216,7 @@ class TrainingReport:
             body.insert(0, "No GPU was monitored (host metrics only).")
         if body:
             sections.append(("GPUs and host", body))
-        if d.process_count > 1 or d.job:
+        if d.process_count > 1 or d.job or d.job_verdict:
             sections.append((self._job_heading(), self._job_text()))
 
         body = []
@@ -1147,6 +1241,8 @@ class TrainingReport:
             v = d.verdict
             scope = f" ({v['scope']})" if v.get("scope") else ""
             body = [f"Verdict: {v['category']}{scope}", v["message"]]
+            if self._own_verdict_note():
+                body.insert(0, self._own_verdict_note())
             if v.get("fit_wait_fraction") is not None and v.get("scope") not in ("", "the whole fit"):
                 body.append(f"Whole fit, every phase included: {100 * v['fit_wait_fraction']:.1f}% waiting for input.")
             if len(v.get("phases") or []) > 1:
@@ -1194,6 +1290,16 @@ class TrainingReport:
             sections.append(("Training curves", body))
         return sections
 
+    def _own_verdict_note(self) -> str:
+        """In a job: whose verdict the input-pipeline section is, and where the job's is."""
+        d = self.data
+        if d.job_verdict is None or not d.processes:
+            return ""
+        return (
+            f"Process {d.processes[0]}'s own verdict; every process's figures and the stragglers are under "
+            f'"{self._job_heading()}".'
+        )
+
     def _job_heading(self) -> str:
         d = self.data
         return f"Job of {d.process_count} processes" if d.process_count > 1 else "Job"
@@ -1209,14 +1315,27 @@ class TrainingReport:
         elif d.processes:
             body.append(f"The figures of process {d.processes[0]}; the job-wide ones below are every process's.")
         rows, single = d.job_rows()
-        if rows:
+        if rows or single:
             body.append("Job-wide figures at the last epoch:")
+        if rows:
             body.append(f"{'figure':42s} {'min':>9s} {'mean':>9s} {'max':>9s}")
             for name, *stats in rows:
                 body.append(f"{name:42s} " + " ".join("      n/a" if v is None else f"{v:9.1f}" for v in stats))
         body += [f"{name}: {value:.4g}" for name, value in single]
         if not rows and not single:
             body.append("No job-wide figures were written (one process, or its channel failed).")
+        jv = d.job_verdict
+        if jv is not None:
+            body += ["", "Input pipeline of each process (its steady state):"]
+            if jv["processes"]:
+                table = [JOB_VERDICT_HEADER, *_job_process_rows(jv)]
+                widths = [max(len(r[i]) for r in table) for i in range(len(JOB_VERDICT_HEADER))]
+                body += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+                body.append(jv["message"])
+                if jv["advice"]:
+                    body += ["What to change:"] + [f"- {a}" for a in jv["advice"]]
+            else:  # only the job run's text (no JSON): as process 0 wrote it
+                body += jv["text"].splitlines()
         return body
 
     # -- HTML ------------------------------------------------------------------------
@@ -1283,7 +1402,7 @@ class TrainingReport:
                     + "</details>"
                 )
 
-        if d.process_count > 1 or d.job:
+        if d.process_count > 1 or d.job or d.job_verdict:
             parts.append(f"<h3>{e(self._job_heading())}</h3>")
             rows, single = d.job_rows()
             if d.processes:
@@ -1297,6 +1416,19 @@ class TrainingReport:
                 )
             if single:
                 parts.append(table(["figure", "value"], [(n, f"{v:.4g}") for n, v in single]))
+            jv = d.job_verdict
+            if jv is not None:
+                parts.append("<p>Input pipeline of each process (its steady state):</p>")
+                if jv["processes"]:
+                    parts.append(table(JOB_VERDICT_HEADER, _job_process_rows(jv)))
+                    cls = "kgt-straggler" if jv["stragglers"] else "kgt-no-straggler"
+                    parts.append(f'<p class="{cls}">{e(jv["message"])}</p>')
+                    if jv["advice"]:
+                        parts.append(
+                            "<p>What to change:</p><ul>" + "".join(f"<li>{e(a)}</li>" for a in jv["advice"]) + "</ul>"
+                        )
+                else:
+                    parts.append(f"<pre>{e(jv['text'])}</pre>")
 
         if "step_time" in pngs:
             parts.append("<h3>Step time</h3>")
@@ -1313,6 +1445,8 @@ class TrainingReport:
             v = d.verdict
             parts.append("<h3>Input pipeline</h3>")
             scope = f" ({v['scope']})" if v.get("scope") else ""
+            if self._own_verdict_note():
+                parts.append(f"<p><i>{e(self._own_verdict_note())}</i></p>")
             parts.append(f'<p><b class="kgt-verdict">{e(v["category"])}{e(scope)}</b>: {e(v["message"])}</p>')
             if len(v.get("phases") or []) > 1:
                 parts.append(
@@ -1408,6 +1542,12 @@ class TrainingReport:
             out.append((f"{len(d.unreadable)} event file(s) could not be read", "bad"))
         if d.process_count > 1:
             out.append((f"job of {d.process_count} processes", "info"))
+        if d.job_verdict is not None and d.job_verdict["processes"]:
+            slow = sorted({p for p, _ in d.job_verdict["stragglers"]})
+            if slow:
+                out.append((f"straggler: process {', '.join(map(str, slow))}", "bad"))
+            else:
+                out.append(("no straggler", "ok"))
         for index in d.gpu_indices():
             s = d.series.get(f"gpu/{index}/sm_activity_percent") or d.series.get(f"gpu/{index}/utilization_percent")
             if s and s.values:
@@ -1571,6 +1711,8 @@ def _fill_from(data: ReportData, other: ReportData) -> None:
         data.job = other.job
     if not data.processes:
         data.processes, data.process_count = other.processes, other.process_count
+    if data.job_verdict is None:
+        data.job_verdict = other.job_verdict
     data.unreadable = other.unreadable
     if not data.training:
         data.training = other.training

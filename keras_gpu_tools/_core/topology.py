@@ -165,13 +165,44 @@ class KVExchange:
                 raise ExchangeError(f"process {i}'s {key!r} is not JSON ({e})") from None
         return out
 
+    def give_up(self, key: str, reason: str) -> None:
+        """Tells the other processes that this one stops exchanging under ``key`` (best effort)."""
+        try:
+            self.client.key_value_set(self._key(f"{key}/gave_up", self.process_index), json.dumps(reason))
+        except Exception:
+            pass  # they will time out once instead
+
+    def gave_up(self, key: str) -> dict[int, str]:
+        """The other processes that gave up under ``key``, with their reason: one look-up, no wait."""
+        dir_get = getattr(self.client, "key_value_dir_get", None)
+        if dir_get is None:
+            return {}
+        try:
+            entries = dir_get(f"{KEY_PREFIX}/{key}/gave_up")
+        except Exception:
+            return {}
+        out: dict[int, str] = {}
+        for name, raw in entries:
+            try:
+                index = int(str(name).rsplit("/", 1)[1])
+                reason = json.loads(raw)
+            except (IndexError, ValueError):
+                continue
+            if index != self.process_index:
+                out[index] = str(reason)
+        return out
+
 
 class JobGather:
     """A callback's per-fit use of the channel: keys of its own, a warning once when it fails.
 
     After a failure (a process that does not answer within ``timeout_s``) it
     gives up for the rest of the fit: the job's figures are left out rather
-    than stalling every epoch end.
+    than stalling every epoch end. It says so in the store, and each gather
+    first looks there (one look-up): a process that gave up is not waited for
+    again by the others, whose last gather may have succeeded (the late
+    process found everyone's figures there) and who would otherwise stall the
+    job a second time at their next one.
     """
 
     def __init__(
@@ -195,12 +226,31 @@ class JobGather:
         """Every process's ``value`` (by process index), or None where it cannot be had."""
         if not self.active:
             return None
-        try:
-            return self.topology.exchange.gather(f"{self.namespace}/{tag}", value, self.timeout_s)
-        except ExchangeError as e:
+        exchange = self.topology.exchange
+        quitters = exchange.gave_up(self.namespace) if hasattr(exchange, "gave_up") else {}
+        if quitters:
+            i = min(quitters)
             self.failed = True
+            self.warn(
+                f"job-wide figures are left out for the rest of this fit(): process {i} gave up on the job's "
+                f"channel ({quitters[i]})"
+            )
+            return None
+        try:
+            return exchange.gather(f"{self.namespace}/{tag}", value, self.timeout_s)
+        except ExchangeError as e:
+            self.give_up(str(e))
             self.warn(f"job-wide figures are left out for the rest of this fit(): {e}")
             return None
+
+    def give_up(self, reason: str) -> None:
+        """Stops exchanging for the rest of the fit, and tells the other processes (no wait)."""
+        if self.failed:
+            return
+        self.failed = True
+        exchange = self.topology.exchange
+        if self.topology.multi_process and hasattr(exchange, "give_up"):
+            exchange.give_up(self.namespace, reason)
 
 
 def spread(values: Sequence[float | None]) -> dict[str, float] | None:

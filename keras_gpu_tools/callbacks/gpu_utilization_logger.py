@@ -256,7 +256,7 @@ class GPUUtilizationLogger(FitCallback):
             values.update(self._job_figures(epoch, values))
         except Exception as e:  # monitoring never stops training: the job figures stop instead
             if self._gather is not None:
-                self._gather.failed = True
+                self._gather.give_up(f"process {self.topology.process_index}'s figures failed: {e}")
             self.warnings("job", f"GPUUtilizationLogger: job-wide figures are left out for the rest of this fit(): {e}")
         self.epoch_history.append(values)
         if self.epoch_logs and logs is not None:
