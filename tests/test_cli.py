@@ -220,13 +220,13 @@ def test_doctor_says_torch_fit_uses_one_of_several_gpus():
 
 
 def test_doctor_warns_that_launcher_processes_train_alone():
-    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4"}
+    env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4"}
     d = doctor.distribution_facts("torch", gpus=1, env=env)
-    assert (d.process_index, d.process_count, d.source) == (1, 4, "SLURM_PROCID/SLURM_NTASKS")
-    assert d.launcher == ["SLURM_PROCID=1", "SLURM_NTASKS=4"] and not d.channel
+    assert (d.process_index, d.process_count, d.source) == (1, 4, "SLURM_PROCID/SLURM_STEP_NUM_TASKS")
+    assert d.launcher == ["SLURM_PROCID=1", "SLURM_STEP_NUM_TASKS=4"] and not d.channel
     (finding,) = doctor.distribution_findings(d)
     assert finding.level == "warn" and "process 1 of 4" in finding.text
     assert "each process trains a model of its own" in finding.text
     report = doctor.render(doctor.FrameworkFacts("torch"), doctor.NVMLFacts(False, "none"), [finding], env, d)
-    assert "process 1 of 4 (SLURM_PROCID/SLURM_NTASKS)" in report and "store): no" in report
-    assert "launcher variables: SLURM_PROCID=1, SLURM_NTASKS=4" in report
+    assert "process 1 of 4 (SLURM_PROCID/SLURM_STEP_NUM_TASKS)" in report and "store): no" in report
+    assert "launcher variables: SLURM_PROCID=1, SLURM_STEP_NUM_TASKS=4" in report

@@ -28,7 +28,7 @@ from typing import Any
 # order: torchrun / torch.distributed, SLURM, Open MPI, MPICH / Intel MPI.
 LAUNCHER_VARIABLES = (
     ("RANK", "WORLD_SIZE"),
-    ("SLURM_PROCID", "SLURM_NTASKS"),
+    ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS"),  # a step's tasks (srun), not the allocation's
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
     ("PMI_RANK", "PMI_SIZE"),
 )
@@ -165,6 +165,13 @@ class KVExchange:
                 raise ExchangeError(f"process {i}'s {key!r} is not JSON ({e})") from None
         return out
 
+    def delete(self, key: str) -> None:
+        """Removes this process's value of ``key`` (best effort)."""
+        try:
+            self.client.key_value_delete(self._key(key, self.process_index))
+        except Exception:
+            pass
+
     def give_up(self, key: str, reason: str) -> None:
         """Tells the other processes that this one stops exchanging under ``key`` (best effort)."""
         try:
@@ -217,6 +224,7 @@ class JobGather:
         self.warn = warn
         self.timeout_s = timeout_s
         self.failed = topology.exchange is None
+        self._previous: str | None = None  # the key of the last gather that succeeded
 
     @property
     def active(self) -> bool:
@@ -236,12 +244,20 @@ class JobGather:
                 f"channel ({quitters[i]})"
             )
             return None
+        key = f"{self.namespace}/{tag}"
         try:
-            return exchange.gather(f"{self.namespace}/{tag}", value, self.timeout_s)
+            out = exchange.gather(key, value, self.timeout_s)
         except ExchangeError as e:
             self.give_up(str(e))
             self.warn(f"job-wide figures are left out for the rest of this fit(): {e}")
             return None
+        # Every process wrote this key after reading the previous one: this
+        # process's previous value is read by all and can go (the store would
+        # otherwise grow by a value per process, epoch and callback).
+        if self._previous is not None and hasattr(exchange, "delete"):
+            exchange.delete(self._previous)
+        self._previous = key
+        return out
 
     def give_up(self, reason: str) -> None:
         """Stops exchanging for the rest of the fit, and tells the other processes (no wait)."""

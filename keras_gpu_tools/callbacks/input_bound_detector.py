@@ -351,6 +351,7 @@ class InputBoundDetector(FitCallback):
         self._devices = 1  # devices that run one step
         self._job = None  # the job's channel for this fit (JobGather)
         self._job_writer: EventWriter | None = None
+        self._job_run_dir: str | None = None
         self._job_peak_checked = False
         self._job_peak_changed = False
         self._jax_specs = None
@@ -437,8 +438,8 @@ class InputBoundDetector(FitCallback):
         if note:
             self.notes.append(note)
         self._writer = EventWriter(self.run_dir) if self.log_dir else None
-        job_dir = self.job_run_dir if self._job.active else None
-        self._job_writer = EventWriter(job_dir) if job_dir else None
+        self._job_run_dir = self.job_run_dir if self._job.active else None  # opened at its first figures
+        self._job_writer = None
         self._running = True
         try:  # last: nothing can fail after the hook is in place
             self._attachment = StepHook.attach(self.model, self, self.backend, session)
@@ -479,7 +480,12 @@ class InputBoundDetector(FitCallback):
         v = self._verdict(m, self._epoch_t0, scope=scope, cache_serves=len(self._epochs) > 1)
         self.epoch_verdicts.append(v)
         self._update_overall()
-        job = self._job_figures(epoch, m)  # once per epoch, every process at the same point
+        try:
+            job = self._job_figures(epoch, m)  # once per epoch, every process at the same point
+        except Exception as e:  # another process's row of another shape: the job's figures, never the training
+            self._job.give_up(f"its job figures failed ({type(e).__name__}: {e})")
+            self.warnings("job", f"InputBoundDetector: job-wide figures are left out for the rest of this fit(): {e}")
+            job = {}
         if self._job_peak_changed:  # MFU against the job's summed peak
             m = self._epochs[-1].measurement = aggregate(
                 [w.measurement for w in self._epochs[-1].parts], self._flops, self._peak, self._devices
@@ -635,7 +641,9 @@ class InputBoundDetector(FitCallback):
                 self._peak, self._job_peak_changed = peak, True
         self.job_verdict = stragglers.job_verdict(rows)
         keys = stragglers.job_logs(rows)
-        if self._job_writer is not None:
+        if self._job_run_dir:
+            if self._job_writer is None:
+                self._job_writer = EventWriter(self._job_run_dir)
             self._job_writer.scalars(keys, step=self._global_step)
             self._job_writer.text("input/job_verdict", self.job_verdict.text(), step=self._global_step)
         return keys

@@ -297,7 +297,10 @@ class ProfilerWindow(FitCallback):
         stamps = job.gather("session", prof.session_stamp())
         if stamps is None:
             return  # no channel: each process keeps its sessions in its own run
-        self._job, self._job_prefix = job, str(stamps[0])
+        # Process 0's clock, to the second; a later fit() of this process in the same
+        # second gets its own session (moving a trace would replace the first's).
+        serial = f"_{self._fit_serial}" if self._fit_serial > 1 else ""
+        self._job, self._job_prefix = job, f"{stamps[0]}{serial}"
         if self.topology.is_chief:
             job_dir = self.topology.job_run_dir(self.log_dir, self.run_name)
             os.makedirs(job_dir, exist_ok=True)

@@ -42,6 +42,13 @@ def topology(index: int, count: int, out: Path) -> dict:
     model = tiny_model()
     topo = _backends.get().topology(model)
     gathered = topo.exchange.gather("test/hello", {"index": index}, timeout_s=30)
+    # Epoch after epoch: each gather removes this process's value of the one before.
+    from keras_gpu_tools._core.topology import JobGather
+
+    job = JobGather(topo, "test/epochs", print, timeout_s=30)
+    epochs = [job.gather(f"epoch{e}", e * 10 + index) for e in range(3)]
+    job.gather("barrier", 0)  # every process has finished the epochs' gathers (and deletes)
+    left = sorted(k for k, _ in topo.exchange.client.key_value_dir_get("keras_gpu_tools/test/epochs/"))
     return {
         "process_index": topo.process_index,
         "process_count": topo.process_count,
@@ -51,5 +58,7 @@ def topology(index: int, count: int, out: Path) -> dict:
         "source": topo.source,
         "engine": topo.engine,
         "gathered": gathered,
+        "epochs": epochs,
+        "left": left,
         "run_dir": topo.run_dir("logs", "gpu"),
     }

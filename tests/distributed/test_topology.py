@@ -16,6 +16,9 @@ def test_two_processes_know_their_place_and_share_a_channel(tmp_path):
         assert r["devices_in_step"] == 4  # the mesh: 2 processes x 2 devices
         assert "DataParallel" in r["engine"]
         assert r["gathered"] == [{"index": 0}, {"index": 1}]
+        assert r["epochs"] == [[0, 1], [10, 11], [20, 21]]
+        # What is left in the store: the barrier's values (and, at most, a slower process's last epoch).
+        assert {k for k in r["left"] if "epoch0" in k or "epoch1" in k} == set(), r["left"]
         assert r["run_dir"].endswith(f"gpu/process_{i}")
     ids = results[0]["device_ids"] + results[1]["device_ids"]
     assert len(set(ids)) == 4  # job-wide ids: no two devices share one
@@ -28,7 +31,8 @@ def test_two_processes_know_their_place_and_share_a_channel(tmp_path):
         ({}, None),
         ({"RANK": "1", "WORLD_SIZE": "4"}, (1, 4, "RANK/WORLD_SIZE")),
         ({"RANK": "0", "WORLD_SIZE": "1"}, None),  # one process: nothing to keep apart
-        ({"SLURM_PROCID": "2", "SLURM_NTASKS": "3"}, (2, 3, "SLURM_PROCID/SLURM_NTASKS")),
+        ({"SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "3"}, (2, 3, "SLURM_PROCID/SLURM_STEP_NUM_TASKS")),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4"}, None),  # an sbatch script: one python, a 4-task allocation
         (
             {"RANK": "x", "WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
             (1, 2, "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE"),
