@@ -337,6 +337,11 @@ class ProfilerWindow(FitCallback):
         start = self._next_window_start(step)
         return None if start is None else index + start - step
 
+    def _leave_job(self, reason: str) -> None:
+        """A window skipped here would leave the others waiting at its end: they are told at once instead."""
+        if self._job is not None:
+            self._job.give_up(f"process {self.topology.process_index} skipped a window: {reason}")
+
     def _next_window_start(self, step: int) -> int | None:
         low = max(step, self._skip_until + 1)
         if self.windows is not None:
@@ -436,6 +441,7 @@ class ProfilerWindow(FitCallback):
                 ),
             )
             self._skip_until = window.end - 1
+            self._leave_job("its profiler was busy")
             return
         except Exception as e:
             logger.exception("ProfilerWindow: the profiler could not start")
@@ -444,6 +450,7 @@ class ProfilerWindow(FitCallback):
                 f"ProfilerWindow: the profiler could not start ({type(e).__name__}: {e}); window skipped, training goes on.",
             )
             self._skip_until = window.end - 1
+            self._leave_job("its profiler could not start")
             return
         self._active = window
         if self._profiler.owner_thread_only and self._session is not None:
