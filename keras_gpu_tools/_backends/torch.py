@@ -545,7 +545,7 @@ class TorchBackend(Backend):
 
         return test_function
 
-    def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
+    def reducer_call(self, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
         def train_function(data):
             if len(data) == 1:
                 return one(data[0])
