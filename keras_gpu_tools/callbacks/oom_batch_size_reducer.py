@@ -127,6 +127,24 @@ class OOMBatchSizeReducer(FitCallback):
     call, so such an error cannot be retried either way; `probe=True` avoids
     running steps predicted not to fit.
 
+    Data parallelism: under `keras.distribution.DataParallel` (JAX) and
+    `tf.distribute.MirroredStrategy` (TensorFlow) each device's (replica's)
+    share of the batch is split where it lies, so every micro-batch is spread
+    over all devices as the batch was, holds at least one sample per device,
+    and no sample moves; gradients are accumulated per device and applied once
+    (the optimizer sums them over the devices as in Keras's own step). On JAX a
+    batch must hold a multiple of the process's data-parallel devices: a last
+    batch that does not is refused in `on_train_begin` (Keras would fail there
+    mid-epoch). In a job of several processes (`keras.distribution.initialize`)
+    every new batch shape and split is first rehearsed by each process on one
+    of its own devices, without collectives, and the outcomes are gathered
+    through the job's coordination service (its key-value store, which needs
+    no device memory): a split that runs out of memory on any process runs on
+    none, and every process moves to the same next split. An out-of-memory
+    error inside the job's step itself, after the rehearsals fitted, cannot be
+    retried (the other processes may wait in the step's collective for good)
+    and raises `UnrecoverableOOM`.
+
     When the split reaches `min_batch_size` and still does not fit, the
     out-of-memory error is raised (same type) with the batch sizes tried,
     the device's memory figures where known, and what to do next.

@@ -119,3 +119,44 @@ def one_process_oom(index: int, count: int, out: Path, n: int = 40, batch: int =
         "oom_events": history["oom/events"],
         "run_dir": reducer.run_dir,
     }
+
+
+def one_process_data_parallel(index: int, count: int, out: Path, n: int = 40, batch: int = 16, limit: int = 2) -> dict:
+    """One process over its devices: each device's rows are split; the errors Keras would meet are told first."""
+    from keras_gpu_tools import OOMBatchSizeReducer
+
+    data_parallel()
+    devices = jax.device_count()
+    x, y = shard(index, n)
+    m = model(n, limit, process=0)
+    reference = model(n, 10**9, process=0)
+    reducer = OOMBatchSizeReducer()
+    history = m.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[reducer]).history
+    ref_history = reference.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0).history
+    result = {
+        "devices": devices,
+        "events": [[e.batch_size, e.failed_split, e.next_split, e.kind] for e in reducer.events],
+        "lines": [e.line() for e in reducer.events],
+        "micro_batches": reducer.micro_batches,
+        "agreements": reducer._agreements,
+        "seen": np.asarray(m.layers[1].seen.value).tolist(),
+        "iterations": int(np.asarray(m.optimizer.iterations.value)),
+        "weights": trainable(m),
+        "ref_weights": trainable(reference),
+        "loss": history["loss"],
+        "ref_loss": ref_history["loss"],
+    }
+    # A last batch that cannot be spread evenly (Keras would fail there, mid-epoch): refused before any step.
+    odd = model(n - 1, limit, process=0)
+    try:
+        odd.fit(x[: n - 1], y[: n - 1], batch_size=batch, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer()])
+    except ValueError as e:
+        result["uneven"] = str(e)
+        result["uneven_iterations"] = int(np.asarray(odd.optimizer.iterations.value))
+    # Nothing fits: the smallest split is one sample per device.
+    never = model(n, 0, process=0)
+    try:
+        never.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer()])
+    except Exception as e:
+        result["never"] = str(e)
+    return result

@@ -32,3 +32,25 @@ def test_an_oom_on_one_process_is_retried_as_the_same_split_everywhere(tmp_path)
     for a, b in zip(first["weights"], second["weights"]):
         np.testing.assert_array_equal(a, b)
     assert first["run_dir"].endswith("oom/process_0") and second["run_dir"].endswith("oom/process_1")
+
+
+@pytest.mark.slow
+def test_one_process_over_two_devices_splits_each_device_share(tmp_path):
+    # keras.distribution.DataParallel over 2 CPU devices of one process: batches of 16 are 8 rows
+    # per device. Above 2 rows per device the step runs out of memory (a real XLA allocator error
+    # in the step itself: one process, no peer to wait for), so 16 runs as 4 x 4 (2 rows per device).
+    (r,) = run_job("scenarios_oom.one_process_data_parallel", tmp_path, processes=1, devices_per_process=2)
+    assert r["devices"] == 2
+    assert r["events"] == [[16, 1, 2, "jax"], [16, 2, 4, "jax"]], r["lines"]
+    assert r["agreements"] == 0  # one process: nothing to agree on
+    assert r["micro_batches"] == 2  # the last batch of 8 as 2 x 4 (2 rows per device)
+    np.testing.assert_array_equal(r["seen"], np.full(40, 2.0))
+    assert r["iterations"] == 2 * 3
+    for w, ref in zip(r["weights"], r["ref_weights"]):
+        np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r["loss"], r["ref_loss"], rtol=1e-5)
+    assert "the last batch of each epoch holds 7 samples (39 samples in batches of 16)" in r["uneven"]
+    assert "2 data-parallel devices" in r["uneven"] and "such as 38" in r["uneven"]
+    assert r["uneven_iterations"] == 0  # refused before the first step
+    assert "Batch sizes tried: 8, 8 as 2 x 4, 8 as 4 x 2." in r["never"], r["never"]
+    assert "one sample per device" in r["never"]
