@@ -180,7 +180,7 @@ class Backend:
         """The runner that retries an evaluation (``kind="test"``) or prediction (``"predict"``) batch, split."""
         raise ValueError(self.reducer_problem(model))
 
-    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
         """The test or predict function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``."""
         raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
 

@@ -584,17 +584,17 @@ class JaxEvalRunner(_HostSnapshot):
             out = self.original(state, iter_one(batch))
         elif self.kind == "predict":
             outputs = []
-            for part, _ in micro_batches(batch, n, k):
+            for part, _ in device_micro_batches(batch, n, k):
                 o, state = self._micro_jit(state, part, self.jnp.float32(1.0), self.jnp.ones((1,), "float32"))
                 outputs.append(o)
             out = (concat_outputs(outputs), state)
         elif self.mode == "split":
             out = None
-            for part, _ in micro_batches(batch, n, k):
+            for part, _ in device_micro_batches(batch, n, k):
                 out = self._plain_jit(state, part)  # Keras's own test_step, not donating
                 state = out[1]
         else:
-            parts = micro_batches(batch, n, k)
+            parts = device_micro_batches(batch, n, k)
             totals = None
             if self.routing.needs_totals():
                 tv, ntv = state[0], state[1]
@@ -936,7 +936,7 @@ class JaxBackend(Backend):
     def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
         return JaxEvalRunner(model, kind, original, mode)
 
-    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
         def step_function(state, iterator):
             outputs = []
             for i in range(steps_per_execution):

@@ -206,34 +206,18 @@ class TFRunner(StatefulRunner):
     def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
         if type(batch) is not ReplicaBatch or k == 1:
             return super().run(batch, n, k, state, guarded)
-        # Micro-batch i is every replica's i-th slice of its own share: each micro-batch is spread
-        # over the replicas as the batch was, and no sample moves to another device.
-        tf = self.tf
-        sizes = [leading_dim(p) or 0 for p in batch.parts]
-        bounds = []
-        for size in sizes:
-            cuts = [0]
-            for m in split_sizes(size, min(k, size)) if size else []:
-                cuts.append(cuts[-1] + m)
-            cuts += [cuts[-1]] * (k + 1 - len(cuts))
-            bounds.append(cuts)
-        per_replica = [
-            [
-                (slice_batch(p, b[i], b[i + 1]), (b[i + 1] - b[i]) / max(1, size))
-                for p, b, size in zip(batch.parts, bounds, sizes)
-            ]
-            for i in range(k)
-        ]
+        per_replica = _replica_parts(batch, k)
         if self.mode == "split":
             out = None
             for micro in per_replica:
-                out = self._run_original(self._distribute([part for part, _ in micro]))
+                out = self._run_original(_distribute(self.strategy, [part for part, _ in micro]))
             return out
-        totals = self._replica_totals(per_replica)
+        tf = self.tf
+        totals = _replica_totals(self, per_replica)
         parts = [
             (
-                self._distribute([part for part, _ in micro]),
-                self._distribute([tf.constant(w, tf.float32) for _, w in micro]),
+                _distribute(self.strategy, [part for part, _ in micro]),
+                _distribute(self.strategy, [tf.constant(w, tf.float32) for _, w in micro]),
             )
             for micro in per_replica
         ]
@@ -245,28 +229,6 @@ class TFRunner(StatefulRunner):
         # A metric's variable is one per replica (ON_READ): read across replicas (their sum), and
         # assigned back the same way (TensorFlow spreads a SUM variable's value over the replicas).
         return v.numpy()
-
-    def _distribute(self, values: list):
-        """Per-replica values (``values[r]`` on replica ``r``) as the strategy's distributed value."""
-        return self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: values[ctx.replica_id_in_sync_group]
-        )
-
-    def _replica_totals(self, per_replica):
-        """Each replica's denominators of its share (what its loss averages over), where a loss needs them."""
-        tf = self.tf
-        if not self.routing.needs_totals():
-            return None
-        first = self._measure(per_replica[0][0][0])
-        self.routing.measured = True
-        if not self.routing.needs_totals():
-            return None
-        rows = []
-        for r in range(self.replicas):
-            measured = [first] if r == 0 else [self._measure(per_replica[0][r][0])]
-            measured += [self._measure(micro[r][0]) for micro in per_replica[1:]]
-            rows.append(tf.constant(self.routing.totals(measured), tf.float32))
-        return self._distribute(rows)
 
     def _function(self, fn):
         if getattr(self.model, "run_eagerly", False):
@@ -319,6 +281,8 @@ class TFRunner(StatefulRunner):
                         with self.routing.micro(lambda: local.w, lambda: local.totals):
                             logs = strategy.run(replica, args=(data, w, totals))
                     self.routing.check_step(self.replicas)
+                    if self.replicas > 1:
+                        logs = _mean_over_replicas(strategy, logs)
                 except InexactAccumulationError as e:
                     self._refused = e
                     raise
@@ -449,13 +413,73 @@ class TFEvalRunner(StatefulEvalRunner):
         self._micro_fn = None
         self._measure_fn = None
         self._refused: InexactAccumulationError | None = None
+        self.strategy = self.model.distribute_strategy
+        self.replicas = int(getattr(self.strategy, "num_replicas_in_sync", 1) or 1)
+        self._tls = threading.local()  # each replica's weight and totals while a micro-batch is traced
+
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if type(batch) is not ReplicaBatch:
+            return super().run(batch, n, k, state, guarded)
+        if k == 1:
+            return self._run_original(batch)
+        # A test step over several replicas: each replica's share split (see TFRunner.run).
+        tf = self.tf
+        per_replica = _replica_parts(batch, k)
+        if self.mode == "split":
+            out = None
+            for micro in per_replica:
+                out = self._run_original(_distribute(self.strategy, [part for part, _ in micro]))
+            return out
+        totals = _replica_totals(self, per_replica)
+        if totals is None:
+            totals = tf.constant([1.0], tf.float32)
+        if self._replica_fn is None:
+            self._replica_fn = self._function(self._replica_micro)
+        logs = None
+        self._refused = None
+        try:
+            for micro in per_replica:
+                data = _distribute(self.strategy, [part for part, _ in micro])
+                w = _distribute(self.strategy, [tf.constant(share, tf.float32) for _, share in micro])
+                logs = self._replica_fn(data, w, totals)
+        except Exception:
+            refused, self._refused = self._refused, None
+            if refused is not None:
+                raise refused from None
+            raise
+        return logs
+
+    _replica_fn = None
+
+    def _replica_micro(self, data, w, totals):
+        local = self._tls
+
+        def replica(d, w, totals):
+            local.w, local.totals = w, totals
+            return self.model.test_step(d)
+
+        try:
+            with self.routing.micro(lambda: local.w, lambda: local.totals):
+                logs = self.strategy.run(replica, args=(data, w, totals))
+            self.routing.check_step(self.replicas)
+        except InexactAccumulationError as e:
+            self._refused = e
+            raise
+        return _mean_over_replicas(self.strategy, logs)
 
     def _function(self, fn):
         if getattr(self.model, "run_eagerly", False):
             return fn
         return self.tf.function(fn, reduce_retracing=True, jit_compile=bool(getattr(self.model, "jit_compile", False)))
 
+    def _host(self, v):
+        if int(getattr(self.model.distribute_strategy, "num_replicas_in_sync", 1) or 1) == 1:
+            return super()._host(v)
+        return v.numpy()  # a metric's per-replica variable, read across the replicas (see TFRunner._host)
+
     def _run_original(self, batch):
+        if type(batch) is ReplicaBatch:
+            batch = batch.original
         if self.kind == "predict":
             return self.original([batch])
         return ki.tf_run_batches(self.original, [batch])
@@ -488,6 +512,58 @@ class TFEvalRunner(StatefulEvalRunner):
         if self._measure_fn is None:
             self._measure_fn = self._function(_measuring(self))
         return [float(d) for d in self._measure_fn(part).numpy()]
+
+
+def _replica_parts(batch: ReplicaBatch, k: int) -> list[list[tuple[Any, float]]]:
+    """``[micro][replica] -> (part, share)``: every replica's share split in ``k``, micro-batch ``i`` their ``i``-th slices.
+
+    Each micro-batch is spread over the replicas as the batch was and no sample
+    moves to another device; a replica's share of its own rows weights its loss
+    (Keras's step averages each replica's loss over its own rows).
+    """
+    sizes = [leading_dim(p) or 0 for p in batch.parts]
+    bounds = []
+    for size in sizes:
+        cuts = [0]
+        for m in split_sizes(size, min(k, size)) if size else []:
+            cuts.append(cuts[-1] + m)
+        cuts += [cuts[-1]] * (k + 1 - len(cuts))
+        bounds.append(cuts)
+    return [
+        [
+            (slice_batch(p, b[i], b[i + 1]), (b[i + 1] - b[i]) / max(1, size))
+            for p, b, size in zip(batch.parts, bounds, sizes)
+        ]
+        for i in range(k)
+    ]
+
+
+def _distribute(strategy, values: list):
+    """Per-replica values (``values[r]`` on replica ``r``) as the strategy's distributed value."""
+    return strategy.experimental_distribute_values_from_function(lambda ctx: values[ctx.replica_id_in_sync_group])
+
+
+def _replica_totals(runner, per_replica):
+    """Each replica's denominators of its share (what its loss averages over), where a loss needs them."""
+    tf = runner.tf
+    if not runner.routing.needs_totals():
+        return None
+    first = runner._measure(per_replica[0][0][0])
+    runner.routing.measured = True
+    if not runner.routing.needs_totals():
+        return None
+    rows = []
+    for r in range(len(per_replica[0])):
+        measured = [first] if r == 0 else [runner._measure(per_replica[0][r][0])]
+        measured += [runner._measure(micro[r][0]) for micro in per_replica[1:]]
+        rows.append(tf.constant(runner.routing.totals(measured), tf.float32))
+    return _distribute(runner.model.distribute_strategy, rows)
+
+
+def _mean_over_replicas(strategy, logs):
+    """A step's per-replica logs as Keras's own step returns them (``reduce_per_replica``'s "auto": the mean)."""
+    tf = deps.loaded("tensorflow")
+    return tf.nest.map_structure(lambda v: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None), logs)
 
 
 def _measuring(runner):
@@ -740,7 +816,7 @@ class TensorFlowBackend(Backend):
     def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
         return TFEvalRunner(model, kind, original, mode)
 
-    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
         if kind == "predict":
 
             def predict_function(batches):  # already fetched by predict()
@@ -755,7 +831,7 @@ class TensorFlowBackend(Backend):
                 raise StopIteration
             out = None
             for batch in batches:
-                out = one(batch)
+                out = one(_replica_batch(batch, replicas) if replicas > 1 else batch)
             return out
 
         return test_function

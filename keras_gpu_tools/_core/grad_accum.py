@@ -506,10 +506,15 @@ class StatefulEvalRunner:
     def protect(self, state, guarded: bool) -> Snapshot:
         if self.kind == "predict":
             return Snapshot("none", None)
-        import keras
 
         variables = list(self.model.metrics_variables)
-        return Snapshot("small", [(v, keras.ops.convert_to_numpy(v.value)) for v in variables])
+        return Snapshot("small", [(v, self._host(v)) for v in variables])
+
+    def _host(self, v):
+        """A host copy of variable ``v``."""
+        import keras
+
+        return keras.ops.convert_to_numpy(v.value)
 
     def restore(self, snap: Snapshot, state):
         if snap.kind == "small":

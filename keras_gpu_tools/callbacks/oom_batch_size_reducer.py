@@ -367,8 +367,10 @@ class OOMBatchSizeReducer(FitCallback):
         ev.runner = self.backend.eval_runner(model, kind, current, self.mode)
         ev.model = model
         ev.original = current
+        replicas = max(1, int(self.backend.replicas(model) or 1))
+        ev.controller.granule = replicas  # each device's share is split, as in training
         call = self.backend.eval_call(
-            kind, lambda batch, state=None: self._one_eval(ev, batch, state), self._spe_of(model)
+            kind, lambda batch, state=None: self._one_eval(ev, batch, state), self._spe_of(model), replicas
         )
 
         def function(*args):

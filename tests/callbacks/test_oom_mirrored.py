@@ -108,16 +108,17 @@ def iterations(model):
     return int(ops.convert_to_numpy(model.optimizer.iterations))
 
 
-def both(n, limit, batch=16, epochs=2, mode="accumulate", **model_kw):
+def both(n, limit, batch=16, epochs=2, mode="accumulate", validation=False, **model_kw):
     """(model trained with the reducer, reference trained unsplit, their histories, the reducer)."""
     x, y = data(n)
+    fit_kw = {"validation_data": (x[:16], y[:16])} if validation else {}
     with strategy().scope():
         model = make_model(n, limit, **model_kw)
         reference = make_model(n, 10**9, **model_kw)  # same seed: same initial weights
     assert model.distribute_strategy.num_replicas_in_sync == REPLICAS
     reducer = OOMBatchSizeReducer(mode=mode)
-    history = model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0, callbacks=[reducer])
-    ref_history = reference.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0)
+    history = model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0, callbacks=[reducer], **fit_kw)
+    ref_history = reference.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0, **fit_kw)
     return model, reference, history.history, ref_history.history, reducer
 
 
@@ -127,8 +128,16 @@ def test_each_replica_share_is_split_and_the_update_is_the_unsplit_one(optimizer
     n, epochs = 48, 2
     # Batches of 16: 8 per replica. The cliff is above 2 samples per replica: 16 (8 each) and
     # 2 x 8 (4 each) run out of memory on the replicas' devices, 4 x 4 (2 each) fits.
-    model, reference, history, ref_history, reducer = both(n, limit=2, epochs=epochs, optimizer=optimizer)
-    assert [(e.batch_size, e.failed_split, e.next_split) for e in reducer.events] == [(16, 1, 2), (16, 2, 4)]
+    model, reference, history, ref_history, reducer = both(
+        n, limit=2, epochs=epochs, optimizer=optimizer, validation=True
+    )
+    # Training, then the validation batch of 16, each: 16 and 2 x 8 out of memory, 4 x 4 fits.
+    assert [(e.phase, e.batch_size, e.failed_split, e.next_split) for e in reducer.events] == [
+        ("train", 16, 1, 2),
+        ("train", 16, 2, 4),
+        ("test", 16, 1, 2),
+        ("test", 16, 2, 4),
+    ]
     assert all(e.granule == REPLICAS for e in reducer.events)
     why = " ".join(" ".join(e.why()) for e in reducer.events)
     assert "CPU:" in why  # the allocator's error names the replica's device
@@ -138,7 +147,7 @@ def test_each_replica_share_is_split_and_the_update_is_the_unsplit_one(optimizer
     assert iterations(model) == iterations(reference) == epochs * n // 16  # one update per original batch
     for w, r in zip(weights(model), weights(reference)):
         np.testing.assert_allclose(w, r, rtol=1e-5, atol=1e-6)
-    for key in ("loss", "mae"):
+    for key in ("loss", "mae", "val_loss", "val_mae"):  # validation split over the replicas too
         np.testing.assert_allclose(history[key], ref_history[key], rtol=1e-5, err_msg=key)
     assert history["oom/micro_batches"] == [4.0, 4.0]
 
