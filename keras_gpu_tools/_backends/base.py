@@ -181,7 +181,10 @@ class Backend:
         raise ValueError(self.reducer_problem(model))
 
     def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
-        """The test or predict function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``."""
+        """The test or predict function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``.
+
+        ``replicas``: as for :meth:`reducer_call`.
+        """
         raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
 
     def hand_back_eval_state(self, model, kind: str, state) -> None:

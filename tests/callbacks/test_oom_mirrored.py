@@ -108,10 +108,12 @@ def iterations(model):
     return int(ops.convert_to_numpy(model.optimizer.iterations))
 
 
-def both(n, limit, batch=16, epochs=2, mode="accumulate", validation=False, **model_kw):
+def both(n, limit, batch=16, epochs=2, mode="accumulate", validation=False, sample_weight=None, **model_kw):
     """(model trained with the reducer, reference trained unsplit, their histories, the reducer)."""
     x, y = data(n)
     fit_kw = {"validation_data": (x[:16], y[:16])} if validation else {}
+    if sample_weight is not None:
+        fit_kw["sample_weight"] = sample_weight
     with strategy().scope():
         model = make_model(n, limit, **model_kw)
         reference = make_model(n, 10**9, **model_kw)  # same seed: same initial weights
@@ -167,6 +169,20 @@ def test_uneven_split_of_the_shares_and_a_last_smaller_batch():
 
 
 @inside
+def test_sample_weights_averaged_over_each_replica_share():
+    # mean_with_sample_weight: each replica's loss divides by its share's total weight, which its
+    # micro-batches measure first; the update and the loss are still the unsplit step's.
+    n = 32
+    sw = np.random.RandomState(3).uniform(0.2, 3.0, size=(n,)).astype("float32")
+    loss = keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")
+    model, reference, history, ref_history, reducer = both(n, limit=2, epochs=1, loss=loss, sample_weight=sw)
+    assert reducer.micro_batches == 4
+    for w, r in zip(weights(model), weights(reference)):
+        np.testing.assert_allclose(w, r, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(history["loss"], ref_history["loss"], rtol=1e-5)
+
+
+@inside
 def test_split_mode_runs_each_micro_batch_over_the_replicas_as_its_own_step():
     model, _, _, _, reducer = both(32, limit=2, epochs=1, mode="split")
     assert reducer.micro_batches == 4
@@ -213,4 +229,4 @@ def test_mirrored_strategy_suite():
     tail = (proc.stdout + proc.stderr)[-6000:]
     print(tail)
     assert proc.returncode == 0, tail
-    assert "5 passed" in tail, tail
+    assert "6 passed" in tail, tail
