@@ -27,6 +27,9 @@ class Backend:
     traced_flops = False
     #: Whether the memory a step needs can be predicted before running it (JAX).
     predicts_memory = False
+    #: Whether data parallelism needs every device's share of a batch to be equal
+    #: (JAX: a global array is split evenly; tf.distribute splits unevenly).
+    even_shares = False
     #: What `doctor` tells a user whose framework build sees no GPU.
     install_hint = "install a GPU build of the framework"
 
@@ -152,8 +155,12 @@ class Backend:
         """The runner that retries a batch as micro-batches (see ``_core.grad_accum``)."""
         raise ValueError(self.reducer_problem(model))
 
-    def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
-        """The train function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``."""
+    def reducer_call(self, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
+        """The train function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``.
+
+        ``replicas``: the data-parallel size (:meth:`replicas`); under a ``tf.distribute`` strategy of
+        several replicas the batches are per-replica values.
+        """
         raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
 
     def explain_oom(
@@ -181,8 +188,11 @@ class Backend:
         """The runner that retries an evaluation (``kind="test"``) or prediction (``"predict"``) batch, split."""
         raise ValueError(self.reducer_problem(model))
 
-    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
-        """The test or predict function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``."""
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
+        """The test or predict function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``.
+
+        ``replicas``: as for :meth:`reducer_call`.
+        """
         raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
 
     def hand_back_eval_state(self, model, kind: str, state) -> None:

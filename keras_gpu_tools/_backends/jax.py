@@ -29,6 +29,7 @@ from keras_gpu_tools._core.grad_accum import (
     nbytes,
     refusal,
 )
+from keras_gpu_tools._core.oom import split_sizes
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
 from keras_gpu_tools.errors import KerasInternalsError, UnrecoverableOOM
 
@@ -114,6 +115,62 @@ def _wait(jax, tree) -> None:
 
 def iter_one(batch):
     return iter([batch])
+
+
+def _batch_shards(batch):
+    """The leaves of a batch laid out over several devices along the batch axis (data parallelism), or None."""
+    found = list(leaves(batch))
+    if not found or not all(hasattr(a, "addressable_shards") for a in found):
+        return None
+    first = found[0].sharding
+    if len(first.device_set) <= 1 or first.is_fully_replicated:
+        return None
+    return found
+
+
+def device_micro_batches(batch, n: int, k: int) -> list[tuple[Any, float]]:
+    """``(micro_batch, share)`` pairs of a batch split in ``k``; under data parallelism, each device's share split.
+
+    A batch spread over several devices (``keras.distribution.DataParallel``,
+    one process or several) is split where it lies: micro-batch ``i`` is
+    every device's ``i``-th slice of its own rows, assembled as an array of
+    the same layout. No sample moves to another device or process, every
+    micro-batch is spread over all devices as the batch was, and every
+    sample is in exactly one. Elsewhere, :func:`micro_batches`.
+    """
+    if _batch_shards(batch) is None:
+        return micro_batches(batch, n, k)
+    import jax
+
+    def rows(a) -> int:
+        shard = a.addressable_shards[0]
+        return int(shard.data.shape[0])
+
+    local = rows(next(leaves(batch)))
+    k = min(k, local)
+    cuts = [0]
+    for size in split_sizes(local, k):
+        cuts.append(cuts[-1] + size)
+
+    def piece(a, i):
+        if a is None:
+            return None
+        lo, hi = cuts[i], cuts[i + 1]
+        if rows(a) != local:
+            raise ValueError(
+                f"OOMBatchSizeReducer: the inputs of a batch hold {local} and {rows(a)} rows per device; "
+                "they cannot be split together."
+            )
+        shape = (a.shape[0] // local * (hi - lo),) + tuple(a.shape[1:])
+        return jax.make_array_from_single_device_arrays(
+            shape, a.sharding, [s.data[lo:hi] for s in a.addressable_shards]
+        )
+
+    out = []
+    for i in range(k):
+        part = jax.tree_util.tree_map(lambda a, i=i: piece(a, i), batch)
+        out.append((part, (cuts[i + 1] - cuts[i]) / local))
+    return out
 
 
 # -- profiler ------------------------------------------------------------------------------
@@ -240,6 +297,8 @@ class JaxRunner(_HostSnapshot):
         self._micro_jit = jax.jit(self._micro, donate_argnums=(4,))
         self._apply_jit = jax.jit(self._apply, donate_argnums=(0, 1, 2))
         self._measure_jit = jax.jit(self._measure_fn)
+        self._zeros_jit = None
+        self._rehearse_jit = None
         self._step = ki.jax_step_function(original)
         self.state_bytes = None
         self.routing = LossRouting(model)
@@ -267,6 +326,44 @@ class JaxRunner(_HostSnapshot):
         acc = [a + (g * factor).astype(a.dtype) for a, g in zip(acc, grads)]
         return logs, list(ntv2), list(mv2), acc
 
+    def rehearse(self, batch, n: int, k: int, state) -> None:
+        """Runs the first micro-batch's step of a split on this process's first device alone; raises its error.
+
+        What one device of a job's step holds: its rows of the micro-batch (the
+        largest), the weights, the optimizer state and an accumulator, through
+        the model's own ``train_step``. Traced without the Keras distribution
+        and run on one local device, it has no collective, so an out-of-memory
+        error here stops this process only; nothing is updated (the outputs
+        are dropped, nothing is donated).
+        """
+        import keras
+        import numpy as np
+
+        jax, jnp = self.jax, self.jnp
+
+        def local(a):
+            # This process's first copy: `addressable_data`, since some of Keras's replicated state
+            # arrays of a job (the optimizer's and metrics' scalars) have no readable `addressable_shards`.
+            return a.addressable_data(0) if hasattr(a, "addressable_data") else a
+
+        part, w = device_micro_batches(batch, n, k)[0]
+        part = jax.tree_util.tree_map(local, part)
+        tv, ntv, ov, mv = ([local(a) for a in p] for p in ki.jax_state_parts(state))
+        if self._rehearse_jit is None:
+            self._rehearse_jit = jax.jit(self._micro)
+        totals = np.ones((max(1, len(ki.flat_losses(self.model) or [])),), "float32")
+        previous = keras.distribution.distribution()
+        keras.distribution.set_distribution(None)
+        self.routing.lenient = True  # the totals' values do not matter: the outputs are dropped
+        try:
+            acc = [jnp.zeros_like(a) for a in tv]
+            out = self._rehearse_jit(tv, ntv, ov, mv, acc, part, np.float32(w), totals)
+            jax.block_until_ready(out)
+            del out, acc
+        finally:
+            self.routing.lenient = False
+            keras.distribution.set_distribution(previous)
+
     def _apply(self, tv, ov, acc):
         tv2, ov2 = self.model.optimizer.stateless_apply(ov, acc, tv)
         return list(tv2), list(ov2), [self.jnp.zeros_like(a) for a in acc]
@@ -284,7 +381,7 @@ class JaxRunner(_HostSnapshot):
             out = self.original(state, iter_one(batch))
         elif self.mode == "split":
             out = None
-            for part, _ in micro_batches(batch, n, k):
+            for part, _ in device_micro_batches(batch, n, k):
                 out = self.original(state, iter_one(part))
                 state = out[1]
         else:
@@ -294,7 +391,9 @@ class JaxRunner(_HostSnapshot):
         return out
 
     def _zeros(self, tv):
-        return [self.jnp.zeros(a.shape, a.dtype) for a in tv]
+        if self._zeros_jit is None:  # laid out as the variables are (replicated over a mesh, say)
+            self._zeros_jit = self.jax.jit(lambda t: [self.jnp.zeros_like(a) for a in t])
+        return self._zeros_jit(list(tv))
 
     def _totals(self, parts, tv, ntv):
         routing = self.routing
@@ -309,16 +408,20 @@ class JaxRunner(_HostSnapshot):
 
     def _run_accumulated(self, batch, n, k, state):
         tv, ntv, ov, mv = ki.jax_state_parts(state)
-        parts = micro_batches(batch, n, k)
+        import numpy as np
+
+        parts = device_micro_batches(batch, n, k)
         totals = self._totals(parts, tv, ntv)
-        vector = self.jnp.asarray(totals if totals else [1.0], "float32")
+        # Host values, not arrays on one device: under a job of several processes they are the
+        # same everywhere, which a jit over the job's devices takes as replicated.
+        vector = np.asarray(totals if totals else [1.0], "float32")
         acc = self._acc
         if acc is None or any(a.is_deleted() for a in acc):
             acc = self._zeros(tv)
         self._acc = None
         logs = None
         for part, w in parts:
-            logs, ntv, mv, acc = self._micro_jit(tv, ntv, ov, mv, acc, part, self.jnp.float32(w), vector)
+            logs, ntv, mv, acc = self._micro_jit(tv, ntv, ov, mv, acc, part, np.float32(w), vector)
         tv, ov, acc = self._apply_jit(tv, ov, acc)
         self._acc = acc
         return logs, (tv, ntv, ov, mv)
@@ -351,7 +454,7 @@ class JaxRunner(_HostSnapshot):
                 extra = 0
             else:
                 tv, ntv, ov, mv = ki.jax_state_parts(state)
-                part, w = micro_batches(batch, n, k)[0]
+                part, w = device_micro_batches(batch, n, k)[0]
                 totals = jnp.ones((max(1, len(ki.flat_losses(self.model) or [])),), "float32")
                 self.routing.lenient = True  # a trace for its memory analysis: the totals' values do not matter
                 try:
@@ -481,17 +584,17 @@ class JaxEvalRunner(_HostSnapshot):
             out = self.original(state, iter_one(batch))
         elif self.kind == "predict":
             outputs = []
-            for part, _ in micro_batches(batch, n, k):
+            for part, _ in device_micro_batches(batch, n, k):
                 o, state = self._micro_jit(state, part, self.jnp.float32(1.0), self.jnp.ones((1,), "float32"))
                 outputs.append(o)
             out = (concat_outputs(outputs), state)
         elif self.mode == "split":
             out = None
-            for part, _ in micro_batches(batch, n, k):
+            for part, _ in device_micro_batches(batch, n, k):
                 out = self._plain_jit(state, part)  # Keras's own test_step, not donating
                 state = out[1]
         else:
-            parts = micro_batches(batch, n, k)
+            parts = device_micro_batches(batch, n, k)
             totals = None
             if self.routing.needs_totals():
                 tv, ntv = state[0], state[1]
@@ -559,6 +662,7 @@ class JaxBackend(Backend):
     traced_flops = True
     times_unsynced_fetch = True
     predicts_memory = True
+    even_shares = True
 
     def __init__(self):
         super().__init__("jax")
@@ -849,7 +953,7 @@ class JaxBackend(Backend):
     def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
         return JaxEvalRunner(model, kind, original, mode)
 
-    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
         def step_function(state, iterator):
             outputs = []
             for i in range(steps_per_execution):
@@ -868,7 +972,7 @@ class JaxBackend(Backend):
     def hand_back_eval_state(self, model, kind: str, state) -> None:
         ki.jax_write_variables(model, kind, state)
 
-    def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
+    def reducer_call(self, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
         if steps_per_execution == 1:
 
             def train_function_1(state, iterator):

@@ -12,14 +12,22 @@ batch kept for a retry.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core import keras_internals as ki
-from keras_gpu_tools._core.batches import leading_dim, leaves
-from keras_gpu_tools._core.grad_accum import StatefulEvalRunner, StatefulRunner, concat_outputs, measure_order
+from keras_gpu_tools._core.batches import ReplicaBatch, leading_dim, leaves
+from keras_gpu_tools._core.grad_accum import (
+    StatefulEvalRunner,
+    StatefulRunner,
+    concat_outputs,
+    measure_order,
+    slice_batch,
+)
+from keras_gpu_tools._core.oom import split_sizes
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
 from keras_gpu_tools.errors import InexactAccumulationError
 
@@ -126,6 +134,38 @@ class _TF:
 class TFRunner(StatefulRunner):
     backend = "tensorflow"
 
+    # What differs per replica while a micro-batch is traced (replica functions run on threads).
+    @property
+    def _tls(self):
+        tls = self.__dict__.get("_tls_obj")
+        if tls is None:
+            tls = self.__dict__["_tls_obj"] = threading.local()
+        return tls
+
+    @property
+    def _w(self):
+        return getattr(self._tls, "w", None)
+
+    @_w.setter
+    def _w(self, value):
+        self._tls.w = value
+
+    @property
+    def _scaled(self):
+        return getattr(self._tls, "scaled", False)
+
+    @_scaled.setter
+    def _scaled(self, value):
+        self._tls.scaled = value
+
+    @property
+    def applies(self):
+        return getattr(self._tls, "applies", 0)
+
+    @applies.setter
+    def applies(self, value):
+        self._tls.applies = value
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         import tensorflow as tf
@@ -140,9 +180,55 @@ class TFRunner(StatefulRunner):
         self._apply_fns: dict[tuple, Callable] = {}
         self._measure_fn = None
         self._small_fn = None
+        self.strategy = self.model.distribute_strategy
+        self.replicas = int(getattr(self.strategy, "num_replicas_in_sync", 1) or 1)
 
     def _run_original(self, batch):
+        if type(batch) is ReplicaBatch:
+            batch = batch.original
         return ki.tf_run_batches(self.original, [batch])
+
+    def _variable(self, initial, **kwargs):
+        """An accumulator: under a strategy of several replicas, one copy per replica (summed when read across)."""
+        tf = self.tf
+        if self.replicas == 1:
+            return tf.Variable(initial, trainable=False, **kwargs)
+        with self.strategy.scope():
+            return tf.Variable(
+                initial,
+                trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.SUM,
+                **kwargs,
+            )
+
+    # -- several replicas (MirroredStrategy): each replica's share is split ----------------------
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if type(batch) is not ReplicaBatch or k == 1:
+            return super().run(batch, n, k, state, guarded)
+        per_replica = _replica_parts(batch, k)
+        if self.mode == "split":
+            out = None
+            for micro in per_replica:
+                out = self._run_original(_distribute(self.strategy, [part for part, _ in micro]))
+            return out
+        tf = self.tf
+        totals = _replica_totals(self, per_replica)
+        parts = [
+            (
+                _distribute(self.strategy, [part for part, _ in micro]),
+                _distribute(self.strategy, [tf.constant(w, tf.float32) for _, w in micro]),
+            )
+            for micro in per_replica
+        ]
+        return self._run_accumulated(parts, totals, distributed=True)
+
+    def _host(self, v):
+        if self.replicas == 1:
+            return super()._host(v)
+        # A metric's variable is one per replica (ON_READ): read across replicas (their sum), and
+        # assigned back the same way (TensorFlow spreads a SUM variable's value over the replicas).
+        return v.numpy()
 
     def _function(self, fn):
         if getattr(self.model, "run_eagerly", False):
@@ -153,17 +239,16 @@ class TFRunner(StatefulRunner):
         tf = self.tf
         if self._accs is None:
             self._accs = [
-                tf.Variable(tf.zeros(tuple(v.shape), dtype=v.dtype), trainable=False, name="kgt_oom_acc")
+                self._variable(tf.zeros(tuple(v.shape), dtype=v.dtype), name="kgt_oom_acc")
                 for v in self.model.trainable_variables
             ]
             # Sparse gradients (an embedding's tf.IndexedSlices) are kept as the rows and
             # indices of every micro-batch, concatenated: Keras's optimizers treat repeated
             # indices slice by slice (Adam squares each), so a dense sum would differ.
             self._rows = [
-                tf.Variable(
+                self._variable(
                     tf.zeros((0, *tuple(v.shape)[1:]), dtype=v.dtype),
                     shape=tf.TensorShape([None, *tuple(v.shape)[1:]]),
-                    trainable=False,
                     name="kgt_oom_rows",
                 )
                 if len(v.shape)
@@ -171,7 +256,7 @@ class TFRunner(StatefulRunner):
                 for v in self.model.trainable_variables
             ]
             self._row_indices = [
-                tf.Variable(tf.zeros((0,), tf.int64), shape=tf.TensorShape([None]), trainable=False, name="kgt_oom_idx")
+                self._variable(tf.zeros((0,), tf.int64), shape=tf.TensorShape([None]), name="kgt_oom_idx")
                 if len(v.shape)
                 else None
                 for v in self.model.trainable_variables
@@ -179,21 +264,29 @@ class TFRunner(StatefulRunner):
             strategy = self.model.distribute_strategy
 
             def micro(data, w, totals):
-                def replica(d):
-                    self._w = w
-                    self._scaled = False
-                    self.applies = 0
-                    try:
-                        with ki.capture_apply(self.model.optimizer, self._sink, weight=w, on_scaled=self._mark_scaled):
-                            with self.routing.micro(w, totals):
-                                logs = self.model.train_step(d)
-                        self.routing.check_step()
-                    except InexactAccumulationError as e:
-                        self._refused = e
-                        raise
-                    return logs
+                # Under MirroredStrategy each replica's function runs on a thread of its own and they
+                # take turns at every merge_call (a summed variable's update): the optimizer and the
+                # losses are routed once around all of them, and what differs per replica (its
+                # weight, its totals, its count of applies) is kept per thread.
+                local = self._tls
 
-                return strategy.run(replica, args=(data,))
+                def replica(d, w, totals):
+                    local.w, local.totals, local.scaled, local.applies = w, totals, False, 0
+                    return self.model.train_step(d)
+
+                try:
+                    with ki.capture_apply(
+                        self.model.optimizer, self._sink, weight=lambda: local.w, on_scaled=self._mark_scaled
+                    ):
+                        with self.routing.micro(lambda: local.w, lambda: local.totals):
+                            logs = strategy.run(replica, args=(data, w, totals))
+                    self.routing.check_step(self.replicas)
+                    if self.replicas > 1:
+                        logs = _mean_over_replicas(strategy, logs)
+                except InexactAccumulationError as e:
+                    self._refused = e
+                    raise
+                return logs
 
             self._micro_fn = self._function(micro)
 
@@ -260,15 +353,19 @@ class TFRunner(StatefulRunner):
             self._measure_fn = self._function(_measuring(self))
         return [float(d) for d in self._measure_fn(part).numpy()]
 
-    def _run_accumulated(self, parts, totals):
+    def _run_accumulated(self, parts, totals, distributed: bool = False):
+        """``parts``: (micro-batch, its share); ``distributed``: per-replica values, with per-replica totals."""
         self._build()
         tf = self.tf
         logs = None
-        vector = tf.constant(totals if totals else [1.0], tf.float32)
+        if distributed:
+            vector = totals if totals is not None else tf.constant([1.0], tf.float32)
+        else:
+            vector = tf.constant(totals if totals else [1.0], tf.float32)
         self._refused = None
         try:
             for part, w in parts:
-                logs = self._micro_fn(part, tf.constant(w, tf.float32), vector)
+                logs = self._micro_fn(part, w if distributed else tf.constant(w, tf.float32), vector)
             self._apply()
         except Exception:
             refused, self._refused = self._refused, None
@@ -280,8 +377,17 @@ class TFRunner(StatefulRunner):
         return logs
 
     def _reset_accumulator(self):
-        if self._accs is not None:
+        if self._accs is None:
+            return
+        if self.replicas == 1:
             self._clear(range(len(self._accs)))
+        else:  # a per-replica variable is written in its replica's context
+
+            def clear():
+                self._clear(range(len(self._accs)))
+                return self.tf.constant(0)
+
+            self.strategy.run(clear)
 
     def _small_changed(self) -> None:
         self._small_fn = None
@@ -307,13 +413,73 @@ class TFEvalRunner(StatefulEvalRunner):
         self._micro_fn = None
         self._measure_fn = None
         self._refused: InexactAccumulationError | None = None
+        self.strategy = self.model.distribute_strategy
+        self.replicas = int(getattr(self.strategy, "num_replicas_in_sync", 1) or 1)
+        self._tls = threading.local()  # each replica's weight and totals while a micro-batch is traced
+
+    def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
+        if type(batch) is not ReplicaBatch:
+            return super().run(batch, n, k, state, guarded)
+        if k == 1:
+            return self._run_original(batch)
+        # A test step over several replicas: each replica's share split (see TFRunner.run).
+        tf = self.tf
+        per_replica = _replica_parts(batch, k)
+        if self.mode == "split":
+            out = None
+            for micro in per_replica:
+                out = self._run_original(_distribute(self.strategy, [part for part, _ in micro]))
+            return out
+        totals = _replica_totals(self, per_replica)
+        if totals is None:
+            totals = tf.constant([1.0], tf.float32)
+        if self._replica_fn is None:
+            self._replica_fn = self._function(self._replica_micro)
+        logs = None
+        self._refused = None
+        try:
+            for micro in per_replica:
+                data = _distribute(self.strategy, [part for part, _ in micro])
+                w = _distribute(self.strategy, [tf.constant(share, tf.float32) for _, share in micro])
+                logs = self._replica_fn(data, w, totals)
+        except Exception:
+            refused, self._refused = self._refused, None
+            if refused is not None:
+                raise refused from None
+            raise
+        return logs
+
+    _replica_fn = None
+
+    def _replica_micro(self, data, w, totals):
+        local = self._tls
+
+        def replica(d, w, totals):
+            local.w, local.totals = w, totals
+            return self.model.test_step(d)
+
+        try:
+            with self.routing.micro(lambda: local.w, lambda: local.totals):
+                logs = self.strategy.run(replica, args=(data, w, totals))
+            self.routing.check_step(self.replicas)
+        except InexactAccumulationError as e:
+            self._refused = e
+            raise
+        return _mean_over_replicas(self.strategy, logs)
 
     def _function(self, fn):
         if getattr(self.model, "run_eagerly", False):
             return fn
         return self.tf.function(fn, reduce_retracing=True, jit_compile=bool(getattr(self.model, "jit_compile", False)))
 
+    def _host(self, v):
+        if int(getattr(self.model.distribute_strategy, "num_replicas_in_sync", 1) or 1) == 1:
+            return super()._host(v)
+        return v.numpy()  # a metric's per-replica variable, read across the replicas (see TFRunner._host)
+
     def _run_original(self, batch):
+        if type(batch) is ReplicaBatch:
+            batch = batch.original
         if self.kind == "predict":
             return self.original([batch])
         return ki.tf_run_batches(self.original, [batch])
@@ -346,6 +512,58 @@ class TFEvalRunner(StatefulEvalRunner):
         if self._measure_fn is None:
             self._measure_fn = self._function(_measuring(self))
         return [float(d) for d in self._measure_fn(part).numpy()]
+
+
+def _replica_parts(batch: ReplicaBatch, k: int) -> list[list[tuple[Any, float]]]:
+    """``[micro][replica] -> (part, share)``: every replica's share split in ``k``, micro-batch ``i`` their ``i``-th slices.
+
+    Each micro-batch is spread over the replicas as the batch was and no sample
+    moves to another device; a replica's share of its own rows weights its loss
+    (Keras's step averages each replica's loss over its own rows).
+    """
+    sizes = [leading_dim(p) or 0 for p in batch.parts]
+    bounds = []
+    for size in sizes:
+        cuts = [0]
+        for m in split_sizes(size, min(k, size)) if size else []:
+            cuts.append(cuts[-1] + m)
+        cuts += [cuts[-1]] * (k + 1 - len(cuts))
+        bounds.append(cuts)
+    return [
+        [
+            (slice_batch(p, b[i], b[i + 1]), (b[i + 1] - b[i]) / max(1, size))
+            for p, b, size in zip(batch.parts, bounds, sizes)
+        ]
+        for i in range(k)
+    ]
+
+
+def _distribute(strategy, values: list):
+    """Per-replica values (``values[r]`` on replica ``r``) as the strategy's distributed value."""
+    return strategy.experimental_distribute_values_from_function(lambda ctx: values[ctx.replica_id_in_sync_group])
+
+
+def _replica_totals(runner, per_replica):
+    """Each replica's denominators of its share (what its loss averages over), where a loss needs them."""
+    tf = runner.tf
+    if not runner.routing.needs_totals():
+        return None
+    first = runner._measure(per_replica[0][0][0])
+    runner.routing.measured = True
+    if not runner.routing.needs_totals():
+        return None
+    rows = []
+    for r in range(len(per_replica[0])):
+        measured = [first] if r == 0 else [runner._measure(per_replica[0][r][0])]
+        measured += [runner._measure(micro[r][0]) for micro in per_replica[1:]]
+        rows.append(tf.constant(runner.routing.totals(measured), tf.float32))
+    return _distribute(runner.model.distribute_strategy, rows)
+
+
+def _mean_over_replicas(strategy, logs):
+    """A step's per-replica logs as Keras's own step returns them (``reduce_per_replica``'s "auto": the mean)."""
+    tf = deps.loaded("tensorflow")
+    return tf.nest.map_structure(lambda v: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None), logs)
 
 
 def _measuring(runner):
@@ -610,10 +828,12 @@ class TensorFlowBackend(Backend):
     def reducer_problem(self, model) -> str | None:
         strategy = getattr(model, "distribute_strategy", None)
         n = getattr(strategy, "num_replicas_in_sync", 1)
-        if n and n > 1:
+        if n and n > 1 and type(strategy).__name__ != "MirroredStrategy":
+            # MirroredStrategy is the one that trains under Keras 3 with several replicas in one
+            # process; the others (TPUStrategy, parameter servers) are not tried.
             return (
-                f"OOMBatchSizeReducer does not support a tf.distribute strategy with {n} replicas "
-                f"({type(strategy).__name__}); train on one device or remove the callback."
+                f"OOMBatchSizeReducer supports tf.distribute.MirroredStrategy, not {type(strategy).__name__} "
+                f"with {n} replicas; use MirroredStrategy, train on one device or remove the callback."
             )
         return None
 
@@ -623,7 +843,7 @@ class TensorFlowBackend(Backend):
     def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
         return TFEvalRunner(model, kind, original, mode)
 
-    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
         if kind == "predict":
 
             def predict_function(batches):  # already fetched by predict()
@@ -638,12 +858,27 @@ class TensorFlowBackend(Backend):
                 raise StopIteration
             out = None
             for batch in batches:
-                out = one(batch)
+                out = one(_replica_batch(batch, replicas) if replicas > 1 else batch)
             return out
 
         return test_function
 
-    def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
+    def reducer_call(self, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
+        if replicas > 1:
+
+            def replica_train_function(iterator):
+                # Each batch is per-replica values: kept as they are for Keras's own step, and
+                # seen as each replica's share for splitting.
+                batches = _fetch(iterator, steps_per_execution)
+                if not batches:
+                    raise StopIteration
+                out = None
+                for batch in batches:
+                    out = one(_replica_batch(batch, replicas))
+                return out
+
+            return replica_train_function
+
         def train_function(iterator):
             # Fetched in Python so that a batch survives an out-of-memory error
             # (one pulled inside the compiled loop is gone with it).
@@ -656,6 +891,16 @@ class TensorFlowBackend(Backend):
             return out
 
         return train_function
+
+
+def _replica_batch(batch, replicas: int) -> ReplicaBatch:
+    """A batch of per-replica values as a :class:`ReplicaBatch`: replica ``r``'s share of each leaf."""
+    tf = deps.loaded("tensorflow")
+
+    def share(r):
+        return tf.nest.map_structure(lambda v: v.values[r] if hasattr(v, "values") else v, batch)
+
+    return ReplicaBatch(batch, [share(r) for r in range(replicas)])
 
 
 def _gpu_total_bytes(index: int) -> int | None:

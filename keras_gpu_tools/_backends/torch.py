@@ -541,7 +541,7 @@ class TorchBackend(Backend):
     def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
         return TorchEvalRunner(model, kind, original, mode)
 
-    def eval_call(self, kind: str, one: Callable, steps_per_execution: int) -> Callable:
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
         if kind == "predict":
 
             def predict_function(data):
@@ -557,7 +557,7 @@ class TorchBackend(Backend):
 
         return test_function
 
-    def reducer_call(self, one: Callable, steps_per_execution: int) -> Callable:
+    def reducer_call(self, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
         def train_function(data):
             if len(data) == 1:
                 return one(data[0])

@@ -3,6 +3,24 @@
 from __future__ import annotations
 
 
+class ReplicaBatch:
+    """One batch of a step over several replicas (``tf.distribute``): each replica's share, and the batch as given.
+
+    ``original`` is what the framework's step takes (per-replica values);
+    ``parts[r]`` is replica ``r``'s share as a nested batch of arrays. The
+    size is the whole batch's, the signature every share's shapes.
+    """
+
+    __slots__ = ("original", "parts", "size", "signature")
+
+    def __init__(self, original, parts: list):
+        self.original = original
+        self.parts = parts
+        sizes = [leading_dim(p) or 0 for p in parts]
+        self.size = sum(sizes)
+        self.signature = ("replicas",) + tuple(batch_signature(p) for p in parts)
+
+
 def batch_signature(batch) -> tuple:
     """Shapes and dtypes of a (nested) batch; cheap, no framework import.
 
@@ -19,6 +37,8 @@ def batch_signature(batch) -> tuple:
             out.append((shape if type(shape) is tuple else tuple(shape), b.dtype))
         else:
             return tuple(out)
+    if type(batch) is ReplicaBatch:
+        return batch.signature
     out = []
     stack = [batch]
     while stack and len(out) < 64:
@@ -34,7 +54,9 @@ def batch_signature(batch) -> tuple:
 
 
 def leading_dim(batch) -> int | None:
-    """The batch size: the first dimension of the first array in the batch."""
+    """The batch size: the first dimension of the first array in the batch (every replica's share together)."""
+    if type(batch) is ReplicaBatch:
+        return batch.size
     b = batch
     for _ in range(8):
         if isinstance(b, (tuple, list)):

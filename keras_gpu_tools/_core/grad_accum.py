@@ -171,17 +171,23 @@ class LossRouting:
 
     @contextlib.contextmanager
     def micro(self, w, totals):
-        """Routes the compiled losses of one micro-batch step (``w``: its share of the samples)."""
+        """Routes the compiled losses of one micro-batch step (``w``: its share of the samples).
+
+        ``w`` and ``totals`` may be functions returning them when the loss is
+        computed (each replica of a ``tf.distribute`` strategy has its own).
+        """
         from keras import ops
 
         self.calls = 0
         self.additional = 0
+        w_of = w if callable(w) else (lambda: w)
+        totals_of = totals if callable(totals) else (lambda: totals)
 
         def on_loss(j, loss, y_true, y_pred, sample_weight):
             self.calls += 1
             numerator, denominator, facts = ki.loss_parts(loss, y_true, y_pred, sample_weight)
             kind = self._facts(j, loss, facts)
-            ww = ops.cast(w, numerator.dtype)
+            ww = ops.cast(w_of(), numerator.dtype)
             if kind == "count":
                 return ops.divide_no_nan(numerator, denominator)
             if kind == "sum":
@@ -191,13 +197,13 @@ class LossRouting:
                     f"the loss {getattr(loss, 'name', j)!r} is masked or weighted inside train_step but was not "
                     "when the model was called on the batch alone"
                 )
-            return ops.divide_no_nan(numerator, ops.cast(totals[j], numerator.dtype)) / ww
+            return ops.divide_no_nan(numerator, ops.cast(totals_of()[j], numerator.dtype)) / ww
 
         with ki.routed_losses(self.model, on_loss), ki.counted_additional_losses(self.model, self._count_additional):
             yield
 
-    def check_step(self) -> None:
-        """After ``train_step``/``test_step`` ran (or was traced) under :meth:`micro`."""
+    def check_step(self, replicas: int = 1) -> None:
+        """After ``train_step``/``test_step`` ran (or was traced) under :meth:`micro`, on ``replicas`` replicas."""
         if self.calls == 0:
             raise refusal(
                 "train_step did not compute the compiled loss (`self.compute_loss`), so the loss it "
@@ -205,7 +211,7 @@ class LossRouting:
             )
         if self._expected_additional is None:
             self._expected_additional = ki.expected_additional_losses(self.model)
-        extra = self.additional - self._expected_additional
+        extra = self.additional - replicas * self._expected_additional
         if extra > 0:
             raise refusal(
                 f"the model adds {extra} loss(es) of its own with `add_loss`, whose averaging over the batch is "
@@ -295,6 +301,12 @@ class StatefulRunner:
     def _small_changed(self) -> None:
         pass
 
+    def _host(self, v):
+        """A host copy of variable ``v``."""
+        import keras
+
+        return keras.ops.convert_to_numpy(v.value)
+
     def _reset_new_metrics(self, snap: Snapshot) -> None:
         """Metric variables created by the failed attempt itself go back to zero (their initial value)."""
         import keras
@@ -309,9 +321,7 @@ class StatefulRunner:
         if guarded:
             self._refresh()
         if guarded and self.state_bytes <= self.full_snapshot_max_bytes:
-            import keras
-
-            return Snapshot("full", [(v, keras.ops.convert_to_numpy(v.value)) for v in self._all])
+            return Snapshot("full", [(v, self._host(v)) for v in self._all])
         return Snapshot(
             "small",
             list(zip(self._small, self._copy_small())),
@@ -496,10 +506,15 @@ class StatefulEvalRunner:
     def protect(self, state, guarded: bool) -> Snapshot:
         if self.kind == "predict":
             return Snapshot("none", None)
-        import keras
 
         variables = list(self.model.metrics_variables)
-        return Snapshot("small", [(v, keras.ops.convert_to_numpy(v.value)) for v in variables])
+        return Snapshot("small", [(v, self._host(v)) for v in variables])
+
+    def _host(self, v):
+        """A host copy of variable ``v``."""
+        import keras
+
+        return keras.ops.convert_to_numpy(v.value)
 
     def restore(self, snap: Snapshot, state):
         if snap.kind == "small":

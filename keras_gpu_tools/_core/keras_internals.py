@@ -107,6 +107,12 @@ INTERNALS: tuple[Internal, ...] = (
         "each loss's numerator and denominator per reduction, so micro-batches add up to the batch's loss",
     ),
     Internal(
+        "Loss.__call__ ends with keras.src.losses.loss.scale_loss_for_distribution (1 / replicas of a "
+        "tf.distribute strategy, in the replica context)",
+        "keras/src/losses/loss.py",
+        "a routed loss divides by the replicas as Keras's does, so the optimizer's sum over replicas is the mean",
+    ),
+    Internal(
         "Trainer.compute_loss adds each of model.losses through _aggregate_additional_loss; activity "
         "regularizers are divided by the batch size (Layer.__call__)",
         "keras/src/trainers/trainer.py: compute_loss(); keras/src/layers/layer.py: __call__()",
@@ -524,7 +530,7 @@ def _weighted_scale_loss(optimizer, weight, on_scaled):
     def scale_loss(loss):
         if on_scaled is not None:
             on_scaled()
-        return original(loss) * weight
+        return original(loss) * (weight() if callable(weight) else weight)  # a function: per replica
 
     return scale_loss
 
@@ -840,7 +846,11 @@ class _RoutedLoss:
         self.on_loss = on_loss
 
     def __call__(self, y_true, y_pred, sample_weight=None):
-        return self.on_loss(self.index, self.loss, y_true, y_pred, sample_weight)
+        # Loss.__call__ ends with scale_loss_for_distribution (divided by the replicas of a
+        # tf.distribute strategy, which the optimizer sums over): so does the routed loss.
+        from keras.src.losses.loss import scale_loss_for_distribution
+
+        return scale_loss_for_distribution(self.on_loss(self.index, self.loss, y_true, y_pred, sample_weight))
 
     def __getattr__(self, name):  # name, reduction, dtype, ... of the loss itself
         return getattr(self.loss, name)

@@ -27,17 +27,24 @@ from keras_gpu_tools.errors import (  # noqa: F401 - re-exported
 logger = logging.getLogger("keras_gpu_tools")
 
 
-def split_sizes(n: int, k: int) -> list[int]:
-    """Sizes of ``k`` micro-batches of a batch of ``n`` (as even as possible, larger first)."""
+def split_sizes(n: int, k: int, granule: int = 1) -> list[int]:
+    """Sizes of ``k`` micro-batches of a batch of ``n`` (as even as possible, larger first).
+
+    Under data parallelism over ``granule`` devices (or replicas) each
+    device's share of the batch is split, so every micro-batch is a multiple
+    of ``granule``: ``granule`` times the split of ``n / granule``.
+    """
     if n < 1 or k < 1:
         raise ValueError(f"split_sizes needs n >= 1 and k >= 1, got n={n}, k={k}")
+    if granule > 1 and n % granule == 0:
+        return [granule * size for size in split_sizes(n // granule, k)]
     k = min(k, n)
     q, r = divmod(n, k)
     return [q + 1] * r + [q] * (k - r)
 
 
-def describe_split(n: int, k: int) -> str:
-    sizes = split_sizes(n, k)
+def describe_split(n: int, k: int, granule: int = 1) -> str:
+    sizes = split_sizes(n, k, granule)
     if len(set(sizes)) == 1:
         return f"{len(sizes)} x {sizes[0]}"
     counts: dict[int, int] = {}
@@ -59,6 +66,7 @@ class OOMEvent:
     seconds: float = 0.0  # time of the failed attempt
     phase: str = "train"  # "train", "test" (evaluate() and validation) or "predict"
     explanation: dict[str, Any] | None = None  # why (OOMExplanation.as_dict()), where it could be told
+    granule: int = 1  # data-parallel devices (replicas): each one's share is split, see split_sizes
 
     def why(self) -> list[str]:
         """The explanation's readable lines (empty where none was recorded)."""
@@ -68,14 +76,16 @@ class OOMEvent:
         where = {"test": "evaluation step", "predict": "prediction step"}.get(self.phase, "step")
         what = f"out of memory at batch {self.batch_size}"
         if self.failed_split > 1:
-            what += f" (as {describe_split(self.batch_size, self.failed_split)})"
+            what += f" (as {describe_split(self.batch_size, self.failed_split, self.granule)})"
         if self.kind == "predicted":
             what = "predicted " + what
         if self.next_split is None:
             return f"{where} {self.step}: {what}; no smaller split is allowed"
         if self.regrow:
-            return f"{where} {self.step}: {what} while trying a smaller split; back to {describe_split(self.batch_size, self.next_split)}"
-        return f"{where} {self.step}: {what}, retrying as {describe_split(self.batch_size, self.next_split)}"
+            return f"{where} {self.step}: {what} while trying a smaller split; back to {describe_split(self.batch_size, self.next_split, self.granule)}"
+        return (
+            f"{where} {self.step}: {what}, retrying as {describe_split(self.batch_size, self.next_split, self.granule)}"
+        )
 
 
 class SplitController:
@@ -107,10 +117,11 @@ class SplitController:
         self._good_steps = 0
         self._regrow_wait = regrow_after
         self._trial_from: int | None = None  # micro size before a regrow trial
+        self.granule = 1  # data-parallel devices: set per fit by the callback
 
     def _most(self, n: int) -> int:
-        """The most micro-batches a batch of ``n`` may run as: each at least ``min_batch_size``."""
-        return max(1, n // self.min_batch_size)
+        """The most micro-batches a batch of ``n`` may run as: each at least ``min_batch_size``, one sample per device."""
+        return max(1, min(n // self.min_batch_size, n // max(1, self.granule)))
 
     def split_for(self, n: int) -> int:
         """Micro-batches for a batch of ``n`` (1 = unsplit), regrow trials included."""
@@ -203,21 +214,26 @@ def final_message(
     min_batch_size: int,
     memory: dict[str, Any] | None = None,
     original: BaseException | None = None,
+    granule: int = 1,
 ) -> str:
     """The message of the error raised when even the smallest split runs out of memory."""
-    tried_txt = ", ".join(f"{n} as {describe_split(n, k)}" if k > 1 else f"{n}" for n, k in tried)
+    g = max(1, granule)
+    tried_txt = ", ".join(f"{n} as {describe_split(n, k, g)}" if k > 1 else f"{n}" for n, k in tried)
     # Say what the last attempt ran, which is not always `min_batch_size`: a
     # batch smaller than it is never split, and an uneven split runs smaller ones.
     n, k = tried[-1]
     unsplit = k == 1 and n > 1
-    if unsplit:
+    per_device = g > 1 and n // g <= k  # one sample per data-parallel device: no smaller split exists
+    if unsplit and per_device:
+        what = f"at the whole batch of {n}, one sample per device of the {g} data-parallel devices"
+    elif unsplit:
         what = f"at the whole batch of {n}; min_batch_size={min_batch_size} allows no split of it"
     elif k == 1:
         what = f"at a batch of 1 (min_batch_size={min_batch_size})"
     else:
-        sizes = split_sizes(n, k)
+        sizes = split_sizes(n, k, g)
         size = str(sizes[0]) if len(set(sizes)) == 1 else f"at most {sizes[0]}"
-        what = f"even at micro-batches of {size} ({n} as {describe_split(n, k)}; min_batch_size={min_batch_size})"
+        what = f"even at micro-batches of {size} ({n} as {describe_split(n, k, g)}; min_batch_size={min_batch_size})"
     lines = [f"OOMBatchSizeReducer: out of memory {what}. Batch sizes tried: {tried_txt}."]
     if memory:
         parts = []
@@ -233,15 +249,21 @@ def final_message(
                 parts.append(f"{label} {format_bytes(value) if key != 'device' else value}")
         if parts:
             lines.append("Device memory: " + ", ".join(parts) + ".")
-    smallest = min(split_sizes(n, k))
-    held_by_minimum = not unsplit and k > 1 and math.ceil(n / k) > max(1, min_batch_size)
+    smallest = min(split_sizes(n, k, g))
+    held_by_minimum = not per_device and not unsplit and k > 1 and math.ceil(n / k) > max(1, min_batch_size)
+    if per_device:
+        lines.append(
+            f"Under data parallelism over {g} devices each micro-batch holds at least one sample per device "
+            f"({g} samples), so {n} cannot be split further. Use fewer samples per device with more devices, "
+            "or the remedies below."
+        )
     if held_by_minimum:
         lines.append(
             f"min_batch_size={min_batch_size} allows no smaller split of {n}: a largest micro-batch below "
             f"{math.ceil(n / k)} would leave some micro-batches below {min_batch_size} (the smallest tried was "
             f"{smallest}). Lower `min_batch_size` to let OOMBatchSizeReducer go further."
         )
-    if unsplit:
+    if unsplit and not per_device:
         lines.append(
             f"The batch was not split: lower `min_batch_size` below {n} to let OOMBatchSizeReducer retry it as "
             "micro-batches, or lower the batch size. If smaller batches do not fit either, use mixed precision "
@@ -263,6 +285,26 @@ def final_message(
         first = (memory_lines or text or [type(original).__name__])[0]
         lines.append(f"Last error: {type(original).__name__}: {first[:300]}")
     return "\n".join(lines)
+
+
+@dataclass
+class Agreement:
+    """What the processes of a job agreed about one attempt, before any of them ran it.
+
+    In a job of several processes every step is one program over all their
+    devices, with collectives: a process that runs out of memory before the
+    collective leaves the others waiting in it for good (a real CPU job over
+    gloo does; NCCL does the same). So each process first rehearses the attempt
+    on one of its own devices, with no collective, and the outcomes are
+    gathered through the job's coordination service (which needs no device
+    memory); the attempt runs only where every process fits it.
+    """
+
+    fits: bool
+    error: BaseException | None = None  # this process's own out-of-memory error in the rehearsal
+    kind: str = "agreed"  # the event's kind on a process that did not run out of memory itself
+    note: str = ""  # who ran out of memory, for the messages
+    explanation: dict[str, Any] | None = None
 
 
 @dataclass
@@ -336,6 +378,9 @@ class Recovery:
         self.last_split = 1
         self.last_need: int | None = None
         self.restored_state = None
+        # A job of several processes: ``agree(runner, batch, n, k, state) -> Agreement`` before each
+        # guarded attempt; a split that does not fit on some process runs nowhere (see Agreement).
+        self.agree: Callable[..., Agreement] | None = None
 
     def run(self, runner, batch, n: int, signature, state=None, step: int = 0):
         ctl = self.controller
@@ -351,9 +396,13 @@ class Recovery:
             t0 = self.clock()
             predicted = None
             context = {"runner": runner, "batch": batch, "n": n, "k": k, "state": state, "step": step}
-            if guarded and predicting and hasattr(runner, "predict"):
+            agreed = self.agree(runner, batch, n, k, state) if guarded and self.agree is not None else None
+            if agreed is None and guarded and predicting and hasattr(runner, "predict"):
                 predicted, self.last_need = runner.predict(batch, n, k, state)
-            if predicted is False:
+            if agreed is not None and not agreed.fits:
+                failure = agreed.error  # this process's own error, or None where another's ran out
+                explanation = agreed.explanation
+            elif predicted is False:
                 failure = None
                 explanation = self.explain(None, dict(context, predicted_need=self.last_need))
             else:
@@ -367,6 +416,15 @@ class Recovery:
                 except Exception as e:
                     if self.classify(e) is None:
                         raise  # not ours: unchanged, with its traceback
+                    if self.agree is not None:
+                        raise UnrecoverableOOM(
+                            "OOMBatchSizeReducer: out of memory in a step of a job of several processes, after every "
+                            f"process had fitted this split ({n} as {describe_split(n, k, ctl.granule)}) in its "
+                            "rehearsal. The other processes may be waiting in the step's collective for this one "
+                            "(they do not time out: a CPU job over gloo waits for good), so it cannot be retried; "
+                            "stop the whole job. Lower the batch size, or set `plan=` to a micro-batch size with "
+                            "headroom."
+                        ) from e
                     failure = e
                     predicting = predicting or self.predict_after_oom
                     try:  # while the failed step's memory is still held: the allocator's view of it
@@ -389,25 +447,32 @@ class Recovery:
                 snap = None
             tried.append((n, k))
             nxt = ctl.on_oom(n, k)
+            if agreed is not None and not agreed.fits:
+                kind = agreed.kind
+            else:
+                kind = self.classify(failure) if failure is not None else "predicted"
             event = OOMEvent(
                 step=step,
                 batch_size=n,
                 failed_split=k,
                 next_split=nxt,
-                kind=self.classify(failure) if failure is not None else "predicted",
+                kind=kind,
                 regrow=trial,
                 seconds=self.clock() - t0,
                 phase=self.phase,
                 explanation=explanation,
+                granule=ctl.granule,
             )
             self.on_event(event)
             if nxt is None:
                 memory = dict(self.memory() or {})
                 if self.last_need is not None:
                     memory.setdefault("needed_bytes", self.last_need)
-                message = final_message(tried, max(1, ctl.min_batch_size), memory, failure)
+                message = final_message(tried, max(1, ctl.min_batch_size), memory, failure, ctl.granule)
                 if event.why():
                     message += "\nWhy: " + "\n     ".join(event.why())
+                if agreed is not None and not agreed.fits and failure is None:
+                    raise OutOfMemoryError(message + f"\n({agreed.note})")
                 if failure is None:
                     raise OutOfMemoryError(message + "\n(Predicted from the compiled step's memory analysis; not run.)")
                 raise self.rebuild(failure, message) from failure

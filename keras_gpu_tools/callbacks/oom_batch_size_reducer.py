@@ -14,11 +14,12 @@ from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.grad_accum import accumulation_problem, refusal
-from keras_gpu_tools._core.oom import OOMEvent, Recovery, SplitController
+from keras_gpu_tools._core.oom import Agreement, OOMEvent, Recovery, SplitController, describe_split
 from keras_gpu_tools._core.oom_explain import OOMExplanation, explanation_of, headroom_lines
 from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools._core.step_timing import StepRecord
 from keras_gpu_tools._core.tensorboard import EventWriter, to_plain
+from keras_gpu_tools._core.topology import ExchangeError
 from keras_gpu_tools._core.validation import (
     check_bool,
     check_choice,
@@ -126,6 +127,24 @@ class OOMBatchSizeReducer(FitCallback):
     call, so such an error cannot be retried either way; `probe=True` avoids
     running steps predicted not to fit.
 
+    Data parallelism: under `keras.distribution.DataParallel` (JAX) and
+    `tf.distribute.MirroredStrategy` (TensorFlow) each device's (replica's)
+    share of the batch is split where it lies, so every micro-batch is spread
+    over all devices as the batch was, holds at least one sample per device,
+    and no sample moves; gradients are accumulated per device and applied once
+    (the optimizer sums them over the devices as in Keras's own step). On JAX a
+    batch must hold a multiple of the process's data-parallel devices: a last
+    batch that does not is refused in `on_train_begin` (Keras would fail there
+    mid-epoch). In a job of several processes (`keras.distribution.initialize`)
+    every new batch shape and split is first rehearsed by each process on one
+    of its own devices, without collectives, and the outcomes are gathered
+    through the job's coordination service (its key-value store, which needs
+    no device memory): a split that runs out of memory on any process runs on
+    none, and every process moves to the same next split. An out-of-memory
+    error inside the job's step itself, after the rehearsals fitted, cannot be
+    retried (the other processes may wait in the step's collective for good)
+    and raises `UnrecoverableOOM`.
+
     When the split reaches `min_batch_size` and still does not fit, the
     out-of-memory error is raised (same type) with the batch sizes tried,
     the device's memory figures where known, and what to do next.
@@ -185,6 +204,8 @@ class OOMBatchSizeReducer(FitCallback):
     """
 
     async_safe = True
+    #: How long a process waits for the others' rehearsals (their first compile included) in a job.
+    agreement_timeout_s = 600.0
 
     def __init__(
         self,
@@ -236,6 +257,8 @@ class OOMBatchSizeReducer(FitCallback):
         self._attachment = None
         self._writer: EventWriter | None = None
         self._spe = 1
+        self._replicas = 1  # data-parallel devices (replicas) of a step
+        self._agreements = 0  # rounds of agreement in this fit (every process counts the same)
         self._eval: dict[str, _Eval] = {}  # "test" / "predict": evaluation and prediction steps
 
     # -- public ---------------------------------------------------------------
@@ -263,6 +286,18 @@ class OOMBatchSizeReducer(FitCallback):
             if inexact:
                 raise refusal(inexact)
         self._spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        # Data parallelism: each device's (replica's) share of a batch is split, so a
+        # micro-batch holds at least one sample per device.
+        self._replicas = max(1, int(backend.replicas(model) or 1))
+        self.controller.granule = self._replicas
+        # A job of several processes: every new batch shape and split is rehearsed on each process
+        # and agreed through the job's channel before it runs (see Agreement).
+        self._agreements = 0
+        self._recovery.agree = self._agree if self.topology.exchange is not None else None
+        if self._replicas > 1 and backend.even_shares:
+            uneven = _uneven_share(model, self._replicas // max(1, self.topology.process_count))
+            if uneven:
+                raise ValueError(uneven)
         if self.probe and not backend.predicts_memory:
             self.warnings(
                 "probe",
@@ -332,8 +367,10 @@ class OOMBatchSizeReducer(FitCallback):
         ev.runner = self.backend.eval_runner(model, kind, current, self.mode)
         ev.model = model
         ev.original = current
+        replicas = max(1, int(self.backend.replicas(model) or 1))
+        ev.controller.granule = replicas  # each device's share is split, as in training
         call = self.backend.eval_call(
-            kind, lambda batch, state=None: self._one_eval(ev, batch, state), self._spe_of(model)
+            kind, lambda batch, state=None: self._one_eval(ev, batch, state), self._spe_of(model), replicas
         )
 
         def function(*args):
@@ -413,7 +450,7 @@ class OOMBatchSizeReducer(FitCallback):
             self._runner = self.backend.accumulation_runner(self.model, fn, self.mode)
         else:
             self._runner.original = fn
-        return self.backend.reducer_call(self._one, self._spe)
+        return self.backend.reducer_call(self._one, self._spe, self._replicas)
 
     def on_detach(self, stale: bool) -> None:
         pass
@@ -463,6 +500,73 @@ class OOMBatchSizeReducer(FitCallback):
             "`late_recovery=True` (TensorFlow, torch) to keep that copy before every step, or lower the "
             "batch size."
         ) from error
+
+    # -- a job of several processes ----------------------------------------------------------
+    def _agree(self, runner, batch, n: int, k: int, state) -> Agreement:
+        """Rehearses ``n`` as ``k`` on this process, then agrees with every other process whether it fits anywhere.
+
+        Called before each guarded attempt (a new batch shape or split, a regrow
+        trial), which every process reaches at the same step with the same
+        ``n`` and ``k``: one gather through the job's key-value store per such
+        attempt, never per step.
+        """
+        error = None
+        rehearse = getattr(runner, "rehearse", None)
+        if rehearse is not None:
+            try:
+                rehearse(batch, n, k, state)
+            except Exception as e:
+                if not _backends.is_oom(e):
+                    logger.debug("keras_gpu_tools: the rehearsal failed", exc_info=True)
+                    self.warnings(
+                        "rehearsal",
+                        f"OOMBatchSizeReducer: rehearsing a split on this process failed ({type(e).__name__}: "
+                        f"{str(e)[:200]}); such attempts run unrehearsed, so an out-of-memory error on one process "
+                        "alone cannot be retried.",
+                    )
+                else:
+                    error = e
+        self._agreements += 1
+        first_line = (str(error).strip().splitlines() or [""])[0][:300] if error is not None else ""
+        mine = {"n": n, "k": k, "oom": error is not None, "error": first_line}
+        key = f"{self.run_name}/fit{self._fits}/agree{self._agreements}"
+        try:
+            votes = self.topology.exchange.gather(key, mine, self.agreement_timeout_s)
+        except ExchangeError as e:
+            self._end_fit(aborted=True)
+            raise RuntimeError(
+                f"OOMBatchSizeReducer: the processes of the job could not agree on the split of a batch of {n} ({e}). "
+                "Running it without agreement could leave processes waiting in the step's collective for good, so "
+                "training stops here."
+            ) from error
+        if any((v["n"], v["k"]) != (n, k) for v in votes):
+            self._end_fit(aborted=True)
+            raise RuntimeError(
+                "OOMBatchSizeReducer: the processes of the job are at different batches or splits "
+                f"({[(v['n'], v['k']) for v in votes]}): every process must give the same callbacks the same "
+                "arguments and feed batches of the same size."
+            )
+        failed = [i for i, v in enumerate(votes) if v["oom"]]
+        if not failed:
+            return Agreement(fits=True)
+        who = ", ".join(str(i) for i in failed)
+        note = (
+            f"out of memory on process {who} of {len(votes)} in its rehearsal of {n} as "
+            f"{describe_split(n, k, self._replicas)} ({votes[failed[0]]['error']}); every process retries the same split"
+        )
+        explanation = None
+        try:
+            if error is not None:
+                explanation = self._explain(error, {"runner": runner, "batch": batch, "n": n, "k": k, "state": state})
+            if explanation is None:
+                explanation = explanation_of(None).as_dict()
+            explanation["notes"] = [note] + list(explanation.get("notes") or [])
+            explanation["lines"] = OOMExplanation.from_dict(explanation).lines()
+        except Exception:
+            logger.debug("keras_gpu_tools: explaining an agreed out-of-memory error failed", exc_info=True)
+            explanation = {"notes": [note], "lines": [note]}
+        kind = (_backends.oom_kind(error) or "agreed") if error is not None else "agreed"
+        return Agreement(fits=False, error=error, kind=kind, note=note, explanation=explanation)
 
     # -- why memory ran out -------------------------------------------------------------
     def _explain(self, error: BaseException | None, context: dict) -> dict | None:
@@ -646,6 +750,42 @@ def _has_batch_statistics(layer) -> bool:
     import keras
 
     return isinstance(layer, keras.layers.BatchNormalization)
+
+
+def _uneven_share(model, devices: int) -> str | None:
+    """Why fit()'s batches cannot be spread evenly over this process's ``devices`` data-parallel devices, or None.
+
+    Read from fit()'s arguments before the first step (where fit() was given
+    arrays): Keras would fail at that batch otherwise, mid-epoch for the last one.
+    """
+    if devices <= 1:
+        return None
+    args = ki.fit_locals(model)
+    batch_size = args.get("batch_size")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        return None
+    where = f"the {devices} data-parallel devices of this process"
+
+    def near(n: int) -> str:
+        low, high = n - n % devices, n - n % devices + devices
+        return f"{low} or {high}" if low else str(high)
+
+    if batch_size % devices:
+        return (
+            f"OOMBatchSizeReducer: batch_size={batch_size} cannot be spread over {where}: each device takes an "
+            f"equal share of every batch (and of every micro-batch), so the batch size must be a multiple of "
+            f"{devices} ({near(batch_size)} would work)."
+        )
+    samples = leading_dim(args.get("x")) if args.get("x") is not None else None
+    if samples and not args.get("steps_per_epoch") and samples % batch_size % devices:
+        last = samples % batch_size
+        return (
+            f"OOMBatchSizeReducer: the last batch of each epoch holds {last} samples ({samples} samples in batches of "
+            f"{batch_size}), which cannot be spread over {where}: each device takes an equal share, so every batch "
+            f"must hold a multiple of {devices} samples. Use a number of samples that leaves a multiple of {devices} "
+            f"(such as {samples - last + (last - last % devices)}), or a dataset that drops the remainder."
+        )
+    return None
 
 
 def _planned_size(plan) -> int | None:

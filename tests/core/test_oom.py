@@ -7,6 +7,7 @@ import pytest
 from keras_gpu_tools._backends import is_oom, oom_kind
 from keras_gpu_tools._backends import oom_error as final_error
 from keras_gpu_tools._core.oom import (
+    Agreement,
     OOMEvent,
     Recovery,
     SplitController,
@@ -300,3 +301,55 @@ def test_unrecoverable_restore_is_chained_to_the_oom(fake_oom):
     with pytest.raises(UnrecoverableOOM) as info:
         Recovery(SplitController(), classify=fake_kind).run(runner, None, 8, "sig")
     assert isinstance(info.value.__cause__, FakeOOM)
+
+
+# -- data parallelism: each device's share is split; a job agrees before it runs ---------------
+def test_split_sizes_under_data_parallelism_split_each_device_share():
+    assert split_sizes(24, 8, granule=2) == [4, 4, 4, 4, 2, 2, 2, 2]  # 12 per device: 2,2,2,2,1,1,1,1
+    assert describe_split(24, 8, 2) == "4 x 4 + 4 x 2"
+    assert split_sizes(16, 4, granule=2) == [4, 4, 4, 4]
+    assert split_sizes(9, 2, granule=2) == [5, 4]  # an uneven batch (tf.distribute): split as a whole
+    ctl = SplitController()
+    ctl.granule = 2
+    assert [ctl.on_oom(16, k) for k in (1, 2, 4)] == [2, 4, 8]
+    assert ctl.on_oom(16, 8) is None  # one sample per device: no smaller split
+    event = OOMEvent(step=0, batch_size=24, failed_split=4, next_split=8, kind="jax", granule=2)
+    assert event.line() == "step 0: out of memory at batch 24 (as 4 x 6), retrying as 4 x 4 + 4 x 2"
+
+
+def test_final_message_at_one_sample_per_device():
+    message = final_message([(8, 1), (8, 2), (8, 4)], 1, granule=2)
+    assert "Batch sizes tried: 8, 8 as 2 x 4, 8 as 4 x 2." in message
+    assert "over 2 devices each micro-batch holds at least one sample per device" in message
+    whole = final_message([(2, 1)], 1, granule=2)
+    assert "the whole batch of 2, one sample per device of the 2 data-parallel devices" in whole
+
+
+def test_recovery_runs_only_what_every_process_agreed_to(fake_oom):
+    runner = FakeRunner(limit=10**9)  # fits here; another process runs out of memory above 64
+    asked = []
+
+    def agree(runner_, batch, n, k, state):
+        asked.append(k)
+        fits = -(-n // k) <= 64
+        return Agreement(fits=fits, note="out of memory on process 1 of 2")
+
+    events = []
+    rec = Recovery(SplitController(), classify=fake_kind, on_event=events.append)
+    rec.agree = agree
+    assert rec.run(runner, None, 256, "sig") == ("logs of 256 as 4", 4)
+    assert asked == [1, 2, 4] and runner.calls == [(256, 4, True)]  # the failing splits ran nowhere
+    assert [e.kind for e in events] == ["agreed", "agreed"] and runner.restores == 0
+    assert rec.run(runner, None, 256, "sig", step=1)[1] == 4 and asked == [1, 2, 4]  # not asked again
+    rec.agree = lambda *a: Agreement(fits=False, note="out of memory on process 1 of 2")
+    with pytest.raises(MemoryError, match="out of memory on process 1 of 2"):
+        rec.run(runner, None, 4, "other")
+
+
+def test_an_oom_after_the_job_agreed_is_not_retried(fake_oom):
+    runner = FakeRunner(limit=0)  # agreed, then runs out of memory in the job's step itself
+    rec = Recovery(SplitController(), classify=fake_kind)
+    rec.agree = lambda *a: Agreement(fits=True)
+    with pytest.raises(UnrecoverableOOM, match="waiting in the step's collective") as info:
+        rec.run(runner, None, 8, "sig")
+    assert isinstance(info.value.__cause__, FakeOOM) and runner.calls == [(8, 1, True)]

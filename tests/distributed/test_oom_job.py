@@ -1,0 +1,56 @@
+"""OOMBatchSizeReducer in a real job of two JAX processes on the CPU (gloo): one process runs out of memory."""
+
+import numpy as np
+import pytest
+from launch import run_job
+
+pytest.importorskip("jax")
+
+
+@pytest.mark.slow
+def test_an_oom_on_one_process_is_retried_as_the_same_split_everywhere(tmp_path):
+    # 40 samples per process in batches of 16 (the job's batch: 32 over 2 devices, 16 rows each),
+    # then a last batch of 8 per process. Process 0 runs out of memory above 4 rows per device:
+    # 16 and 8 rows fail in its rehearsals, 4 fit; process 1 fits everything itself.
+    results = run_job("scenarios_oom.one_process_oom", tmp_path, processes=2, devices_per_process=1, timeout=180)
+    first, second = results
+    # The same split everywhere: the same events, in the same order.
+    assert first["events"] == [[32, 1, 2, "jax"], [32, 2, 4, "jax"]], first["events"]
+    assert second["events"] == [[32, 1, 2, "agreed"], [32, 2, 4, "agreed"]], second["events"]
+    assert "out of memory on process 0 of 2" in " ".join(second["why"][0])
+    for r in results:
+        assert r["granule"] == 2 and r["oom_events"] == [2.0, 0.0]
+        # Agreement once per new batch shape or split (32 as 1, 2, 4; the last batch of 16), never per step.
+        assert r["agreements"] == 4
+        assert r["micro_batches"] == 2  # the last batch of 16 (8 rows per device) as 2 x 8
+        np.testing.assert_array_equal(r["seen"], np.full(80, 2.0))  # every sample of the job once per epoch
+        assert r["iterations"] == r["ref_iterations"] == 2 * 3  # one update per original batch
+        for w, ref in zip(r["weights"], r["ref_weights"]):
+            np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(r["loss"], r["ref_loss"], rtol=1e-5)
+    # Identical weights on every process.
+    for a, b in zip(first["weights"], second["weights"]):
+        np.testing.assert_array_equal(a, b)
+    assert first["run_dir"].endswith("oom/process_0") and second["run_dir"].endswith("oom/process_1")
+
+
+@pytest.mark.slow
+def test_one_process_over_two_devices_splits_each_device_share(tmp_path):
+    # keras.distribution.DataParallel over 2 CPU devices of one process: batches of 16 are 8 rows
+    # per device. Above 2 rows per device the step runs out of memory (a real XLA allocator error
+    # in the step itself: one process, no peer to wait for), so 16 runs as 4 x 4 (2 rows per device).
+    (r,) = run_job("scenarios_oom.one_process_data_parallel", tmp_path, processes=1, devices_per_process=2)
+    assert r["devices"] == 2
+    assert r["events"] == [[16, 1, 2, "jax"], [16, 2, 4, "jax"]], r["lines"]
+    assert r["agreements"] == 0  # one process: nothing to agree on
+    assert r["micro_batches"] == 2  # the last batch of 8 as 2 x 4 (2 rows per device)
+    np.testing.assert_array_equal(r["seen"], np.full(40, 2.0))
+    assert r["iterations"] == 2 * 3
+    for w, ref in zip(r["weights"], r["ref_weights"]):
+        np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r["loss"], r["ref_loss"], rtol=1e-5)
+    assert "the last batch of each epoch holds 7 samples (39 samples in batches of 16)" in r["uneven"]
+    assert "2 data-parallel devices" in r["uneven"] and "such as 38" in r["uneven"]
+    assert r["uneven_iterations"] == 0  # refused before the first step
+    assert "Batch sizes tried: 8, 8 as 2 x 4, 8 as 4 x 2." in r["never"], r["never"]
+    assert "one sample per device" in r["never"]
