@@ -529,7 +529,7 @@ class OOMBatchSizeReducer(FitCallback):
         self._agreements += 1
         first_line = (str(error).strip().splitlines() or [""])[0][:300] if error is not None else ""
         mine = {"n": n, "k": k, "oom": error is not None, "error": first_line}
-        key = f"{self.run_name}/fit{self._fits}/agree{self._agreements}"
+        key = f"{self.run_name}/fit{self._fit_serial}/agree{self._agreements}"
         try:
             votes = self.topology.exchange.gather(key, mine, self.agreement_timeout_s)
         except ExchangeError as e:
