@@ -17,6 +17,7 @@ import os
 import warnings
 
 import keras
+import numpy as np
 import pytest
 from keras import ops
 
@@ -64,3 +65,11 @@ class MemoryCliff(keras.layers.Layer):
 
     def compute_mask(self, inputs, mask=None):
         return mask
+
+
+def data(num_samples, seed=0):
+    """Samples whose first column is their id (counted by the models' SeenCounter), then 3 features."""
+    r = np.random.RandomState(seed)
+    x = r.randn(num_samples, 3).astype("float32")
+    y = (x.sum(1, keepdims=True) + 0.1 * r.randn(num_samples, 1)).astype("float32")
+    return np.concatenate([np.arange(num_samples, dtype="float32")[:, None], x], 1), y

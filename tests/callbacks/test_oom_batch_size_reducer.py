@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, real_oom
+from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, data, real_oom
 
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 
@@ -76,13 +76,6 @@ def make_model(num_samples, limit, opt="adam", batchnorm=False, seed=1, boom=Fal
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=loss_scale)
     model.compile(optimizer, "mse", metrics=["mae"], **compile_kw)
     return model
-
-
-def data(num_samples, seed=0):
-    r = np.random.RandomState(seed)
-    x = r.randn(num_samples, 3).astype("float32")
-    y = (x.sum(1, keepdims=True) + 0.1 * r.randn(num_samples, 1)).astype("float32")
-    return np.concatenate([np.arange(num_samples, dtype="float32")[:, None], x], 1), y
 
 
 def seen(model):

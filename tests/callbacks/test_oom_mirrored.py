@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, MemoryCliff
+from oom_models import BACKEND, MemoryCliff, data
 
 from keras_gpu_tools import OOMBatchSizeReducer
 
@@ -87,13 +87,6 @@ def make_model(num_samples, limit, optimizer="sgd", loss="mse", seed=1):
     opt = keras.optimizers.SGD(0.1, momentum=0.9) if optimizer == "sgd" else keras.optimizers.Adam(0.01)
     model.compile(opt, loss, metrics=["mae"])
     return model
-
-
-def data(num_samples, seed=0):
-    r = np.random.RandomState(seed)
-    x = r.randn(num_samples, 3).astype("float32")
-    y = (x.sum(1, keepdims=True) + 0.1 * r.randn(num_samples, 1)).astype("float32")
-    return np.concatenate([np.arange(num_samples, dtype="float32")[:, None], x], 1), y
 
 
 def seen(model):
