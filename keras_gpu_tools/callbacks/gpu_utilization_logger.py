@@ -273,15 +273,24 @@ class GPUUtilizationLogger(FitCallback):
         return topo.device_label(index)
 
     def _job_figures(self, epoch: int, values: dict[str, float]) -> dict[str, float]:
-        """`job/gpu/<metric>_min|_mean|_max` over every GPU of the job: one exchange per epoch (empty: one process)."""
+        """`job/gpu/<metric>_min|_mean|_max` over every GPU of the job: one exchange per epoch.
+
+        One process over several GPUs (MirroredStrategy, DataParallel) is the
+        whole job: its own GPUs, nothing exchanged. One process, one GPU: none.
+        """
         gather = self._gather
-        if gather is None or not gather.active:
-            return {}
         labels = list(self._labels.values())
         mine = {m: [values[k] for k in (f"gpu/{label}/{m}" for label in labels) if k in values] for m in JOB_METRICS}
-        everyone = gather.gather(f"epoch{epoch}", mine)
-        if everyone is None:
-            return {}  # JobGather warned once and gave up for this fit
+        if not self.topology.multi_process:
+            if len(labels) < 2:
+                return {}
+            everyone = [mine]
+        elif gather is None or not gather.active:
+            return {}
+        else:
+            everyone = gather.gather(f"epoch{epoch}", mine)
+            if everyone is None:
+                return {}  # JobGather warned once and gave up for this fit
         out: dict[str, float] = {}
         try:
             for m in JOB_METRICS:

@@ -365,3 +365,24 @@ def test_process_of_a_launched_job_names_its_gpu_by_host_and_nvml_index(tmp_path
     assert {t.split("/")[1] for t in scalars if t.startswith("gpu/")} == {label}
     record = cb.device_records()[0]
     assert (record["index"], record["label"], record["process_index"], record["process_count"]) == (0, label, rank, 2)
+
+
+def test_one_process_over_several_gpus_is_the_whole_job(tmp_path):
+    """MirroredStrategy or DataParallel in one process: job figures over its own GPUs, nothing exchanged."""
+    gpus = [FakeGPU(uuid="GPU-a", utilization=10), FakeGPU(uuid="GPU-b", utilization=40)]
+    x, y = data(64)
+    cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=NVML(FakeNVML(gpus)))
+    h = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()]).history
+    assert h["gpu/0/utilization_percent"] == [10.0] * 2 and h["gpu/1/utilization_percent"] == [40.0] * 2
+    assert h["job/gpu/utilization_percent_min"] == [10.0] * 2
+    assert h["job/gpu/utilization_percent_mean"] == [25.0] * 2
+    assert h["job/gpu/utilization_percent_max"] == [40.0] * 2
+    assert sorted(os.listdir(tmp_path / "gpu"))[0].startswith("events.out")  # one process: the run itself, no job run
+
+
+def test_one_process_one_gpu_has_no_job_keys(tmp_path):
+    fake, nvml = fake_nvml()
+    x, y = data(64)
+    cb = GPUUtilizationLogger(log_dir=None, interval=0.02, nvml=nvml)
+    h = make_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps()]).history
+    assert "gpu/0/utilization_percent" in h and not any(k.startswith("job/") for k in h)
