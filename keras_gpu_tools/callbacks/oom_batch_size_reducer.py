@@ -145,10 +145,17 @@ class OOMBatchSizeReducer(FitCallback):
     of its own devices, without collectives, and the outcomes are gathered
     through the job's coordination service (its key-value store, which needs
     no device memory): a split that runs out of memory on any process runs on
-    none, and every process moves to the same next split. An out-of-memory
+    none, and every process moves to the same next split. Validation steps,
+    `evaluate()` and `predict()` are agreed the same way (every process must
+    call them with the callback, as it calls fit()). Only steps of the job are
+    agreed, those whose batch is spread over several processes' devices: a
+    `predict()` on one process's own data (no distribution) is retried there
+    alone. (Keras 3.15's own `predict()` cannot return the outputs of a step
+    of the job: they span the other processes' devices.) An out-of-memory
     error inside the job's step itself, after the rehearsals fitted, cannot be
     retried (the other processes may wait in the step's collective for good)
-    and raises `UnrecoverableOOM`.
+    and raises `UnrecoverableOOM`. Under `MirroredStrategy`, `predict()`
+    splits each replica's share too and returns the rows in the unsplit order.
 
     When the split reaches `min_batch_size` and still does not fit, the
     out-of-memory error is raised (same type) with the batch sizes tried,
