@@ -128,6 +128,45 @@ def _batch_shards(batch):
     return found
 
 
+def spans_processes(batch) -> bool:
+    """Whether a batch is one array over the devices of several processes (a step of a job), not this process's own."""
+    return any(getattr(a, "is_fully_addressable", True) is False for a in leaves(batch))
+
+
+def _local(arrays) -> list:
+    # This process's first copy: `addressable_data`, since some of Keras's replicated state arrays
+    # of a job (the optimizer's and metrics' scalars) have no readable `addressable_shards`.
+    return [a.addressable_data(0) if hasattr(a, "addressable_data") else a for a in arrays]
+
+
+def rehearse_alone(runner, batch, n: int, k: int, step: Callable) -> None:
+    """Runs ``step(part, w, totals)`` on the first micro-batch of ``n`` as ``k``, on this process's first device.
+
+    Traced without the Keras distribution and run on one local device (the
+    state given as this process's own copies, the part as its rows on its
+    first device), the step has no collective, so an out-of-memory error here
+    stops this process only; nothing is updated (the outputs are dropped,
+    nothing is donated).
+    """
+    import jax
+    import keras
+    import numpy as np
+
+    part, w = device_micro_batches(batch, n, k)[0]
+    part = jax.tree_util.tree_map(lambda a: _local([a])[0], part)
+    totals = np.ones((max(1, len(ki.flat_losses(runner.model) or [])),), "float32")
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    runner.routing.lenient = True  # the totals' values do not matter: the outputs are dropped
+    try:
+        out = step(part, np.float32(w), totals)
+        jax.block_until_ready(out)
+        del out
+    finally:
+        runner.routing.lenient = False
+        keras.distribution.set_distribution(previous)
+
+
 def device_micro_batches(batch, n: int, k: int) -> list[tuple[Any, float]]:
     """``(micro_batch, share)`` pairs of a batch split in ``k``; under data parallelism, each device's share split.
 
@@ -276,6 +315,7 @@ class JaxRunner(_HostSnapshot):
         self._acc = None
 
     backend = "jax"
+    spans_processes = staticmethod(spans_processes)
 
     def __init__(
         self,
@@ -331,38 +371,15 @@ class JaxRunner(_HostSnapshot):
 
         What one device of a job's step holds: its rows of the micro-batch (the
         largest), the weights, the optimizer state and an accumulator, through
-        the model's own ``train_step``. Traced without the Keras distribution
-        and run on one local device, it has no collective, so an out-of-memory
-        error here stops this process only; nothing is updated (the outputs
-        are dropped, nothing is donated).
+        the model's own ``train_step`` (see :func:`rehearse_alone`).
         """
-        import keras
-        import numpy as np
-
-        jax, jnp = self.jax, self.jnp
-
-        def local(a):
-            # This process's first copy: `addressable_data`, since some of Keras's replicated state
-            # arrays of a job (the optimizer's and metrics' scalars) have no readable `addressable_shards`.
-            return a.addressable_data(0) if hasattr(a, "addressable_data") else a
-
-        part, w = device_micro_batches(batch, n, k)[0]
-        part = jax.tree_util.tree_map(local, part)
-        tv, ntv, ov, mv = ([local(a) for a in p] for p in ki.jax_state_parts(state))
         if self._rehearse_jit is None:
-            self._rehearse_jit = jax.jit(self._micro)
-        totals = np.ones((max(1, len(ki.flat_losses(self.model) or [])),), "float32")
-        previous = keras.distribution.distribution()
-        keras.distribution.set_distribution(None)
-        self.routing.lenient = True  # the totals' values do not matter: the outputs are dropped
-        try:
-            acc = [jnp.zeros_like(a) for a in tv]
-            out = self._rehearse_jit(tv, ntv, ov, mv, acc, part, np.float32(w), totals)
-            jax.block_until_ready(out)
-            del out, acc
-        finally:
-            self.routing.lenient = False
-            keras.distribution.set_distribution(previous)
+            self._rehearse_jit = self.jax.jit(self._micro)
+        tv, ntv, ov, mv = (_local(p) for p in ki.jax_state_parts(state))
+        acc = [self.jnp.zeros_like(a) for a in tv]
+        rehearse_alone(
+            self, batch, n, k, lambda part, w, totals: self._rehearse_jit(tv, ntv, ov, mv, acc, part, w, totals)
+        )
 
     def _apply(self, tv, ov, acc):
         tv2, ov2 = self.model.optimizer.stateless_apply(ov, acc, tv)
@@ -569,6 +586,7 @@ class JaxEvalRunner(_HostSnapshot):
         self._micro_jit = jax.jit(self._micro)
         self._plain_jit = jax.jit(lambda state, data: self.model.test_step(state, data))
         self._measure_jit = jax.jit(lambda tv, ntv, data: _measure_losses(self, tv, ntv, data))
+        self._rehearse_jit = None
 
     def _micro(self, state, data, w, totals):
         if self.kind == "predict":
@@ -614,6 +632,15 @@ class JaxEvalRunner(_HostSnapshot):
 
     def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
         return None, None
+
+    spans_processes = staticmethod(spans_processes)
+
+    def rehearse(self, batch, n: int, k: int, state) -> None:
+        """The first micro-batch's test or predict step on this process's first device alone (see :func:`rehearse_alone`)."""
+        if self._rehearse_jit is None:
+            self._rehearse_jit = self.jax.jit(self._micro)
+        local = tuple(_local(p) for p in state)
+        rehearse_alone(self, batch, n, k, lambda part, w, totals: self._rehearse_jit(local, part, w, totals))
 
 
 def _measure_losses(runner, tv, ntv, data):

@@ -425,6 +425,8 @@ class TFEvalRunner(StatefulEvalRunner):
         # A test step over several replicas: each replica's share split (see TFRunner.run).
         tf = self.tf
         per_replica = _replica_parts(batch, k)
+        if self.kind == "predict":
+            return self._predict_over_replicas(per_replica)
         if self.mode == "split":
             out = None
             for micro in per_replica:
@@ -450,6 +452,28 @@ class TFEvalRunner(StatefulEvalRunner):
         return logs
 
     _replica_fn = None
+
+    def _predict_over_replicas(self, per_replica):
+        """Predictions of each replica's share split, in the unsplit step's order.
+
+        Keras's predict step joins the replicas' outputs one after the other
+        (replica 0's rows, then replica 1's): micro-batch ``i`` gives every
+        replica's ``i``-th slice in that order, so its output is cut back per
+        replica and each replica's slices joined before the next replica's.
+        """
+        tf = self.tf
+        outputs = [self._run_original(_distribute(self.strategy, [part for part, _ in micro])) for micro in per_replica]
+        sizes = [[leading_dim(part) or 0 for part, _ in micro] for micro in per_replica]  # [micro][replica]
+
+        def join(*leaves):
+            pieces = []
+            for r in range(len(sizes[0])):
+                for i, leaf in enumerate(leaves):
+                    start = sum(sizes[i][:r])
+                    pieces.append(leaf[start : start + sizes[i][r]])
+            return tf.concat(pieces, 0)
+
+        return tf.nest.map_structure(join, *outputs)
 
     def _replica_micro(self, data, w, totals):
         local = self._tls
@@ -847,6 +871,8 @@ class TensorFlowBackend(Backend):
         if kind == "predict":
 
             def predict_function(batches):  # already fetched by predict()
+                if replicas > 1:  # per-replica values: each replica's share split, as in a test step
+                    batches = [_replica_batch(batch, replicas) for batch in batches]
                 return concat_outputs([one(batch) for batch in batches])
 
             return predict_function

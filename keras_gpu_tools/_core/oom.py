@@ -379,7 +379,9 @@ class Recovery:
         self.last_need: int | None = None
         self.restored_state = None
         # A job of several processes: ``agree(runner, batch, n, k, state) -> Agreement`` before each
-        # guarded attempt; a split that does not fit on some process runs nowhere (see Agreement).
+        # guarded attempt of a step of the job (``runner.spans_processes(batch)``, where the runner
+        # tells); a split that does not fit on some process runs nowhere (see Agreement). A step on
+        # this process's own data (a predict() on one process) runs and retries alone.
         self.agree: Callable[..., Agreement] | None = None
 
     def run(self, runner, batch, n: int, signature, state=None, step: int = 0):
@@ -389,6 +391,8 @@ class Recovery:
         self.restored_state = None
         predicting = self.probe  # after a real out-of-memory error too: ask before running the next split
         explanation = None
+        # A step of the job (its batch spread over several processes' devices), not this process's own one.
+        job = self.agree is not None and getattr(runner, "spans_processes", lambda b: True)(batch)
         while True:
             guarded = (signature, k) not in self.known or ctl.in_trial
             trial = ctl.in_trial
@@ -396,7 +400,7 @@ class Recovery:
             t0 = self.clock()
             predicted = None
             context = {"runner": runner, "batch": batch, "n": n, "k": k, "state": state, "step": step}
-            agreed = self.agree(runner, batch, n, k, state) if guarded and self.agree is not None else None
+            agreed = self.agree(runner, batch, n, k, state) if guarded and job else None
             if agreed is None and guarded and predicting and hasattr(runner, "predict"):
                 predicted, self.last_need = runner.predict(batch, n, k, state)
             if agreed is not None and not agreed.fits:
@@ -416,7 +420,7 @@ class Recovery:
                 except Exception as e:
                     if self.classify(e) is None:
                         raise  # not ours: unchanged, with its traceback
-                    if self.agree is not None:
+                    if job:
                         raise UnrecoverableOOM(
                             "OOMBatchSizeReducer: out of memory in a step of a job of several processes, after every "
                             f"process had fitted this split ({n} as {describe_split(n, k, ctl.granule)}) in its "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools._core.step_timing import StepRecord
 from keras_gpu_tools._core.tensorboard import EventWriter, to_plain
 from keras_gpu_tools._core.topology import ExchangeError
+from keras_gpu_tools._core.topology import single as topology_single
 from keras_gpu_tools._core.validation import (
     check_bool,
     check_choice,
@@ -37,6 +39,9 @@ logger = logging.getLogger("keras_gpu_tools")
 _MODES = ("accumulate", "split")
 _EVAL_MARK = "_keras_gpu_tools_eval_original"  # on our test/predict function: Keras's own
 _PHASES = {"test": "evaluation", "predict": "prediction"}
+# evaluate()/predict() calls outside fit() per (run name, kind) in this process: every process of a
+# job counts alike, so the agreement keys of the same call match (the job's store refuses a key twice).
+_EVAL_SERIAL: collections.Counter = collections.Counter()
 
 
 @dataclass
@@ -140,10 +145,17 @@ class OOMBatchSizeReducer(FitCallback):
     of its own devices, without collectives, and the outcomes are gathered
     through the job's coordination service (its key-value store, which needs
     no device memory): a split that runs out of memory on any process runs on
-    none, and every process moves to the same next split. An out-of-memory
+    none, and every process moves to the same next split. Validation steps,
+    `evaluate()` and `predict()` are agreed the same way (every process must
+    call them with the callback, as it calls fit()). Only steps of the job are
+    agreed, those whose batch is spread over several processes' devices: a
+    `predict()` on one process's own data (no distribution) is retried there
+    alone. (Keras 3.15's own `predict()` cannot return the outputs of a step
+    of the job: they span the other processes' devices.) An out-of-memory
     error inside the job's step itself, after the rehearsals fitted, cannot be
     retried (the other processes may wait in the step's collective for good)
-    and raises `UnrecoverableOOM`.
+    and raises `UnrecoverableOOM`. Under `MirroredStrategy`, `predict()`
+    splits each replica's share too and returns the rows in the unsplit order.
 
     When the split reaches `min_batch_size` and still does not fit, the
     out-of-memory error is raised (same type) with the batch sizes tried,
@@ -259,6 +271,8 @@ class OOMBatchSizeReducer(FitCallback):
         self._spe = 1
         self._replicas = 1  # data-parallel devices (replicas) of a step
         self._agreements = 0  # rounds of agreement in this fit (every process counts the same)
+        self._agree_scope: str | None = "fit0"  # the keys' scope: this fit(), or an evaluate()/predict() outside fit
+        self._scope_kind = "test"
         self._eval: dict[str, _Eval] = {}  # "test" / "predict": evaluation and prediction steps
 
     # -- public ---------------------------------------------------------------
@@ -293,6 +307,7 @@ class OOMBatchSizeReducer(FitCallback):
         # A job of several processes: every new batch shape and split is rehearsed on each process
         # and agreed through the job's channel before it runs (see Agreement).
         self._agreements = 0
+        self._agree_scope = f"fit{self._fit_serial}"
         self._recovery.agree = self._agree if self.topology.exchange is not None else None
         if self._replicas > 1 and backend.even_shares:
             uneven = _uneven_share(model, self._replicas // max(1, self.topology.process_count))
@@ -364,6 +379,17 @@ class OOMBatchSizeReducer(FitCallback):
             )
             recovery.phase = kind
             ev = self._eval[kind] = _Eval(kind, controller, recovery)
+        if not self.fit_running:  # evaluate() or predict() outside fit(): whose job, and keys of their own
+            try:
+                self.topology = self.backend.topology(model)
+            except Exception as e:  # monitoring never stops the work: one process it is
+                logger.warning("keras_gpu_tools: reading the distribution failed (%s); taken as one process", e)
+                self.topology = topology_single()
+            self._agree_scope = None  # numbered at its first agreement: a call on one process alone has none
+            self._scope_kind = kind
+            self._agreements = 0
+        # In a job of several processes its steps are agreed as training steps are (see `_agree`).
+        ev.recovery.agree = self._agree if self.topology.exchange is not None else None
         ev.runner = self.backend.eval_runner(model, kind, current, self.mode)
         ev.model = model
         ev.original = current
@@ -526,10 +552,13 @@ class OOMBatchSizeReducer(FitCallback):
                     )
                 else:
                     error = e
+        if self._agree_scope is None:
+            _EVAL_SERIAL[(self.run_name, self._scope_kind)] += 1
+            self._agree_scope = f"{self._scope_kind}{_EVAL_SERIAL[(self.run_name, self._scope_kind)]}"
         self._agreements += 1
         first_line = (str(error).strip().splitlines() or [""])[0][:300] if error is not None else ""
         mine = {"n": n, "k": k, "oom": error is not None, "error": first_line}
-        key = f"{self.run_name}/fit{self._fit_serial}/agree{self._agreements}"
+        key = f"{self.run_name}/{self._agree_scope}/agree{self._agreements}"
         try:
             votes = self.topology.exchange.gather(key, mine, self.agreement_timeout_s)
         except ExchangeError as e:

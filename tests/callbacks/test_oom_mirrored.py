@@ -198,6 +198,28 @@ def test_one_sample_per_replica_is_the_smallest_split():
     np.testing.assert_array_equal(seen(model), np.zeros(n))  # the failed attempts were undone
 
 
+@inside
+def test_predict_splits_each_replica_share_and_keeps_the_order():
+    # Batches of 16 (8 per replica), the last one of 8 (4 per replica); the cliff is above 2 per
+    # replica: 16 runs as 4 x 4, the 8 as 2 x 4. Keras's predict step joins the replicas' outputs
+    # replica after replica; the split one gives the same rows in the same order.
+    n = 40
+    x, _ = data(n)
+    with strategy().scope():
+        model = make_model(n, limit=2)
+        reference = make_model(n, 10**9)  # same seed: same weights
+    reducer = OOMBatchSizeReducer()
+    predicted = model.predict(x, batch_size=16, verbose=0, callbacks=[reducer])
+    expected = reference.predict(x, batch_size=16, verbose=0)
+    assert [(e.phase, e.batch_size, e.failed_split, e.next_split) for e in reducer.events] == [
+        ("predict", 16, 1, 2),
+        ("predict", 16, 2, 4),
+    ]
+    assert predicted.shape == expected.shape == (n, 1)
+    np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)  # every sample once, in order
+    assert len(np.unique(np.round(expected, 5))) == n  # distinct rows: a row out of place would show
+
+
 @pytest.mark.slow
 def test_mirrored_strategy_suite():
     """Runs this file's tests in a fresh TensorFlow process with 2 logical CPU devices and an allocator that fails at once."""
@@ -222,4 +244,4 @@ def test_mirrored_strategy_suite():
     tail = (proc.stdout + proc.stderr)[-6000:]
     print(tail)
     assert proc.returncode == 0, tail
-    assert "6 passed" in tail, tail
+    assert "7 passed" in tail, tail

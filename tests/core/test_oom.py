@@ -353,3 +353,19 @@ def test_an_oom_after_the_job_agreed_is_not_retried(fake_oom):
     with pytest.raises(UnrecoverableOOM, match="waiting in the step's collective") as info:
         rec.run(runner, None, 8, "sig")
     assert isinstance(info.value.__cause__, FakeOOM) and runner.calls == [(8, 1, True)]
+
+
+def test_a_step_on_this_process_own_data_is_neither_agreed_nor_refused(fake_oom):
+    # In a job, a step whose batch is this process's own (a predict() on one process) has no
+    # collective: it runs and retries alone, and asking the others would wait for nobody.
+    runner = FakeRunner(limit=2)
+    runner.spans_processes = lambda batch: batch == "job"
+    asked = []
+    rec = Recovery(SplitController(), classify=fake_kind)
+    rec.agree = lambda runner_, batch, n, k, state: asked.append(k) or Agreement(fits=True)
+    assert rec.run(runner, "own", 8, "sig") == ("logs of 8 as 4", 4)
+    assert asked == [] and [c[:2] for c in runner.calls] == [(8, 1), (8, 2), (8, 4)]
+    runner.limit = 0
+    with pytest.raises(UnrecoverableOOM, match="waiting in the step's collective"):
+        rec.run(runner, "job", 8, "other")  # a step of the job: agreed, and an OOM in it is not retried
+    assert asked == [4]

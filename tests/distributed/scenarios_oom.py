@@ -31,14 +31,15 @@ class ProcessCliff(keras.layers.Layer):
     rehearsed on one device (no distribution) it sees that device's rows.
     """
 
-    def __init__(self, limit: int, process: int, **kw):
+    def __init__(self, limit: int, process: int, inference_only: bool = False, **kw):
         super().__init__(**kw)
         self.limit = limit
         self.process = process
+        self.inference_only = inference_only  # evaluation and prediction only: training fits
 
-    def call(self, x):
+    def call(self, x, training=False):
         n = x.shape[0]
-        if not isinstance(n, int) or jax.process_index() != self.process:
+        if not isinstance(n, int) or jax.process_index() != self.process or (self.inference_only and training):
             return x
         rows = n // jax.device_count() if keras.distribution.distribution() is not None else n
         if rows <= self.limit:
@@ -66,11 +67,11 @@ class SeenCounter(keras.layers.Layer):
         return x[:, 1:]
 
 
-def model(total: int, limit: int, process: int, seed: int = 1) -> keras.Model:
+def model(total: int, limit: int, process: int, seed: int = 1, inference_only: bool = False) -> keras.Model:
     keras.utils.set_random_seed(seed)
     inp = keras.Input((4,))
     h = SeenCounter(total)(inp)
-    h = ProcessCliff(limit, process)(h)
+    h = ProcessCliff(limit, process, inference_only)(h)
     h = keras.layers.Dense(8, activation="tanh")(h)
     out = keras.layers.Dense(1)(h)
     m = keras.Model(inp, out)
@@ -159,4 +160,60 @@ def one_process_data_parallel(index: int, count: int, out: Path, n: int = 40, ba
         never.fit(x[:8], y[:8], batch_size=8, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer()])
     except Exception as e:
         result["never"] = str(e)
+    return result
+
+
+def events_of(reducer) -> list:
+    return [[e.batch_size, e.failed_split, e.next_split, e.kind, e.phase] for e in reducer.events]
+
+
+def evaluation_oom(index: int, count: int, out: Path, n: int = 40, batch: int = 16, limit: int = 4) -> dict:
+    """Process 0 runs out of memory above `limit` rows per device in evaluation and prediction only."""
+    from keras_gpu_tools import OOMBatchSizeReducer
+
+    data_parallel()
+    x, y = shard(index, n)
+    xv, yv = shard(index + count, 32)  # 32 validation samples per process: 2 batches of 16
+    total = count * n
+    m = model(total, limit, process=0, inference_only=True)
+    reference = model(total, 10**9, process=0)
+    reducer = OOMBatchSizeReducer()
+    fit_args = dict(batch_size=batch, epochs=2, shuffle=False, verbose=0, validation_data=(xv, yv))
+    history = m.fit(x, y, callbacks=[reducer], **fit_args).history
+    ref_history = reference.fit(x, y, **fit_args).history
+    result = {
+        "fit_events": events_of(reducer),
+        "fit_why": [e.why() for e in reducer.events],
+        "fit_agreements": reducer._agreements,
+        "val_loss": history["val_loss"],
+        "ref_val_loss": ref_history["val_loss"],
+        "loss": history["loss"],
+        "ref_loss": ref_history["loss"],
+        "weights": trainable(m),
+        "ref_weights": trainable(reference),
+    }
+    # evaluate() outside fit, with a reducer of its own: agreed the same way.
+    alone = OOMBatchSizeReducer()
+    result["evaluate"] = m.evaluate(xv, yv, batch_size=batch, verbose=0, callbacks=[alone])
+    result["ref_evaluate"] = reference.evaluate(xv, yv, batch_size=batch, verbose=0)
+    result["evaluate_events"] = events_of(alone)
+    result["evaluate_agreements"] = alone._agreements
+    # predict() over the job: agreed the same way; then Keras itself cannot gather its outputs,
+    # which span the other process's devices (its own error, on both processes: no hang).
+    spread = OOMBatchSizeReducer()
+    try:
+        m.predict(xv, batch_size=batch, verbose=0, callbacks=[spread])
+    except RuntimeError as e:
+        result["job_predict_error"] = str(e)[:300]
+    result["job_predict_events"] = events_of(spread)
+    result["job_predict_agreements"] = spread._agreements
+    # predict() on process 0 alone, on its own data (no distribution): split there, with nobody to agree with.
+    if index == 0:
+        keras.distribution.set_distribution(None)
+        local = OOMBatchSizeReducer()
+        predicted = m.predict(xv, batch_size=batch, verbose=0, callbacks=[local])
+        result["local_predict"] = np.asarray(predicted).ravel().tolist()
+        result["ref_local_predict"] = np.asarray(reference.predict(xv, batch_size=batch, verbose=0)).ravel().tolist()
+        result["local_events"] = events_of(local)
+        result["local_agreements"] = local._agreements
     return result

@@ -54,3 +54,37 @@ def test_one_process_over_two_devices_splits_each_device_share(tmp_path):
     assert r["uneven_iterations"] == 0  # refused before the first step
     assert "Batch sizes tried: 8, 8 as 2 x 4, 8 as 4 x 2." in r["never"], r["never"]
     assert "one sample per device" in r["never"]
+
+
+@pytest.mark.slow
+def test_an_evaluation_oom_on_one_process_is_agreed_like_a_training_one(tmp_path):
+    # Process 0 runs out of memory above 4 rows per device, in evaluation and prediction only:
+    # the validation batches of 16 per process (32 over the job) fail on it as 1 and 2 micro-batches.
+    results = run_job("scenarios_oom.evaluation_oom", tmp_path, processes=2, devices_per_process=1, timeout=180)
+    first, second = results
+    assert first["fit_events"] == [[32, 1, 2, "jax", "test"], [32, 2, 4, "jax", "test"]], first["fit_events"]
+    assert second["fit_events"] == [[32, 1, 2, "agreed", "test"], [32, 2, 4, "agreed", "test"]]
+    assert "out of memory on process 0 of 2" in " ".join(second["fit_why"][0])
+    for r in results:
+        # Training: 32 and the last batch of 16 once each; validation: 32 as 1, 2, 4 (then known).
+        assert r["fit_agreements"] == 5
+        np.testing.assert_allclose(r["val_loss"], r["ref_val_loss"], rtol=1e-5)
+        np.testing.assert_allclose(r["loss"], r["ref_loss"], rtol=1e-5)
+        for w, ref in zip(r["weights"], r["ref_weights"]):
+            np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6)
+        # evaluate() outside fit: the same agreement, the unsplit result.
+        assert [e[:3] for e in r["evaluate_events"]] == [[32, 1, 2], [32, 2, 4]]
+        assert r["evaluate_agreements"] == 3
+        np.testing.assert_allclose(r["evaluate"], r["ref_evaluate"], rtol=1e-5)
+        # predict() over the job: the same split everywhere before Keras's own gathering error.
+        assert [e[:3] for e in r["job_predict_events"]] == [[32, 1, 2], [32, 2, 4]]
+        assert r["job_predict_agreements"] == 3
+        assert "non-addressable" in r["job_predict_error"]
+    # The same validation loss on both processes (a job-wide figure).
+    assert first["val_loss"] == second["val_loss"]
+    assert first["evaluate"] == second["evaluate"]
+    # predict() on process 0 alone: split there (16 rows as 4 x 4), every sample once and in order, no agreement.
+    assert first["local_events"] == [[16, 1, 2, "jax", "predict"], [16, 2, 4, "jax", "predict"]]
+    assert first["local_agreements"] == 0
+    np.testing.assert_allclose(first["local_predict"], first["ref_local_predict"], rtol=1e-5, atol=1e-6)
+    assert len(first["local_predict"]) == 32
