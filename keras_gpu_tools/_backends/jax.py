@@ -731,13 +731,17 @@ class JaxBackend(Backend):
         if count <= 1:
             return topology.single(engine, in_step, ids)
         index = jax.process_index()
-        client = _distributed_client()
+        # Processes meet only where the step does (its mesh reaches other processes'
+        # devices); a job whose processes each train their own model would otherwise
+        # make the fastest wait for the slowest at every epoch end.
+        spans = in_step > len(jax.local_devices())
+        client = _distributed_client() if spans else None
         return topology.Topology(
             process_index=index,
             process_count=count,
             device_ids=ids,
             devices_in_step=in_step,
-            engine=engine,
+            engine=engine if spans else f"{engine}: each of the {count} processes trains its own model",
             source="jax.distributed",
             exchange=topology.KVExchange(client, index, count) if client is not None else None,
         )

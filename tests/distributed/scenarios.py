@@ -62,3 +62,22 @@ def topology(index: int, count: int, out: Path) -> dict:
         "left": left,
         "run_dir": topo.run_dir("logs", "gpu"),
     }
+
+
+def independent(index: int, count: int, out: Path) -> dict:
+    """Processes of one jax.distributed job, no distribution set: each trains its own model."""
+    from keras_gpu_tools import GPUUtilizationLogger, InputBoundDetector
+
+    model = tiny_model()
+    x, y = shard(index)
+    cbs = [InputBoundDetector(log_dir=str(out / "logs"), verbose=0), GPUUtilizationLogger(log_dir=str(out / "logs"))]
+    hist = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=cbs)
+    topo = cbs[0].topology
+    return {
+        "process_index": topo.process_index,
+        "process_count": topo.process_count,
+        "exchange": topo.exchange is not None,
+        "engine": topo.engine,
+        "run_dir": cbs[0].run_dir,
+        "job_keys": sorted(k for k in hist.history if k.startswith("job/")),
+    }

@@ -25,6 +25,15 @@ def test_two_processes_know_their_place_and_share_a_channel(tmp_path):
     assert results[0]["labels"] != results[1]["labels"]
 
 
+def test_processes_that_train_their_own_models_keep_apart_and_never_wait_for_each_other(tmp_path):
+    results = run_job("scenarios.independent", tmp_path, processes=2)
+    for i, r in enumerate(results):
+        assert (r["process_index"], r["process_count"]) == (i, 2)
+        assert not r["exchange"] and "each of the 2 processes trains its own model" in r["engine"]
+        assert r["run_dir"].endswith(f"input/process_{i}")  # logs still kept apart
+        assert r["job_keys"] == []  # nothing gathered: no epoch end waits for another process
+
+
 @pytest.mark.parametrize(
     "env, expected",
     [
