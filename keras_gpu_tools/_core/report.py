@@ -42,6 +42,11 @@ counted twice, and a table of the job-wide figures (`job/...` scalars). The
 job's input verdict (each process's step time and input wait, the stragglers
 and the advice for them) comes from the `job` part of process 0's
 `input/verdict/data`, else from the text `input/job_verdict` of `input/job`.
+Each profiler window of the job (`ProfilerWindow`'s `captures[i].job_*` on
+process 0, or `profile/job`'s `profile/steps_<a>_<b>/data` and
+`.../input_pipeline/data`) is shown there too: the traces of every process,
+each process's mean step time, the slowest, and xprof's conclusion over all
+the traces.
 """
 
 from __future__ import annotations
@@ -144,6 +149,8 @@ class ReportData:
     # The job's input verdict (InputBoundDetector.job_verdict, or the "job" part of its JSON): each
     # process's steady-state figures, the stragglers, the message and its advice; see _job_verdict_dict.
     job_verdict: dict[str, Any] | None = None
+    # The job's profiler windows (process 0's job records of ProfilerWindow): see _job_profile_row.
+    job_profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def job_rows(self) -> tuple[list[tuple[str, float | None, float | None, float | None]], list[tuple[str, float]]]:
         """The job-wide figures at their last point: (figure, min, mean, max) rows, and the other figures."""
@@ -378,6 +385,46 @@ def _profile_row(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _job_profile_row(rec: dict[str, Any], analysis: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A profiler window of the job from process 0's `WindowCapture` record (None: not a job's window).
+
+    ``analysis``: xprof's analysis over every trace, where it comes apart (its own tag); else the
+    record's ``job_analysis``.
+    """
+    means = [_finite(ms) for ms in rec.get("job_mean_step_ms") or []]
+    if not means:
+        return None
+    start, n = int(rec["start_step"]), int(rec["num_steps"])
+    files = [str(f) for f in rec.get("job_files") or []]
+    known = [(ms, i) for i, ms in enumerate(means) if ms is not None]
+    return {
+        "steps": f"{start}-{start + n}",
+        "start": start,
+        "num_steps": n,
+        "processes": len(means),
+        "files": files,
+        "trace_dir": os.path.dirname(files[0]) if files else "",
+        "mean_step_ms": means,  # by process index; None: that process measured none
+        "slowest": max(known)[1] if len(known) > 1 else None,
+        "conclusion": _conclusion(analysis if analysis is not None else rec.get("job_analysis")),
+    }
+
+
+def _job_profile_lines(p: dict[str, Any]) -> list[str]:
+    """A job's profiler window in lines: its traces, each process's mean step, the slowest, xprof's conclusion."""
+    n, files = p["processes"], p["files"]
+    where = p["trace_dir"] or "no trace file"
+    lines = [f"steps {p['steps']}: {len(files)} trace file{'' if len(files) == 1 else 's'} of {n} processes in {where}"]
+    lines += [f"  trace: {os.path.basename(f)}" for f in files]
+    if len(files) < n:  # a process's trace is not where process 0 looked
+        lines.append(f"  only {len(files)} of {n} processes' traces are there (is log_dir shared by every host?)")
+    for i, ms in enumerate(p["mean_step_ms"]):
+        mean = "not measured" if ms is None else f"{ms:.2f} ms"
+        lines.append(f"  process {i}: mean step {mean}" + (" (slowest)" if i == p["slowest"] else ""))
+    lines.append(f"  xprof over every trace: {p['conclusion'] or 'none (no xprof analysis)'}")
+    return lines
+
+
 def _finding_dict(rec: dict[str, Any]) -> dict[str, str | None]:
     """A mixed-precision finding of the report from a `MixedPrecisionFinding` record."""
     layer = rec.get("layer")
@@ -440,7 +487,13 @@ def _from_profiler(data: ReportData, prof) -> None:
 
     data.sources.append(type(prof).__name__)
     prof.wait_for_analysis(timeout=60.0)  # xprof's conclusions, converted in the background
-    data.profiles = [_profile_row(to_plain(c)) for c in list(prof.captures)]
+    records = [to_plain(c) for c in list(prof.captures)]
+    data.profiles = [_profile_row(r) for r in records]
+    # Process 0 of a job: the job's windows (the other processes hold no job_* figures).
+    data.job_profiles = [row for r in records if (row := _job_profile_row(r)) is not None]
+    topology = getattr(prof, "topology", None)
+    if data.job_profiles and topology is not None and topology.process_count > 1 and not data.processes:
+        data.processes, data.process_count = [topology.process_index], topology.process_count
 
 
 def _from_oom(data: ReportData, cb) -> None:
@@ -677,6 +730,7 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     window_points: dict[int, dict[str, float]] = {}
     texts: list[tuple[str, str, int, float, str]] = []  # run, tag, step, wall, text
     job_text = ""  # the job verdict as process 0 wrote it to the detector's job run
+    job_records: dict[str, tuple[float, int, Any]] = {}  # the profiler's job run: the last JSON of each tag
     read = 0
     # A job of several processes: each GPU's series from its own process's run, the rest from the
     # lowest process only (each process has its own host, input, oom, profile figures: never summed).
@@ -699,6 +753,11 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
             points = run_texts.get(JOB_VERDICT_TAG, [])
             if points:  # the last one: as of the last epoch end
                 job_text = max(points, key=lambda e: (e.wall_time, e.step)).text
+            for tag, points in run_texts.items():  # ProfilerWindow's job windows (process 0's)
+                if tag.startswith("profile/") and tag.endswith(DATA_SUFFIX):
+                    for e in points:
+                        if tag not in job_records or (e.wall_time, e.step) >= job_records[tag][:2]:
+                            job_records[tag] = (e.wall_time, e.step, e.text)
             continue
         if process_of.get(run, first) != first:
             for tag, points in scalars.items():
@@ -831,12 +890,36 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     data.job_verdict = job_verdict
     if job_verdict is not None and len(job_verdict["processes"]) > data.process_count:
         data.process_count = len(job_verdict["processes"])
+    data.job_profiles = _job_profiles_of(data, {tag: text for tag, (_, _, text) in job_records.items()})
+    if data.job_profiles and max(p["processes"] for p in data.job_profiles) > data.process_count:
+        data.process_count = max(p["processes"] for p in data.job_profiles)
     _read_old_prose(data, prose, records, profiles)  # logs written before the JSON tags
     data.profiles = sorted(profiles.values(), key=lambda p: p["start"])
     micro = data.oom_series.get("oom/micro_batches")
     if micro is not None and micro.values:  # the last split in use, as the callback's `micro_batches`
         data.oom_summary = {"micro-batches per batch now": int(micro.values[-1]), **data.oom_summary}
     return data
+
+
+def _job_profiles_of(data: ReportData, texts: dict[str, str]) -> list[dict[str, Any]]:
+    """The job's profiler windows from the JSON texts of the profiler's job run, by tag."""
+    rows = []
+    for tag in sorted(t for t in texts if not t.endswith(ANALYSIS_DATA_SUFFIX)):
+        window = tag[: -len(DATA_SUFFIX)]
+        try:
+            rec = json.loads(texts[tag])
+            analysis = (
+                json.loads(texts[window + ANALYSIS_DATA_SUFFIX]) if window + ANALYSIS_DATA_SUFFIX in texts else None
+            )
+            row = _job_profile_row(rec, analysis)
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            data.notes.append(
+                f"The JSON of tag {tag!r} of the job run is not as expected ({type(e).__name__}: {e}); it is left out."
+            )
+            continue
+        if row is not None:
+            rows.append(row)
+    return sorted(rows, key=lambda p: p["start"])
 
 
 def _oom_lines(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
@@ -1216,7 +1299,7 @@ class TrainingReport:
             body.insert(0, "No GPU was monitored (host metrics only).")
         if body:
             sections.append(("GPUs and host", body))
-        if d.process_count > 1 or d.job or d.job_verdict:
+        if d.process_count > 1 or d.job or d.job_verdict or d.job_profiles:
             sections.append((self._job_heading(), self._job_text()))
 
         body = []
@@ -1322,7 +1405,7 @@ class TrainingReport:
             for name, *stats in rows:
                 body.append(f"{name:42s} " + " ".join("      n/a" if v is None else f"{v:9.1f}" for v in stats))
         body += [f"{name}: {value:.4g}" for name, value in single]
-        if not rows and not single:
+        if not rows and not single and not d.job_profiles:  # (ProfilerWindow alone writes no job/ figure)
             body.append("No job-wide figures were written (one process, or its channel failed).")
         jv = d.job_verdict
         if jv is not None:
@@ -1336,6 +1419,10 @@ class TrainingReport:
                     body += ["What to change:"] + [f"- {a}" for a in jv["advice"]]
             else:  # only the job run's text (no JSON): as process 0 wrote it
                 body += jv["text"].splitlines()
+        if d.job_profiles:
+            body += ["", "Profiler windows of the job (one session, one trace per process):"]
+            for p in d.job_profiles:
+                body += _job_profile_lines(p)
         return body
 
     # -- HTML ------------------------------------------------------------------------
@@ -1402,7 +1489,7 @@ class TrainingReport:
                     + "</details>"
                 )
 
-        if d.process_count > 1 or d.job or d.job_verdict:
+        if d.process_count > 1 or d.job or d.job_verdict or d.job_profiles:
             parts.append(f"<h3>{e(self._job_heading())}</h3>")
             rows, single = d.job_rows()
             if d.processes:
@@ -1429,6 +1516,32 @@ class TrainingReport:
                         )
                 else:
                     parts.append(f"<pre>{e(jv['text'])}</pre>")
+            if d.job_profiles:
+                parts.append("<p>Profiler windows of the job (one session, one trace per process):</p>")
+                for p in d.job_profiles:
+                    where = p["trace_dir"] or "no trace file"
+                    parts.append(
+                        f'<p class="kgt-job-profile">steps {e(p["steps"])}: {len(p["files"])} trace files of '
+                        f"{p['processes']} processes in <code>{e(where)}</code></p>"
+                    )
+                    rows = [
+                        (
+                            f"{i} (slowest)" if i == p["slowest"] else str(i),
+                            "not measured" if ms is None else f"{ms:.2f} ms",
+                        )
+                        for i, ms in enumerate(p["mean_step_ms"])
+                    ]
+                    parts.append(table(["process", "mean step in the window"], rows))
+                    if p["files"]:
+                        parts.append(
+                            "<ul>" + "".join(f"<li>trace: {e(os.path.basename(f))}</li>" for f in p["files"]) + "</ul>"
+                        )
+                    if len(p["files"]) < p["processes"]:
+                        parts.append(
+                            f"<p>Only {len(p['files'])} of {p['processes']} processes' traces are there "
+                            "(is log_dir shared by every host?)</p>"
+                        )
+                    parts.append(f"<p>xprof over every trace: {e(p['conclusion'] or 'none (no xprof analysis)')}</p>")
 
         if "step_time" in pngs:
             parts.append("<h3>Step time</h3>")
@@ -1713,6 +1826,8 @@ def _fill_from(data: ReportData, other: ReportData) -> None:
         data.processes, data.process_count = other.processes, other.process_count
     if data.job_verdict is None:
         data.job_verdict = other.job_verdict
+    if not data.job_profiles:
+        data.job_profiles = other.job_profiles
     data.unreadable = other.unreadable
     if not data.training:
         data.training = other.training

@@ -3,6 +3,7 @@
 import base64
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -641,3 +642,79 @@ def test_job_keys_of_a_history_are_no_training_curve():
     }
     r = report(hist)
     assert list(r.data.training) == ["loss"]
+
+
+def _job_profile_log_dir(tmp_path, job_files):
+    """The profiler runs of a job of two processes, as ProfilerWindow writes them (process 1 the slower)."""
+    session = "/logs/profile/job/plugins/profile/2026_11_26_09_00_00_steps_3_7"
+    for i, ms in enumerate((2.0, 5.5)):
+        w = EventWriter(str(tmp_path / "profile" / f"process_{i}"))
+        own = {"start_step": 3, "num_steps": 4, "files": [f"{session}/h_p{i}.xplane.pb"], "mean_step_ms": ms}
+        w.json("profile/steps_3_7/data", own, 3)
+        w.close()
+    w = EventWriter(str(tmp_path / "profile" / "job"))
+    record = {
+        "start_step": 3,
+        "num_steps": 4,
+        "files": [f"{session}/h_p0.xplane.pb"],
+        "mean_step_ms": 2.0,
+        "job_files": [f"{session}/{name}" for name in job_files],
+        "job_mean_step_ms": [2.0, 5.5],
+        "job_analysis": None,  # written apart, once xprof is done
+    }
+    w.text("profile/steps_3_7", "ProfilerWindow: job of 2 processes, steps [3, 7) -> ...", 3)
+    w.json("profile/steps_3_7/data", record, 3)
+    w.text("profile/steps_3_7/input_pipeline", "Your program is NOT input-bound because ...", 3)
+    w.json("profile/steps_3_7/input_pipeline/data", {"conclusion": "Your program is NOT input-bound because ..."}, 3)
+    w.close()
+    return session
+
+
+def test_the_job_section_shows_each_profiler_window_of_the_job(tmp_path):
+    session = _job_profile_log_dir(tmp_path, ["h_p0.xplane.pb", "h_p1.xplane.pb"])
+    data = gather_log_dir(str(tmp_path))
+    assert data.processes == [0, 1] and data.process_count == 2
+    (own,) = data.profiles  # process 0's own window, as before
+    assert own["mean_step_ms"] == 2.0 and own["trace_dir"] == session
+    (p,) = data.job_profiles
+    assert (p["steps"], p["processes"], p["trace_dir"], p["mean_step_ms"], p["slowest"]) == (
+        "3-7",
+        2,
+        session,
+        [2.0, 5.5],
+        1,
+    )
+    assert p["files"] == [f"{session}/h_p0.xplane.pb", f"{session}/h_p1.xplane.pb"]
+    assert p["conclusion"] == "Your program is NOT input-bound because ..."
+
+    text = TrainingReport(data).text()
+    job = text.split("Job of 2 processes")[1].split("Profiler windows\n")[0]
+    assert "Profiler windows of the job (one session, one trace per process):" in job
+    assert f"steps 3-7: 2 trace files of 2 processes in {session}" in job
+    assert "  trace: h_p0.xplane.pb\n  trace: h_p1.xplane.pb" in job
+    assert "  process 0: mean step 2.00 ms\n  process 1: mean step 5.50 ms (slowest)" in job
+    assert "  xprof over every trace: Your program is NOT input-bound because ..." in job
+    assert "only" not in job
+    assert "No job-wide figures" not in job  # ProfilerWindow writes none: its windows are the job's figures
+
+    html = TrainingReport(data).html()
+    section = html.split("<h3>Job of 2 processes</h3>")[1].split("<h3>")[0]
+    assert "Profiler windows of the job" in section and f"<code>{session}</code>" in section
+    assert "<td>1 (slowest)</td><td>5.50 ms</td>" in section and "<td>0</td><td>2.00 ms</td>" in section
+    assert "<li>trace: h_p1.xplane.pb</li>" in section
+    assert "xprof over every trace: Your program is NOT input-bound because ..." in section
+
+    # Only the job run (the process runs on other hosts): the job's windows still, and the job's size.
+    alone = tmp_path / "alone"
+    shutil.copytree(tmp_path / "profile" / "job", alone / "profile" / "job")
+    data = gather_log_dir(str(alone))
+    assert data.process_count == 2 and [p["steps"] for p in data.job_profiles] == ["3-7"]
+    assert "Job of 2 processes" in TrainingReport(data).text()
+
+
+def test_a_job_window_missing_a_trace_says_so(tmp_path):
+    _job_profile_log_dir(tmp_path, ["h_p0.xplane.pb"])  # process 1's log_dir is not process 0's
+    text = TrainingReport(gather_log_dir(str(tmp_path))).text()
+    assert "steps 3-7: 1 trace file of 2 processes in" in text
+    assert "only 1 of 2 processes' traces are there (is log_dir shared by every host?)" in text
+    assert "process 1: mean step 5.50 ms (slowest)" in text
