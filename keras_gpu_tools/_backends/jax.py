@@ -10,6 +10,7 @@ analysis (``predicts_memory``) is worth asking before running.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 from collections.abc import Callable, Iterable
@@ -666,6 +667,16 @@ def _flops_of(cost) -> float | None:
     return flops if flops > 0 else None
 
 
+def _one_execution(iterator, steps: int):
+    """The batches of one call of ``steps_per_execution`` steps, fetched as they are used.
+
+    No first batch ends the epoch (``StopIteration``, as Keras's own function
+    raises it); a shorter last execution just runs fewer steps.
+    """
+    first = next(iterator)
+    return itertools.chain((first,), itertools.islice(iterator, steps - 1))
+
+
 def _distributed_client():
     """The client of ``jax.distributed`` (its key-value store is the job's channel), or None.
 
@@ -987,13 +998,7 @@ class JaxBackend(Backend):
     def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
         def step_function(state, iterator):
             outputs = []
-            for i in range(steps_per_execution):
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    if i == 0:
-                        raise
-                    break
+            for batch in _one_execution(iterator, steps_per_execution):
                 out, state = one(batch, state)
                 outputs.append(out)
             return (concat_outputs(outputs) if kind == "predict" else outputs[-1]), state
@@ -1013,13 +1018,7 @@ class JaxBackend(Backend):
 
         def train_function(state, iterator):
             logs = None
-            for i in range(steps_per_execution):
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    if i == 0:
-                        raise
-                    break
+            for batch in _one_execution(iterator, steps_per_execution):
                 logs, state = one(batch, state)
             return logs, state
 

@@ -73,3 +73,20 @@ def data(num_samples, seed=0):
     x = r.randn(num_samples, 3).astype("float32")
     y = (x.sum(1, keepdims=True) + 0.1 * r.randn(num_samples, 1)).astype("float32")
     return np.concatenate([np.arange(num_samples, dtype="float32")[:, None], x], 1), y
+
+
+class SeenCounter(keras.layers.Layer):
+    """Counts how often each sample (id in column 0) is trained on, across processes too; passes the features on."""
+
+    def __init__(self, num_samples, **kw):
+        super().__init__(**kw)
+        self.num_samples = num_samples
+
+    def build(self, shape):
+        self.seen = self.add_weight(shape=(self.num_samples,), initializer="zeros", trainable=False, name="seen")
+
+    def call(self, x, training=False):
+        if training:
+            ids = ops.cast(x[:, 0], "int32")
+            self.seen.assign(self.seen + ops.sum(ops.one_hot(ids, self.num_samples, dtype=self.seen.dtype), axis=0))
+        return x[:, 1:]

@@ -21,28 +21,11 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, data, real_oom
+from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, SeenCounter, data, real_oom
 
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 
 pytestmark = pytest.mark.multibackend
-
-
-class SeenCounter(keras.layers.Layer):
-    """Counts how often each sample (id in column 0) is trained on; passes the features on."""
-
-    def __init__(self, num_samples, **kw):
-        super().__init__(**kw)
-        self.num_samples = num_samples
-
-    def build(self, shape):
-        self.seen = self.add_weight(shape=(self.num_samples,), initializer="zeros", trainable=False, name="seen")
-
-    def call(self, x, training=False):
-        if training:
-            ids = ops.cast(x[:, 0], "int32")
-            self.seen.assign(self.seen + ops.sum(ops.one_hot(ids, self.num_samples, dtype=self.seen.dtype), axis=0))
-        return x[:, 1:]
 
 
 class Boom(keras.layers.Layer):

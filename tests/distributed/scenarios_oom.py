@@ -10,6 +10,7 @@ when one host's GPU has less memory free than the others'.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 
@@ -17,7 +18,9 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
-from keras import ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "callbacks"))
+from oom_models import SeenCounter  # noqa: E402  (the reducer tests' sample counter)
 from scenarios import data_parallel
 
 HUGE_COLS = 2**38  # float32 columns per row: 1 TiB per row
@@ -48,23 +51,6 @@ class ProcessCliff(keras.layers.Layer):
             warnings.simplefilter("ignore", UserWarning)
             big = jnp.zeros((n, HUGE_COLS), "float32").at[0, 0].set(jnp.ravel(x)[0].astype("float32"))
         return x + (0.0 * big.max()).astype(x.dtype)
-
-
-class SeenCounter(keras.layers.Layer):
-    """Counts how often each sample of the job (id in column 0) is trained on; passes the features on."""
-
-    def __init__(self, num_samples: int, **kw):
-        super().__init__(**kw)
-        self.num_samples = num_samples
-
-    def build(self, shape):
-        self.seen = self.add_weight(shape=(self.num_samples,), initializer="zeros", trainable=False, name="seen")
-
-    def call(self, x, training=False):
-        if training:
-            ids = ops.cast(x[:, 0], "int32")
-            self.seen.assign(self.seen + ops.sum(ops.one_hot(ids, self.num_samples, dtype=self.seen.dtype), axis=0))
-        return x[:, 1:]
 
 
 def model(total: int, limit: int, process: int, seed: int = 1, inference_only: bool = False) -> keras.Model:

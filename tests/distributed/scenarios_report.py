@@ -1,7 +1,7 @@
 """report() of a job of several JAX processes (see ``launch.py``); each returns a JSON-ready dict.
 
-The fit is ``scenarios_detector.fit_job`` itself: ``keras.Model.fit`` is
-wrapped only to keep the callbacks it was given, for ``report(callbacks)``.
+The fits are those of ``scenarios_detector`` and ``scenarios_profiler`` themselves:
+``keras.Model.fit`` is wrapped only to keep the callbacks it was given, for ``report(callbacks)``.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from pathlib import Path
 
 import keras
 import scenarios_detector
+import scenarios_profiler
 
 
-def detector_report(index: int, count: int, out: Path, **args) -> dict:
-    """``scenarios_detector.fit_job(**args)``, then the report of its callbacks (text and HTML)."""
+def _reported(fit_job, index: int, count: int, out: Path, **args) -> dict:
+    """``fit_job(index, count, out, **args)``, then the report of the callbacks it fitted with (text and HTML)."""
     from keras_gpu_tools import report
 
     given = []
@@ -25,12 +26,28 @@ def detector_report(index: int, count: int, out: Path, **args) -> dict:
 
     keras.Model.fit = keeping_callbacks
     try:
-        result = scenarios_detector.fit_job(index, count, out, **args)
+        result = fit_job(index, count, out, **args)
     finally:
         keras.Model.fit = fit
     rep = report(given)
-    result.update(report_text=rep.text(), report_html=rep.html(), report_job_verdict=rep.data.job_verdict)
+    result.update(
+        report_text=rep.text(),
+        report_html=rep.html(),
+        report_job_verdict=rep.data.job_verdict,
+        report_job_profiles=rep.data.job_profiles,
+        report_process_count=rep.data.process_count,
+    )
     return result
+
+
+def detector_report(index: int, count: int, out: Path, **args) -> dict:
+    """``scenarios_detector.fit_job(**args)`` and its report."""
+    return _reported(scenarios_detector.fit_job, index, count, out, **args)
+
+
+def profile_report(index: int, count: int, out: Path, **args) -> dict:
+    """``scenarios_profiler.profile_window(**args)`` and its report (the job's profiler windows)."""
+    return _reported(scenarios_profiler.profile_window, index, count, out, **args)
 
 
 def late_once(index: int, count: int, out: Path, timeout: float = 1.0, late: float = 2.5, epochs: int = 3) -> dict:

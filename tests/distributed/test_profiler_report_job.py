@@ -23,7 +23,7 @@ def job_section(text: str) -> str:
 def test_the_job_section_shows_every_process_trace_and_step_time_of_a_window(tmp_path, capsys):
     pytest.importorskip("xprof")
     pytest.importorskip("tensorboard")
-    results = run_job("scenarios_profiler_report.profile_report", tmp_path, args={"start_step": 3, "num_steps": 4})
+    results = run_job("scenarios_report.profile_report", tmp_path, args={"start_step": 3, "num_steps": 4})
     logs = tmp_path / "job" / "logs"
     (session,) = glob.glob(str(logs / "profile" / "job" / "plugins" / "profile" / "*"))
     traces = sorted(glob.glob(os.path.join(session, "*.xplane.pb")))
