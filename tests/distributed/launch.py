@@ -5,6 +5,10 @@ Each process runs ``worker.py``: it joins the job with
 GPUs with one GPU per process), runs one scenario of ``scenarios.py`` and
 writes the scenario's JSON result. A process that hangs is killed at the
 timeout, and the test fails with every process's output.
+
+``KGT_JOB_GPUS=1`` runs every job of the suite on GPUs (``devices_per_process``
+GPUs per process, NCCL between them): the same tests on a machine of 2 or 4
+GPUs (``bash benchmarks/gpu_suite.sh distributed``).
 """
 
 from __future__ import annotations
@@ -31,11 +35,13 @@ def run_job(
     tmp_path: Path,
     processes: int = 2,
     devices_per_process: int = 1,
-    gpus: bool = False,
+    gpus: bool | None = None,
     timeout: float = 240.0,
     args: dict | None = None,
 ) -> list[dict]:
     """Runs ``scenario`` ("module.function" of this folder) in ``processes`` processes; their results by index."""
+    if gpus is None:
+        gpus = os.environ.get("KGT_JOB_GPUS") == "1"
     port = free_port()
     out = tmp_path / "job"
     out.mkdir(parents=True, exist_ok=True)
