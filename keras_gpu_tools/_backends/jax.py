@@ -140,6 +140,22 @@ def _local(arrays) -> list:
     return [a.addressable_data(0) if hasattr(a, "addressable_data") else a for a in arrays]
 
 
+def jit_alone(fn: Callable) -> Callable:
+    """``jax.jit`` for a program that this process compiles alone, in a job of several.
+
+    On GPUs XLA shares the autotuning of each compilation between the job's
+    processes (``xla_gpu_shard_autotuning``): a program that one process
+    compiles alone would wait for the others' share, a hang. Seen on 2 H200s:
+    a program compiled by process 0 only never finished compiling.
+    """
+    import jax
+
+    try:
+        return jax.jit(fn, compiler_options={"xla_gpu_shard_autotuning": False})
+    except TypeError:  # a JAX without per-jit compiler options
+        return jax.jit(fn)
+
+
 def rehearse_alone(runner, batch, n: int, k: int, step: Callable) -> None:
     """Runs ``step(part, w, totals)`` on the first micro-batch of ``n`` as ``k``, on this process's first device.
 
@@ -375,7 +391,7 @@ class JaxRunner(_HostSnapshot):
         the model's own ``train_step`` (see :func:`rehearse_alone`).
         """
         if self._rehearse_jit is None:
-            self._rehearse_jit = self.jax.jit(self._micro)
+            self._rehearse_jit = jit_alone(self._micro)
         tv, ntv, ov, mv = (_local(p) for p in ki.jax_state_parts(state))
         acc = [self.jnp.zeros_like(a) for a in tv]
         rehearse_alone(
@@ -639,7 +655,7 @@ class JaxEvalRunner(_HostSnapshot):
     def rehearse(self, batch, n: int, k: int, state) -> None:
         """The first micro-batch's test or predict step on this process's first device alone (see :func:`rehearse_alone`)."""
         if self._rehearse_jit is None:
-            self._rehearse_jit = self.jax.jit(self._micro)
+            self._rehearse_jit = jit_alone(self._micro)
         local = tuple(_local(p) for p in state)
         rehearse_alone(self, batch, n, k, lambda part, w, totals: self._rehearse_jit(local, part, w, totals))
 

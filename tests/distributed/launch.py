@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -56,6 +58,8 @@ def run_job(
             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
         )
         if gpus:
+            # Full float32 matmuls: the tests compare split and unsplit runs to 1e-5, and TF32 rounds at 1e-3.
+            env["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i * devices_per_process + k) for k in range(devices_per_process))
         else:
             env["JAX_PLATFORMS"] = "cpu"
@@ -67,6 +71,10 @@ def run_job(
         try:
             p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            for q, _ in procs:  # every process's stacks into its log first: where the job hung
+                if q.poll() is None:
+                    q.send_signal(signal.SIGUSR1)
+            time.sleep(2)
             for q, _ in procs:
                 q.kill()
             failed.append(f"process {i} did not finish within {timeout:g} s (a hang)")

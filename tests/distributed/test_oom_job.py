@@ -1,5 +1,7 @@
 """OOMBatchSizeReducer in a real job of two JAX processes on the CPU (gloo): one process runs out of memory."""
 
+import os
+
 import numpy as np
 import pytest
 from launch import run_job
@@ -41,7 +43,9 @@ def test_one_process_over_two_devices_splits_each_device_share(tmp_path):
     # in the step itself: one process, no peer to wait for), so 16 runs as 4 x 4 (2 rows per device).
     (r,) = run_job("scenarios_oom.one_process_data_parallel", tmp_path, processes=1, devices_per_process=2)
     assert r["devices"] == 2
-    assert r["events"] == [[16, 1, 2, "jax"], [16, 2, 4, "jax"]], r["lines"]
+    # On a GPU the second split is chosen from XLA's memory analysis after the first real OOM ("predicted").
+    second = "predicted" if os.environ.get("KGT_JOB_GPUS") == "1" else "jax"
+    assert r["events"] == [[16, 1, 2, "jax"], [16, 2, 4, second]], r["lines"]
     assert r["agreements"] == 0  # one process: nothing to agree on
     assert r["micro_batches"] == 2  # the last batch of 8 as 2 x 4 (2 rows per device)
     np.testing.assert_array_equal(r["seen"], np.full(40, 2.0))
@@ -84,6 +88,8 @@ def test_an_evaluation_oom_on_one_process_is_agreed_like_a_training_one(tmp_path
     assert first["val_loss"] == second["val_loss"]
     assert first["evaluate"] == second["evaluate"]
     # predict() on process 0 alone: split there (16 rows as 4 x 4), every sample once and in order, no agreement.
+    if "local_events" not in first:  # a GPU job: see scenarios_oom.evaluation_oom
+        return
     assert first["local_events"] == [[16, 1, 2, "jax", "predict"], [16, 2, 4, "jax", "predict"]]
     assert first["local_agreements"] == 0
     np.testing.assert_allclose(first["local_predict"], first["ref_local_predict"], rtol=1e-5, atol=1e-6)

@@ -1,8 +1,12 @@
 """One process of a job started by ``launch.py``: join, run the scenario, write its result."""
 
+import faulthandler
 import json
+import signal
 import sys
 from pathlib import Path
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # launch.py asks for the stacks of a hung job
 
 scenario, index, count, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Path(sys.argv[5])
 
