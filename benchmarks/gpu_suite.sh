@@ -43,6 +43,9 @@ distributed)
   # per process (4 jobs at a time, so JAX must not preallocate).
   KERAS_BACKEND=jax timeout 320 python3 benchmarks/distributed_proof.py --out "$OUT/distributed.json" 2>&1 \
     | tee "$OUT/distributed.log" | grep -v -E "^(I0000|W0000|WARNING: All log)"
+  # MFU again with work per GPU large enough that the gradient all-reduce is a small part of the step
+  KERAS_BACKEND=jax timeout 200 python3 benchmarks/distributed_proof.py --parts mfu --per-device-batch 65536 \
+    --steps 12 --out "$OUT/distributed_mfu64k.json" 2>&1 | grep -E "device\(s\)"
   KGT_JOB_GPUS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false KERAS_BACKEND=jax timeout 220 python3 -m pytest -q -n 4 \
     -p no:cacheprovider tests/distributed 2>&1 | tee "$OUT/jobs_on_gpus.log" | tail -25
   ;;
