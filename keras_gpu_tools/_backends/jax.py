@@ -471,7 +471,7 @@ class JaxRunner(_HostSnapshot):
         reuse donated arguments) and ``need``: what the attempt adds to the
         memory in use, temporaries and new outputs, plus the accumulator and the
         batch's copy to the device where they are not there yet. Compiled with
-        GPU autotuning off (:func:`compile_for_analysis`): autotuning runs
+        GPU autotuning off (:func:`analysed_memory`): autotuning runs
         candidate kernels, which is what made each failing split cost seconds.
         """
         key = (batch_signature(batch), k)
@@ -496,7 +496,7 @@ class JaxRunner(_HostSnapshot):
                 finally:
                     self.routing.lenient = False
                 extra = 0 if self._acc is not None else sum(nbytes(a) for a in tv)  # the accumulator
-            found = program_memory(compile_for_analysis(lowered))
+            found = analysed_memory(lowered)
             if found is not None:
                 host = sum(nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))  # copied in
                 found["need"] = found["temporaries"] + found["outputs"] - found["aliased"] + extra + host
@@ -553,14 +553,30 @@ def _specs(tree):
     return jax.tree_util.tree_map(spec, tree)
 
 
-def compile_for_analysis(lowered):
-    """``lowered.compile()`` for its memory analysis only: on a GPU without autotuning (faster; not for running)."""
-    if BACKEND.async_device():
+def analysed_memory(lowered) -> dict[str, int] | None:
+    """XLA's memory analysis of ``lowered`` (see :func:`program_memory`), compiled but never run.
+
+    On a GPU, compiled without autotuning (autotuning runs candidate kernels on
+    buffers of the real size: 17 s and more at the sizes that run out of
+    memory), twice: XLA's default GEMMs without autotuning are Triton fusions
+    with their epilogue fused, while the autotuner may pick cuBLAS, whose
+    output is a buffer of its own (seen on an H200: Dense(64 -> 65536, relu)
+    at batch 262144, temporaries of 64.1 GiB with Triton, 128.1 GiB with
+    cuBLAS and in the autotuned program that runs). The larger of the two is
+    what the step may ask.
+    """
+    if not BACKEND.async_device():
+        return program_memory(lowered.compile())
+    found = None
+    for options in ({"xla_gpu_enable_triton_gemm": False}, {}):
         try:
-            return lowered.compile(compiler_options={"xla_gpu_autotune_level": 0})
-        except Exception as e:  # an XLA without the option: compile as usual
-            logger.debug("keras_gpu_tools: compiling without autotuning failed (%s); compiling as usual", e)
-    return lowered.compile()
+            memory = program_memory(lowered.compile(compiler_options={"xla_gpu_autotune_level": 0, **options}))
+        except Exception as e:  # an XLA without these options
+            logger.debug("keras_gpu_tools: compiling for the memory analysis (%s) failed: %s", options, e)
+            continue
+        if memory is not None and (found is None or memory["temporaries"] > found["temporaries"]):
+            found = memory
+    return found if found is not None else program_memory(lowered.compile())
 
 
 def program_memory(compiled) -> dict[str, int] | None:
@@ -931,7 +947,7 @@ class JaxBackend(Backend):
 
         x, y = batch
         data = jax.tree_util.tree_map(spec, (x, y) if y is not None else (x,))
-        memory = program_memory(compile_for_analysis(step.lower(_specs(ki.jax_state_of(model)), data)))
+        memory = analysed_memory(step.lower(_specs(ki.jax_state_of(model)), data))
         if memory is None:
             raise ValueError("plan_batch_size: XLA returned no memory analysis for the train step.")
         peak = memory["arguments"] + memory["temporaries"] + memory["outputs"] - memory["aliased"]

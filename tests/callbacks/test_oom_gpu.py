@@ -81,7 +81,10 @@ def test_a_batch_too_large_for_the_card_trains_to_the_end_and_matches_the_refere
     wall = time.perf_counter() - t0
     k = reducer.micro_batches
     assert reducer.events and k > 1, "the batch fitted: the test needs a batch larger than the card"
-    assert all(e.kind == backend for e in reducer.events)
+    # The first OOM is real; after it the next splits are chosen from XLA's memory analysis on JAX
+    # ("predicted", never run), so a split that would fail too costs no failed attempt.
+    assert reducer.events[0].kind == backend
+    assert all(e.kind in (backend, "predicted") for e in reducer.events[1:])
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2 * STEPS
     assert np.isfinite(history.history["loss"]).all()
 
