@@ -419,6 +419,22 @@ class TorchBackend(Backend):
             return [None] * replicas
         return [int(cuda.mem_get_info(cuda.current_device())[1])] * replicas
 
+    def plan_restore(self, model, snapshot) -> None:
+        """Puts the model back, then hands the trial steps' cached blocks back to the device.
+
+        The caching allocator keeps what the trial steps (the ones that ran out
+        of memory too) reserved; left there, it fragments the memory that the
+        planned batch's own steps then need (seen on an H200: the planned batch
+        ran out of memory in the process that planned it).
+        """
+        super().plan_restore(model, snapshot)
+        cuda = _cuda()
+        if cuda is not None and cuda.is_initialized():
+            import gc
+
+            gc.collect()  # a failed trial's tensors may sit in reference cycles of its traceback
+            cuda.empty_cache()
+
     def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
         """One warm-up trial step, then one measured: the CUDA allocator's peak, or on a CPU the peak of live tensors."""
         x, y = batch

@@ -104,3 +104,33 @@ def test_training_at_the_plan_never_runs_out_of_memory_and_regrows_only_to_it():
     reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[OOMBatchSizeReducer()])
     for a, b in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # the same training as recovering would give
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the CUDA caching allocator is torch's")
+def test_torch_hands_the_trial_steps_cached_blocks_back_after_planning(monkeypatch):
+    # No GPU here: a stand-in for torch.cuda records the call; the model is put back for real.
+    from keras_gpu_tools._backends import torch as torch_backend
+
+    calls = []
+
+    class FakeCuda:
+        @staticmethod
+        def is_initialized():
+            return True
+
+        @staticmethod
+        def empty_cache():
+            calls.append("empty_cache")
+
+    model = wide_model()
+    x = np.random.RandomState(0).rand(8, 64).astype("float32")
+    y = np.random.RandomState(1).rand(8, 1).astype("float32")
+    backend = torch_backend.TorchBackend()
+    snapshot = backend.plan_snapshot(model, (x, y))
+    before = [np.array(w) for w in model.get_weights()]
+    model.train_on_batch(x, y)
+    monkeypatch.setattr(torch_backend, "_cuda", lambda: FakeCuda)
+    backend.plan_restore(model, snapshot)
+    assert calls == ["empty_cache"]
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
