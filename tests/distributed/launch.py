@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+JOB_GPUS = os.environ.get("KGT_JOB_GPUS") == "1"  # the suite's jobs run on GPUs (see above)
 ROOT = HERE.parent.parent
 
 
@@ -43,7 +44,7 @@ def run_job(
 ) -> list[dict]:
     """Runs ``scenario`` ("module.function" of this folder) in ``processes`` processes; their results by index."""
     if gpus is None:
-        gpus = os.environ.get("KGT_JOB_GPUS") == "1"
+        gpus = JOB_GPUS
     port = free_port()
     out = tmp_path / "job"
     out.mkdir(parents=True, exist_ok=True)

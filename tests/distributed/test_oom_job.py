@@ -1,10 +1,8 @@
 """OOMBatchSizeReducer in a real job of two JAX processes on the CPU (gloo): one process runs out of memory."""
 
-import os
-
 import numpy as np
 import pytest
-from launch import run_job
+from launch import JOB_GPUS, run_job
 
 pytest.importorskip("jax")
 
@@ -44,7 +42,7 @@ def test_one_process_over_two_devices_splits_each_device_share(tmp_path):
     (r,) = run_job("scenarios_oom.one_process_data_parallel", tmp_path, processes=1, devices_per_process=2)
     assert r["devices"] == 2
     # On a GPU the second split is chosen from XLA's memory analysis after the first real OOM ("predicted").
-    second = "predicted" if os.environ.get("KGT_JOB_GPUS") == "1" else "jax"
+    second = "predicted" if JOB_GPUS else "jax"
     assert r["events"] == [[16, 1, 2, "jax"], [16, 2, 4, second]], r["lines"]
     assert r["agreements"] == 0  # one process: nothing to agree on
     assert r["micro_batches"] == 2  # the last batch of 8 as 2 x 4 (2 rows per device)

@@ -5,7 +5,7 @@ import os
 import sys
 
 import pytest
-from launch import run_job
+from launch import JOB_GPUS, run_job
 
 from keras_gpu_tools._core import profiler as prof
 
@@ -48,7 +48,7 @@ def test_two_processes_trace_the_same_steps_into_one_session(tmp_path):
     hosts = profile_plugin._get_hosts(os.listdir(sessions[0]))
     assert {os.path.basename(t)[: -len(".xplane.pb")] for t in traces} <= hosts
     for t in traces:  # on a GPU xprof numbers the device's steps from 0: the window's 4 steps all the same
-        assert steps_in(t) == ([0, 1, 2, 3] if os.environ.get("KGT_JOB_GPUS") == "1" else [3, 4, 5, 6])
+        assert steps_in(t) == ([0, 1, 2, 3] if JOB_GPUS else [3, 4, 5, 6])
 
     for i, r in enumerate(results):
         (cap,) = r["captures"]
