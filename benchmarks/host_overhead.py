@@ -1,13 +1,23 @@
 """Host time each callback adds per training step, against a bare fit(), on every backend.
 
 A tiny model (16 -> 32 -> 3, batch 32) trains on in-memory arrays, so the step is
-dominated by Keras's own per-step host work (130-400 us on a CPU) and anything a
-callback adds per step shows. Every condition (bare, each callback alone, all of
-them together) has its own model, compiled and warmed up once; then ``--rounds``
-rounds run every condition once each, interleaved, two epochs per fit, and the
-second epoch is timed (its per-step time: wall time / steps). A condition's
-figure is the fastest of its rounds (the least disturbed by the machine), and
-its overhead is that minus the bare fit's fastest.
+dominated by Keras's own per-step host work (100-400 us on a CPU) and anything a
+callback adds per step shows.
+
+Method. One model per backend serves every condition (bare, a second bare fit as
+the A/A, each callback alone, all of them together): each condition keeps its
+own callback objects, but they all train the same compiled model, so nothing
+differs between conditions but the callbacks. (With one model per condition, two
+bare fits differed by up to 13 us per step on the 2-core machine: the models'
+memory placement, not any callback.) After a warm-up fit per condition,
+``--rounds`` rounds run every condition once each, in a fresh random order
+every round (a fixed rotation keeps the same neighbours: a condition that
+follows the one that stops six callbacks' threads was always the bare fit),
+two epochs per fit; the second epoch is timed (wall time / steps,
+and the training thread's CPU time / steps). Per condition two figures against
+the bare fit: the fastest round minus the bare fit's fastest (the issue's
+statistic), and the median over rounds of the difference to the bare fit of the
+same round (paired: robust to the machine's slow phases, which hit both).
 
     python benchmarks/host_overhead.py --backends tensorflow,jax,torch --out results/host_overhead_cpu.json
 
@@ -20,6 +30,8 @@ import argparse
 import json
 import os
 import platform
+import random
+import statistics
 import subprocess
 import sys
 import time
@@ -29,7 +41,7 @@ def _parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None)
     p.add_argument("--backends", default=None, help="comma-separated; each runs in a subprocess")
-    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=21)
     p.add_argument("--steps", type=int, default=1500, help="steps per epoch")
     p.add_argument("--conditions", default=None, help="comma-separated subset of the conditions")
     p.add_argument("--width", type=int, default=32, help="hidden width (a wider model has a longer step)")
@@ -105,25 +117,31 @@ def run_backend(args) -> dict:
     import tempfile
 
     tmp = tempfile.mkdtemp(prefix="kgt_host_overhead_")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(args.width, activation="relu"), keras.layers.Dense(3)]
+    )
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     setups = {}
-    for i, name in enumerate(conditions):
-        keras.utils.set_random_seed(i)
-        model = keras.Sequential(
-            [keras.Input((16,)), keras.layers.Dense(args.width, activation="relu"), keras.layers.Dense(3)]
-        )
-        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    for name in conditions:
         cbs = _callbacks(name, os.path.join(tmp, name))
-        model.fit(x[: 20 * batch], y[: 20 * batch], batch_size=batch, epochs=1, verbose=0, callbacks=cbs)  # compile
-        setups[name] = (model, cbs)
+        model.fit(x[: 20 * batch], y[: 20 * batch], batch_size=batch, epochs=1, verbose=0, callbacks=cbs)  # warm up
+        setups[name] = cbs
     per_step = {name: [] for name in conditions}
     cpu_per_step = {name: [] for name in conditions}
+    order = random.Random(0)
     for _ in range(args.rounds):
-        for name in conditions:
-            model, cbs = setups[name]
+        for name in order.sample(conditions, len(conditions)):
             clock = EpochClock()
-            model.fit(x, y, batch_size=batch, epochs=2, verbose=0, shuffle=False, callbacks=[*cbs, clock])
+            model.fit(x, y, batch_size=batch, epochs=2, verbose=0, shuffle=False, callbacks=[*setups[name], clock])
             per_step[name].append(1e6 * clock.seconds[1] / args.steps)
             cpu_per_step[name].append(1e6 * clock.cpu_seconds[1] / args.steps)
+
+    def paired(series, name):
+        if "bare" not in series:
+            return None
+        return round(statistics.median(a - b for a, b in zip(series[name], series["bare"])), 2)
+
     bare = min(per_step["bare"]) if "bare" in per_step else None
     bare_cpu = min(cpu_per_step["bare"]) if "bare" in cpu_per_step else None
     rows = []
@@ -134,6 +152,7 @@ def run_backend(args) -> dict:
                 "condition": name,
                 "fastest_us_per_step": round(best, 2),
                 "added_us_per_step": round(best - bare, 2) if bare is not None else None,
+                "paired_median_added_us_per_step": paired(per_step, name),
                 "rounds_us_per_step": [round(v, 2) for v in per_step[name]],
                 # CPU time of the training thread alone: what this process's Python does per
                 # step, nearly blind to other processes competing for the cores.
@@ -141,6 +160,8 @@ def run_backend(args) -> dict:
                 "added_thread_cpu_us_per_step": (
                     round(min(cpu_per_step[name]) - bare_cpu, 2) if bare_cpu is not None else None
                 ),
+                "paired_median_added_thread_cpu_us_per_step": paired(cpu_per_step, name),
+                "rounds_thread_cpu_us_per_step": [round(v, 2) for v in cpu_per_step[name]],
             }
         )
     return {"backend": keras.backend.backend(), "width": args.width, "batch": batch, "steps": args.steps, "rows": rows}
@@ -182,12 +203,19 @@ def main():
         if "error" in r:
             print(f"{r['backend']}: failed\n{r['error']}")
             continue
-        print(f"\n{r['backend']}  (us per step, fastest of {args.rounds} rounds: wall | training-thread CPU)")
+        print(
+            f"\n{r['backend']}  (us per step over {args.rounds} rounds: fastest, added by the fastest,"
+            " added by the paired median; wall | training-thread CPU)"
+        )
         for row in r["rows"]:
-            added, cpu = row["added_us_per_step"], row["added_thread_cpu_us_per_step"]
+
+            def fmt(v):
+                return "" if v is None else f"{v:+7.1f}"
+
             print(
-                f"  {row['condition']:22s} {row['fastest_us_per_step']:9.1f} {'' if added is None else f'{added:+7.1f}'}"
-                f"   | {row['fastest_thread_cpu_us_per_step']:9.1f} {'' if cpu is None else f'{cpu:+7.1f}'}"
+                f"  {row['condition']:22s} {row['fastest_us_per_step']:8.1f} {fmt(row['added_us_per_step'])}"
+                f" {fmt(row['paired_median_added_us_per_step'])}   | {row['fastest_thread_cpu_us_per_step']:8.1f}"
+                f" {fmt(row['added_thread_cpu_us_per_step'])} {fmt(row['paired_median_added_thread_cpu_us_per_step'])}"
             )
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -905,6 +905,19 @@ class TensorFlowBackend(Backend):
 
             return replica_train_function
 
+        if steps_per_execution == 1:
+            end = end_of_data_errors()
+
+            def train_function_1(iterator):
+                # The idle path of every step: one fetch, one call (see train_function).
+                try:
+                    batch = next(iterator)
+                except end:
+                    raise StopIteration from None
+                return one(batch)
+
+            return train_function_1
+
         def train_function(iterator):
             # Fetched in Python so that a batch survives an out-of-memory error
             # (one pulled inside the compiled loop is gone with it).

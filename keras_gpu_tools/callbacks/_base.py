@@ -34,12 +34,41 @@ from keras_gpu_tools._core.step_hook import StepHook
 _FIT_SERIAL: collections.Counter = collections.Counter()
 
 
-class FitCallback(keras.callbacks.Callback):
-    """Base class of the package's callbacks (see the module docstring)."""
+class LeanCallback(keras.callbacks.Callback):
+    """Base of every callback of the package: nothing per step unless a subclass asks.
 
-    # Batch hooks only count: safe for Keras's thread pool of batch-end hooks,
-    # so a monitoring callback does not force a device sync per step on JAX.
+    Keras calls every callback's six batch hooks on every step, whether it
+    overrides them or not, and its defaults call the ``on_batch_*`` aliases in
+    turn: two Python calls per hook per step. Here each is one call that
+    returns; a subclass overrides the few it needs. ``async_safe``: the batch
+    hooks only count, so they are safe in Keras's thread pool of batch-end
+    hooks, and a monitoring callback does not force a device sync per step on
+    JAX.
+    """
+
     async_safe = True
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        pass
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        pass
+
+    def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        pass
+
+    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        pass
+
+    def on_predict_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        pass
+
+    def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        pass
+
+
+class FitCallback(LeanCallback):
+    """Base class of the package's callbacks that run during fit() (see the module docstring)."""
 
     def __init__(self):
         super().__init__()

@@ -137,7 +137,6 @@ class GPUUtilizationLogger(FitCallback):
         ```
     """
 
-    async_safe = True
     #: seconds an epoch end waits for the other processes' figures before the
     #: job-wide keys are left out for the rest of the fit (a warning says so)
     job_timeout_s: float = 60.0

@@ -285,8 +285,6 @@ class InputBoundDetector(FitCallback):
     ```
     """
 
-    async_safe = True
-
     def __init__(
         self,
         window: int = 100,

@@ -6,16 +6,15 @@ import logging
 import time
 from collections.abc import Callable
 
-import keras
-
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.live_view import LiveState, NotebookDisplay, in_notebook, render
 from keras_gpu_tools._core.validation import check_callable, check_choice, check_number
+from keras_gpu_tools.callbacks._base import LeanCallback
 
 logger = logging.getLogger("keras_gpu_tools")
 
 
-class LiveView(keras.callbacks.Callback):
+class LiveView(LeanCallback):
     """Shows a small table with sparklines that updates in place during `fit()` in Jupyter.
 
     It reads what the package's other callbacks in the same `fit()` measure
@@ -48,8 +47,6 @@ class LiveView(keras.callbacks.Callback):
         GPUUtilizationLogger(log_dir="logs"), InputBoundDetector(log_dir="logs"), LiveView()])
     ```
     """
-
-    async_safe = True
 
     def __init__(
         self,

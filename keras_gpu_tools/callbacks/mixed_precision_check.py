@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-import keras
-
 from keras_gpu_tools._core.mixed_precision import (
     MixedPrecisionFinding,
     check_mixed_precision,
@@ -14,11 +12,12 @@ from keras_gpu_tools._core.mixed_precision import (
     validate_ignore,
     warn_findings,
 )
+from keras_gpu_tools.callbacks._base import LeanCallback
 
 logger = logging.getLogger("keras_gpu_tools")
 
 
-class MixedPrecisionCheck(keras.callbacks.Callback):
+class MixedPrecisionCheck(LeanCallback):
     """Runs `check_mixed_precision` on the model when training starts.
 
     In `on_train_begin` (of every `fit()` call) the model being trained is
@@ -50,8 +49,6 @@ class MixedPrecisionCheck(keras.callbacks.Callback):
     # model is float16: ...
     ```
     """
-
-    async_safe = True
 
     def __init__(
         self,

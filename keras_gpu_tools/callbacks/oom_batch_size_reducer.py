@@ -215,7 +215,6 @@ class OOMBatchSizeReducer(FitCallback):
     ```
     """
 
-    async_safe = True
     #: How long a process waits for the others' rehearsals (their first compile included) in a job.
     agreement_timeout_s = 600.0
 

@@ -174,8 +174,6 @@ class ProfilerWindow(FitCallback):
     ```
     """
 
-    async_safe = True
-
     def __init__(
         self,
         log_dir: str | os.PathLike = "logs",
