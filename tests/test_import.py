@@ -29,6 +29,7 @@ FRAMEWORKS = ("keras", "tensorflow", "jax", "torch")
 # the lazy package __init__ files keep them out of `import keras_gpu_tools`.
 IMPORTS_KERAS = {
     "keras_gpu_tools.callbacks._base",
+    "keras_gpu_tools.callbacks._lean",
     "keras_gpu_tools.callbacks.gpu_utilization_logger",
     "keras_gpu_tools.callbacks.input_bound_detector",
     "keras_gpu_tools.callbacks.live_view",

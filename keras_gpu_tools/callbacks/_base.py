@@ -27,44 +27,12 @@ from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core import topology as topo
 from keras_gpu_tools._core.lifecycle import FitSession, run_deferred
 from keras_gpu_tools._core.step_hook import StepHook
+from keras_gpu_tools.callbacks._lean import LeanCallback
 
 # fit() starts per run name in this process. Every process of a job counts
 # alike, so ``<run name>/fit<n>`` names the same fit() everywhere, also when a
 # new callback is made for each fit() (the job's store refuses a key twice).
 _FIT_SERIAL: collections.Counter = collections.Counter()
-
-
-class LeanCallback(keras.callbacks.Callback):
-    """Base of every callback of the package: nothing per step unless a subclass asks.
-
-    Keras calls every callback's six batch hooks on every step, whether it
-    overrides them or not, and its defaults call the ``on_batch_*`` aliases in
-    turn: two Python calls per hook per step. Here each is one call that
-    returns; a subclass overrides the few it needs. ``async_safe``: the batch
-    hooks only count, so they are safe in Keras's thread pool of batch-end
-    hooks, and a monitoring callback does not force a device sync per step on
-    JAX.
-    """
-
-    async_safe = True
-
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        pass
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        pass
-
-    def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        pass
-
-    def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        pass
-
-    def on_predict_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        pass
-
-    def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        pass
 
 
 class FitCallback(LeanCallback):

@@ -12,7 +12,7 @@ from keras_gpu_tools._core.mixed_precision import (
     validate_ignore,
     warn_findings,
 )
-from keras_gpu_tools.callbacks._base import LeanCallback
+from keras_gpu_tools.callbacks._lean import LeanCallback
 
 logger = logging.getLogger("keras_gpu_tools")
 
