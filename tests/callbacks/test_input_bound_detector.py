@@ -437,3 +437,27 @@ def test_jax_flops_and_mfu(backend):
     assert 2 * dense < per_step < 20 * dense  # forward + backward + update
     assert hist.history["throughput/mfu"][0] == pytest.approx(flops / 1e12)
     assert hist.history["throughput/flops_per_sec_per_device"][0] == pytest.approx(flops)  # one device
+
+
+def test_a_train_function_replaced_mid_epoch_does_not_stop_the_fit(tmp_path):
+    # Another tool swaps Keras's own train function in and out in the middle of
+    # an epoch: steps run without the hook, and on JAX the outputs the hook kept
+    # have had their buffers donated to those steps ("BlockHostUntilReady()
+    # called on deleted or donated buffer" at the epoch end, before the fix).
+    # Monitoring never stops training.
+    class Unhook(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.hooked = self.model.train_function
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch in (5, 15):  # Keras's own function from here
+                self.model.train_function = self.hooked.__wrapped__
+            elif batch == 10:  # and ours again
+                self.model.train_function = self.hooked
+
+    model = tiny_model()
+    x, y = data(n=320)
+    det = InputBoundDetector(log_dir=str(tmp_path), verbose=0, sample_every=1000)
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[det, Unhook()])
+    assert len(history.history["loss"]) == 2
+    assert det.epoch_verdicts, "the detector still gave its verdicts"
