@@ -27,14 +27,13 @@ Prints a table (us per step) and writes JSON to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
 import statistics
-import subprocess
-import sys
 import time
+
+from _per_backend import run_per_backend, write_json
 
 
 def _parse():
@@ -180,21 +179,10 @@ def _versions() -> dict:
 def main():
     args = _parse()
     if args.backends:
-        results = []
-        for backend in args.backends.split(","):
-            out = f"/tmp/kgt_host_overhead_{backend}_{os.getpid()}.json"
-            cmd = [sys.executable, os.path.abspath(__file__), "--out", out, "--rounds", str(args.rounds)]
-            cmd += ["--steps", str(args.steps), "--width", str(args.width), "--batch", str(args.batch)]
-            cmd += ["--threads", str(args.threads)]
-            cmd += ["--conditions", args.conditions] if args.conditions else []
-            env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if proc.returncode == 0 and os.path.exists(out):
-                with open(out) as f:
-                    results.extend(json.load(f)["results"])
-                os.remove(out)
-            else:
-                results.append({"backend": backend, "error": proc.stderr[-3000:]})
+        argv = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--width", str(args.width)]
+        argv += ["--batch", str(args.batch), "--threads", str(args.threads)]
+        argv += ["--conditions", args.conditions] if args.conditions else []
+        results = run_per_backend(__file__, args.backends, argv)
     else:
         results = [run_backend(args)]
     doc = {"what": "host us per step added to a bare fit (fastest of interleaved rounds)", "versions": _versions()}
@@ -217,10 +205,7 @@ def main():
                 f" {fmt(row['paired_median_added_us_per_step'])}   | {row['fastest_thread_cpu_us_per_step']:8.1f}"
                 f" {fmt(row['added_thread_cpu_us_per_step'])} {fmt(row['paired_median_added_thread_cpu_us_per_step'])}"
             )
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_json(args.out, doc)
 
 
 if __name__ == "__main__":

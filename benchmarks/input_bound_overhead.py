@@ -18,9 +18,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
+
+from _per_backend import run_per_backend
 
 
 def _parse():
@@ -36,24 +36,13 @@ def _parse():
 
 
 def _spawn(args) -> list:
-    results = []
-    for backend in args.backends.split(","):
-        out = f"/tmp/input_bound_overhead_{backend}_{os.getpid()}.json"
-        cmd = [sys.executable, os.path.abspath(__file__), "--out", out, "--sample-every", str(args.sample_every)]
-        for flag, value in (("--rounds", args.rounds), ("--steps", args.steps), ("--width", args.width)):
-            if value:
-                cmd += [flag, str(value)]
-        if args.quick:
-            cmd.append("--quick")
-        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode == 0 and os.path.exists(out):
-            with open(out) as f:
-                results.extend(json.load(f)["results"])
-            os.remove(out)
-        else:
-            results.append({"backend": backend, "error": proc.stderr[-2000:]})
-    return results
+    argv = ["--sample-every", str(args.sample_every)]
+    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps), ("--width", args.width)):
+        if value:
+            argv += [flag, str(value)]
+    if args.quick:
+        argv.append("--quick")
+    return run_per_backend(__file__, args.backends, argv)
 
 
 def run_backend(args) -> list:

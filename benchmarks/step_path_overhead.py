@@ -17,13 +17,12 @@ phases hit both halves. The harness's own batch hook runs in both halves.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+
+from _per_backend import run_per_backend, write_json
 
 CONDITIONS = ("InputBoundDetector", "OOMBatchSizeReducer", "all")
 
@@ -127,19 +126,8 @@ def run_backend(args) -> dict:
 def main():
     args = _parse()
     if args.backends:
-        results = []
-        for backend in args.backends.split(","):
-            out = os.path.join(tempfile.gettempdir(), f"kgt_step_path_{backend}_{os.getpid()}.json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--out", out, "--steps", str(args.steps)]
-            cmd += ["--epochs", str(args.epochs), "--block", str(args.block)]
-            env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            if proc.returncode == 0 and os.path.exists(out):
-                with open(out) as f:
-                    results.extend(json.load(f)["results"])
-                os.remove(out)
-            else:
-                results.append({"backend": backend, "error": proc.stderr[-3000:]})
+        argv = ["--steps", str(args.steps), "--epochs", str(args.epochs), "--block", str(args.block)]
+        results = run_per_backend(__file__, args.backends, argv)
     else:
         results = [run_backend(args)]
     doc = {
@@ -157,10 +145,7 @@ def main():
                 f"   added {row['added_wall_us_per_step']:+6.1f} | {row['added_thread_cpu_us_per_step']:+6.1f}"
                 f"   ({row['block_pairs']} pairs)"
             )
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_json(args.out, doc)
 
 
 if __name__ == "__main__":
