@@ -38,7 +38,7 @@ logger = logging.getLogger("keras_gpu_tools")
 def _call_tf(hook, iterator):
     rec = hook.begin(lambda: hook.sync(hook.last_outputs))
     original = hook.inner
-    has_around = any(getattr(o, "around", None) is not None for o in hook.observers)
+    has_around = bool(hook.arounds)
     if not rec.sampled and ki.tf_is_graph_iterator(iterator):
         rec.start = hook.clock()
         out = hook.around(rec, lambda: original(iterator)) if has_around else original(iterator)

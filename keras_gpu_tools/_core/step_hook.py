@@ -98,6 +98,8 @@ class StepHook:
         self.clock = clock
         self.steps_per_execution = ki.steps_per_execution(model)
         self.attachments: list[Attachment] = []
+        self._observers: tuple[Any, ...] = ()  # of the attachments, kept by _rebuild_inner
+        self.arounds: tuple[Callable, ...] = ()  # the observers' `around`, outermost first
         self._lock = threading.Lock()
         self._index = 0
         self._pending: StepRecord | None = None
@@ -151,12 +153,15 @@ class StepHook:
             hook.detach(att)
 
     def _rebuild_inner(self) -> None:
+        """Recomputes what each call uses from the observers (on attach and detach, never per call)."""
         fn = self.original
         for a in self.attachments:
             wrap = getattr(a.observer, "inner", None)
             if wrap is not None:
                 fn = wrap(fn)
         self.inner = fn
+        self._observers = tuple(a.observer for a in self.attachments)
+        self.arounds = tuple(o.around for o in self._observers if getattr(o, "around", None) is not None)
 
     def on_fetch(self, seconds: float) -> None:
         """A fetch that happened before the call (torch's epoch iterator)."""
@@ -179,6 +184,7 @@ class StepHook:
     def _remove(self, stale: bool) -> None:
         with self._lock:
             atts, self.attachments = list(self.attachments), []
+            self._observers, self.arounds = (), ()
             for a in atts:
                 a.active = False
             undo, self.undo_fetch_timer = self.undo_fetch_timer, None
@@ -198,8 +204,8 @@ class StepHook:
         return self._index
 
     @property
-    def observers(self) -> list[Any]:
-        return [a.observer for a in self.attachments]
+    def observers(self) -> tuple[Any, ...]:
+        return self._observers
 
     # -- per call -------------------------------------------------------------------
     def _emit(self, rec: StepRecord) -> None:
@@ -311,8 +317,7 @@ class StepHook:
             rec.warmup = True  # first time this shape runs on the sampled path
 
     def around(self, rec: StepRecord, call: Callable[[], Any]):
-        arounds = [o.around for o in self.observers if getattr(o, "around", None) is not None]
-        for fn in reversed(arounds):
+        for fn in reversed(self.arounds):
             call = (lambda f, c: lambda: f(rec, c))(fn, call)
         return call()
 
