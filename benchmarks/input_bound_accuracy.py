@@ -23,9 +23,9 @@ import argparse
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
+
+from _per_backend import run_per_backend
 
 TARGETS = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
 
@@ -42,28 +42,11 @@ def _parse():
 
 
 def _spawn(args) -> list:
-    results = []
-    for backend in args.backends.split(","):
-        out = f"/tmp/input_bound_accuracy_{backend}_{os.getpid()}.json"
-        cmd = [sys.executable, os.path.abspath(__file__), "--out", out]
-        if args.quick:
-            cmd.append("--quick")
-        if args.busy:
-            cmd.append("--busy")
-        if args.steps:
-            cmd += ["--steps", str(args.steps)]
-        if args.repeats:
-            cmd += ["--repeats", str(args.repeats)]
-        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        sys.stderr.write(proc.stderr[-3000:] if proc.returncode else "")
-        if proc.returncode == 0 and os.path.exists(out):
-            with open(out) as f:
-                results.extend(json.load(f)["results"])
-            os.remove(out)
-        else:
-            results.append({"backend": backend, "error": proc.stderr[-2000:]})
-    return results
+    argv = ["--quick"] if args.quick else []
+    argv += ["--busy"] if args.busy else []
+    argv += ["--steps", str(args.steps)] if args.steps else []
+    argv += ["--repeats", str(args.repeats)] if args.repeats else []
+    return run_per_backend(__file__, args.backends, argv)
 
 
 def run_backend(args) -> list:
