@@ -8,16 +8,21 @@ paired ratios spread by +-30% on the lent machines):
   (about 0.15 ms), sets the pace, and the host-to-device copy of a batch is a
   few hundred KB. Host noise then mostly hides behind the asynchronous
   device queue instead of showing in the step time.
-- Three models that are the same but for the callbacks: ``bare_a``,
-  ``bare_b`` (the A/A) and ``all`` (every callback of the package). Each is
-  compiled and warmed up first; then ``--rounds`` rounds run one short fit of
-  each, in an order that rotates every round, so a slow phase of the machine
-  hits every condition alike.
+- One model trains under every condition: ``bare_a``, ``bare_b`` (the A/A)
+  and ``all`` (every callback of the package) differ only in the callbacks.
+  Separate models would each be compiled, and on JAX each compilation
+  autotunes its GEMMs on its own: two identical bare models can get different
+  kernels and differ by a few percent for good (an A/A of 1.029 was seen that
+  way). One model runs the same compiled step in every condition. It is
+  compiled and warmed up first; then ``--rounds`` rounds run one short fit per
+  condition, in a random order each round, so a slow phase of the machine hits
+  every condition alike and no condition always follows the same one.
 - Steady state only: each fit has two epochs of ``--steps`` steps and only
   the second is timed (compilation, the first epoch's warm-up and fit()'s
   set-up are out).
 - Statistics that resist outliers: the per-condition median and the fastest
-  round, and the median of the per-round ratios against ``bare_a``. The A/A
+  round, and the median of the per-round ratios against ``bare_a`` (paired:
+  both fits of a ratio ran within the same round, seconds apart). The A/A
   ratio ``bare_b / bare_a`` says how far two identical conditions differ with
   this procedure; a callback effect is real only where it is larger.
 
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -103,15 +109,17 @@ def main():
             return [kgt.InputBoundDetector(log_dir=tmp, verbose=0, sample_every=int(name[8:]))]
         return [singles[name]()]
 
-    setups = {n: (make(0), callbacks(n)) for n in args.conditions.split(",")}
-    for model, cbs in setups.values():
+    model = make(0)
+    setups = {n: callbacks(n) for n in args.conditions.split(",")}
+    for cbs in setups.values():
         model.fit(x[: 20 * args.batch], y[: 20 * args.batch], batch_size=args.batch, verbose=0, callbacks=cbs)
     names = list(setups)
     times = {n: [] for n in names}
-    for r in range(args.rounds):
-        order = names[r % len(names) :] + names[: r % len(names)]
+    order_rng = random.Random(0)
+    for _ in range(args.rounds):
+        order = order_rng.sample(names, len(names))
         for n in order:
-            model, cbs = setups[n]
+            cbs = setups[n]
             clock = EpochClock()
             model.fit(x, y, batch_size=args.batch, epochs=2, verbose=0, shuffle=False, callbacks=[*cbs, clock])
             times[n].append(1e3 * clock.seconds[1] / args.steps)

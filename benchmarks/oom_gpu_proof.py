@@ -51,6 +51,12 @@ def _parse():
     p.add_argument("--part", choices=PARTS, default=None, help="run one part in this process")
     p.add_argument("--variant", choices=VARIANTS, default=None, help="recovery: one variant in this process")
     p.add_argument("--timeout", type=int, default=240, help="seconds per part's process")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="recovery: add the N functions with the most cumulative and own time in the fit (cProfile)",
+    )
     p.add_argument("--memory-limit-mib", type=float, default=None, help="plan for this much (a CPU smoke run)")
     p.add_argument(
         "--cliff",
@@ -192,17 +198,45 @@ def part_recovery(args, variant: str) -> dict:
     if variant == "before":
         reducer._recovery.predict_after_oom = False  # each failing split compiled and run, as before
     model = _model(args)
+    profile = None
+    if args.profile:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     t0 = time.perf_counter()
     model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0, callbacks=[reducer, clock.callback])
+    fit_seconds = time.perf_counter() - t0
+    if profile is not None:
+        profile.disable()
     return {
         "split": reducer.micro_batches,
         "events": [e.line() for e in reducer.events],
+        "why": [e.why() for e in reducer.events],
         "event_seconds": [round(e.seconds, 3) for e in reducer.events],
         "recovery_seconds": round(reducer.recovery_seconds, 3),
         "first_step_seconds": round(clock.steps[0], 3),
         "steady_step_seconds": round(clock.steps[-1], 4),
-        "fit_seconds": round(time.perf_counter() - t0, 3),
+        "fit_seconds": round(fit_seconds, 3),
+        **(
+            {"profile_cumulative": _top(profile, args.profile, 3), "profile_own": _top(profile, args.profile, 2)}
+            if profile is not None
+            else {}
+        ),
     }
+
+
+def _top(profile, n: int, column: int) -> list[str]:
+    """The ``n`` functions with the most time by ``column`` (3: cumulative, 2: own), one line each:
+    cumulative s, own s, calls, where."""
+    import pstats
+
+    stats = pstats.Stats(profile)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][column])[:n]
+    return [
+        f"{cum:8.3f} {own:8.3f} {calls:6d}  {os.path.basename(file)}:{line}({name})"
+        for (file, line, name), (_, calls, own, cum, _) in rows
+    ]
 
 
 def part_plan(args) -> dict:
@@ -274,6 +308,8 @@ def _spawn(args, part: str, variant: str | None = None, env: dict | None = None)
         cmd += ["--cliff", str(args.cliff)]
     if variant:
         cmd += ["--variant", variant]
+    if args.profile:
+        cmd += ["--profile", str(args.profile)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(

@@ -15,6 +15,7 @@ import logging
 
 from keras_gpu_tools import _backends
 from keras_gpu_tools._core.batch_search import BatchPlan, search_batch_size
+from keras_gpu_tools._core.oom import free_failed_step
 from keras_gpu_tools._core.validation import check_int, check_number
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -113,9 +114,13 @@ def plan_batch_size(
         except Exception as e:
             if not _backends.is_oom(e):
                 raise
-            logger.info("keras_gpu_tools: plan_batch_size: batch %d ran out of memory", per_device * replicas)
-            return None
-        return peaks
+            failure = e
+        else:
+            return peaks
+        logger.info("keras_gpu_tools: plan_batch_size: batch %d ran out of memory", per_device * replicas)
+        # Left held, the failed trial's tensors would count in every later trial's peak.
+        free_failed_step(failure)
+        return None
 
     try:
         best, trials = search_batch_size(measure, limits, start=1, maximum=per_device_max)

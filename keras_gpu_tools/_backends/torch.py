@@ -21,6 +21,7 @@ from keras_gpu_tools._core import deps
 from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import leading_dim
 from keras_gpu_tools._core.grad_accum import StatefulEvalRunner, StatefulRunner, concat_outputs, measure_order
+from keras_gpu_tools._core.oom_explain import fragmentation_note, parse_message
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -132,7 +133,14 @@ class TorchRunner(StatefulRunner):
             # (`apply_mask`: `sample_weight *= mask`); an attempt that fails after
             # that must leave the batch it retries as it was.
             batch = _fresh_sample_weights(batch)
+            self._allocated_before = _allocated()
         return super().run(batch, n, k, state, guarded)
+
+    def holds_failed_step(self) -> bool | None:
+        """Whether more CUDA memory is allocated than before the failed attempt (None: cannot tell)."""
+        return _held_since(self._allocated_before)
+
+    _allocated_before: int | None = None
 
     def _sink(self, grads, variables):
         with self.torch.no_grad():
@@ -175,16 +183,6 @@ class TorchRunner(StatefulRunner):
     def _copy_small(self):
         return [v.value.detach().clone() for v in self._small]
 
-    def restore(self, snap, state):
-        out = super().restore(snap, state)
-        torch = self.torch
-        try:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.empty_cache()
-        except Exception:
-            pass
-        return out
-
 
 class TorchEvalRunner(StatefulEvalRunner):
     """torch: a test or predict step (``f(batches)``), split."""
@@ -198,7 +196,11 @@ class TorchEvalRunner(StatefulEvalRunner):
     def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
         if guarded:
             batch = _fresh_sample_weights(batch)  # see TorchRunner.run
+            self._allocated_before = _allocated()
         return super().run(batch, n, k, state, guarded)
+
+    holds_failed_step = TorchRunner.holds_failed_step
+    _allocated_before: int | None = None
 
     def _run_original(self, batch):
         return self.original([batch])
@@ -212,6 +214,22 @@ class TorchEvalRunner(StatefulEvalRunner):
 
     def _measure(self, part) -> list[float]:
         return _measure(self, part)
+
+
+def _allocated() -> int | None:
+    """Bytes the CUDA caching allocator has handed out on this device (None without CUDA)."""
+    cuda = _cuda()
+    if cuda is None or not cuda.is_initialized():
+        return None
+    return int(cuda.memory_allocated())
+
+
+def _held_since(before: int | None) -> bool | None:
+    """Whether the allocator holds clearly more than ``before`` (64 MiB of slack); None where it cannot tell."""
+    now = _allocated()
+    if now is None or before is None:
+        return None
+    return now > before + 64 * 2**20
 
 
 def _measure(runner, part) -> list[float]:
@@ -430,16 +448,18 @@ class TorchBackend(Backend):
         super().plan_restore(model, snapshot)
         cuda = _cuda()
         if cuda is not None and cuda.is_initialized():
-            import gc
-
-            gc.collect()  # a failed trial's tensors may sit in reference cycles of its traceback
             cuda.empty_cache()
 
     def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
         """One warm-up trial step, then one measured: the CUDA allocator's peak, or on a CPU the peak of live tensors."""
         x, y = batch
-        model.train_on_batch(x, y)
         cuda = _cuda()
+        if cuda is not None and cuda.is_initialized():
+            # Each trial from an empty cache, as the planned fit starts (plan_restore): with the blocks a
+            # larger trial had cached, an H100 planned 65536 in one run and 75776 in another; from an
+            # empty cache, 80896 in both (and it trains).
+            cuda.empty_cache()
+        model.train_on_batch(x, y)
         if cuda is not None and cuda.is_initialized():
             i = cuda.current_device()
             cuda.synchronize(i)
@@ -507,6 +527,17 @@ class TorchBackend(Backend):
                 - int(stats.get("allocated_bytes.all.current", 0)),
             )
             figures["sources"].append("torch.cuda.mem_get_info / memory_stats")
+            # The message's figures where it gives them: the moment of the failed request, as the lines show.
+            said = parse_message(str(error)) if error is not None else {}
+            conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + os.environ.get("PYTORCH_ALLOC_CONF", "")
+            note = fragmentation_note(
+                said.get("requested_bytes"),
+                said.get("free_bytes", figures["free_bytes"]),
+                said.get("reserved_bytes", figures["reserved_bytes"]),
+                "expandable_segments:true" in conf.lower(),
+            )
+            if note:
+                figures["notes"] = [note]
             blocks = []
             for segment in cuda.memory_snapshot():
                 for block in segment.get("blocks", []):

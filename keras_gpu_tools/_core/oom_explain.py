@@ -282,6 +282,24 @@ def explanation_of(error: BaseException | None, **figures: Any) -> OOMExplanatio
     return e
 
 
+def fragmentation_note(requested: int | None, free: int | None, reserved: int | None, expandable: bool) -> str | None:
+    """What to do when torch's caching allocator held enough memory for the request, but not in one piece.
+
+    Seen on an H100: a micro-batch of 65536 ran out of memory asking 16 GiB with
+    14.3 GiB free and 32 GiB reserved but unallocated, so a batch that fits as 4
+    micro-batches ran as 8; with ``expandable_segments:True`` it ran as 4.
+    """
+    if expandable or requested is None or free is None or not reserved or free >= requested:
+        return None
+    if free + reserved < requested:
+        return None
+    return (
+        f"fragmented: {format_bytes(reserved)} reserved but unallocated and {format_bytes(free)} free, together more "
+        f"than the {format_bytes(requested)} asked, but not in one piece; set "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch starts CUDA"
+    )
+
+
 def headroom_lines(rows: list[dict[str, Any]] | None) -> list[str]:
     """Per device: the allocator's peak against the capacity, and the batch that would fit."""
     out = []

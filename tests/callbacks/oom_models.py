@@ -90,3 +90,35 @@ class SeenCounter(keras.layers.Layer):
             ids = ops.cast(x[:, 0], "int32")
             self.seen.assign(self.seen + ops.sum(ops.one_hot(ids, self.num_samples, dtype=self.seen.dtype), axis=0))
         return x[:, 1:]
+
+
+class HeldActivations:
+    """A Dense activation that runs out of memory above `limit` samples, after its input was allocated.
+
+    Its input, the Dense layer's output, is held by Keras's own frames (which
+    Keras leaves out of the traceback it re-raises) when the allocator refuses
+    the next tensor: a real CPU out-of-memory error inside a real step. Each
+    failed attempt's input is watched (`failed`); each call at `limit` samples
+    or fewer (a retry) records how many of them are still alive (`alive`).
+    torch only: on JAX and TensorFlow the step is traced, so no array of it is
+    a Python object.
+    """
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.failed: list = []
+        self.alive: list[int] = []
+
+    def __call__(self, x):
+        import weakref
+
+        import torch
+
+        n = x.shape[0]
+        if not isinstance(n, int) or x.device.type == "meta" or not torch.is_grad_enabled():
+            return x  # building the model, or an inference step
+        if n > self.limit:
+            self.failed.append(weakref.ref(x))
+            torch.ones((n, HUGE_COLS))
+        self.alive.append(sum(ref() is not None for ref in self.failed))
+        return x

@@ -369,3 +369,42 @@ def test_a_step_on_this_process_own_data_is_neither_agreed_nor_refused(fake_oom)
     with pytest.raises(UnrecoverableOOM, match="waiting in the step's collective"):
         rec.run(runner, "job", 8, "other")  # a step of the job: agreed, and an OOM in it is not retried
     assert asked == [4]
+
+
+def test_free_failed_step_collects_everything_unless_told_the_memory_is_free():
+    import gc
+    import weakref
+
+    from keras_gpu_tools._core.oom import free_failed_step
+
+    class Node:
+        pass
+
+    def old_garbage():
+        # A reference cycle in the oldest generation, then dropped: only a full collection frees it.
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        gc.collect()
+        return weakref.ref(a)
+
+    def failure():
+        try:
+            raise MemoryError("out of memory")
+        except MemoryError as e:
+            return e
+
+    gc.disable()  # no automatic collection between the steps below
+    try:
+        ref = old_garbage()
+        free_failed_step(failure(), held=lambda: False)  # the step's memory is free: the young generations only
+        assert ref() is not None
+        free_failed_step(failure(), held=lambda: True)  # still held: a full collection
+        assert ref() is None
+        ref = old_garbage()
+        free_failed_step(failure(), held=lambda: None)  # cannot tell: a full collection
+        assert ref() is None
+        ref = old_garbage()
+        free_failed_step(failure())
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -1,6 +1,6 @@
 """Why memory ran out: the figures read from each backend's out-of-memory message, and the lines shown."""
 
-from keras_gpu_tools._core.oom_explain import OOMExplanation, explanation_of, parse_message
+from keras_gpu_tools._core.oom_explain import OOMExplanation, explanation_of, fragmentation_note, parse_message
 
 GiB = 2**30
 
@@ -87,3 +87,15 @@ def test_the_message_comes_first_and_the_allocator_fills_the_rest():
 def test_an_unknown_message_gives_no_figures():
     assert parse_message("something else went wrong") == {}
     assert OOMExplanation().lines() == []
+
+
+def test_torch_fragmentation_is_named_with_what_to_set():
+    # The H100 case: 16 GiB asked, 14.3 GiB free, 32 GiB cached but unallocated.
+    note = fragmentation_note(16 * GiB, round(14.3 * GiB), 32 * GiB, expandable=False)
+    assert note.startswith("fragmented: 32.0 GiB reserved but unallocated and 14.3 GiB free")
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in note
+    assert fragmentation_note(16 * GiB, round(14.3 * GiB), 32 * GiB, expandable=True) is None  # already set
+    assert fragmentation_note(64 * GiB, round(14.4 * GiB), 2 * 2**20, expandable=False) is None  # too little anyway
+    assert fragmentation_note(None, 1, 1, expandable=False) is None
+    e = OOMExplanation(notes=[note])
+    assert e.lines() == [note]

@@ -1,0 +1,208 @@
+"""All callbacks on against off in adjacent blocks of one long fit(), with the same fit's A/A beside it.
+
+Why: whole fits of identical models on the lent GPU machines differ from
+round to round by 10-40% (``gpu_overhead_aa.py``: the epoch time of one bare
+model ran from 0.97 to 1.97 ms a step within minutes on an H100), far more
+than the 1% to resolve. The noise comes in phases of seconds, so this script
+compares what runs milliseconds apart, with the device busy the whole time:
+
+- One model, one fit of ``--epochs`` x ``--steps`` steps, all six callbacks of
+  the package in it (logger, detector, profiler window with no window due, OOM
+  reducer, live view, mixed-precision check) behind a ``Gate``. Every
+  ``--block`` steps the gate flips: *on*, Keras calls the callbacks' batch hooks
+  and trains through the package's step path (step hook, detector, reducer);
+  *off*, the gate drops the batch hooks and puts Keras's own train function
+  back. Their per-fit work (threads, epoch ends) runs in both halves, so the
+  figure is the per-step cost; the per-epoch cost is ``gpu_overhead_aa.py``'s.
+- A block is 400 steps, the detector's sampling period: each *on* block holds
+  exactly one synced step and its share of fetch-timed steps (the detector
+  counts only the steps it sees), so every pair carries the whole periodic cost.
+- The figure is the on/off time ratio of adjacent blocks (the *on* block first
+  in half the pairs), as the mean and the median over pairs; steady state only
+  (the first epoch, with compilation, is left out). The A/A is a second fit
+  of the same kind whose gate never opens: two *off* halves, timed and paired
+  the same way. Fits of both kinds alternate, ``--rounds`` each.
+- Block times are the training thread's clock at block boundaries. The host
+  runs ahead of the device only as far as the dispatch queue allows, so in
+  steady state a block's time is the device's; the queue's depth blurs a
+  boundary by the same amount on both sides.
+
+    KERAS_BACKEND=jax python benchmarks/gpu_overhead_blocks.py --batch 1024 --out results/gpu_overhead_blocks_jax.json
+    KERAS_BACKEND=torch python benchmarks/gpu_overhead_blocks.py --batch 1024 --steps 800 --out results/...torch.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import warnings
+
+
+def _parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None)
+    p.add_argument("--rounds", type=int, default=2, help="fits of each kind (A/B and A/A), alternating")
+    p.add_argument("--epochs", type=int, default=3, help="per fit; the first is left out")
+    p.add_argument("--steps", type=int, default=4000, help="steps per epoch")
+    p.add_argument("--block", type=int, default=400)
+    p.add_argument("--width", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--batch", type=int, default=1024)
+    return p.parse_args()
+
+
+def _gate_class():
+    import keras
+
+    from keras_gpu_tools._core import keras_internals as ki
+
+    class Gate(keras.callbacks.Callback):
+        """Forwards every hook to ``inner``; between blocks, flips the batch hooks and the step path on or off."""
+
+        async_safe = True  # as the callbacks it holds: Keras keeps its batch-end thread pool
+
+        def __init__(self, inner, block: int, ab: bool):
+            super().__init__()
+            self.inner, self.block, self.ab = inner, block, ab
+
+        def set_model(self, model):
+            super().set_model(model)
+            for cb in self.inner:
+                cb.set_model(model)
+
+        def set_params(self, params):
+            super().set_params(params)
+            for cb in self.inner:
+                cb.set_params(params)
+
+        def _all(self, hook, *a):
+            for cb in self.inner:
+                getattr(cb, hook)(*a)
+
+        def on_train_begin(self, logs=None):
+            self._all("on_train_begin", logs)
+            self.wrapped = ki.get_train_function(self.model)
+            self.keras_own = getattr(self.wrapped, "__wrapped__", None)
+            if self.keras_own is None:
+                raise RuntimeError("no step hook installed: nothing to measure")
+            self.on, self.count, self.epoch, self.t = True, 0, 0, None
+            self.blocks: list[tuple[int, bool, float]] = []  # (epoch, on, seconds per step)
+
+        def on_train_end(self, logs=None):
+            ki.set_train_function(self.model, self.wrapped)
+            self._all("on_train_end", logs)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch, self.t = epoch, None  # a block never spans an epoch end
+            self._all("on_epoch_begin", epoch, logs)
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._all("on_epoch_end", epoch, logs)
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch % self.block == 0:
+                t = time.perf_counter()
+                if self.t is not None:
+                    self.blocks.append((self.epoch, self.on, (t - self.t) / self.block))
+                self.on = not self.on
+                ki.set_train_function(self.model, self.wrapped if self.on and self.ab else self.keras_own)
+                self.t = time.perf_counter()
+            if self.on and self.ab:
+                self._all("on_train_batch_begin", batch, logs)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.on and self.ab:
+                self._all("on_train_batch_end", batch, logs)
+
+    return Gate
+
+
+def _pairs(blocks) -> list[float]:
+    """on/off ratios of adjacent blocks of the same epoch, epoch 0 left out (first block of a pair: either)."""
+    out = []
+    for (e1, on1, t1), (e2, on2, t2) in zip(blocks[::2], blocks[1::2]):
+        if e1 == e2 and e1 > 0 and on1 != on2:
+            out.append((t1 / t2) if on1 else (t2 / t1))
+    return out
+
+
+def main():
+    args = _parse()
+    warnings.simplefilter("ignore")
+    import keras
+    import numpy as np
+
+    import keras_gpu_tools as kgt
+    from keras_gpu_tools import _backends
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.batch * args.steps, 64)).astype("float32")
+    y = rng.integers(0, 10, size=(args.batch * args.steps,)).astype("int32")
+    tmp = tempfile.mkdtemp(prefix="kgt_gpu_blocks_")
+    keras.utils.set_random_seed(0)
+    layers = [keras.Input((64,))] + [keras.layers.Dense(args.width, activation="relu") for _ in range(args.layers)]
+    model = keras.Sequential(layers + [keras.layers.Dense(10)])
+    model.compile(keras.optimizers.SGD(1e-4), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    Gate = _gate_class()
+
+    def six():
+        return [
+            kgt.GPUUtilizationLogger(log_dir=tmp),
+            kgt.InputBoundDetector(log_dir=tmp, verbose=0),
+            kgt.ProfilerWindow(log_dir=tmp, start_step=10**9, verbose=0),
+            kgt.OOMBatchSizeReducer(log_dir=tmp, verbose=0),
+            kgt.LiveView(),
+            kgt.MixedPrecisionCheck(),
+        ]
+
+    model.fit(x[: 20 * args.batch], y[: 20 * args.batch], batch_size=args.batch, verbose=0, callbacks=six())
+    ratios: dict[str, list[float]] = {"ab": [], "aa": []}
+    step_ms: dict[str, list[float]] = {"ab": [], "aa": []}
+    for r in range(args.rounds):
+        for kind in ("ab", "aa") if r % 2 == 0 else ("aa", "ab"):
+            gate = Gate(six(), args.block, ab=kind == "ab")
+            model.fit(x, y, batch_size=args.batch, epochs=args.epochs, verbose=0, shuffle=False, callbacks=[gate])
+            ratios[kind] += _pairs(gate.blocks)
+            step_ms[kind] += [1e3 * t for e, on, t in gate.blocks if e > 0 and not on]
+            print(
+                kind,
+                f"round {r}: {len(_pairs(gate.blocks))} pairs, mean ratio {statistics.mean(_pairs(gate.blocks)):.4f}",
+            )
+
+    def summary(values):
+        values = sorted(values)
+        cut = len(values) // 10
+        return {
+            "pairs": len(values),
+            "mean": statistics.mean(values),
+            "median": statistics.median(values),
+            "trimmed_mean_10pct": statistics.mean(values[cut : len(values) - cut] or values),
+            "stdev": statistics.stdev(values) if len(values) > 1 else None,
+        }
+
+    gpus = _backends.get().gpu_devices()
+    result = {
+        "backend": keras.backend.backend(),
+        "device": gpus[0] if gpus else "CPU",
+        "keras": keras.__version__,
+        "args": vars(args),
+        "off_step_ms_median": statistics.median(step_ms["ab"] + step_ms["aa"]),
+        "all_six_on_over_off": summary(ratios["ab"]),
+        "aa_off_over_off": summary(ratios["aa"]),
+        "ratios": ratios,
+    }
+    print("step (off)", round(result["off_step_ms_median"], 4), "ms")
+    for key in ("all_six_on_over_off", "aa_off_over_off"):
+        print(key, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result[key].items()})
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
