@@ -33,13 +33,13 @@ paired ratios spread by +-30% on the lent machines):
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import statistics
 import tempfile
 import time
 import warnings
+
+from _per_backend import write_json
 
 
 def _parse():
@@ -145,10 +145,7 @@ def main():
     }
     for key in ("median_step_ms", "fastest_step_ms", "ratio_median", "ratio_fastest"):
         print(key, {k: round(v, 4) for k, v in result[key].items()})
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -34,12 +34,12 @@ compares what runs milliseconds apart, with the device busy the whole time:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import tempfile
 import time
 import warnings
+
+from _per_backend import write_json
 
 
 def _parse():
@@ -198,10 +198,7 @@ def main():
     print("step (off)", round(result["off_step_ms_median"], 4), "ms")
     for key in ("all_six_on_over_off", "aa_off_over_off"):
         print(key, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result[key].items()})
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

@@ -122,3 +122,12 @@ class HeldActivations:
             torch.ones((n, HUGE_COLS))
         self.alive.append(sum(ref() is not None for ref in self.failed))
         return x
+
+
+def held_activations_model(limit):
+    """A model whose hidden layer's activation is a :class:`HeldActivations` of ``limit``; returns (model, it)."""
+    act = HeldActivations(limit)
+    inp = keras.Input((3,))
+    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Dense(4, activation=act)(inp)))
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    return model, act

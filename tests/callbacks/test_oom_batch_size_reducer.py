@@ -21,7 +21,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, FAST_OOM, HUGE_COLS, HeldActivations, MemoryCliff, SeenCounter, data, real_oom
+from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, SeenCounter, data, held_activations_model, real_oom
 
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 
@@ -484,12 +484,8 @@ def test_headroom_peak_against_capacity_and_the_batch_that_would_fit(tmp_path, m
 )
 def test_a_failed_attempts_tensors_are_freed_before_the_retry():
     # Before: Keras's frames held each failed attempt's activations in reference cycles until a
-    # garbage collection; on an H100 the first attempt's 64 GiB stayed allocated at every retry,
-    # and a batch that fits as 4 micro-batches ran as 64.
-    act = HeldActivations(limit=8)
-    inp = keras.Input((3,))
-    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Dense(4, activation=act)(inp)))
-    model.compile(keras.optimizers.SGD(0.01), "mse")
+    # garbage collection; on an H100 a batch that fits as 4 micro-batches ran as 64.
+    model, act = held_activations_model(limit=8)
     x, y = np.ones((64, 3), "float32"), np.ones((64, 1), "float32")
     reducer = OOMBatchSizeReducer()
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[reducer])

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, HeldActivations, MemoryCliff, real_oom
+from oom_models import BACKEND, MemoryCliff, held_activations_model, real_oom
 
 from keras_gpu_tools import BatchPlan, OOMBatchSizeReducer, plan_batch_size
 
@@ -142,10 +142,7 @@ def test_torch_hands_the_trial_steps_cached_blocks_back_after_planning(monkeypat
 def test_a_failed_trials_tensors_are_freed_before_the_next_trial():
     # Left held, a failed trial's tensors count in every later trial's peak (on a GPU), and the
     # plan comes out smaller than what fits.
-    act = HeldActivations(limit=24)
-    inp = keras.Input((3,))
-    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Dense(4, activation=act)(inp)))
-    model.compile(keras.optimizers.SGD(0.01), "mse")
+    model, act = held_activations_model(limit=24)
     x, y = np.ones((64, 3), "float32"), np.ones((64, 1), "float32")
     plan = plan_batch_size(model, x, y, memory_limit_mib=1024)
     assert plan.batch_size == 24 and len(act.failed) >= 2  # 32 failed, then the search between 16 and 32
