@@ -10,6 +10,7 @@ from typing import Any
 
 from keras_gpu_tools._core import gpu_peaks, stragglers
 from keras_gpu_tools._core import keras_internals as ki
+from keras_gpu_tools._core.cpu_meter import CpuMeter
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.step_hook import Attachment, StepHook
 from keras_gpu_tools._core.step_timing import (
@@ -43,57 +44,6 @@ from keras_gpu_tools.errors import InputPipelineWarning, KerasInternalsError
 logger = logging.getLogger("keras_gpu_tools")
 
 FETCH_EVERY = 25  # an unsynced call in this many has its fetch timed (JAX, torch)
-
-
-class _CpuMeter:
-    """CPU use between two calls: the whole machine's, and this process's (its workers included).
-
-    The process's share tells whether input and compute saturate the host
-    themselves; the machine's alone cannot (other processes count there too).
-    Reads psutil's counters directly, never its shared per-call state.
-    """
-
-    def __init__(self):
-        try:
-            import psutil
-
-            self.psutil = psutil
-            self.proc = psutil.Process()
-            self.start = psutil.cpu_times()
-            self.own_start = self._own()
-            self.wall = time.monotonic()
-        except Exception:
-            self.psutil = None
-
-    def _own(self) -> float:
-        """CPU seconds of this process, its reaped children and its live ones (DataLoader, PyDataset workers)."""
-        t = self.proc.cpu_times()
-        total = t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
-        for child in self.proc.children(recursive=True):
-            try:
-                c = child.cpu_times()
-                total += c.user + c.system
-            except self.psutil.Error:
-                pass
-        return total
-
-    def read(self) -> dict[str, float]:
-        if self.psutil is None:
-            return {}
-        try:
-            now, own, wall = self.psutil.cpu_times(), self._own(), time.monotonic()
-            total = sum(now) - sum(self.start)
-            idle = (now.idle + getattr(now, "iowait", 0.0)) - (self.start.idle + getattr(self.start, "iowait", 0.0))
-            cores = float(self.psutil.cpu_count() or 0)
-            out: dict[str, float] = {"cpu_count": cores}
-            if total > 0:
-                out["system_cpu_percent"] = 100.0 * (1.0 - idle / total)
-            if wall > self.wall and cores:
-                out["process_cpu_percent"] = min(100.0, 100.0 * (own - self.own_start) / ((wall - self.wall) * cores))
-            self.start, self.own_start, self.wall = now, own, wall
-            return out
-        except Exception:
-            return {}
 
 
 class _Span:
@@ -341,7 +291,7 @@ class InputBoundDetector(FitCallback):
         self._epochs: list[_Span] = []
         self._context: dict[str, Any] = {}
         self._gpu_logger = None
-        self._cpu: _CpuMeter | None = None
+        self._cpu: CpuMeter | None = None
         self._host: dict[str, float] = {}
         self._flops: float | None = None
         self._peak: float | None = None  # the summed peak of the step's devices
@@ -450,7 +400,7 @@ class InputBoundDetector(FitCallback):
         self._windows = []
         self._window = StepStats()  # (empty: the last epoch closed its windows)
         self._epoch_t0 = self._window_t0 = time.time()
-        self._cpu = _CpuMeter()
+        self._cpu = CpuMeter()
         steps = (self.params or {}).get("steps")
         att = self._attachment
         self._epoch_first_call = att.hook.next_index if att is not None and att.active else -1

@@ -1,0 +1,89 @@
+"""CPU use over an interval: the machine's, and this process's with its worker processes."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+class CpuMeter:
+    """CPU use between two calls: the whole machine's, and this process's (its workers included).
+
+    The process's share tells whether input and compute saturate the host
+    themselves; the machine's alone cannot (other processes count there too).
+    Reads psutil's counters directly, never its shared per-call state.
+    """
+
+    def __init__(self):
+        try:
+            import psutil
+
+            self.psutil = psutil
+            self.proc = psutil.Process()
+            self.start = psutil.cpu_times()
+            self.own_start = self._own()
+            self.wall = time.monotonic()
+        except Exception:
+            self.psutil = None
+
+    def _own(self) -> float:
+        """CPU seconds of this process, its reaped children and its live ones (DataLoader, PyDataset workers)."""
+        t = self.proc.cpu_times()
+        total = t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+        pids = descendants(self.proc.pid)
+        for child in self.proc.children(recursive=True) if pids is None else pids:
+            try:  # a worker may end at any moment
+                c = (self.psutil.Process(child) if isinstance(child, int) else child).cpu_times()
+                total += c.user + c.system
+            except self.psutil.Error:
+                pass
+        return total
+
+    def read(self) -> dict[str, float]:
+        if self.psutil is None:
+            return {}
+        try:
+            now, own, wall = self.psutil.cpu_times(), self._own(), time.monotonic()
+            total = sum(now) - sum(self.start)
+            idle = (now.idle + getattr(now, "iowait", 0.0)) - (self.start.idle + getattr(self.start, "iowait", 0.0))
+            cores = float(self.psutil.cpu_count() or 0)
+            out: dict[str, float] = {"cpu_count": cores}
+            if total > 0:
+                out["system_cpu_percent"] = 100.0 * (1.0 - idle / total)
+            if wall > self.wall and cores:
+                out["process_cpu_percent"] = min(100.0, 100.0 * (own - self.own_start) / ((wall - self.wall) * cores))
+            self.start, self.own_start, self.wall = now, own, wall
+            return out
+        except Exception:
+            return {}
+
+
+def descendants(pid: int) -> list[int] | None:
+    """The live descendants of process ``pid``, from Linux's ``/proc/<pid>/task/<tid>/children``.
+
+    psutil finds children by reading the parent of every process on the
+    machine (all of ``/proc``): 0.6 ms a call on a quiet 2-core machine, and
+    the detector reads them twice an epoch (its epoch begin took 3.1 ms on a
+    lent GPU machine, mostly this). These files list each thread's own
+    children, so the cost follows this process's threads instead. None where
+    the kernel has no such files (psutil's way then).
+    """
+    if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        return None
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # ended meanwhile
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+            except (OSError, ValueError):  # a thread that ended meanwhile
+                continue
+            out += kids
+            todo += kids
+    return out

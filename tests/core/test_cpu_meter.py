@@ -1,0 +1,59 @@
+"""CpuMeter: this process's CPU time with its live worker processes, found without scanning all of /proc."""
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from keras_gpu_tools._core.cpu_meter import CpuMeter, descendants
+
+# A child that starts a grandchild, says both pids, then waits (the grandchild burns CPU when asked).
+TREE = """
+import subprocess, sys, time
+g = subprocess.Popen([sys.executable, "-c", "import sys, time\\nend = time.time() + float(sys.argv[1])\\n"
+                      "while time.time() < end: pass\\ntime.sleep(30)", sys.argv[1]])
+print(g.pid, flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.fixture
+def tree():
+    procs = []
+
+    def start(burn_seconds: float):
+        child = subprocess.Popen([sys.executable, "-c", TREE, str(burn_seconds)], stdout=subprocess.PIPE, text=True)
+        procs.append(child)
+        grandchild = int(child.stdout.readline())
+        procs.append(psutil.Process(grandchild))
+        return child.pid, grandchild
+
+    yield start
+    for p in reversed(procs):
+        try:
+            p.kill()
+        except Exception:
+            pass
+
+
+@pytest.mark.skipif(
+    not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"), reason="Linux's per-thread children files"
+)
+def test_descendants_are_the_children_and_grandchildren_psutil_finds(tree):
+    child, grandchild = tree(0.0)
+    found = descendants(os.getpid())
+    assert {child, grandchild} <= set(found)
+    assert set(found) == {p.pid for p in psutil.Process().children(recursive=True)}
+    assert descendants(2**22 + 7) is None  # above Linux's largest pid: no such process
+
+
+def test_the_workers_cpu_time_counts_as_this_process(tree):
+    meter = CpuMeter()
+    tree(0.6)  # the grandchild burns 0.6 s of CPU while this process sleeps
+    time.sleep(1.0)
+    own = meter._own() - meter.own_start
+    assert own >= 0.4, own
+    assert meter.read()["process_cpu_percent"] > 0
