@@ -15,7 +15,7 @@ import logging
 
 from keras_gpu_tools import _backends
 from keras_gpu_tools._core.batch_search import BatchPlan, search_batch_size
-from keras_gpu_tools._core.oom import free_failed_step
+from keras_gpu_tools._core.oom import free_failed_step, held_since, in_use
 from keras_gpu_tools._core.validation import check_int, check_number
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -109,6 +109,7 @@ def plan_batch_size(
     def measure(per_device: int) -> list[float] | None:
         nonlocal method
         batch = _sample_batch(x, y, per_device * replicas, n_samples)
+        before = in_use(backend.device_memory)
         try:
             peaks, method = backend.step_memory(model, batch, replicas)
         except Exception as e:
@@ -119,7 +120,7 @@ def plan_batch_size(
             return peaks
         logger.info("keras_gpu_tools: plan_batch_size: batch %d ran out of memory", per_device * replicas)
         # Left held, the failed trial's tensors would count in every later trial's peak.
-        free_failed_step(failure)
+        free_failed_step(failure, held_since(backend.device_memory, before))
         return None
 
     try:

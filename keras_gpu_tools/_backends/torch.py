@@ -133,14 +133,7 @@ class TorchRunner(StatefulRunner):
             # (`apply_mask`: `sample_weight *= mask`); an attempt that fails after
             # that must leave the batch it retries as it was.
             batch = _fresh_sample_weights(batch)
-            self._allocated_before = _allocated()
         return super().run(batch, n, k, state, guarded)
-
-    def holds_failed_step(self) -> bool | None:
-        """Whether more CUDA memory is allocated than before the failed attempt (None: cannot tell)."""
-        return _held_since(self._allocated_before)
-
-    _allocated_before: int | None = None
 
     def _sink(self, grads, variables):
         with self.torch.no_grad():
@@ -196,11 +189,7 @@ class TorchEvalRunner(StatefulEvalRunner):
     def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
         if guarded:
             batch = _fresh_sample_weights(batch)  # see TorchRunner.run
-            self._allocated_before = _allocated()
         return super().run(batch, n, k, state, guarded)
-
-    holds_failed_step = TorchRunner.holds_failed_step
-    _allocated_before: int | None = None
 
     def _run_original(self, batch):
         return self.original([batch])
@@ -214,22 +203,6 @@ class TorchEvalRunner(StatefulEvalRunner):
 
     def _measure(self, part) -> list[float]:
         return _measure(self, part)
-
-
-def _allocated() -> int | None:
-    """Bytes the CUDA caching allocator has handed out on this device (None without CUDA)."""
-    cuda = _cuda()
-    if cuda is None or not cuda.is_initialized():
-        return None
-    return int(cuda.memory_allocated())
-
-
-def _held_since(before: int | None) -> bool | None:
-    """Whether the allocator holds clearly more than ``before`` (64 MiB of slack); None where it cannot tell."""
-    now = _allocated()
-    if now is None or before is None:
-        return None
-    return now > before + 64 * 2**20
 
 
 def _measure(runner, part) -> list[float]:

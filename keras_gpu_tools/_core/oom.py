@@ -331,7 +331,7 @@ def free_failed_step(exc: BaseException, held: Callable[[], bool | None] | None 
     generations are collected first (about a millisecond). A full collection
     took 0.3 s per failed attempt there, so it runs only where ``held()``
     says the failed step's memory is still allocated, or where nothing can
-    tell (``held`` None, or returning None).
+    tell (``held`` None, or returning None; see :func:`held_since`).
     """
     import gc
     import traceback
@@ -356,6 +356,25 @@ def free_failed_step(exc: BaseException, held: Callable[[], bool | None] | None 
         still = None
     if still is None or still:
         gc.collect()
+
+
+def in_use(memory: Callable[[], dict[str, Any]]) -> int | None:
+    """``bytes_in_use`` of a backend's ``device_memory()`` figures (None where it has none, e.g. a CPU)."""
+    try:
+        value = (memory() or {}).get("bytes_in_use")
+    except Exception:
+        return None
+    return None if value is None else int(value)
+
+
+def held_since(memory: Callable[[], dict[str, Any]], before: int | None) -> Callable[[], bool | None]:
+    """For :func:`free_failed_step`: whether the device holds clearly more (64 MiB) than ``before`` bytes now."""
+
+    def held() -> bool | None:
+        now = in_use(memory)
+        return None if now is None or before is None else now > before + 64 * 2**20
+
+    return held
 
 
 class Recovery:
@@ -440,6 +459,7 @@ class Recovery:
                 explanation = self.explain(None, dict(context, predicted_need=self.last_need))
             else:
                 snap = runner.protect(state, guarded)
+                before = in_use(self.memory) if guarded else None  # what a failure leaves held is measured against
                 try:
                     result = runner.run(batch, n, k, state, guarded)
                 except InexactAccumulationError:
@@ -471,7 +491,7 @@ class Recovery:
                     self.last_split = k
                     return result, k
                 # Outside the except block, where the failed step's frames no longer run.
-                free_failed_step(failure, getattr(runner, "holds_failed_step", None))
+                free_failed_step(failure, held_since(self.memory, before))
                 try:
                     state = runner.restore(snap, state)
                 except UnrecoverableOOM as u:

@@ -408,3 +408,20 @@ def test_free_failed_step_collects_everything_unless_told_the_memory_is_free():
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_held_since_compares_the_device_figure_with_the_one_before_the_attempt():
+    from keras_gpu_tools._core.oom import held_since, in_use
+
+    figures = {"bytes_in_use": 1000}
+    memory = lambda: dict(figures)  # noqa: E731 - a backend's device_memory()
+    before = in_use(memory)
+    assert before == 1000
+    held = held_since(memory, before)
+    figures["bytes_in_use"] = 1000 + 65 * 2**20  # the failed attempt's tensors still allocated
+    assert held() is True
+    figures["bytes_in_use"] = 900  # freed
+    assert held() is False
+    assert held_since(lambda: {}, None)() is None  # a CPU: no figure, cannot tell
+    assert held_since(memory, None)() is None  # no figure from before the attempt
+    assert in_use(lambda: 1 / 0) is None  # a backend that fails to answer
