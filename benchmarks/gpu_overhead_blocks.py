@@ -22,10 +22,15 @@ compares what runs milliseconds apart, with the device busy the whole time:
   (the first epoch, with compilation, is left out). The A/A is a second fit
   of the same kind whose gate never opens: two *off* halves, timed and paired
   the same way. Fits of both kinds alternate, ``--rounds`` each.
-- Block times are the training thread's clock at block boundaries. The host
-  runs ahead of the device only as far as the dispatch queue allows, so in
-  steady state a block's time is the device's; the queue's depth blurs a
-  boundary by the same amount on both sides.
+- A block is timed from its first call to the end of its last one *on the
+  device*: at each boundary the gate waits for the outputs of the block's last
+  call (kept by a one-call wrapper put in front of that call only, in every
+  kind of block) before it reads the clock, so a block's time does not depend
+  on how far the host ran ahead of the device at its boundaries. The wait
+  drains the queue once a block in both halves alike (about one step's
+  dispatch, the same on and off). It did not make blocks steadier on the lent
+  H200 (``RESULTS.md``): what moves them is the device's clock at its power
+  limit (a saturated GPU) or the host (a GPU that waits for it).
 
     KERAS_BACKEND=jax python benchmarks/gpu_overhead_blocks.py --batch 1024 --out results/gpu_overhead_blocks_jax.json
     KERAS_BACKEND=torch python benchmarks/gpu_overhead_blocks.py --batch 1024 --steps 800 --out results/...torch.json
@@ -58,6 +63,7 @@ def _parse():
 def _gate_class():
     import keras
 
+    from keras_gpu_tools import _backends
     from keras_gpu_tools._core import keras_internals as ki
 
     class Gate(keras.callbacks.Callback):
@@ -68,6 +74,8 @@ def _gate_class():
         def __init__(self, inner, block: int, ab: bool):
             super().__init__()
             self.inner, self.block, self.ab = inner, block, ab
+            self.sync = _backends.get().sync
+            self.last = None
 
         def set_model(self, model):
             super().set_model(model)
@@ -85,7 +93,10 @@ def _gate_class():
 
         def on_train_begin(self, logs=None):
             self._all("on_train_begin", logs)
-            self.wrapped = ki.get_train_function(self.model)
+            # The model itself: on JAX, Keras's `Callback.model` writes the state back into
+            # the variables (a sync) on each access; inside a step that corrupts the fit.
+            self.m = self.model
+            self.wrapped = ki.get_train_function(self.m)
             self.keras_own = getattr(self.wrapped, "__wrapped__", None)
             if self.keras_own is None:
                 raise RuntimeError("no step hook installed: nothing to measure")
@@ -93,7 +104,7 @@ def _gate_class():
             self.blocks: list[tuple[int, bool, float]] = []  # (epoch, on, seconds per step)
 
         def on_train_end(self, logs=None):
-            ki.set_train_function(self.model, self.wrapped)
+            ki.set_train_function(self.m, self.wrapped)
             self._all("on_train_end", logs)
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -104,15 +115,29 @@ def _gate_class():
             self._all("on_epoch_end", epoch, logs)
 
         def on_train_batch_begin(self, batch, logs=None):
-            if batch % self.block == 0:
-                t = time.perf_counter()
+            pos = batch % self.block
+            if pos == self.block - 1:
+                self._keep_outputs_of_next_call()
+            elif pos == 0:
                 if self.t is not None:
-                    self.blocks.append((self.epoch, self.on, (t - self.t) / self.block))
+                    self.sync(self.last)  # the device has finished the block: its time, not the host's
+                    self.blocks.append((self.epoch, self.on, (time.perf_counter() - self.t) / self.block))
                 self.on = not self.on
-                ki.set_train_function(self.model, self.wrapped if self.on and self.ab else self.keras_own)
+                ki.set_train_function(self.m, self.wrapped if self.on and self.ab else self.keras_own)
                 self.t = time.perf_counter()
             if self.on and self.ab:
                 self._all("on_train_batch_begin", batch, logs)
+
+        def _keep_outputs_of_next_call(self):
+            """The block's last call keeps its outputs for the sync (once a block; in every kind of block)."""
+            fn = ki.get_train_function(self.m)
+
+            def last_of_block(*args):
+                ki.set_train_function(self.m, fn)
+                self.last = fn(*args)
+                return self.last
+
+            ki.set_train_function(self.m, last_of_block)
 
         def on_train_batch_end(self, batch, logs=None):
             if self.on and self.ab:
@@ -162,12 +187,14 @@ def main():
     model.fit(x[: 20 * args.batch], y[: 20 * args.batch], batch_size=args.batch, verbose=0, callbacks=six())
     ratios: dict[str, list[float]] = {"ab": [], "aa": []}
     step_ms: dict[str, list[float]] = {"ab": [], "aa": []}
+    blocks: dict[str, list] = {"ab": [], "aa": []}  # (on, ms per step) of every steady-state block, in order
     for r in range(args.rounds):
         for kind in ("ab", "aa") if r % 2 == 0 else ("aa", "ab"):
             gate = Gate(six(), args.block, ab=kind == "ab")
             model.fit(x, y, batch_size=args.batch, epochs=args.epochs, verbose=0, shuffle=False, callbacks=[gate])
             ratios[kind] += _pairs(gate.blocks)
             step_ms[kind] += [1e3 * t for e, on, t in gate.blocks if e > 0 and not on]
+            blocks[kind] += [(on, round(1e3 * t, 5)) for e, on, t in gate.blocks if e > 0]
             print(
                 kind,
                 f"round {r}: {len(_pairs(gate.blocks))} pairs, mean ratio {statistics.mean(_pairs(gate.blocks)):.4f}",
@@ -194,6 +221,7 @@ def main():
         "all_six_on_over_off": summary(ratios["ab"]),
         "aa_off_over_off": summary(ratios["aa"]),
         "ratios": ratios,
+        "blocks": blocks,
     }
     print("step (off)", round(result["off_step_ms_median"], 4), "ms")
     for key in ("all_six_on_over_off", "aa_off_over_off"):

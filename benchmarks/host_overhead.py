@@ -13,8 +13,10 @@ memory placement, not any callback.) After a warm-up fit per condition,
 ``--rounds`` rounds run every condition once each, in a fresh random order
 every round (a fixed rotation keeps the same neighbours: a condition that
 follows the one that stops six callbacks' threads was always the bare fit),
-two epochs per fit; the second epoch is timed (wall time / steps,
-and the training thread's CPU time / steps). Per condition two figures against
+two epochs per fit; the steps of the second epoch are timed (wall time / steps,
+and the training thread's CPU time / steps), from after every callback's
+``on_epoch_begin`` to before any ``on_epoch_end``: per-step cost. The epoch hooks,
+once an epoch, are timed apart and reported in ms (``median_epoch_hooks_ms``). Per condition two figures against
 the bare fit: the fastest round minus the bare fit's fastest (the issue's
 statistic), and the median over rounds of the difference to the bare fit of the
 same round (paired: robust to the machine's slow phases, which hit both).
@@ -46,6 +48,11 @@ def _parse():
     p.add_argument("--width", type=int, default=32, help="hidden width (a wider model has a longer step)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="framework compute threads (fewer: less noise)")
+    p.add_argument(
+        "--no-batch-end-thread",
+        action="store_true",
+        help="diagnostic: Keras runs the batch-end hooks on the training thread instead of its thread pool",
+    )
     return p.parse_args()
 
 
@@ -80,6 +87,27 @@ def _callbacks(name: str, log_dir: str) -> list:
     return [makers[name]()]
 
 
+def _keras_batch_end_on_training_thread() -> None:
+    """Turns off Keras's thread pool for batch-end hooks, in this process (a diagnostic).
+
+    With it (Keras's default for callbacks marked ``async_safe``, as every bare
+    fit's are), the hooks of step N run on a pool thread while the training
+    thread runs step N+1, and the two share the interpreter lock: more Python on
+    the training thread then costs more than its own time on a 2-core machine.
+    Without it everything is on the training thread, where the package's own
+    cost per step shows alone.
+    """
+    from keras.src.callbacks import callback_list
+
+    configure = callback_list.CallbackList._configure_async_dispatch
+
+    def synchronous(self, callbacks):
+        configure(self, callbacks)
+        self._async_train = self._async_test = self._async_predict = False
+
+    callback_list.CallbackList._configure_async_dispatch = synchronous
+
+
 def run_backend(args) -> dict:
     import warnings
 
@@ -87,26 +115,46 @@ def run_backend(args) -> dict:
     import numpy as np
 
     warnings.simplefilter("ignore")
+    if args.no_batch_end_thread:
+        _keras_batch_end_on_training_thread()
     if keras.backend.backend() == "torch":  # its CPU kernels spin in a thread pool: noise in the timings
         import torch
 
         torch.set_num_threads(args.threads)
 
-    class EpochClock(keras.callbacks.Callback):
-        """Times each epoch; epoch hooks only, so it adds nothing per step."""
+    class EpochClock:
+        """Times the steps of each epoch apart from the callbacks' epoch hooks.
+
+        ``first`` goes first in the callback list and ``last`` last: the steps run
+        from ``last.on_epoch_begin`` (every other callback's epoch begin is done)
+        to ``first.on_epoch_end`` (Keras has waited for the last step's batch-end
+        hooks; no other callback's epoch end has run). What the callbacks do once
+        an epoch is timed apart (``hooks``): per-epoch work, not per-step.
+        Epoch hooks only, so the clock adds nothing per step.
+        """
 
         def __init__(self):
-            super().__init__()
-            self.seconds = []
-            self.cpu_seconds = []
+            self.seconds, self.cpu_seconds, self.hook_seconds = [], [], []
+            clock = self
 
-        def on_epoch_begin(self, epoch, logs=None):
-            self._t = time.perf_counter()
-            self._c = time.thread_time()
+            class First(keras.callbacks.Callback):
+                def on_epoch_begin(self, epoch, logs=None):
+                    clock._t0 = time.perf_counter()
 
-        def on_epoch_end(self, epoch, logs=None):
-            self.seconds.append(time.perf_counter() - self._t)
-            self.cpu_seconds.append(time.thread_time() - self._c)
+                def on_epoch_end(self, epoch, logs=None):
+                    clock._t2, clock._c2 = time.perf_counter(), time.thread_time()
+
+            class Last(keras.callbacks.Callback):
+                def on_epoch_begin(self, epoch, logs=None):
+                    clock._t1, clock._c1 = time.perf_counter(), time.thread_time()
+
+                def on_epoch_end(self, epoch, logs=None):
+                    t3 = time.perf_counter()
+                    clock.seconds.append(clock._t2 - clock._t1)
+                    clock.cpu_seconds.append(clock._c2 - clock._c1)
+                    clock.hook_seconds.append((clock._t1 - clock._t0) + (t3 - clock._t2))
+
+            self.first, self.last = First(), Last()
 
     rng = np.random.default_rng(0)
     batch = args.batch
@@ -128,13 +176,16 @@ def run_backend(args) -> dict:
         setups[name] = cbs
     per_step = {name: [] for name in conditions}
     cpu_per_step = {name: [] for name in conditions}
+    hooks_ms = {name: [] for name in conditions}
     order = random.Random(0)
     for _ in range(args.rounds):
         for name in order.sample(conditions, len(conditions)):
             clock = EpochClock()
-            model.fit(x, y, batch_size=batch, epochs=2, verbose=0, shuffle=False, callbacks=[*setups[name], clock])
+            cbs = [clock.first, *setups[name], clock.last]
+            model.fit(x, y, batch_size=batch, epochs=2, verbose=0, shuffle=False, callbacks=cbs)
             per_step[name].append(1e6 * clock.seconds[1] / args.steps)
             cpu_per_step[name].append(1e6 * clock.cpu_seconds[1] / args.steps)
+            hooks_ms[name].append(1e3 * clock.hook_seconds[1])
 
     def paired(series, name):
         if "bare" not in series:
@@ -161,6 +212,8 @@ def run_backend(args) -> dict:
                 ),
                 "paired_median_added_thread_cpu_us_per_step": paired(cpu_per_step, name),
                 "rounds_thread_cpu_us_per_step": [round(v, 2) for v in cpu_per_step[name]],
+                # Every callback's on_epoch_begin + on_epoch_end (wall), once an epoch.
+                "median_epoch_hooks_ms": round(statistics.median(hooks_ms[name]), 3),
             }
         )
     return {"backend": keras.backend.backend(), "width": args.width, "batch": batch, "steps": args.steps, "rows": rows}
@@ -181,11 +234,13 @@ def main():
     if args.backends:
         argv = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--width", str(args.width)]
         argv += ["--batch", str(args.batch), "--threads", str(args.threads)]
+        argv += ["--no-batch-end-thread"] if args.no_batch_end_thread else []
         argv += ["--conditions", args.conditions] if args.conditions else []
         results = run_per_backend(__file__, args.backends, argv)
     else:
         results = [run_backend(args)]
     doc = {"what": "host us per step added to a bare fit (fastest of interleaved rounds)", "versions": _versions()}
+    doc["keras_batch_end_thread"] = not args.no_batch_end_thread
     doc["results"] = results
     for r in results:
         if "error" in r:
@@ -204,6 +259,7 @@ def main():
                 f"  {row['condition']:22s} {row['fastest_us_per_step']:8.1f} {fmt(row['added_us_per_step'])}"
                 f" {fmt(row['paired_median_added_us_per_step'])}   | {row['fastest_thread_cpu_us_per_step']:8.1f}"
                 f" {fmt(row['added_thread_cpu_us_per_step'])} {fmt(row['paired_median_added_thread_cpu_us_per_step'])}"
+                f"   | epoch hooks {row['median_epoch_hooks_ms']:.2f} ms"
             )
     write_json(args.out, doc)
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from operator import attrgetter
+
+_shape_and_dtype = attrgetter("shape", "dtype")
+
 
 class ReplicaBatch:
     """One batch of a step over several replicas (``tf.distribute``): each replica's share, and the batch as given.
@@ -28,15 +32,17 @@ def batch_signature(batch) -> tuple:
     object as it is (hashable, and equal to its name for NumPy and JAX):
     turning a NumPy dtype into a string costs more than the rest together.
     """
-    if type(batch) is tuple:  # the common (x, y[, sample_weight]) of arrays, without the general walk
-        out = []
-        for b in batch:
-            shape = getattr(b, "shape", None)
-            if shape is None:
-                break
-            out.append((shape if type(shape) is tuple else tuple(shape), b.dtype))
-        else:
-            return tuple(out)
+    if type(batch) is tuple:
+        # The common (x, y) of arrays, in C (no Python bytecode per array): each
+        # array's shape as the framework gives it (a tuple, torch.Size or
+        # TensorShape, all equal to, and hashed as, the tuple of their sizes).
+        # A None, a nested structure or an unhashable shape takes the walk below.
+        try:
+            sig = tuple(map(_shape_and_dtype, batch))
+            hash(sig)
+            return sig
+        except (AttributeError, TypeError):
+            pass
     if type(batch) is ReplicaBatch:
         return batch.signature
     out = []

@@ -323,20 +323,19 @@ class StepHook:
 
     def _make_wrapper(self) -> Callable:
         call = self._call
-        session = self.session
+        session = self.session  # its `frame`, not a copy: the session lets go of fit()'s frame when it closes
+        getframe = sys._getframe
 
         def train_function(*args):
-            caller = sys._getframe(1)
-            if caller is not session.frame and (session.closed or not session.is_fit_frame(caller)):
-                del caller
+            # From fit()'s own frame (one identity test), or else from a frame below
+            # this session's fit() (a wrapper of Keras's or another tool's in between).
+            if getframe(1) is not session.frame and (session.closed or not session.is_fit_frame(getframe(1))):
                 return self._stale_call(args)
-            del caller
             i = self._index
             if i < self._next_full:  # nobody needs this call: Keras's step and a counter
                 self._index = i + 1
                 self._pending_fetch = 0.0
-                out = self.inner(*args)
-                self.last_outputs = out
+                self.last_outputs = out = self.inner(*args)
                 return out
             try:
                 out = call(*args)

@@ -173,6 +173,7 @@ class GPUUtilizationLogger(FitCallback):
         self.warnings = WarnOnce()
         self._lock = threading.Lock()
         self._epoch_base = 0
+        self._steps_cap = 1 << 62  # the fit's steps per epoch, where Keras knows them
         self._running = False
         self._thread: SamplingThread | None = None
         self._writer: EventWriter | None = None
@@ -197,6 +198,8 @@ class GPUUtilizationLogger(FitCallback):
 
     # -- Keras hooks ----------------------------------------------------------
     def _start_fit(self, session) -> None:
+        steps = self.params.get("steps") if self.params else None
+        self._steps_cap = int(steps) if steps else 1 << 62
         self.gpus = self._resolve_devices()
         warn = self.warnings
         nvml = self._nvml or default_nvml()
@@ -228,9 +231,8 @@ class GPUUtilizationLogger(FitCallback):
         # Keras reports the last step of the execution, also for a last,
         # partial one (index 15 in an epoch of 15 steps): capped by the epoch's steps where known.
         done = batch + 1
-        steps = self.params.get("steps") if self.params else None
-        if steps and done > steps:
-            done = steps
+        if done > self._steps_cap:
+            done = self._steps_cap
         step = self._epoch_base + done
         if step > self._global_step:
             self._global_step = step

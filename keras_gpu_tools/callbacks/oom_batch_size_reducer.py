@@ -264,6 +264,7 @@ class OOMBatchSizeReducer(FitCallback):
         self._last_batch: int | None = None
         self._epoch_events = 0
         self._runner = None
+        self._whole = None
         self._idle_signature = None  # the batch shape that runs whole on the idle path
         self._attachment = None
         self._writer: EventWriter | None = None
@@ -473,6 +474,7 @@ class OOMBatchSizeReducer(FitCallback):
         """Step-hook extension: each train-function call runs our retrying function instead of `fn`."""
         if self._runner is None:
             self._runner = self.backend.accumulation_runner(self.model, fn, self.mode)
+            self._whole = self._runner.whole
         else:
             self._runner.original = fn
         return self.backend.reducer_call(self._one, self._spe, self._replicas)
@@ -486,7 +488,7 @@ class OOMBatchSizeReducer(FitCallback):
             # The idle path: this shape already ran whole, so no copy of the
             # state is kept (that copy is what cost time on every step).
             try:
-                result = self._runner.whole(batch, state)
+                result = self._whole(batch, state)
             except Exception as e:
                 if not _backends.is_oom(e):
                     self._end_fit(aborted=True)
@@ -772,6 +774,7 @@ class OOMBatchSizeReducer(FitCallback):
         if writer is not None:
             writer.close()
         self._runner = None
+        self._whole = None
 
 
 def _has_batch_statistics(layer) -> bool:

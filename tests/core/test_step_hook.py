@@ -165,6 +165,36 @@ def test_batch_helpers():
     assert leading_dim(()) is None and leading_dim(3) is None
 
 
+class _ListShaped:
+    shape = [4, 3]  # an unhashable shape: the signature must still be hashable
+    dtype = "float32"
+
+
+def test_the_signature_of_a_flat_tuple_equals_and_hashes_like_the_general_one():
+    x, y = np.zeros((4, 3), "float32"), np.zeros((4,), "int32")
+    flat = batch_signature((x, y))  # the quick path
+    assert flat == (((4, 3), "float32"), ((4,), "int32"))
+    assert flat == batch_signature([x, y])  # a list takes the general walk
+    assert hash(flat) == hash(batch_signature([x, y]))
+    assert batch_signature((x, y, None)) == flat  # a None (no sample weight) is skipped by the walk
+    assert batch_signature((x, np.zeros((5,), "int32"))) != flat
+    assert batch_signature((x, y.astype("int64"))) != flat
+    odd = batch_signature((_ListShaped(), y))
+    assert odd == (((4, 3), "float32"), ((4,), "int32")) and hash(odd)
+
+
+@pytest.mark.multibackend
+def test_the_signature_of_the_backends_tensors_equals_that_of_numpy():
+    import keras
+
+    x, y = np.zeros((4, 3), "float32"), np.zeros((4,), "int32")
+    tensors = (keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y))
+    sig = batch_signature(tensors)
+    assert [shape for shape, _ in sig] == [(4, 3), (4,)]
+    assert {sig: 1}[batch_signature(tuple(keras.ops.convert_to_tensor(a) for a in (x, y)))] == 1
+    assert sig != batch_signature((keras.ops.convert_to_tensor(np.zeros((5, 3), "float32")), tensors[1]))
+
+
 # -- real fit() on every backend --------------------------------------------------------
 def _model():
     import keras
