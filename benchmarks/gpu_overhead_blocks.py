@@ -39,6 +39,7 @@ compares what runs milliseconds apart, with the device busy the whole time:
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -188,6 +189,33 @@ def main():
     ratios: dict[str, list[float]] = {"ab": [], "aa": []}
     step_ms: dict[str, list[float]] = {"ab": [], "aa": []}
     blocks: dict[str, list] = {"ab": [], "aa": []}  # (on, ms per step) of every steady-state block, in order
+    gpus = _backends.get().gpu_devices()
+
+    def summary(values):
+        values = sorted(values)
+        cut = len(values) // 10
+        return {
+            "pairs": len(values),
+            "mean": statistics.mean(values) if values else None,
+            "median": statistics.median(values) if values else None,
+            "trimmed_mean_10pct": statistics.mean(values[cut : len(values) - cut] or values) if values else None,
+            "stdev": statistics.stdev(values) if len(values) > 1 else None,
+        }
+
+    def result() -> dict:
+        return {
+            "backend": keras.backend.backend(),
+            "device": gpus[0] if gpus else "CPU",
+            "keras": keras.__version__,
+            "args": vars(args),
+            "matmul_precision": os.environ.get("JAX_DEFAULT_MATMUL_PRECISION"),
+            "off_step_ms_median": statistics.median(step_ms["ab"] + step_ms["aa"]),
+            "all_six_on_over_off": summary(ratios["ab"]),
+            "aa_off_over_off": summary(ratios["aa"]),
+            "ratios": ratios,
+            "blocks": blocks,
+        }
+
     for r in range(args.rounds):
         for kind in ("ab", "aa") if r % 2 == 0 else ("aa", "ab"):
             gate = Gate(six(), args.block, ab=kind == "ab")
@@ -199,34 +227,12 @@ def main():
                 kind,
                 f"round {r}: {len(_pairs(gate.blocks))} pairs, mean ratio {statistics.mean(_pairs(gate.blocks)):.4f}",
             )
+            write_json(args.out, result())  # after every fit: a run cut short keeps what it measured
 
-    def summary(values):
-        values = sorted(values)
-        cut = len(values) // 10
-        return {
-            "pairs": len(values),
-            "mean": statistics.mean(values),
-            "median": statistics.median(values),
-            "trimmed_mean_10pct": statistics.mean(values[cut : len(values) - cut] or values),
-            "stdev": statistics.stdev(values) if len(values) > 1 else None,
-        }
-
-    gpus = _backends.get().gpu_devices()
-    result = {
-        "backend": keras.backend.backend(),
-        "device": gpus[0] if gpus else "CPU",
-        "keras": keras.__version__,
-        "args": vars(args),
-        "off_step_ms_median": statistics.median(step_ms["ab"] + step_ms["aa"]),
-        "all_six_on_over_off": summary(ratios["ab"]),
-        "aa_off_over_off": summary(ratios["aa"]),
-        "ratios": ratios,
-        "blocks": blocks,
-    }
-    print("step (off)", round(result["off_step_ms_median"], 4), "ms")
+    final = result()
+    print("step (off)", round(final["off_step_ms_median"], 4), "ms")
     for key in ("all_six_on_over_off", "aa_off_over_off"):
-        print(key, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result[key].items()})
-    write_json(args.out, result)
+        print(key, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in final[key].items()})
 
 
 if __name__ == "__main__":
