@@ -33,6 +33,9 @@ compares what runs milliseconds apart, with the device busy the whole time:
   limit (a saturated GPU) or the host (a GPU that waits for it).
 
     KERAS_BACKEND=jax python benchmarks/gpu_overhead_blocks.py --batch 1024 --out results/gpu_overhead_blocks_jax.json
+    # steadier on an H200: float32 GEMMs keep the GPU busy below its power limit
+    JAX_DEFAULT_MATMUL_PRECISION=highest KERAS_BACKEND=jax python benchmarks/gpu_overhead_blocks.py \
+        --width 2048 --batch 1024 --rounds 6 --out results/gpu_overhead_blocks_jax_fp32.json
     KERAS_BACKEND=torch python benchmarks/gpu_overhead_blocks.py --batch 1024 --steps 800 --out results/...torch.json
 """
 

@@ -34,6 +34,9 @@ overhead)
     --steps 200 --rounds 15 --out "$OUT/gpu_overhead_aa_jax.json" 2>&1 | tail -6
   KERAS_BACKEND=torch timeout 240 python3 benchmarks/gpu_overhead_aa.py --width 4096 --layers 3 --batch 2048 \
     --steps 100 --rounds 15 --out "$OUT/gpu_overhead_aa_torch.json" 2>&1 | tail -6
+  # On/off blocks of one fit, timed on the device, A/A beside (float32 GEMMs: below the power limit, steadier)
+  JAX_DEFAULT_MATMUL_PRECISION=highest KERAS_BACKEND=jax timeout 240 python3 benchmarks/gpu_overhead_blocks.py \
+    --width 2048 --batch 1024 --rounds 6 --out "$OUT/gpu_overhead_blocks_jax_fp32.json" 2>&1 | tail -3
   JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES= timeout 200 python3 benchmarks/host_overhead.py --backends jax,torch \
     --rounds 15 --steps 1500 --out "$OUT/host_overhead_cpu.json" 2>&1 | tail -24
   ;;
