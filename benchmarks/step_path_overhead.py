@@ -72,7 +72,10 @@ def run_backend(args) -> dict:
         """Every `block` steps: close the block's timing, then swap the train function."""
 
         def on_train_begin(self, logs=None):
-            self.wrapped = ki.get_train_function(self.model)
+            # The model itself: on JAX each read of `Callback.model` writes the state back
+            # into the variables (docs/keras-internals.md), which a block boundary must not do.
+            self.m = self.model
+            self.wrapped = ki.get_train_function(self.m)
             self.keras_own = getattr(self.wrapped, "__wrapped__", None)
             if self.keras_own is None:
                 raise RuntimeError("no step hook installed: nothing to measure")
@@ -90,11 +93,11 @@ def run_backend(args) -> dict:
             if self.t is not None:
                 self.blocks[self.on].append((1e6 * (t - self.t) / args.block, 1e6 * (c - self.c) / args.block))
             self.on = not self.on
-            ki.set_train_function(self.model, self.wrapped if self.on else self.keras_own)
+            ki.set_train_function(self.m, self.wrapped if self.on else self.keras_own)
             self.t, self.c = time.perf_counter(), time.thread_time()
 
         def on_train_end(self, logs=None):
-            ki.set_train_function(self.model, self.wrapped)
+            ki.set_train_function(self.m, self.wrapped)
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.steps * 32, 16)).astype("float32")

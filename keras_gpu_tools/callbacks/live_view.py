@@ -65,6 +65,7 @@ class LiveView(LeanCallback):
         self._state = LiveState()
         self._next = 0.0
         self._epoch_base = 0
+        self._steps_cap = 1 << 62  # the fit's steps per epoch, where Keras knows them
 
     @property
     def active(self) -> bool:
@@ -86,6 +87,8 @@ class LiveView(LeanCallback):
         except Exception:
             pass
         st.epochs = (self.params or {}).get("epochs")
+        steps = (self.params or {}).get("steps")
+        self._steps_cap = int(steps) if steps else 1 << 62  # read once a fit, not per step
         st.started = time.monotonic()
         self._state = st
         self._active = True
@@ -102,10 +105,11 @@ class LiveView(LeanCallback):
         # With steps_per_execution=N, Keras reports the last batch of the execution,
         # also for a last, partial one (index 15 in an epoch of 15 steps): capped by the epoch's steps.
         done = batch + 1
-        steps = (self.params or {}).get("steps")
-        if steps:
-            done = min(done, int(steps))
-        st.step = max(st.step, self._epoch_base + done)
+        if done > self._steps_cap:
+            done = self._steps_cap
+        step = self._epoch_base + done
+        if step > st.step:
+            st.step = step
         if logs is not None:
             st.logs = logs
         now = time.monotonic()
