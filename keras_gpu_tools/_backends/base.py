@@ -155,8 +155,12 @@ class Backend:
         """The runner that retries a batch as micro-batches (see ``_core.grad_accum``)."""
         raise ValueError(self.reducer_problem(model))
 
-    def reducer_call(self, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
-        """The train function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``.
+    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
+        """The train function the reducer runs: fetches the batch(es) and runs each on the idle path or ``one``.
+
+        A batch whose signature is ``idle.signature`` (:class:`~keras_gpu_tools._core.oom.IdlePath`)
+        runs ``runner.original`` (Keras's step) whole, in a ``try``; any other
+        goes to ``one(batch[, state])``, the reducer's guarded path.
 
         ``replicas``: the data-parallel size (:meth:`replicas`); under a ``tf.distribute`` strategy of
         several replicas the batches are per-replica values.

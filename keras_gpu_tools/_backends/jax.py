@@ -406,10 +406,6 @@ class JaxRunner(_HostSnapshot):
         return _measure_losses(self, tv, ntv, data)
 
     # -- running ---------------------------------------------------------------------
-    def whole(self, batch, state):
-        """The idle path: Keras's own step on the whole batch, nothing else."""
-        return self.original(state, iter((batch,)))
-
     def run(self, batch, n: int, k: int, state=None, guarded: bool = False):
         if k == 1:
             out = self.original(state, iter_one(batch))
@@ -1040,18 +1036,28 @@ class JaxBackend(Backend):
     def hand_back_eval_state(self, model, kind: str, state) -> None:
         ki.jax_write_variables(model, kind, state)
 
-    def reducer_call(self, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
+    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
+        original = runner.original
+
+        def train_function_1(state, iterator):
+            batch = next(iterator)
+            if batch_signature(batch) == idle.signature:  # the idle path (IdlePath): Keras's step in a try
+                try:
+                    out = original(state, iter((batch,)))
+                except Exception as e:
+                    idle.failed(e)
+                    raise
+                idle.steps += 1
+                return out
+            return one(batch, state)
+
         if steps_per_execution == 1:
-
-            def train_function_1(state, iterator):
-                return one(next(iterator), state)
-
             return train_function_1
 
         def train_function(state, iterator):
             logs = None
             for batch in _one_execution(iterator, steps_per_execution):
-                logs, state = one(batch, state)
+                logs, state = train_function_1(state, iter((batch,)))
             return logs, state
 
         return train_function

@@ -19,7 +19,7 @@ from typing import Any
 from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core import keras_internals as ki
-from keras_gpu_tools._core.batches import ReplicaBatch, leading_dim, leaves
+from keras_gpu_tools._core.batches import ReplicaBatch, batch_signature, leading_dim, leaves
 from keras_gpu_tools._core.grad_accum import (
     StatefulEvalRunner,
     StatefulRunner,
@@ -889,7 +889,20 @@ class TensorFlowBackend(Backend):
 
         return test_function
 
-    def reducer_call(self, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
+    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
+        original = runner.original
+
+        def step(batch):
+            if batch_signature(batch) == idle.signature:  # the idle path (IdlePath): Keras's step in a try
+                try:  # Keras's Python branch on a fetched batch, as ki.tf_run_batches
+                    out = original(iter((batch.original if type(batch) is ReplicaBatch else batch,)))
+                except Exception as e:
+                    idle.failed(e)
+                    raise
+                idle.steps += 1
+                return out
+            return one(batch)
+
         if replicas > 1:
 
             def replica_train_function(iterator):
@@ -900,7 +913,7 @@ class TensorFlowBackend(Backend):
                     raise StopIteration
                 out = None
                 for batch in batches:
-                    out = one(_replica_batch(batch, replicas))
+                    out = step(_replica_batch(batch, replicas))
                 return out
 
             return replica_train_function
@@ -914,7 +927,7 @@ class TensorFlowBackend(Backend):
                     batch = next(iterator)
                 except end:
                     raise StopIteration from None
-                return one(batch)
+                return step(batch)
 
             return train_function_1
 
@@ -926,7 +939,7 @@ class TensorFlowBackend(Backend):
                 raise StopIteration
             out = None
             for batch in batches:
-                out = one(batch)
+                out = step(batch)
             return out
 
         return train_function

@@ -19,7 +19,7 @@ from typing import Any
 from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps
 from keras_gpu_tools._core import keras_internals as ki
-from keras_gpu_tools._core.batches import leading_dim
+from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.grad_accum import StatefulEvalRunner, StatefulRunner, concat_outputs, measure_order
 from keras_gpu_tools._core.oom_explain import fragmentation_note, parse_message
 from keras_gpu_tools._core.profiler import ProfilerBusy, TracerOptions
@@ -577,14 +577,25 @@ class TorchBackend(Backend):
 
         return test_function
 
-    def reducer_call(self, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
+    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
+        original = runner.original
+
         def train_function(data):
-            if len(data) == 1:
-                return one(data[0])
-            logs = None
-            for batch in data:
-                logs = one(batch)
-            return logs
+            if len(data) != 1:
+                logs = None
+                for batch in data:
+                    logs = train_function([batch])
+                return logs
+            batch = data[0]
+            if batch_signature(batch) == idle.signature:  # the idle path (IdlePath): Keras's step in a try
+                try:
+                    out = original(data)
+                except Exception as e:
+                    idle.failed(e)
+                    raise
+                idle.steps += 1
+                return out
+            return one(batch)
 
         return train_function
 

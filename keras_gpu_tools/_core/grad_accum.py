@@ -427,10 +427,6 @@ class StatefulRunner:
         """``(index, has_gradient)`` of the variables to update once, in ``train_step``'s order."""
         return [(i, i in self._got_grad) for i in self._handed]
 
-    def whole(self, batch, state=None):
-        """The idle path: Keras's own step on the whole batch, nothing else."""
-        return self._run_original(batch)
-
     def _run_original(self, batch):
         raise NotImplementedError
 

@@ -307,6 +307,26 @@ class Agreement:
     explanation: dict[str, Any] | None = None
 
 
+class IdlePath:
+    """The reducer's idle path, as the backend's train function reads it on every step.
+
+    A batch whose ``batch_signature`` equals ``signature`` (a shape that already
+    ran whole) runs Keras's own step straight from the backend's train
+    function, in a ``try``, with no frame of the reducer's: ``steps`` counts
+    it. ``signature`` None: every batch takes the reducer's guarded path.
+    ``failed(error)`` is called from the ``except`` and raises the refusal of
+    an out-of-memory error; for any other error it ends the reducer's fit and
+    returns, and the backend re-raises the error unchanged.
+    """
+
+    __slots__ = ("signature", "steps", "failed")
+
+    def __init__(self, failed: Callable[[BaseException], None]):
+        self.signature: tuple | None = None
+        self.steps = 0  # training batches run, idle or not (the reducer counts its own there)
+        self.failed = failed
+
+
 @dataclass
 class Counters:
     """Per-epoch and whole-fit counts of the callback."""

@@ -15,7 +15,7 @@ from keras_gpu_tools._core import keras_internals as ki
 from keras_gpu_tools._core.batches import batch_signature, leading_dim
 from keras_gpu_tools._core.gpu_sampler import WarnOnce
 from keras_gpu_tools._core.grad_accum import accumulation_problem, refusal
-from keras_gpu_tools._core.oom import Agreement, OOMEvent, Recovery, SplitController, describe_split
+from keras_gpu_tools._core.oom import Agreement, IdlePath, OOMEvent, Recovery, SplitController, describe_split
 from keras_gpu_tools._core.oom_explain import OOMExplanation, explanation_of, headroom_lines
 from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools._core.step_timing import StepRecord
@@ -231,6 +231,8 @@ class OOMBatchSizeReducer(FitCallback):
         record_memory_history: bool = False,
         plan: Any = None,
     ):
+        # Before the base class sets `_global_step`: this callback keeps its step count there.
+        self._idle = IdlePath(self._idle_failed)
         super().__init__()
         self.min_batch_size = check_int("min_batch_size", min_batch_size, low=1)
         self.regrow_after = check_int("regrow_after", regrow_after, low=1, allow_none=True)
@@ -264,8 +266,6 @@ class OOMBatchSizeReducer(FitCallback):
         self._last_batch: int | None = None
         self._epoch_events = 0
         self._runner = None
-        self._whole = None
-        self._idle_signature = None  # the batch shape that runs whole on the idle path
         self._attachment = None
         self._writer: EventWriter | None = None
         self._spe = 1
@@ -276,6 +276,16 @@ class OOMBatchSizeReducer(FitCallback):
         self._eval: dict[str, _Eval] = {}  # "test" / "predict": evaluation and prediction steps
 
     # -- public ---------------------------------------------------------------
+    @property
+    def _global_step(self) -> int:
+        # Kept by the idle path (the backend's train function counts there), so that an idle step
+        # costs one attribute increment and no frame of this callback's.
+        return self._idle.steps
+
+    @_global_step.setter
+    def _global_step(self, value: int) -> None:
+        self._idle.steps = value
+
     @property
     def micro_batches(self) -> int:
         """Micro-batches per batch in the last step (1 = unsplit)."""
@@ -474,28 +484,23 @@ class OOMBatchSizeReducer(FitCallback):
         """Step-hook extension: each train-function call runs our retrying function instead of `fn`."""
         if self._runner is None:
             self._runner = self.backend.accumulation_runner(self.model, fn, self.mode)
-            self._whole = self._runner.whole
         else:
             self._runner.original = fn
-        return self.backend.reducer_call(self._one, self._spe, self._replicas)
+        return self.backend.reducer_call(self._one, self._idle, self._runner, self._spe, self._replicas)
 
     def on_detach(self, stale: bool) -> None:
         pass
 
+    def _idle_failed(self, error: BaseException) -> None:
+        """An error on the idle path (see IdlePath): refuses an out-of-memory error; else ends the fit and returns."""
+        if not _backends.is_oom(error):
+            self._end_fit(aborted=True)
+            return
+        self._refuse_late_oom(error, self._idle.signature)
+
     def _one(self, batch, state=None):
+        """A batch off the idle path (the backend's train function runs the idle one): guarded, maybe split."""
         sig = batch_signature(batch)
-        if sig == self._idle_signature:
-            # The idle path: this shape already ran whole, so no copy of the
-            # state is kept (that copy is what cost time on every step).
-            try:
-                result = self._whole(batch, state)
-            except Exception as e:
-                if not _backends.is_oom(e):
-                    self._end_fit(aborted=True)
-                    raise
-                self._refuse_late_oom(e, sig)
-            self._global_step += 1
-            return result
         n = leading_dim(batch) or 1
         self._last_batch = n
         try:
@@ -511,12 +516,14 @@ class OOMBatchSizeReducer(FitCallback):
         self._micro_batches = k
         self._global_step += 1
         if k == 1 and not self.controller.in_trial and not self.late_recovery:
-            self._idle_signature = sig
+            # This shape ran whole: its next batches take the idle path, where no copy of
+            # the state is kept (that copy is what cost time on every step).
+            self._idle.signature = sig
         return result
 
     def _refuse_late_oom(self, error: BaseException, signature) -> None:
         """An OOM on the idle path: at a shape that had run whole before, with no copy of the state."""
-        self._idle_signature = None
+        self._idle.signature = None
         self._record_unrecoverable(error, signature, "train")
         self._end_fit(aborted=True)
         raise UnrecoverableOOM(
@@ -774,7 +781,7 @@ class OOMBatchSizeReducer(FitCallback):
         if writer is not None:
             writer.close()
         self._runner = None
-        self._whole = None
+        self._idle.signature = None
 
 
 def _has_batch_statistics(layer) -> bool:

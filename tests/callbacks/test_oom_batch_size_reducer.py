@@ -305,6 +305,69 @@ def test_a_non_oom_error_passes_through_unchanged():
     assert restored(model)
 
 
+class ArmAt(keras.callbacks.Callback):
+    """Arms ``Boom`` or lowers every ``MemoryCliff``'s limit before the batch ``at`` of the first epoch."""
+
+    def __init__(self, at, cliff_limit=None):
+        super().__init__()
+        self.at, self.cliff_limit = at, cliff_limit
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch != self.at:
+            return
+        if self.cliff_limit is None:
+            Boom.armed = True
+            return
+        for layer in self.model.layers:
+            if isinstance(layer, MemoryCliff):
+                layer.limit = self.cliff_limit
+
+
+def test_the_idle_path_counts_every_step_and_passes_a_non_oom_error_through_unchanged():
+    # Eager steps, so that arming the layer mid-fit takes effect: the error comes from the
+    # step on the idle path (a shape that already ran whole), not from its first trace.
+    n = 48
+    x, y = data(n)
+    model = make_model(n, limit=10**9, boom=True, run_eagerly=True)
+    reducer = OOMBatchSizeReducer()
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[reducer])
+    assert reducer._global_step == 12  # 6 steps an epoch, the first guarded, the rest idle
+    assert restored(model)
+    try:
+        with pytest.raises(ValueError, match="boom from inside the step") as info:
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[reducer, ArmAt(3)])
+    finally:
+        Boom.armed = False
+    assert type(info.value) is ValueError
+    assert any(
+        frame.name == "call" and "test_oom_batch_size_reducer" in frame.filename
+        for frame in traceback.extract_tb(info.value.__traceback__)
+    )
+    assert reducer._global_step == 15  # the three steps before the error
+    assert restored(model)
+
+
+@real_oom
+def test_an_oom_on_the_idle_path_is_refused_with_the_reason():
+    # Batches of 8 ran whole, so no copy of the state is kept for them; then the memory
+    # cliff drops to 4 samples (eager steps, so the new limit applies at once).
+    from keras_gpu_tools.errors import UnrecoverableOOM
+
+    n = 48
+    x, y = data(n)
+    model = make_model(n, limit=10**9, run_eagerly=True)
+    reducer = OOMBatchSizeReducer()
+    with pytest.raises(UnrecoverableOOM, match="already run whole") as info:
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[reducer, ArmAt(3, 4)])
+    assert "late_recovery=True" in str(info.value)
+    # Recorded as the allocator's error, at the step it happened: not retried.
+    [event] = reducer.events
+    assert (event.step, event.batch_size, event.failed_split, event.next_split) == (3, 8, 1, None)
+    assert event.kind != "unknown"
+    np.testing.assert_array_equal(seen(model)[:24], np.ones(24))  # the three steps before it, once each
+    assert restored(model)
+
+
 def test_arguments_are_validated():
     with pytest.raises(ValueError, match="min_batch_size"):
         OOMBatchSizeReducer(min_batch_size=0)
