@@ -8,7 +8,7 @@ compares what runs milliseconds apart, with the device busy the whole time:
 
 - One model, one fit of ``--epochs`` x ``--steps`` steps, all six callbacks of
   the package in it (logger, detector, profiler window with no window due, OOM
-  reducer, live view, mixed-precision check) behind a ``Gate``. Every
+  reducer, live view, mixed-precision check; ``--callbacks`` picks a subset) behind a ``Gate``. Every
   ``--block`` steps the gate flips: *on*, Keras calls the callbacks' batch hooks
   and trains through the package's step path (step hook, detector, reducer);
   *off*, the gate drops the batch hooks and puts Keras's own train function
@@ -50,6 +50,15 @@ import warnings
 
 from _per_backend import write_json
 
+SIX = (
+    "GPUUtilizationLogger",
+    "InputBoundDetector",
+    "ProfilerWindow",
+    "OOMBatchSizeReducer",
+    "LiveView",
+    "MixedPrecisionCheck",
+)
+
 
 def _parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -61,7 +70,16 @@ def _parse():
     p.add_argument("--width", type=int, default=4096)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--batch", type=int, default=1024)
-    return p.parse_args()
+    p.add_argument(
+        "--callbacks",
+        default=",".join(SIX),
+        help="comma-separated subset of the six behind the gate (to find which one a cost comes from)",
+    )
+    args = p.parse_args()
+    unknown = set(args.callbacks.split(",")) - set(SIX)
+    if unknown:
+        p.error(f"--callbacks: unknown {sorted(unknown)}; expected names from {', '.join(SIX)}")
+    return args
 
 
 def _gate_class():
@@ -179,14 +197,15 @@ def main():
     Gate = _gate_class()
 
     def six():
-        return [
-            kgt.GPUUtilizationLogger(log_dir=tmp),
-            kgt.InputBoundDetector(log_dir=tmp, verbose=0),
-            kgt.ProfilerWindow(log_dir=tmp, start_step=10**9, verbose=0),
-            kgt.OOMBatchSizeReducer(log_dir=tmp, verbose=0),
-            kgt.LiveView(),
-            kgt.MixedPrecisionCheck(),
-        ]
+        makers = {
+            "GPUUtilizationLogger": lambda: kgt.GPUUtilizationLogger(log_dir=tmp),
+            "InputBoundDetector": lambda: kgt.InputBoundDetector(log_dir=tmp, verbose=0),
+            "ProfilerWindow": lambda: kgt.ProfilerWindow(log_dir=tmp, start_step=10**9, verbose=0),
+            "OOMBatchSizeReducer": lambda: kgt.OOMBatchSizeReducer(log_dir=tmp, verbose=0),
+            "LiveView": lambda: kgt.LiveView(),
+            "MixedPrecisionCheck": lambda: kgt.MixedPrecisionCheck(),
+        }
+        return [makers[name]() for name in args.callbacks.split(",")]
 
     model.fit(x[: 20 * args.batch], y[: 20 * args.batch], batch_size=args.batch, verbose=0, callbacks=six())
     ratios: dict[str, list[float]] = {"ab": [], "aa": []}
@@ -212,6 +231,7 @@ def main():
             "keras": keras.__version__,
             "args": vars(args),
             "matmul_precision": os.environ.get("JAX_DEFAULT_MATMUL_PRECISION"),
+            "callbacks": args.callbacks.split(","),  # behind the gate ("all_six_on_over_off" is their on/off)
             "off_step_ms_median": statistics.median(step_ms["ab"] + step_ms["aa"]),
             "all_six_on_over_off": summary(ratios["ab"]),
             "aa_off_over_off": summary(ratios["aa"]),
