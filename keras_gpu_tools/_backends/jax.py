@@ -1037,18 +1037,12 @@ class JaxBackend(Backend):
         ki.jax_write_variables(model, kind, state)
 
     def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
-        original = runner.original
+        original, run_idle = runner.original, idle.run
 
         def train_function_1(state, iterator):
             batch = next(iterator)
-            if batch_signature(batch) == idle.signature:  # the idle path (IdlePath): Keras's step in a try
-                try:
-                    out = original(state, iter((batch,)))
-                except Exception as e:
-                    idle.failed(e)
-                    raise
-                idle.steps += 1
-                return out
+            if batch_signature(batch) == idle.signature:  # the idle path (IdlePath)
+                return run_idle(original, state, iter((batch,)))
             return one(batch, state)
 
         if steps_per_execution == 1:

@@ -890,17 +890,12 @@ class TensorFlowBackend(Backend):
         return test_function
 
     def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
-        original = runner.original
+        original, run_idle = runner.original, idle.run
 
         def step(batch):
-            if batch_signature(batch) == idle.signature:  # the idle path (IdlePath): Keras's step in a try
-                try:  # Keras's Python branch on a fetched batch, as ki.tf_run_batches
-                    out = original(iter((batch.original if type(batch) is ReplicaBatch else batch,)))
-                except Exception as e:
-                    idle.failed(e)
-                    raise
-                idle.steps += 1
-                return out
+            if batch_signature(batch) == idle.signature:  # the idle path (IdlePath)
+                # Keras's Python branch on a fetched batch, as ki.tf_run_batches
+                return run_idle(original, iter((batch.original if type(batch) is ReplicaBatch else batch,)))
             return one(batch)
 
         if replicas > 1:

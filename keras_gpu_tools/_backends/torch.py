@@ -578,7 +578,7 @@ class TorchBackend(Backend):
         return test_function
 
     def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
-        original = runner.original
+        original, run_idle = runner.original, idle.run
 
         def train_function(data):
             if len(data) != 1:
@@ -587,14 +587,8 @@ class TorchBackend(Backend):
                     logs = train_function([batch])
                 return logs
             batch = data[0]
-            if batch_signature(batch) == idle.signature:  # the idle path (IdlePath): Keras's step in a try
-                try:
-                    out = original(data)
-                except Exception as e:
-                    idle.failed(e)
-                    raise
-                idle.steps += 1
-                return out
+            if batch_signature(batch) == idle.signature:  # the idle path (IdlePath), on Keras's own list
+                return run_idle(original, data)
             return one(batch)
 
         return train_function

@@ -311,12 +311,12 @@ class IdlePath:
     """The reducer's idle path, as the backend's train function reads it on every step.
 
     A batch whose ``batch_signature`` equals ``signature`` (a shape that already
-    ran whole) runs Keras's own step straight from the backend's train
-    function, in a ``try``, with no frame of the reducer's: ``steps`` counts
-    it. ``signature`` None: every batch takes the reducer's guarded path.
-    ``failed(error)`` is called from the ``except`` and raises the refusal of
-    an out-of-memory error; for any other error it ends the reducer's fit and
-    returns, and the backend re-raises the error unchanged.
+    ran whole) runs Keras's own step through :meth:`run`, straight from the
+    backend's train function, with no frame of the reducer's. ``signature``
+    None: every batch takes the reducer's guarded path. ``failed(error)`` is
+    called on an error of the step and raises the refusal of an out-of-memory
+    error; for any other error it ends the reducer's fit and returns, and the
+    error goes on unchanged.
     """
 
     __slots__ = ("signature", "steps", "failed")
@@ -325,6 +325,16 @@ class IdlePath:
         self.signature: tuple | None = None
         self.steps = 0  # training batches run, idle or not (the reducer counts its own there)
         self.failed = failed
+
+    def run(self, step: Callable, *args):
+        """Keras's ``step(*args)`` in a ``try``, counted."""
+        try:
+            out = step(*args)
+        except Exception as e:
+            self.failed(e)
+            raise
+        self.steps += 1
+        return out
 
 
 @dataclass

@@ -287,6 +287,15 @@ def test_two_fits_in_a_row_and_tensorboard(tmp_path):
     assert {"oom/events", "oom/micro_batches", "oom/events_total"} <= set(acc.Tags()["scalars"])
 
 
+def assert_boom_unchanged(error):
+    """The error is Boom's own: its type, and its traceback down to the layer's `call`."""
+    assert type(error) is ValueError
+    assert any(
+        frame.name == "call" and "test_oom_batch_size_reducer" in frame.filename
+        for frame in traceback.extract_tb(error.__traceback__)
+    )
+
+
 def test_a_non_oom_error_passes_through_unchanged():
     n = 16
     x, y = data(n)
@@ -297,11 +306,7 @@ def test_a_non_oom_error_passes_through_unchanged():
             model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer()])
     finally:
         Boom.armed = False
-    assert type(info.value) is ValueError
-    assert any(
-        frame.name == "call" and "test_oom_batch_size_reducer" in frame.filename
-        for frame in traceback.extract_tb(info.value.__traceback__)
-    )
+    assert_boom_unchanged(info.value)
     assert restored(model)
 
 
@@ -338,11 +343,7 @@ def test_the_idle_path_counts_every_step_and_passes_a_non_oom_error_through_unch
             model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[reducer, ArmAt(3)])
     finally:
         Boom.armed = False
-    assert type(info.value) is ValueError
-    assert any(
-        frame.name == "call" and "test_oom_batch_size_reducer" in frame.filename
-        for frame in traceback.extract_tb(info.value.__traceback__)
-    )
+    assert_boom_unchanged(info.value)
     assert reducer._global_step == 15  # the three steps before the error
     assert restored(model)
 
