@@ -1,4 +1,5 @@
-"""Runs a benchmark script once per Keras backend, each in its own process (one backend per process)."""
+"""What the benchmark scripts share: running a script once per Keras backend, each in its own
+process; writing their JSON; the package's six callbacks as every overhead benchmark builds them."""
 
 from __future__ import annotations
 
@@ -28,6 +29,31 @@ def run_per_backend(script: str, backends: str, argv: list[str]) -> list[dict]:
         else:
             results.append({"backend": backend, "error": proc.stderr[-3000:]})
     return results
+
+
+#: The package's six callbacks, by class name, in the order the overhead benchmarks add them.
+CALLBACKS = (
+    "GPUUtilizationLogger",
+    "InputBoundDetector",
+    "ProfilerWindow",
+    "OOMBatchSizeReducer",
+    "LiveView",
+    "MixedPrecisionCheck",
+)
+
+
+def callback_makers(log_dir: str | None) -> dict:
+    """A maker per callback of ``CALLBACKS``: as a user adds it, quiet, with no profiler window due."""
+    import keras_gpu_tools as kgt
+
+    return {
+        "GPUUtilizationLogger": lambda: kgt.GPUUtilizationLogger(log_dir=log_dir),
+        "InputBoundDetector": lambda: kgt.InputBoundDetector(log_dir=log_dir, verbose=0),
+        "ProfilerWindow": lambda: kgt.ProfilerWindow(log_dir=log_dir, start_step=10**9, verbose=0),
+        "OOMBatchSizeReducer": lambda: kgt.OOMBatchSizeReducer(log_dir=log_dir, verbose=0),
+        "LiveView": lambda: kgt.LiveView(),
+        "MixedPrecisionCheck": lambda: kgt.MixedPrecisionCheck(),
+    }
 
 
 def write_json(path: str | None, doc: dict) -> None:

@@ -39,7 +39,7 @@ import tempfile
 import time
 import warnings
 
-from _per_backend import write_json
+from _per_backend import CALLBACKS, callback_makers, write_json
 
 
 def _parse():
@@ -91,14 +91,9 @@ def main():
         model.compile(keras.optimizers.SGD(1e-4), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
-    singles = {
-        "logger": lambda: kgt.GPUUtilizationLogger(log_dir=tmp),
-        "detector": lambda: kgt.InputBoundDetector(log_dir=tmp, verbose=0),
-        "profiler": lambda: kgt.ProfilerWindow(log_dir=tmp, start_step=10**9, verbose=0),
-        "reducer": lambda: kgt.OOMBatchSizeReducer(log_dir=tmp, verbose=0),
-        "live": lambda: kgt.LiveView(),
-        "check": lambda: kgt.MixedPrecisionCheck(),
-    }
+    makers = callback_makers(tmp)
+    short = ("logger", "detector", "profiler", "reducer", "live", "check")  # the CLI's names, in CALLBACKS' order
+    singles = {name: makers[full] for name, full in zip(short, CALLBACKS)}
 
     def callbacks(name):
         if name in ("bare_a", "bare_b"):

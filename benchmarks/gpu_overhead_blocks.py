@@ -48,16 +48,7 @@ import tempfile
 import time
 import warnings
 
-from _per_backend import write_json
-
-SIX = (
-    "GPUUtilizationLogger",
-    "InputBoundDetector",
-    "ProfilerWindow",
-    "OOMBatchSizeReducer",
-    "LiveView",
-    "MixedPrecisionCheck",
-)
+from _per_backend import CALLBACKS, callback_makers, write_json
 
 
 def _parse():
@@ -72,13 +63,13 @@ def _parse():
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument(
         "--callbacks",
-        default=",".join(SIX),
+        default=",".join(CALLBACKS),
         help="comma-separated subset of the six behind the gate (to find which one a cost comes from)",
     )
     args = p.parse_args()
-    unknown = set(args.callbacks.split(",")) - set(SIX)
+    unknown = set(args.callbacks.split(",")) - set(CALLBACKS)
     if unknown:
-        p.error(f"--callbacks: unknown {sorted(unknown)}; expected names from {', '.join(SIX)}")
+        p.error(f"--callbacks: unknown {sorted(unknown)}; expected names from {', '.join(CALLBACKS)}")
     return args
 
 
@@ -183,7 +174,6 @@ def main():
     import keras
     import numpy as np
 
-    import keras_gpu_tools as kgt
     from keras_gpu_tools import _backends
 
     rng = np.random.default_rng(0)
@@ -197,14 +187,7 @@ def main():
     Gate = _gate_class()
 
     def six():
-        makers = {
-            "GPUUtilizationLogger": lambda: kgt.GPUUtilizationLogger(log_dir=tmp),
-            "InputBoundDetector": lambda: kgt.InputBoundDetector(log_dir=tmp, verbose=0),
-            "ProfilerWindow": lambda: kgt.ProfilerWindow(log_dir=tmp, start_step=10**9, verbose=0),
-            "OOMBatchSizeReducer": lambda: kgt.OOMBatchSizeReducer(log_dir=tmp, verbose=0),
-            "LiveView": lambda: kgt.LiveView(),
-            "MixedPrecisionCheck": lambda: kgt.MixedPrecisionCheck(),
-        }
+        makers = callback_makers(tmp)
         return [makers[name]() for name in args.callbacks.split(",")]
 
     model.fit(x[: 20 * args.batch], y[: 20 * args.batch], batch_size=args.batch, verbose=0, callbacks=six())

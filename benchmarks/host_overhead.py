@@ -35,7 +35,7 @@ import random
 import statistics
 import time
 
-from _per_backend import run_per_backend, write_json
+from _per_backend import callback_makers, run_per_backend, write_json
 
 
 def _parse():
@@ -70,16 +70,7 @@ CONDITIONS = (
 
 
 def _callbacks(name: str, log_dir: str) -> list:
-    import keras_gpu_tools as kgt
-
-    makers = {
-        "GPUUtilizationLogger": lambda: kgt.GPUUtilizationLogger(log_dir=log_dir),
-        "ProfilerWindow": lambda: kgt.ProfilerWindow(log_dir=log_dir, start_step=10**9, verbose=0),
-        "InputBoundDetector": lambda: kgt.InputBoundDetector(log_dir=log_dir, verbose=0),
-        "OOMBatchSizeReducer": lambda: kgt.OOMBatchSizeReducer(log_dir=log_dir, verbose=0),
-        "LiveView": lambda: kgt.LiveView(),
-        "MixedPrecisionCheck": lambda: kgt.MixedPrecisionCheck(),
-    }
+    makers = callback_makers(log_dir)
     if name in ("bare", "bare_again"):  # bare_again: an A/A, the noise floor of the method
         return []
     if name == "all":

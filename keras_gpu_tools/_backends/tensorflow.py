@@ -890,12 +890,11 @@ class TensorFlowBackend(Backend):
         return test_function
 
     def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
-        original, run_idle = runner.original, idle.run
+        whole, run_idle = runner._run_original, idle.run  # Keras's own step on a fetched batch
 
         def step(batch):
             if batch_signature(batch) == idle.signature:  # the idle path (IdlePath)
-                # Keras's Python branch on a fetched batch, as ki.tf_run_batches
-                return run_idle(original, iter((batch.original if type(batch) is ReplicaBatch else batch,)))
+                return run_idle(whole, batch)
             return one(batch)
 
         if replicas > 1:
