@@ -20,9 +20,6 @@ class Backend:
     #: Whether the train function pulls its batches itself (TensorFlow, JAX);
     #: torch's fit() fetches them before calling it.
     fetches_inside_step = True
-    #: Whether a call's fetch can be timed without a device sync (the fetch
-    #: happens in Python: JAX's iterator, torch's epoch iterator).
-    times_unsynced_fetch = False
     #: Whether a step's FLOPs can be read from its traced program (JAX).
     traced_flops = False
     #: Whether the memory a step needs can be predicted before running it (JAX).
@@ -86,6 +83,14 @@ class Backend:
     def step_caller(self, hook) -> Callable:
         """The body of the step hook's wrapper: ``f(*train_function_args)`` (see ``step_hook``)."""
         raise ValueError(f"keras_gpu_tools: no step hook for the Keras backend {self.name!r}.")
+
+    def fetch_caller(self, hook) -> Callable | None:
+        """The step hook's light path, ``f(*train_function_args)``: Keras's step with only its fetch timed.
+
+        None where a fetch cannot be timed without a device sync (TensorFlow
+        fetches inside its compiled step); JAX and torch fetch in Python.
+        """
+        return None
 
     def prepare_hook(self, hook) -> None:
         """Called once when a step hook is installed (torch: time the epoch iterator's fetches)."""

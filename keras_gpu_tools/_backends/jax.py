@@ -46,11 +46,11 @@ class _FetchTimer:
     def __init__(self, clock):
         self.clock = clock
 
-    def reset(self, it):
+    def reset(self, it, count_samples: bool = True):
         self.it = it
         self.total = 0.0
         self.count = 0
-        self.samples = 0
+        self.samples = 0 if count_samples else None
         self.last = None
         return self
 
@@ -65,8 +65,9 @@ class _FetchTimer:
             self.total += self.clock() - t
         self.count += 1
         self.last = batch
-        n = leading_dim(batch)
-        self.samples = None if (n is None or self.samples is None) else self.samples + n
+        if self.samples is not None:
+            n = leading_dim(batch)
+            self.samples = None if n is None else self.samples + n
         return batch
 
 
@@ -96,6 +97,17 @@ def _call_jax(hook, state, iterator):
         if hook.capture_args:  # shapes for an observer's cost analysis
             rec.extra["jax_args"] = (state, timer.last)
     timer.it = timer.last = None
+    return out
+
+
+def _light_jax(hook, state, iterator):
+    """The light path: Keras's step with its fetch timed, no record, no sync."""
+    timer = hook.fetch_timer.reset(iterator, count_samples=False)
+    try:
+        out = hook.inner(state, timer)
+    finally:
+        timer.it = timer.last = None
+    hook.add_covered_fetch(timer.total, timer.count)
     return out
 
 
@@ -726,7 +738,6 @@ class JaxBackend(Backend):
     install_hint = "install the CUDA plugin: `pip install -U 'jax[cuda13]'` (or jax[cuda12] for CUDA 12 drivers)"
 
     traced_flops = True
-    times_unsynced_fetch = True
     predicts_memory = True
     even_shares = True
 
@@ -881,6 +892,9 @@ class JaxBackend(Backend):
     def step_caller(self, hook) -> Callable:
         hook.fetch_timer = _FetchTimer(hook.clock)
         return lambda state, iterator: _call_jax(hook, state, iterator)
+
+    def fetch_caller(self, hook) -> Callable:
+        return lambda state, iterator: _light_jax(hook, state, iterator)
 
     def shape_specs(self, args):
         try:
@@ -1038,11 +1052,16 @@ class JaxBackend(Backend):
 
     def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
         original, run_idle = runner.original, idle.run
+        step = ki.jax_batch_step(original) if steps_per_execution == 1 else None
+        if step is None:  # not Keras's own one-batch function: the batch goes in as an iterator
+
+            def step(state, batch):
+                return original(state, iter((batch,)))
 
         def train_function_1(state, iterator):
             batch = next(iterator)
             if batch_signature(batch) == idle.signature:  # the idle path (IdlePath)
-                return run_idle(original, state, iter((batch,)))
+                return run_idle(step, state, batch)
             return one(batch, state)
 
         if steps_per_execution == 1:

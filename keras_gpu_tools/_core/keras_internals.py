@@ -290,6 +290,22 @@ def jax_step_function(train_function: Callable) -> Callable | None:
     return fn if hasattr(fn, "lower") else None
 
 
+def jax_batch_step(train_function: Callable) -> Callable | None:
+    """``step(state, batch)`` where ``train_function`` is Keras's one-batch JAX function, else None.
+
+    With ``steps_per_execution=1`` Keras's function is
+    ``iterator_step(state, iterator) = step_function(state, next(iterator))``
+    (closing over ``step_function`` alone): a batch in hand then runs through
+    ``step_function`` with no iterator built for it.
+    """
+    code = getattr(train_function, "__code__", None)
+    cells = getattr(train_function, "__closure__", None)
+    if code is None or code.co_name != "iterator_step" or code.co_freevars != ("step_function",) or not cells:
+        return None
+    fn = cells[0].cell_contents
+    return fn if callable(fn) else None
+
+
 def fit_locals(model) -> dict[str, Any]:
     """The locals of the running ``model.fit`` (empty outside fit)."""
     frame = find_fit_frame(model, sys._getframe(1))
@@ -333,7 +349,8 @@ class _TimedIterable:
     def __iter__(self):
         t = self._clock()
         it = iter(self._inner)  # DataLoader workers start here
-        self._on_fetch(self._clock() - t)
+        if self._when():  # part of the first call's fetch, when that call is timed
+            self._on_fetch(self._clock() - t)
         return _TimedIterator(it, self._on_fetch, self._clock, self._when)
 
 

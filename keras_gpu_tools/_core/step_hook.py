@@ -26,6 +26,12 @@ observers around each call:
   wrapped by its ``around``); None for none. An observer without it gets
   every call. Call :meth:`StepHook.reschedule` when the answer changes
   between calls (a new epoch, a triggered window).
+- ``observer.next_fetch(index) -> int | None`` (optional): the first call at
+  or after ``index`` whose fetch alone should be timed, on a backend that
+  times a fetch without a sync (``backend.fetch_caller``: JAX, torch). Such a
+  call takes the light path: its fetch is timed and added to the pending
+  record (``StepRecord.covered_fetch``), and it is otherwise a fast call: no
+  record, no sync, no ``around``.
 
 Calls nobody needs take the fast path: an index check, Keras's function (or
 the observers' ``inner`` chain) and nothing else: no record, no clock, no
@@ -66,6 +72,11 @@ logger = logging.getLogger("keras_gpu_tools")
 MARK = "_keras_gpu_tools_step_hook"
 _NEVER = 1 << 62  # no call needs the full path
 
+
+def _ALWAYS(index: int) -> int:  # the schedule of an observer without next_sample: every call
+    return index
+
+
 __all__ = ["MARK", "Attachment", "StepHook", "batch_signature", "leading_dim", "leaves"]
 
 
@@ -99,6 +110,7 @@ class StepHook:
         self.steps_per_execution = ki.steps_per_execution(model)
         self.attachments: list[Attachment] = []
         self._observers: tuple[Any, ...] = ()  # of the attachments, kept by _rebuild_inner
+        self._schedules: tuple[tuple[Callable, Callable | None], ...] = ()  # their (next_sample, next_fetch)
         self.arounds: tuple[Callable, ...] = ()  # the observers' `around`, outermost first
         self._lock = threading.Lock()
         self._index = 0
@@ -113,8 +125,10 @@ class StepHook:
         self.fetch_overhead_unknown = True
         self.fetch_timer = None
         self.capture_args = False  # keep a sampled call's arguments in record.extra["jax_args"]
-        self._next_full = 0  # the next call index that takes the full path
+        self._next_full = 0  # the next call index that leaves the fast path (full or light)
+        self._next_heavy = 0  # the next call index that takes the full path
         self._call = backend.step_caller(self)
+        self._light = backend.fetch_caller(self)  # None: this backend times fetches on the full path only
         self.wrapper = self._make_wrapper()
 
     # -- installing ---------------------------------------------------------------
@@ -161,6 +175,10 @@ class StepHook:
                 fn = wrap(fn)
         self.inner = fn
         self._observers = tuple(a.observer for a in self.attachments)
+        self._schedules = tuple(
+            (getattr(o, "next_sample", _ALWAYS), getattr(o, "next_fetch", None) if self._light is not None else None)
+            for o in self._observers
+        )
         self.arounds = tuple(o.around for o in self._observers if getattr(o, "around", None) is not None)
 
     def on_fetch(self, seconds: float) -> None:
@@ -184,7 +202,7 @@ class StepHook:
     def _remove(self, stale: bool) -> None:
         with self._lock:
             atts, self.attachments = list(self.attachments), []
-            self._observers, self.arounds = (), ()
+            self._observers, self.arounds, self._schedules = (), (), ()
             for a in atts:
                 a.active = False
             undo, self.undo_fetch_timer = self.undo_fetch_timer, None
@@ -249,19 +267,40 @@ class StepHook:
         """Sets the next call that takes the full path (the observers' ``next_sample``)."""
         index = self._index
         nxt = index if after_sampled else None
-        for obs in self.observers:
-            ask = getattr(obs, "next_sample", None)
+        light = None
+        for ask_sample, ask_fetch in self._schedules:
             try:
-                k = index if ask is None else ask(index)
+                k = ask_sample(index)
             except Exception:
                 k = index
             if k is not None and (nxt is None or k < nxt):
                 nxt = max(k, index)
-        self._next_full = nxt if nxt is not None else _NEVER
+            if ask_fetch is not None:
+                try:
+                    k = ask_fetch(index)
+                except Exception:
+                    k = None
+                if k is not None and (light is None or k < light):
+                    light = max(k, index)
+        heavy = nxt if nxt is not None else _NEVER
+        self._next_heavy = heavy
+        self._next_full = heavy if light is None else min(heavy, light)
 
     def wants_full(self) -> bool:
-        """Whether the next call takes the full path (torch's fetch timer asks before the fetch)."""
+        """Whether the next call's fetch is timed: the full or the light path (torch's fetch timer asks before it)."""
         return self._index >= self._next_full
+
+    def take_fetch(self) -> float:
+        """The fetch time reported before this call (torch), handed over once."""
+        seconds, self._pending_fetch = self._pending_fetch, 0.0
+        return seconds
+
+    def add_covered_fetch(self, seconds: float, steps: int) -> None:
+        """A light call's fetch, to the pending record (whose interval covers the call)."""
+        rec = self._pending
+        if rec is not None:
+            rec.covered_fetch += seconds
+            rec.covered_fetch_steps += steps
 
     def begin(self, presync: Callable[[], None] | None = None) -> StepRecord:
         """Closes the previous call's record and opens this call's.
@@ -322,7 +361,7 @@ class StepHook:
         return call()
 
     def _make_wrapper(self) -> Callable:
-        call = self._call
+        call, light = self._call, self._light
         session = self.session  # its `frame`, not a copy: the session lets go of fit()'s frame when it closes
         getframe = sys._getframe
 
@@ -334,8 +373,14 @@ class StepHook:
             i = self._index
             if i < self._next_full:  # nobody needs this call: Keras's step and a counter
                 self._index = i + 1
-                self._pending_fetch = 0.0
                 self.last_outputs = out = self.inner(*args)
+                return out
+            if i < self._next_heavy:  # only its fetch is timed (the light path)
+                self._index = i + 1
+                try:
+                    self.last_outputs = out = light(*args)
+                finally:
+                    self.reschedule()
                 return out
             try:
                 out = call(*args)

@@ -97,6 +97,8 @@ class StepRecord:
     gap: float | None = None  # seconds from return to the next call, less its fetch
     interval: float | None = None  # seconds from this call's start to the next's
     covers: int = 0  # steps of fast-path calls after this one, inside its interval, not measured themselves
+    covered_fetch: float = 0.0  # seconds fetching, summed over the covered calls whose fetch alone was timed
+    covered_fetch_steps: int = 0  # the steps of those calls
     after_sync: bool = False  # this call or the one before was synced: its fetch found a refilled buffer
     signature: Any = None  # shapes/dtypes of the batch (sampled calls)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # for observers
@@ -192,6 +194,9 @@ class StepStats:
         if r.samples is not None:
             self._known_samples += r.samples
             self._known_steps += n
+        if r.covered_fetch_steps:  # covered calls timed apart (never right after a sync): not warm-up
+            self._fetch_sum += r.covered_fetch
+            self._fetch_steps += r.covered_fetch_steps
         if r.warmup:
             return
         if r.fetch is not None and r.after_sync:

@@ -172,7 +172,6 @@ class GPUUtilizationLogger(FitCallback):
         self.timeline = collections.deque(maxlen=100_000)  # (wall_time, step, means)
         self.warnings = WarnOnce()
         self._lock = threading.Lock()
-        self._epoch_base = 0
         self._steps_cap = 1 << 62  # the fit's steps per epoch, where Keras knows them
         self._running = False
         self._thread: SamplingThread | None = None
@@ -198,6 +197,7 @@ class GPUUtilizationLogger(FitCallback):
 
     # -- Keras hooks ----------------------------------------------------------
     def _start_fit(self, session) -> None:
+        self._global_step = self._global_step  # this fit counts on from the last (under the last fit's cap)
         steps = self.params.get("steps") if self.params else None
         self._steps_cap = int(steps) if steps else 1 << 62
         self.gpus = self._resolve_devices()
@@ -218,7 +218,6 @@ class GPUUtilizationLogger(FitCallback):
         with self._lock:
             self._point = Aggregate()
             self._epoch = Aggregate()
-        self._epoch_base = self._global_step
         self._first_sample.clear()
         self._running = True
         self._thread = SamplingThread(
@@ -227,22 +226,27 @@ class GPUUtilizationLogger(FitCallback):
         self._thread.start()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        # The only per-step work: a few integers. With steps_per_execution=N,
-        # Keras reports the last step of the execution, also for a last,
-        # partial one (index 15 in an epoch of 15 steps): capped by the epoch's steps where known.
-        done = batch + 1
-        if done > self._steps_cap:
-            done = self._steps_cap
-        step = self._epoch_base + done
-        if step > self._global_step:
-            self._global_step = step
+        self._batch = batch  # the only per-step work; the step is worked out where it is read
+
+    @property
+    def _global_step(self) -> int:
+        # With steps_per_execution=N, Keras reports the last step of the execution, also for a
+        # last, partial one (index 15 in an epoch of 15 steps): capped by the epoch's steps where known.
+        return self._epoch_base + min(self._batch + 1, self._steps_cap)
+
+    @_global_step.setter
+    def _global_step(self, step: int) -> None:
+        # The epoch's batches first: the sampling thread reads the base, then the batch, so
+        # between the two stores it sees a step too low (a point it skips), never one too high.
+        self._batch = -1
+        self._epoch_base = step
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         with self._lock:
             self._epoch = Aggregate()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch_base = self._global_step
+        self._global_step = self._global_step  # the next epoch counts on from here
         if not self._first_sample.is_set() and self._running:
             # An epoch shorter than the first sample: wait for it, once per fit,
             # so every epoch's logs carry the same keys.

@@ -174,8 +174,8 @@ class InputBoundDetector(FitCallback):
     is measured and subtracted), so steps under ~3 ms may read a few percent
     high there.
 
-    Per backend: the fetch is timed on every step on JAX and torch, and on
-    sampled steps on TensorFlow, where a sampled step pulls its batch in
+    Per backend: the fetch is timed on sampled steps and, unsynced, on one
+    step in 25 on JAX and torch, and on sampled steps only on TensorFlow, where a sampled step pulls its batch in
     Python and runs Keras's per-batch step function (traced once more, the
     first time). With `steps_per_execution=N` on TensorFlow, a sampled
     execution pulls its N batches and runs them one call each, so it is
@@ -325,22 +325,23 @@ class InputBoundDetector(FitCallback):
         return index in (1, 2, 3) or (index > 0 and index % self.sample_every == 0) or index == self._epoch_last_call
 
     def next_sample(self, index: int) -> int:
-        """The next call the hook must time: a sampled one, the first of an epoch, or a fetch to time.
-
-        Unsynced calls whose fetch is timed (every `FETCH_EVERY`-th, where the
-        backend times fetches without a sync: JAX, torch) keep the input wait
-        measured in steady state: the fetch of a synced call is flattered by the
-        buffer that refilled while the device drained.
-        """
+        """The next call the hook must sync and time in full: a sampled one, or the first or last of an epoch."""
         every = self.sample_every
         nxt = index if index % every == 0 and index > 0 else index + every - index % every
-        if self.backend.times_unsynced_fetch:
-            f = FETCH_EVERY
-            nxt = min(nxt, index if index % f == 0 else index + f - index % f)
         for k in (1, 2, 3, self._epoch_first_call, self._epoch_last_call):
             if index <= k < nxt:
                 nxt = k
         return nxt
+
+    def next_fetch(self, index: int) -> int:
+        """The next call whose fetch alone is timed, unsynced (every `FETCH_EVERY`-th; JAX and torch).
+
+        These keep the input wait measured in steady state: the fetch of a
+        synced call is flattered by the buffer that refilled while the device
+        drained. The hook runs them on its light path (no record of their own).
+        """
+        f = FETCH_EVERY
+        return index if index % f == 0 else index + f - index % f
 
     def on_step(self, rec: StepRecord) -> None:
         self._global_step += rec.steps + rec.covers

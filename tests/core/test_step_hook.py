@@ -99,6 +99,76 @@ def test_fake_clock_exact_split_on_the_jax_path():
     assert rec.detached == [False]
 
 
+def test_a_light_call_times_its_fetch_into_the_pending_record_and_nothing_else():
+    from keras_gpu_tools._core.step_timing import StepStats
+
+    clock = FakeClock()
+    model = FakeJaxModel(clock, compute=0.003)
+    arounds = []
+
+    class Light(Recorder):
+        def sample(self, index):
+            return index == 1
+
+        def next_sample(self, index):
+            return index if index <= 1 else None
+
+        def next_fetch(self, index):
+            return index + -index % 3
+
+        def around(self, rec, call):
+            arounds.append(rec.index)
+            return call()
+
+    rec = Light()
+    att = attach(model, rec, clock)
+    it = slow_batches(clock, 0.007, 10)
+    state = 0
+    for _ in range(10):
+        _, state = model.train_function(state, it)
+        clock.advance(0.001)
+    att.hook.flush()
+    assert state == 10  # every step ran
+    # 0: the first; 1: sampled; 2: right after it; 3, 6, 9: light; the rest fast.
+    assert [r.index for r in rec.records] == [0, 1, 2] and arounds == [0, 1, 2]
+    last = rec.records[2]
+    assert last.covers == 7 and last.covered_fetch_steps == 3
+    assert last.covered_fetch == pytest.approx(3 * 0.007)
+    assert last.interval == pytest.approx(8 * 0.011)  # from call 2's start to the end of call 9
+    stats = StepStats()
+    for r in rec.records:
+        stats.add(r)
+    m = stats.measurement()
+    assert stats.steps == 10
+    assert m.fetch == pytest.approx(0.007)  # the light calls' fetches, not the synced ones
+    att.detach()
+    assert model.train_function is model.original
+
+
+def test_a_light_call_that_raises_passes_the_error_on_and_keeps_the_schedule():
+    clock = FakeClock()
+    model = FakeJaxModel(clock, compute=0.0)
+
+    class Light(Recorder):
+        def next_sample(self, index):
+            return index if index == 0 else None
+
+        def next_fetch(self, index):
+            return index + -index % 2
+
+    rec = Light()
+    att = attach(model, rec, clock)
+    model.train_function(0, slow_batches(clock, 0.0, 1))  # call 0: full
+    model.train_function(0, slow_batches(clock, 0.0, 1))  # call 1: fast
+    with pytest.raises(StopIteration):
+        model.train_function(0, iter([]))  # call 2: light, out of data
+    assert att.hook.next_index == 3 and att.hook.wants_full() is False  # call 4 is the next light one
+    model.train_function(0, slow_batches(clock, 0.0, 1))  # call 3: fast
+    assert att.hook.wants_full()
+    att.detach()
+    assert model.train_function is model.original
+
+
 def test_one_wrapper_for_many_observers_and_around_order():
     clock = FakeClock()
     model = FakeJaxModel(clock, compute=0.001)
@@ -249,6 +319,35 @@ def test_real_fit_records_every_step_and_restores():
     assert all(r.fetch is not None for r in sampled)
     assert all(r.samples == 8 for r in sampled)
     assert rec.detached == [False]
+
+
+@pytest.mark.multibackend
+def test_real_fit_times_the_fetch_of_light_calls_where_the_backend_can():
+    import keras
+
+    model = _model()
+    x = np.random.rand(64, 4).astype("float32")
+    y = np.random.rand(64, 1).astype("float32")
+
+    class Light(Recorder):
+        def sample(self, index):
+            return index == 1
+
+        def next_sample(self, index):
+            return index if index <= 1 else None
+
+        def next_fetch(self, index):
+            return index + -index % 3
+
+    rec = Light()
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[HookObserverCallback(rec)])
+    assert sum(r.steps + r.covers for r in rec.records) == 16  # every step, once
+    light = sum(r.covered_fetch_steps for r in rec.records)
+    if keras.backend.backend() == "tensorflow":  # fetches inside its compiled step: no light path
+        assert light == 0
+    else:  # calls 3, 6, ..., 15
+        assert light == 5
+        assert all(r.covered_fetch > 0 for r in rec.records if r.covered_fetch_steps)
 
 
 @pytest.mark.multibackend
