@@ -77,6 +77,13 @@ def _ALWAYS(index: int) -> int:  # the schedule of an observer without next_samp
     return index
 
 
+def _asked(ask: Callable[[int], int | None], index: int, failed: int | None) -> int | None:
+    try:
+        return ask(index)
+    except Exception:  # monitoring never stops training
+        return failed
+
+
 __all__ = ["MARK", "Attachment", "StepHook", "batch_signature", "leading_dim", "leaves"]
 
 
@@ -269,19 +276,12 @@ class StepHook:
         nxt = index if after_sampled else None
         light = None
         for ask_sample, ask_fetch in self._schedules:
-            try:
-                k = ask_sample(index)
-            except Exception:
-                k = index
+            k = _asked(ask_sample, index, failed=index)  # an observer that fails gets every call
             if k is not None and (nxt is None or k < nxt):
                 nxt = max(k, index)
-            if ask_fetch is not None:
-                try:
-                    k = ask_fetch(index)
-                except Exception:
-                    k = None
-                if k is not None and (light is None or k < light):
-                    light = max(k, index)
+            k = None if ask_fetch is None else _asked(ask_fetch, index, failed=None)
+            if k is not None and (light is None or k < light):
+                light = max(k, index)
         heavy = nxt if nxt is not None else _NEVER
         self._next_heavy = heavy
         self._next_full = heavy if light is None else min(heavy, light)

@@ -64,6 +64,23 @@ class Recorder:
         self.detached.append(stale)
 
 
+class LightRecorder(Recorder):
+    """Asks for calls 0 and 1 in full (1 sampled) and for the fetch of every `fetch_every`-th call."""
+
+    def __init__(self, fetch_every=3):
+        super().__init__()
+        self.fetch_every = fetch_every
+
+    def sample(self, index):
+        return index == 1
+
+    def next_sample(self, index):
+        return index if index <= 1 else None
+
+    def next_fetch(self, index):
+        return index + -index % self.fetch_every
+
+
 def slow_batches(clock, wait, n):
     for i in range(n):
         clock.advance(wait)
@@ -106,16 +123,7 @@ def test_a_light_call_times_its_fetch_into_the_pending_record_and_nothing_else()
     model = FakeJaxModel(clock, compute=0.003)
     arounds = []
 
-    class Light(Recorder):
-        def sample(self, index):
-            return index == 1
-
-        def next_sample(self, index):
-            return index if index <= 1 else None
-
-        def next_fetch(self, index):
-            return index + -index % 3
-
+    class Light(LightRecorder):
         def around(self, rec, call):
             arounds.append(rec.index)
             return call()
@@ -149,21 +157,15 @@ def test_a_light_call_that_raises_passes_the_error_on_and_keeps_the_schedule():
     clock = FakeClock()
     model = FakeJaxModel(clock, compute=0.0)
 
-    class Light(Recorder):
-        def next_sample(self, index):
-            return index if index == 0 else None
-
-        def next_fetch(self, index):
-            return index + -index % 2
-
-    rec = Light()
+    rec = LightRecorder(fetch_every=4)
     att = attach(model, rec, clock)
-    model.train_function(0, slow_batches(clock, 0.0, 1))  # call 0: full
-    model.train_function(0, slow_batches(clock, 0.0, 1))  # call 1: fast
+    for _ in range(4):  # calls 0, 1 (sampled) and 2 (right after it): full; 3: fast
+        model.train_function(0, slow_batches(clock, 0.0, 1))
     with pytest.raises(StopIteration):
-        model.train_function(0, iter([]))  # call 2: light, out of data
-    assert att.hook.next_index == 3 and att.hook.wants_full() is False  # call 4 is the next light one
-    model.train_function(0, slow_batches(clock, 0.0, 1))  # call 3: fast
+        model.train_function(0, iter([]))  # call 4: light, out of data
+    assert att.hook.next_index == 5 and att.hook.wants_full() is False  # call 8 is the next light one
+    for _ in range(3):  # calls 5, 6, 7: fast
+        model.train_function(0, slow_batches(clock, 0.0, 1))
     assert att.hook.wants_full()
     att.detach()
     assert model.train_function is model.original
@@ -329,17 +331,7 @@ def test_real_fit_times_the_fetch_of_light_calls_where_the_backend_can():
     x = np.random.rand(64, 4).astype("float32")
     y = np.random.rand(64, 1).astype("float32")
 
-    class Light(Recorder):
-        def sample(self, index):
-            return index == 1
-
-        def next_sample(self, index):
-            return index if index <= 1 else None
-
-        def next_fetch(self, index):
-            return index + -index % 3
-
-    rec = Light()
+    rec = LightRecorder()
     model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[HookObserverCallback(rec)])
     assert sum(r.steps + r.covers for r in rec.records) == 16  # every step, once
     light = sum(r.covered_fetch_steps for r in rec.records)
