@@ -40,11 +40,11 @@ def _call_torch(hook, data):
     if rec.sampled:
         hook.sync(True)
     rec.end = hook.clock()
+    rec.steps = _steps_of(data)
     try:
-        rec.steps = max(len(data), 1)
         n = leading_dim(data[0])
         rec.samples = n * len(data) if n is not None else None
-    except TypeError:
+    except (TypeError, IndexError):
         pass
     if rec.sampled:
         rec.compute = rec.end - rec.start
@@ -59,12 +59,16 @@ def _light_torch(hook, data):
     """The light path: Keras's step; its fetch, timed before the call, goes to the pending record."""
     seconds = hook.take_fetch()
     out = hook.inner(data)
-    try:
-        steps = max(len(data), 1)
-    except TypeError:
-        steps = 1
-    hook.add_covered_fetch(seconds, steps)
+    hook.add_covered_fetch(seconds, _steps_of(data))
     return out
+
+
+def _steps_of(data) -> int:
+    """The steps of one train-function call: Keras hands torch's a list of batches, one per step."""
+    try:
+        return max(len(data), 1)
+    except TypeError:
+        return 1
 
 
 def _install_fetch_timer(hook) -> None:

@@ -197,7 +197,7 @@ class GPUUtilizationLogger(FitCallback):
 
     # -- Keras hooks ----------------------------------------------------------
     def _start_fit(self, session) -> None:
-        self._global_step = self._global_step  # this fit counts on from the last (under the last fit's cap)
+        self._count_on()  # from the last fit's steps (under that fit's cap)
         steps = self.params.get("steps") if self.params else None
         self._steps_cap = int(steps) if steps else 1 << 62
         self.gpus = self._resolve_devices()
@@ -241,12 +241,16 @@ class GPUUtilizationLogger(FitCallback):
         self._batch = -1
         self._epoch_base = step
 
+    def _count_on(self) -> None:
+        """A new epoch or fit: its batches count on from the steps seen so far."""
+        self._global_step = self._global_step
+
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         with self._lock:
             self._epoch = Aggregate()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self._global_step = self._global_step  # the next epoch counts on from here
+        self._count_on()
         if not self._first_sample.is_set() and self._running:
             # An epoch shorter than the first sample: wait for it, once per fit,
             # so every epoch's logs carry the same keys.
