@@ -6,7 +6,9 @@ other iterable it calls the compiled per-batch ``one_step_on_data`` once per
 element (``keras_internals.tf_run_batches``). A sampled step, and every step
 of the OOM reducer, fetches its batches in Python and runs them the second way:
 the same compiled step on the same batches, with the fetch timed and the
-batch kept for a retry.
+batch kept for a retry. The reducer's idle steps call the concrete function
+of that compiled step for the batch's signature (``keras_internals.tf_batch_step``):
+the same graph, without ``tf.function``'s per-call dispatch.
 """
 
 from __future__ import annotations
@@ -891,10 +893,21 @@ class TensorFlowBackend(Backend):
 
     def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
         whole, run_idle = runner._run_original, idle.run  # Keras's own step on a fetched batch
+        made = [None, whole]  # the idle signature, and the step made for it (Keras's compiled one)
+
+        def idle_step(batch):
+            # Keras's compiled step, resolved once for this signature; where that
+            # fails, Keras's own path runs it (and raises whatever the step raises).
+            try:
+                return ki.tf_batch_step(runner.original, batch) or whole
+            except Exception:
+                return whole
 
         def step(batch):
             if batch_signature(batch) == idle.signature:  # the idle path (IdlePath)
-                return run_idle(whole, batch)
+                if made[0] is not idle.signature:
+                    made[:] = idle.signature, idle_step(batch) if replicas == 1 else whole
+                return run_idle(made[1], batch)
             return one(batch)
 
         if replicas > 1:

@@ -67,6 +67,12 @@ INTERNALS: tuple[Internal, ...] = (
         "sampled steps and the OOM reducer fetch batches in Python and run the same compiled step on them",
     ),
     Internal(
+        "TF: the train function closes over `one_step_on_data`, which wraps its compiled per-batch "
+        "tf.function as `step_func` (_autoconvert_optionals)",
+        "keras/src/backend/tensorflow/trainer.py: _make_function(), _autoconvert_optionals()",
+        "the OOM reducer's idle step calls that function's concrete function for the batch's signature",
+    ),
+    Internal(
         "JAX: the train function closes over the jitted per-batch step as `step_function`",
         "keras/src/backend/jax/trainer.py: make_train_function()",
         "XLA cost and memory analysis of the step (FLOPs, MFU, OOM prediction)",
@@ -274,6 +280,35 @@ def tf_run_batches(train_function: Callable, batches: list[Any]):
     ``steps_per_execution`` elements): the same step on the same batches.
     """
     return train_function(iter(batches))
+
+
+def tf_batch_step(train_function: Callable, batch) -> Callable | None:
+    """Keras's compiled per-batch TF step for this batch's signature, as a concrete function, or None.
+
+    Keras's Python branch (``tf_run_batches``) calls ``one_step_on_data``: a
+    wrapper that maps ``tf.experimental.Optional`` leaves to None, around a
+    ``tf.function``. Resolving that function for the batch's shapes and
+    dtypes once, and calling the concrete function it dispatches to, runs
+    the same traced graph without the per-call dispatch (on a 2-core CPU
+    that dispatch was a third of a tiny model's step: ``benchmarks/RESULTS.md``). None where there is no such function (``run_eagerly``,
+    another Keras) or the batch holds an ``Optional``.
+    """
+    tf = deps.loaded("tensorflow")
+    code, cells = getattr(train_function, "__code__", None), getattr(train_function, "__closure__", None)
+    if tf is None or code is None or not cells:
+        return None
+    wrapper = dict(zip(code.co_freevars, cells)).get("one_step_on_data")
+    wrapper = wrapper.cell_contents if wrapper is not None else None
+    code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
+    if code is None or not cells:
+        return None
+    function = dict(zip(code.co_freevars, cells)).get("step_func")
+    function = function.cell_contents if function is not None else None
+    if not hasattr(function, "get_concrete_function"):
+        return None
+    if any(isinstance(leaf, tf.experimental.Optional) for leaf in tf.nest.flatten(batch)):
+        return None
+    return function.get_concrete_function(batch)
 
 
 def jax_step_function(train_function: Callable) -> Callable | None:

@@ -348,6 +348,62 @@ def test_the_idle_path_counts_every_step_and_passes_a_non_oom_error_through_unch
     assert restored(model)
 
 
+@pytest.mark.parametrize("data_kind", ["arrays", "tf.data"])
+def test_an_idle_reducer_trains_exactly_as_a_bare_fit(data_kind):
+    # Every step after the first runs on the idle path (on TensorFlow, the concrete
+    # function of Keras's compiled step): the same weights, losses and metrics,
+    # bit for bit, as Keras alone, including the smaller last batch.
+    if data_kind == "tf.data" and BACKEND != "tensorflow":
+        pytest.skip("tf.data is TensorFlow's input")
+    n, batch, epochs = 44, 8, 2  # five batches of 8, then one of 4
+    x, y = data(n)
+
+    def inputs():
+        if data_kind == "arrays":
+            return {"x": x, "y": y, "batch_size": batch, "shuffle": False}
+        import tensorflow as tf
+
+        return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).prefetch(2)}
+
+    runs = []
+    for callbacks in ([], [OOMBatchSizeReducer()]):
+        model = make_model(n, limit=10**9)
+        history = model.fit(**inputs(), epochs=epochs, verbose=0, callbacks=callbacks)
+        runs.append((model, history.history))
+    (bare, bare_history), (model, history) = runs
+    for a, b in zip(weights(model), weights(bare)):
+        np.testing.assert_array_equal(a, b)
+    for key in ("loss", "mae"):
+        assert history[key] == bare_history[key]
+    np.testing.assert_array_equal(seen(model), np.full(n, epochs))
+    assert iterations(model) == iterations(bare) == epochs * 6
+    assert restored(model)
+
+
+def test_the_tensorflow_idle_step_is_the_concrete_function_of_keras_compiled_step():
+    if BACKEND != "tensorflow":
+        pytest.skip("TensorFlow's train function")
+    import tensorflow as tf
+
+    from keras_gpu_tools._core import keras_internals as ki
+
+    x, y = data(16)
+    batch = (tf.constant(x[:8]), tf.constant(y[:8]))
+    model = make_model(16, limit=10**9)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    step = ki.tf_batch_step(model.train_function, batch)
+    assert isinstance(step, tf.types.experimental.ConcreteFunction)
+    before = iterations(model)
+    logs = step(batch)
+    assert set(logs) >= {"loss", "mae"} and iterations(model) == before + 1
+    # Where there is no compiled function, or the batch holds an Optional, there is none.
+    assert ki.tf_batch_step(model.train_function, (batch[0], tf.experimental.Optional.empty(None))) is None
+    eager = make_model(16, limit=10**9, run_eagerly=True)
+    eager.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert ki.tf_batch_step(eager.train_function, batch) is None
+    assert ki.tf_batch_step(lambda it: None, batch) is None
+
+
 @real_oom
 def test_an_oom_on_the_idle_path_is_refused_with_the_reason():
     # Batches of 8 ran whole, so no copy of the state is kept for them; then the memory
