@@ -62,6 +62,12 @@ def _parse():
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument(
+        "--device-data",
+        action="store_true",
+        help="torch: feed batches sliced from tensors already on the GPU (no host-to-device copy, which "
+        "from NumPy makes every step wait for the previous one)",
+    )
+    p.add_argument(
         "--callbacks",
         default=",".join(CALLBACKS),
         help="comma-separated subset of the six behind the gate (to find which one a cost comes from)",
@@ -168,6 +174,26 @@ def _pairs(blocks) -> list[float]:
     return out
 
 
+def _device_batches(x, y, batch: int):
+    """A torch DataLoader of ``(x, y)`` batches sliced from copies of both on the first GPU: views, no copy."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: only to try the script
+
+    class Slices(torch.utils.data.IterableDataset):
+        def __init__(self):
+            self.x, self.y = torch.as_tensor(x, device=device), torch.as_tensor(y, device=device)
+
+        def __len__(self):
+            return len(self.x) // batch
+
+        def __iter__(self):
+            for i in range(len(self)):
+                yield self.x[i * batch : (i + 1) * batch], self.y[i * batch : (i + 1) * batch]
+
+    return torch.utils.data.DataLoader(Slices(), batch_size=None)
+
+
 def main():
     args = _parse()
     warnings.simplefilter("ignore")
@@ -190,7 +216,19 @@ def main():
         makers = callback_makers(tmp)
         return [makers[name]() for name in args.callbacks.split(",")]
 
-    model.fit(x[: 20 * args.batch], y[: 20 * args.batch], batch_size=args.batch, verbose=0, callbacks=six())
+    if args.device_data and keras.backend.backend() != "torch":
+        raise SystemExit("--device-data: torch only (JAX puts NumPy batches on the device asynchronously)")
+    data = _device_batches(x, y, args.batch) if args.device_data else None
+
+    def fit(epochs, callbacks, steps=None):
+        if data is not None:
+            return model.fit(data, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
+        n = len(x) if steps is None else steps * args.batch
+        return model.fit(
+            x[:n], y[:n], batch_size=args.batch, epochs=epochs, verbose=0, shuffle=False, callbacks=callbacks
+        )
+
+    fit(1, six(), steps=20)
     ratios: dict[str, list[float]] = {"ab": [], "aa": []}
     step_ms: dict[str, list[float]] = {"ab": [], "aa": []}
     blocks: dict[str, list] = {"ab": [], "aa": []}  # (on, ms per step) of every steady-state block, in order
@@ -214,6 +252,7 @@ def main():
             "keras": keras.__version__,
             "args": vars(args),
             "matmul_precision": os.environ.get("JAX_DEFAULT_MATMUL_PRECISION"),
+            "data": "torch tensors on the GPU" if data is not None else "NumPy arrays",
             "callbacks": args.callbacks.split(","),  # behind the gate ("all_six_on_over_off" is their on/off)
             "off_step_ms_median": statistics.median(step_ms["ab"] + step_ms["aa"]),
             "all_six_on_over_off": summary(ratios["ab"]),
@@ -225,7 +264,7 @@ def main():
     for r in range(args.rounds):
         for kind in ("ab", "aa") if r % 2 == 0 else ("aa", "ab"):
             gate = Gate(six(), args.block, ab=kind == "ab")
-            model.fit(x, y, batch_size=args.batch, epochs=args.epochs, verbose=0, shuffle=False, callbacks=[gate])
+            fit(args.epochs, [gate])
             ratios[kind] += _pairs(gate.blocks)
             step_ms[kind] += [1e3 * t for e, on, t in gate.blocks if e > 0 and not on]
             blocks[kind] += [(on, round(1e3 * t, 5)) for e, on, t in gate.blocks if e > 0]
