@@ -348,26 +348,27 @@ def test_the_idle_path_counts_every_step_and_passes_a_non_oom_error_through_unch
     assert restored(model)
 
 
-@pytest.mark.parametrize("data_kind", ["arrays", "tf.data"])
+@pytest.mark.parametrize("data_kind", ["arrays", "arrays_xla", "tf.data"])
 def test_an_idle_reducer_trains_exactly_as_a_bare_fit(data_kind):
     # Every step after the first runs on the idle path (on TensorFlow, the concrete
     # function of Keras's compiled step): the same weights, losses and metrics,
     # bit for bit, as Keras alone, including the smaller last batch.
-    if data_kind == "tf.data" and BACKEND != "tensorflow":
-        pytest.skip("tf.data is TensorFlow's input")
+    if data_kind != "arrays" and BACKEND != "tensorflow":
+        pytest.skip("TensorFlow's input (tf.data) and compile option (XLA for the TensorFlow step)")
     n, batch, epochs = 44, 8, 2  # five batches of 8, then one of 4
     x, y = data(n)
+    sample_weight = np.linspace(0.5, 1.5, n).astype("float32")  # batches of three arrays
 
     def inputs():
-        if data_kind == "arrays":
-            return {"x": x, "y": y, "batch_size": batch, "shuffle": False}
+        if data_kind.startswith("arrays"):
+            return {"x": x, "y": y, "sample_weight": sample_weight, "batch_size": batch, "shuffle": False}
         import tensorflow as tf
 
         return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).prefetch(2)}
 
     runs = []
     for callbacks in ([], [OOMBatchSizeReducer()]):
-        model = make_model(n, limit=10**9)
+        model = make_model(n, limit=10**9, **({"jit_compile": True} if data_kind == "arrays_xla" else {}))
         history = model.fit(**inputs(), epochs=epochs, verbose=0, callbacks=callbacks)
         runs.append((model, history.history))
     (bare, bare_history), (model, history) = runs
