@@ -52,9 +52,7 @@ def main() -> None:
     concrete = ki.tf_batch_step(keras_function, next(iterator))
     if concrete is None:
         raise SystemExit("this Keras's TensorFlow train function has no compiled per-batch step to resolve")
-    wrapper = dict(zip(keras_function.__code__.co_freevars, keras_function.__closure__))["one_step_on_data"]
-    function = dict(zip(wrapper.cell_contents.__code__.co_freevars, wrapper.cell_contents.__closure__))
-    function = function["step_func"].cell_contents
+    function = ki.tf_step_function(keras_function)
 
     def keras_route():
         keras_function(iterator)

@@ -290,25 +290,30 @@ def tf_batch_step(train_function: Callable, batch) -> Callable | None:
     ``tf.function``. Resolving that function for the batch's shapes and
     dtypes once, and calling the concrete function it dispatches to, runs
     the same traced graph without the per-call dispatch (on a 2-core CPU
-    that dispatch was a third of a tiny model's step: ``benchmarks/RESULTS.md``). None where there is no such function (``run_eagerly``,
-    another Keras) or the batch holds an ``Optional``.
+    about a quarter of a tiny model's step: ``benchmarks/RESULTS.md``).
+    None where there is no such function (``run_eagerly``, another Keras),
+    where functions are set to run eagerly
+    (``tf.config.run_functions_eagerly``), or the batch holds an ``Optional``.
     """
     tf = deps.loaded("tensorflow")
-    code, cells = getattr(train_function, "__code__", None), getattr(train_function, "__closure__", None)
-    if tf is None or code is None or not cells:
-        return None
-    wrapper = dict(zip(code.co_freevars, cells)).get("one_step_on_data")
-    wrapper = wrapper.cell_contents if wrapper is not None else None
-    code, cells = getattr(wrapper, "__code__", None), getattr(wrapper, "__closure__", None)
-    if code is None or not cells:
-        return None
-    function = dict(zip(code.co_freevars, cells)).get("step_func")
-    function = function.cell_contents if function is not None else None
-    if not hasattr(function, "get_concrete_function"):
+    function = tf_step_function(train_function)
+    if tf is None or function is None or tf.config.functions_run_eagerly():
         return None
     if any(isinstance(leaf, tf.experimental.Optional) for leaf in tf.nest.flatten(batch)):
         return None
     return function.get_concrete_function(batch)
+
+
+def tf_step_function(train_function: Callable):
+    """The ``tf.function`` of Keras's per-batch TF step (inside ``one_step_on_data``), or None."""
+
+    def freevar(fn, name):
+        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+        cell = dict(zip(code.co_freevars, cells)).get(name) if code is not None and cells else None
+        return cell.cell_contents if cell is not None else None
+
+    function = freevar(freevar(train_function, "one_step_on_data"), "step_func")
+    return function if hasattr(function, "get_concrete_function") else None
 
 
 def jax_step_function(train_function: Callable) -> Callable | None:

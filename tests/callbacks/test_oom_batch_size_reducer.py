@@ -403,6 +403,11 @@ def test_the_tensorflow_idle_step_is_the_concrete_function_of_keras_compiled_ste
     eager.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert ki.tf_batch_step(eager.train_function, batch) is None
     assert ki.tf_batch_step(lambda it: None, batch) is None
+    tf.config.run_functions_eagerly(True)
+    try:
+        assert ki.tf_batch_step(model.train_function, batch) is None
+    finally:
+        tf.config.run_functions_eagerly(False)
 
 
 @real_oom
