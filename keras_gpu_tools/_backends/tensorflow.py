@@ -896,8 +896,10 @@ class TensorFlowBackend(Backend):
         made = [None, whole]  # the idle signature, and the step made for it (Keras's compiled one)
 
         def idle_step(batch):
-            # Keras's compiled step, resolved once for this signature; where that
-            # fails, Keras's own path runs it (and raises whatever the step raises).
+            # Keras's compiled step, resolved once for this signature; where that fails (or
+            # the batch is per-replica values), Keras's own path runs it.
+            if replicas > 1:
+                return whole
             try:
                 return ki.tf_batch_step(runner.original, batch) or whole
             except Exception:
@@ -906,7 +908,7 @@ class TensorFlowBackend(Backend):
         def step(batch):
             if batch_signature(batch) == idle.signature:  # the idle path (IdlePath)
                 if made[0] is not idle.signature:
-                    made[:] = idle.signature, idle_step(batch) if replicas == 1 else whole
+                    made[:] = idle.signature, idle_step(batch)
                 return run_idle(made[1], batch)
             return one(batch)
 

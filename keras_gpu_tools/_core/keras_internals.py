@@ -306,27 +306,13 @@ def tf_batch_step(train_function: Callable, batch) -> Callable | None:
 
 def tf_step_function(train_function: Callable):
     """The ``tf.function`` of Keras's per-batch TF step (inside ``one_step_on_data``), or None."""
-
-    def freevar(fn, name):
-        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
-        cell = dict(zip(code.co_freevars, cells)).get(name) if code is not None and cells else None
-        return cell.cell_contents if cell is not None else None
-
-    function = freevar(freevar(train_function, "one_step_on_data"), "step_func")
+    function = _closure_var(_closure_var(train_function, "one_step_on_data"), "step_func")
     return function if hasattr(function, "get_concrete_function") else None
 
 
 def jax_step_function(train_function: Callable) -> Callable | None:
     """The jitted per-batch step the JAX train function closes over, or None."""
-    code = getattr(train_function, "__code__", None)
-    cells = getattr(train_function, "__closure__", None)
-    if code is None or not cells:
-        return None
-    names = dict(zip(code.co_freevars, cells))
-    cell = names.get("step_function")
-    if cell is None:
-        return None
-    fn = cell.cell_contents
+    fn = _closure_var(train_function, "step_function")
     return fn if hasattr(fn, "lower") else None
 
 
@@ -339,11 +325,19 @@ def jax_batch_step(train_function: Callable) -> Callable | None:
     ``step_function`` with no iterator built for it.
     """
     code = getattr(train_function, "__code__", None)
-    cells = getattr(train_function, "__closure__", None)
-    if code is None or code.co_name != "iterator_step" or code.co_freevars != ("step_function",) or not cells:
+    if code is None or code.co_name != "iterator_step" or code.co_freevars != ("step_function",):
         return None
-    fn = cells[0].cell_contents
+    fn = _closure_var(train_function, "step_function")
     return fn if callable(fn) else None
+
+
+def _closure_var(fn, name: str):
+    """The value of the variable ``name`` that the function ``fn`` closes over, or None."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or not cells:
+        return None
+    cell = dict(zip(code.co_freevars, cells)).get(name)
+    return cell.cell_contents if cell is not None else None
 
 
 def fit_locals(model) -> dict[str, Any]:
