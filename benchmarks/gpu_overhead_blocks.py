@@ -37,6 +37,9 @@ compares what runs milliseconds apart, with the device busy the whole time:
     JAX_DEFAULT_MATMUL_PRECISION=highest KERAS_BACKEND=jax python benchmarks/gpu_overhead_blocks.py \
         --width 2048 --batch 1024 --rounds 6 --out results/gpu_overhead_blocks_jax_fp32.json
     KERAS_BACKEND=torch python benchmarks/gpu_overhead_blocks.py --batch 1024 --steps 800 --out results/...torch.json
+    # torch with an A/A within 0.5% on an H200: two large GEMMs fed from the GPU, many short pairs
+    KERAS_BACKEND=torch python benchmarks/gpu_overhead_blocks.py --width 8192 --layers 2 --batch 512 \
+        --device-data --steps 1000 --block 50 --rounds 9 --out results/gpu_overhead_blocks_torch_gpu_bound.json
 """
 
 from __future__ import annotations
