@@ -17,6 +17,9 @@ compares what runs milliseconds apart, with the device busy the whole time:
 - A block is 400 steps, the detector's sampling period: each *on* block holds
   exactly one synced step and its share of fetch-timed steps (the detector
   counts only the steps it sees), so every pair carries the whole periodic cost.
+  Shorter blocks (``--block 50``: pairs closer in time, where the host drifts)
+  put the synced step in one *on* block in 400 / block: then the mean over
+  pairs carries it, the median does not.
 - The figure is the on/off time ratio of adjacent blocks (the *on* block first
   in half the pairs), as the mean and the median over pairs; steady state only
   (the first epoch, with compilation, is left out). The A/A is a second fit
