@@ -23,6 +23,11 @@ same round (paired: robust to the machine's slow phases, which hit both).
 
     python benchmarks/host_overhead.py --backends tensorflow,jax,torch --out results/host_overhead_cpu.json
 
+Diagnostics (``--conditions``): ``idle_callback`` (a callback of the package's base
+that does nothing), ``sleeping_thread`` and ``sleeping_threads_3`` (the same, keeping
+one or three Python threads blocked in ``Event.wait()`` during the fit): what a
+thread that never runs costs the training thread.
+
 Prints a table (us per step) and writes JSON to ``--out``.
 """
 
@@ -44,7 +49,12 @@ def _parse():
     p.add_argument("--backends", default=None, help="comma-separated; each runs in a subprocess")
     p.add_argument("--rounds", type=int, default=21)
     p.add_argument("--steps", type=int, default=1500, help="steps per epoch")
-    p.add_argument("--conditions", default=None, help="comma-separated subset of the conditions")
+    p.add_argument(
+        "--conditions",
+        default=None,
+        help="comma-separated subset of the conditions, or of the diagnostics "
+        "(idle_callback, sleeping_thread, sleeping_threads_3)",
+    )
     p.add_argument("--width", type=int, default=32, help="hidden width (a wider model has a longer step)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--threads", type=int, default=1, help="framework compute threads (fewer: less noise)")
@@ -68,9 +78,35 @@ CONDITIONS = (
     "all",
     "all_but_reducer",
 )
+# Diagnostics, not in the default run: a do-nothing callback of the package's base, and the same
+# with one or three Python threads blocked in Event.wait() for the whole fit (they never run).
+DIAGNOSTICS = ("idle_callback", "sleeping_thread", "sleeping_threads_3")
+
+
+def _sleepers(threads: int):
+    """A do-nothing callback (the package's base) that keeps ``threads`` threads blocked in Event.wait() during fit()."""
+    import threading
+
+    from keras_gpu_tools.callbacks._lean import LeanCallback
+
+    class Sleepers(LeanCallback):
+        def on_train_begin(self, logs=None):
+            self.wake = threading.Event()
+            self.threads = [threading.Thread(target=self.wake.wait, daemon=True) for _ in range(threads)]
+            for t in self.threads:
+                t.start()
+
+        def on_train_end(self, logs=None):
+            self.wake.set()
+            for t in self.threads:
+                t.join()
+
+    return Sleepers()
 
 
 def _callbacks(name: str, log_dir: str) -> list:
+    if name in DIAGNOSTICS:
+        return [_sleepers({"idle_callback": 0, "sleeping_thread": 1, "sleeping_threads_3": 3}[name])]
     makers = callback_makers(log_dir)
     if name in ("bare", "bare_again"):  # bare_again: an A/A, the noise floor of the method
         return []
