@@ -63,7 +63,13 @@ def _parse():
         action="store_true",
         help="diagnostic: Keras runs the batch-end hooks on the training thread instead of its thread pool",
     )
-    return p.parse_args()
+    args = p.parse_args()
+    unknown = set(args.conditions.split(",")) - set(CONDITIONS) - set(DIAGNOSTICS) if args.conditions else set()
+    if unknown:
+        p.error(
+            f"--conditions: unknown {sorted(unknown)}; expected names from {', '.join([*CONDITIONS, *DIAGNOSTICS])}"
+        )
+    return args
 
 
 CONDITIONS = (
@@ -80,7 +86,7 @@ CONDITIONS = (
 )
 # Diagnostics, not in the default run: a do-nothing callback of the package's base, and the same
 # with one or three Python threads blocked in Event.wait() for the whole fit (they never run).
-DIAGNOSTICS = ("idle_callback", "sleeping_thread", "sleeping_threads_3")
+DIAGNOSTICS = {"idle_callback": 0, "sleeping_thread": 1, "sleeping_threads_3": 3}  # name -> threads
 
 
 def _sleepers(threads: int):
@@ -106,7 +112,7 @@ def _sleepers(threads: int):
 
 def _callbacks(name: str, log_dir: str) -> list:
     if name in DIAGNOSTICS:
-        return [_sleepers({"idle_callback": 0, "sleeping_thread": 1, "sleeping_threads_3": 3}[name])]
+        return [_sleepers(DIAGNOSTICS[name])]
     makers = callback_makers(log_dir)
     if name in ("bare", "bare_again"):  # bare_again: an A/A, the noise floor of the method
         return []

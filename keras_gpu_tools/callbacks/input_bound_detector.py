@@ -176,8 +176,8 @@ class InputBoundDetector(FitCallback):
 
     Per backend: the fetch is timed on sampled steps and, unsynced, on one
     step in 25 on JAX and torch, and on sampled steps only on TensorFlow,
-    where a sampled step pulls its batch in Python and runs Keras's per-batch step function (traced once more, the
-    first time). With `steps_per_execution=N` on TensorFlow, a sampled
+    where a sampled step pulls its batch in Python and runs Keras's per-batch
+    step function (traced once more, the first time). With `steps_per_execution=N` on TensorFlow, a sampled
     execution pulls its N batches and runs them one call each, so it is
     measured per execution and its compute includes the per-step dispatch that
     the compiled N-step loop avoids; the summary says so. The detector never
