@@ -62,3 +62,24 @@ def write_json(path: str | None, doc: dict) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(doc, f, indent=1)
+
+
+def keras_batch_end_on_training_thread() -> None:
+    """Turns off Keras's thread pool for batch-end hooks, in this process (a diagnostic).
+
+    With it (Keras's default for callbacks marked ``async_safe``, as every bare
+    fit's are), the hooks of step N run on a pool thread while the training
+    thread runs step N+1, and the two share the interpreter lock: more Python on
+    the training thread then costs more than its own time on a 2-core machine.
+    Without it everything is on the training thread, where the package's own
+    cost per step shows alone.
+    """
+    from keras.src.callbacks import callback_list
+
+    configure = callback_list.CallbackList._configure_async_dispatch
+
+    def synchronous(self, callbacks):
+        configure(self, callbacks)
+        self._async_train = self._async_test = self._async_predict = False
+
+    callback_list.CallbackList._configure_async_dispatch = synchronous

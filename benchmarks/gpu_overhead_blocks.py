@@ -8,12 +8,23 @@ compares what runs milliseconds apart, with the device busy the whole time:
 
 - One model, one fit of ``--epochs`` x ``--steps`` steps, all six callbacks of
   the package in it (logger, detector, profiler window with no window due, OOM
-  reducer, live view, mixed-precision check; ``--callbacks`` picks a subset) behind a ``Gate``. Every
-  ``--block`` steps the gate flips: *on*, Keras calls the callbacks' batch hooks
+  reducer, live view, mixed-precision check; ``--callbacks`` picks a subset). Every
+  ``--block`` steps a harness flips them: *on*, Keras calls the callbacks' batch hooks
   and trains through the package's step path (step hook, detector, reducer);
-  *off*, the gate drops the batch hooks and puts Keras's own train function
+  *off*, the batch hooks are not called and Keras's own train function is put
   back. Their per-fit work (threads, epoch ends) runs in both halves, so the
   figure is the per-step cost; the per-epoch cost is ``gpu_overhead_aa.py``'s.
+- ``--dispatch`` picks the harness. ``gate`` (the default, and the harness of
+  every GPU figure in ``RESULTS.md``): one callback holds the six and forwards
+  their hooks through a loop of its own, a little dearer than Keras's.
+  ``keras``: the six stay in fit()'s own list, the harness first in it, and
+  *off* blocks take them out of Keras's list (in place, from the harness's
+  batch-begin hook, so the step's other hooks follow at once; whole again at
+  each epoch's last step, which no timed block holds). Keras then dispatches
+  their hooks itself, on its batch-end thread where that is on (whose calls
+  follow a flip a step or two late), so *on* minus *off* is what a user's fit
+  pays. ``--callbacks Callback,...`` flips plain ``keras.callbacks.Callback()``
+  objects: what Keras's dispatch alone costs for that many callbacks.
 - A block is 400 steps, the detector's sampling period: each *on* block holds
   exactly one synced step and its share of fetch-timed steps (the detector
   counts only the steps it sees), so every pair carries the whole periodic cost.
@@ -23,10 +34,10 @@ compares what runs milliseconds apart, with the device busy the whole time:
 - The figure is the on/off time ratio of adjacent blocks (the *on* block first
   in half the pairs), as the mean and the median over pairs; steady state only
   (the first epoch, with compilation, is left out). The A/A is a second fit
-  of the same kind whose gate never opens: two *off* halves, timed and paired
+  of the same kind whose harness never turns the callbacks on: two *off* halves, timed and paired
   the same way. Fits of both kinds alternate, ``--rounds`` each.
 - A block is timed from its first call to the end of its last one *on the
-  device*: at each boundary the gate waits for the outputs of the block's last
+  device*: at each boundary the harness waits for the outputs of the block's last
   call (kept by a one-call wrapper put in front of that call only, in every
   kind of block) before it reads the clock, so a block's time does not depend
   on how far the host ran ahead of the device at its boundaries. The wait
@@ -43,6 +54,9 @@ compares what runs milliseconds apart, with the device busy the whole time:
     # torch with an A/A within 0.5% on an H200: two large GEMMs fed from the GPU, many short pairs
     KERAS_BACKEND=torch python benchmarks/gpu_overhead_blocks.py --width 8192 --layers 2 --batch 512 \
         --device-data --steps 1000 --block 50 --rounds 9 --out results/gpu_overhead_blocks_torch_gpu_bound.json
+    # the per-step cost on the 2-core CPU, through Keras's own dispatch (RESULTS.md, issue 12)
+    OMP_NUM_THREADS=1 KERAS_BACKEND=jax python benchmarks/gpu_overhead_blocks.py --width 32 --layers 1 \
+        --batch 32 --steps 3000 --block 100 --epochs 3 --rounds 10 --dispatch keras --out results/...json
 """
 
 from __future__ import annotations
@@ -54,7 +68,7 @@ import tempfile
 import time
 import warnings
 
-from _per_backend import CALLBACKS, callback_makers, write_json
+from _per_backend import CALLBACKS, callback_makers, keras_batch_end_on_training_thread, write_json
 
 
 def _parse():
@@ -76,23 +90,39 @@ def _parse():
     p.add_argument(
         "--callbacks",
         default=",".join(CALLBACKS),
-        help="comma-separated subset of the six behind the gate (to find which one a cost comes from)",
+        help="comma-separated subset of the six to flip (to find which one a cost comes from); `Callback` is "
+        "a keras.callbacks.Callback() that overrides nothing (six of them: what Keras's dispatch alone costs)",
+    )
+    p.add_argument(
+        "--no-batch-end-thread",
+        action="store_true",
+        help="diagnostic: Keras runs the batch-end hooks on the training thread instead of its thread pool",
+    )
+    p.add_argument(
+        "--dispatch",
+        choices=("gate", "keras"),
+        default="gate",
+        help="gate: one callback holds the callbacks and forwards their hooks through a loop of its own; "
+        "keras: the callbacks stay in fit()'s list, and *off* blocks take them out of Keras's own list",
     )
     args = p.parse_args()
-    unknown = set(args.callbacks.split(",")) - set(CALLBACKS)
+    unknown = set(args.callbacks.split(",")) - set(CALLBACKS) - {"Callback"}
     if unknown:
-        p.error(f"--callbacks: unknown {sorted(unknown)}; expected names from {', '.join(CALLBACKS)}")
+        p.error(f"--callbacks: unknown {sorted(unknown)}; expected names from {', '.join(CALLBACKS)}, or Callback")
     return args
 
 
-def _gate_class():
+def _harnesses():
+    """The two harnesses: ``gate`` (holds the callbacks, forwards their hooks) and ``keras`` (Keras's own list)."""
+    import sys
+
     import keras
 
     from keras_gpu_tools import _backends
     from keras_gpu_tools._core import keras_internals as ki
 
-    class Gate(keras.callbacks.Callback):
-        """Forwards every hook to ``inner``; between blocks, flips the batch hooks and the step path on or off."""
+    class Blocks(keras.callbacks.Callback):
+        """Times blocks of ``block`` steps; between blocks flips the callbacks' batch hooks and the step path."""
 
         async_safe = True  # as the callbacks it holds: Keras keeps its batch-end thread pool
 
@@ -101,6 +131,59 @@ def _gate_class():
             self.inner, self.block, self.ab = inner, block, ab
             self.sync = _backends.get().sync
             self.last = None
+
+        def on_train_begin(self, logs=None):
+            self.wrapped = None  # read at the first step, once every callback has started
+
+        def _start(self):
+            # The model itself: on JAX, Keras's `Callback.model` writes the state back into
+            # the variables (a sync) on each access; inside a step that corrupts the fit.
+            self.m = self.model
+            self.wrapped = ki.get_train_function(self.m)
+            # Without a step hook (callbacks that only have batch hooks), only the hooks flip.
+            self.keras_own = getattr(self.wrapped, "__wrapped__", self.wrapped)
+            self.on, self.count, self.epoch, self.t = True, 0, 0, None
+            self.blocks: list[tuple[int, bool, float]] = []  # (epoch, on, seconds per step)
+
+        def on_train_end(self, logs=None):
+            if self.wrapped is not None:
+                ki.set_train_function(self.m, self.wrapped)
+            self.flip(True)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch, self.t = epoch, None  # a block never spans an epoch end
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.wrapped is None:
+                self._start()
+            pos = batch % self.block
+            if pos == self.block - 1:
+                self._keep_outputs_of_next_call()
+            elif pos == 0:
+                if self.t is not None:
+                    self.sync(self.last)  # the device has finished the block: its time, not the host's
+                    self.blocks.append((self.epoch, self.on, (time.perf_counter() - self.t) / self.block))
+                self.on = not self.on
+                ki.set_train_function(self.m, self.wrapped if self.on and self.ab else self.keras_own)
+                self.flip(self.on and self.ab)
+                self.t = time.perf_counter()
+
+        def flip(self, on: bool) -> None:
+            """Turns the callbacks' batch hooks on or off."""
+
+        def _keep_outputs_of_next_call(self):
+            """The block's last call keeps its outputs for the sync (once a block; in every kind of block)."""
+            fn = ki.get_train_function(self.m)
+
+            def last_of_block(*args):
+                ki.set_train_function(self.m, fn)
+                self.last = fn(*args)
+                return self.last
+
+            ki.set_train_function(self.m, last_of_block)
+
+    class Gate(Blocks):
+        """Holds the callbacks and forwards every hook to them through a loop of its own (a little dearer than Keras's)."""
 
         def set_model(self, model):
             super().set_model(model)
@@ -118,57 +201,72 @@ def _gate_class():
 
         def on_train_begin(self, logs=None):
             self._all("on_train_begin", logs)
-            # The model itself: on JAX, Keras's `Callback.model` writes the state back into
-            # the variables (a sync) on each access; inside a step that corrupts the fit.
-            self.m = self.model
-            self.wrapped = ki.get_train_function(self.m)
-            self.keras_own = getattr(self.wrapped, "__wrapped__", None)
-            if self.keras_own is None:
-                raise RuntimeError("no step hook installed: nothing to measure")
-            self.on, self.count, self.epoch, self.t = True, 0, 0, None
-            self.blocks: list[tuple[int, bool, float]] = []  # (epoch, on, seconds per step)
+            super().on_train_begin(logs)
+            self.hooks_on = True
 
         def on_train_end(self, logs=None):
-            ki.set_train_function(self.m, self.wrapped)
+            super().on_train_end(logs)
             self._all("on_train_end", logs)
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.epoch, self.t = epoch, None  # a block never spans an epoch end
+            super().on_epoch_begin(epoch, logs)
             self._all("on_epoch_begin", epoch, logs)
 
         def on_epoch_end(self, epoch, logs=None):
             self._all("on_epoch_end", epoch, logs)
 
+        def flip(self, on: bool) -> None:
+            self.hooks_on = on
+
         def on_train_batch_begin(self, batch, logs=None):
-            pos = batch % self.block
-            if pos == self.block - 1:
-                self._keep_outputs_of_next_call()
-            elif pos == 0:
-                if self.t is not None:
-                    self.sync(self.last)  # the device has finished the block: its time, not the host's
-                    self.blocks.append((self.epoch, self.on, (time.perf_counter() - self.t) / self.block))
-                self.on = not self.on
-                ki.set_train_function(self.m, self.wrapped if self.on and self.ab else self.keras_own)
-                self.t = time.perf_counter()
-            if self.on and self.ab:
+            super().on_train_batch_begin(batch, logs)
+            if self.hooks_on:
                 self._all("on_train_batch_begin", batch, logs)
 
-        def _keep_outputs_of_next_call(self):
-            """The block's last call keeps its outputs for the sync (once a block; in every kind of block)."""
-            fn = ki.get_train_function(self.m)
-
-            def last_of_block(*args):
-                ki.set_train_function(self.m, fn)
-                self.last = fn(*args)
-                return self.last
-
-            ki.set_train_function(self.m, last_of_block)
-
         def on_train_batch_end(self, batch, logs=None):
-            if self.on and self.ab:
+            if self.hooks_on:
                 self._all("on_train_batch_end", batch, logs)
 
-    return Gate
+    class KerasList(Blocks):
+        """First in fit()'s list; *off*, takes the callbacks out of Keras's own list of callbacks.
+
+        Keras calls their batch hooks as it calls any callback's (its own loops, on
+        its batch-end thread when that is on), so *on* minus *off* is what a user's
+        fit pays per step. The list changes in place, from this callback's batch-begin
+        hook, the first of each step: the step's other hooks already follow it. It is
+        whole again before every epoch end: at the last step of each epoch, which is
+        in no timed block.
+        """
+
+        def on_train_begin(self, logs=None):
+            super().on_train_begin(logs)
+            self.cbl = _fit_callback_list()
+            self.full = list(self.cbl.callbacks)
+            self.without = [cb for cb in self.full if not any(cb is i for i in self.inner)]
+            if self.full[0] is not self:
+                raise RuntimeError("the keras harness must come first in fit()'s callbacks")
+            self.last_step = self.params["steps"] - 1
+
+        def flip(self, on: bool) -> None:
+            self.cbl.callbacks[:] = self.full if on else self.without  # in place: Keras's loop over it is at this one
+
+        def on_train_batch_begin(self, batch, logs=None):
+            super().on_train_batch_begin(batch, logs)
+            if batch == self.last_step:
+                self.flip(True)  # every callback sees the epoch end
+
+    def _fit_callback_list():
+        from keras.src.callbacks.callback_list import CallbackList
+
+        frame = sys._getframe(2)
+        while frame is not None:
+            found = frame.f_locals.get("callbacks")
+            if isinstance(found, CallbackList):
+                return found
+            frame = frame.f_back
+        raise RuntimeError("fit()'s CallbackList not found (Keras internals changed?)")
+
+    return {"gate": Gate, "keras": KerasList}
 
 
 def _pairs(blocks) -> list[float]:
@@ -203,6 +301,8 @@ def _device_batches(x, y, batch: int):
 def main():
     args = _parse()
     warnings.simplefilter("ignore")
+    if args.no_batch_end_thread:
+        keras_batch_end_on_training_thread()
     import keras
     import numpy as np
 
@@ -216,10 +316,10 @@ def main():
     layers = [keras.Input((64,))] + [keras.layers.Dense(args.width, activation="relu") for _ in range(args.layers)]
     model = keras.Sequential(layers + [keras.layers.Dense(10)])
     model.compile(keras.optimizers.SGD(1e-4), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    Gate = _gate_class()
+    Harness = _harnesses()[args.dispatch]
 
     def six():
-        makers = callback_makers(tmp)
+        makers = {**callback_makers(tmp), "Callback": keras.callbacks.Callback}
         return [makers[name]() for name in args.callbacks.split(",")]
 
     if args.device_data and keras.backend.backend() != "torch":
@@ -243,13 +343,20 @@ def main():
     def summary(values):
         values = sorted(values)
         cut = len(values) // 10
-        return {
+        out = {
             "pairs": len(values),
             "mean": statistics.mean(values) if values else None,
             "median": statistics.median(values) if values else None,
             "trimmed_mean_10pct": statistics.mean(values[cut : len(values) - cut] or values) if values else None,
             "stdev": statistics.stdev(values) if len(values) > 1 else None,
         }
+        if len(values) > 1:  # the same in microseconds a step, at the median step of the off blocks
+            step_us = 1e3 * statistics.median(step_ms["ab"] + step_ms["aa"])
+            out["added_us_per_step"] = {
+                k: round((out[k] - 1) * step_us, 2) for k in ("mean", "median", "trimmed_mean_10pct")
+            }
+            out["standard_error_us"] = round(out["stdev"] / len(values) ** 0.5 * step_us, 2)
+        return out
 
     def result() -> dict:
         return {
@@ -259,7 +366,8 @@ def main():
             "args": vars(args),
             "matmul_precision": os.environ.get("JAX_DEFAULT_MATMUL_PRECISION"),
             "data": "torch tensors on the GPU" if data is not None else "NumPy arrays",
-            "callbacks": args.callbacks.split(","),  # behind the gate ("all_six_on_over_off" is their on/off)
+            "callbacks": args.callbacks.split(","),  # flipped ("all_six_on_over_off" is their on/off)
+            "dispatch": args.dispatch,
             "off_step_ms_median": statistics.median(step_ms["ab"] + step_ms["aa"]),
             "all_six_on_over_off": summary(ratios["ab"]),
             "aa_off_over_off": summary(ratios["aa"]),
@@ -269,14 +377,15 @@ def main():
 
     for r in range(args.rounds):
         for kind in ("ab", "aa") if r % 2 == 0 else ("aa", "ab"):
-            gate = Gate(six(), args.block, ab=kind == "ab")
-            fit(args.epochs, [gate])
-            ratios[kind] += _pairs(gate.blocks)
-            step_ms[kind] += [1e3 * t for e, on, t in gate.blocks if e > 0 and not on]
-            blocks[kind] += [(on, round(1e3 * t, 5)) for e, on, t in gate.blocks if e > 0]
+            inner = six()
+            harness = Harness(inner, args.block, ab=kind == "ab")
+            fit(args.epochs, [harness] if args.dispatch == "gate" else [harness, *inner])
+            ratios[kind] += _pairs(harness.blocks)
+            step_ms[kind] += [1e3 * t for e, on, t in harness.blocks if e > 0 and not on]
+            blocks[kind] += [(on, round(1e3 * t, 5)) for e, on, t in harness.blocks if e > 0]
             print(
                 kind,
-                f"round {r}: {len(_pairs(gate.blocks))} pairs, mean ratio {statistics.mean(_pairs(gate.blocks)):.4f}",
+                f"round {r}: {len(_pairs(harness.blocks))} pairs, mean ratio {statistics.mean(_pairs(harness.blocks)):.4f}",
             )
             write_json(args.out, result())  # after every fit: a run cut short keeps what it measured
 

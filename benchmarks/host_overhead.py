@@ -40,7 +40,7 @@ import random
 import statistics
 import time
 
-from _per_backend import callback_makers, run_per_backend, write_json
+from _per_backend import callback_makers, keras_batch_end_on_training_thread, run_per_backend, write_json
 
 
 def _parse():
@@ -123,27 +123,6 @@ def _callbacks(name: str, log_dir: str) -> list:
     return [makers[name]()]
 
 
-def _keras_batch_end_on_training_thread() -> None:
-    """Turns off Keras's thread pool for batch-end hooks, in this process (a diagnostic).
-
-    With it (Keras's default for callbacks marked ``async_safe``, as every bare
-    fit's are), the hooks of step N run on a pool thread while the training
-    thread runs step N+1, and the two share the interpreter lock: more Python on
-    the training thread then costs more than its own time on a 2-core machine.
-    Without it everything is on the training thread, where the package's own
-    cost per step shows alone.
-    """
-    from keras.src.callbacks import callback_list
-
-    configure = callback_list.CallbackList._configure_async_dispatch
-
-    def synchronous(self, callbacks):
-        configure(self, callbacks)
-        self._async_train = self._async_test = self._async_predict = False
-
-    callback_list.CallbackList._configure_async_dispatch = synchronous
-
-
 def run_backend(args) -> dict:
     import warnings
 
@@ -152,7 +131,7 @@ def run_backend(args) -> dict:
 
     warnings.simplefilter("ignore")
     if args.no_batch_end_thread:
-        _keras_batch_end_on_training_thread()
+        keras_batch_end_on_training_thread()
     if keras.backend.backend() == "torch":  # its CPU kernels spin in a thread pool: noise in the timings
         import torch
 

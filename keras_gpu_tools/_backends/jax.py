@@ -19,7 +19,7 @@ from typing import Any
 from keras_gpu_tools._backends.base import Backend, Stats
 from keras_gpu_tools._core import deps, gpu_peaks
 from keras_gpu_tools._core import keras_internals as ki
-from keras_gpu_tools._core.batches import batch_signature, leading_dim, leaves
+from keras_gpu_tools._core.batches import batch_signature, leading_dim, leaves, shape_and_dtype
 from keras_gpu_tools._core.grad_accum import (
     FULL_SNAPSHOT_MAX_BYTES,
     LossRouting,
@@ -1060,7 +1060,11 @@ class JaxBackend(Backend):
 
         def train_function_1(state, iterator):
             batch = next(iterator)
-            if batch_signature(batch) == idle.signature:  # the idle path (IdlePath)
+            try:  # batch_signature(batch), its common case inline (see the torch backend's)
+                sig = tuple(map(shape_and_dtype, batch)) if type(batch) is tuple else batch_signature(batch)
+            except AttributeError:  # a None or a nested leaf
+                sig = batch_signature(batch)
+            if sig == idle.signature:  # the idle path (IdlePath)
                 return run_idle(step, state, batch)
             return one(batch, state)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-_shape_and_dtype = attrgetter("shape", "dtype")
+#: What :func:`batch_signature` gives each array of a flat tuple batch: a step's
+#: idle check can build that tuple itself, with no call of its own (see the backends).
+shape_and_dtype = attrgetter("shape", "dtype")
 
 
 class ReplicaBatch:
@@ -38,7 +40,7 @@ def batch_signature(batch) -> tuple:
         # TensorShape, all equal to, and hashed as, the tuple of their sizes).
         # A None, a nested structure or an unhashable shape takes the walk below.
         try:
-            sig = tuple(map(_shape_and_dtype, batch))
+            sig = tuple(map(shape_and_dtype, batch))
             hash(sig)
             return sig
         except (AttributeError, TypeError):

@@ -381,6 +381,52 @@ def test_an_idle_reducer_trains_exactly_as_a_bare_fit(data_kind):
     assert restored(model)
 
 
+@pytest.mark.parametrize("structure", ["pair", "weighted", "dict"])
+def test_a_shape_that_ran_whole_takes_the_idle_path_whatever_the_batch_structure(structure):
+    # The JAX and torch steps build a flat tuple's signature inline and fall back to
+    # batch_signature for anything else (a dict of inputs here): either way, only the
+    # first batch of a shape takes the guarded path, and the fit is Keras's own.
+    n, batch = 48, 8  # six whole batches an epoch: one shape
+    x, y = data(n)
+    x = x[:, 1:]  # the features, without the sample ids
+    if structure == "dict":
+
+        def make():
+            a, b = keras.Input((2,), name="a"), keras.Input((1,), name="b")
+            return keras.Model({"a": a, "b": b}, keras.layers.Dense(1)(keras.layers.Concatenate()([a, b])))
+
+        inputs = {"x": {"a": x[:, :2], "b": x[:, 2:]}, "y": y}
+    else:
+
+        def make():
+            return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+        inputs = {"x": x, "y": y}
+        if structure == "weighted":
+            inputs["sample_weight"] = np.linspace(0.5, 1.5, n).astype("float32")
+
+    class Counting(OOMBatchSizeReducer):
+        guarded = 0
+
+        def _one(self, batch, state=None):  # the guarded path
+            self.guarded += 1
+            return super()._one(batch, state)
+
+    def fit(callbacks):
+        keras.utils.set_random_seed(0)
+        model = make()
+        model.compile("sgd", "mse")
+        history = model.fit(**inputs, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+        return model, history.history
+
+    reducer = Counting()
+    (bare, bare_history), (model, history) = fit([]), fit([reducer])
+    assert reducer.guarded == 1  # the first batch; the other eleven took the idle path
+    assert history["loss"] == bare_history["loss"]
+    for a, b in zip(model.get_weights(), bare.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_the_tensorflow_idle_step_is_the_concrete_function_of_keras_compiled_step():
     if BACKEND != "tensorflow":
         pytest.skip("TensorFlow's train function")
