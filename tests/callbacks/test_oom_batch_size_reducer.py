@@ -466,8 +466,15 @@ def test_an_oom_on_the_idle_path_is_refused_with_the_reason():
     x, y = data(n)
     model = make_model(n, limit=10**9, run_eagerly=True)
     reducer = OOMBatchSizeReducer()
-    with pytest.raises(UnrecoverableOOM, match="already run whole") as info:
+    with pytest.raises(UnrecoverableOOM) as info:
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[reducer, ArmAt(3, 4)])
+    if BACKEND == "jax" and "surfaced only when its results were read" in str(info.value):
+        # JAX on a GPU: the eager step's failed allocation surfaces asynchronously, when
+        # its results are read, after the state was donated: refused with that reason.
+        assert "Use `probe=True`" in str(info.value)
+        assert restored(model)
+        return
+    assert "already run whole" in str(info.value)
     assert "late_recovery=True" in str(info.value)
     # Recorded as the allocator's error, at the step it happened: not retried.
     [event] = reducer.events
