@@ -30,9 +30,11 @@ class ReplicaBatch:
 def batch_signature(batch) -> tuple:
     """Shapes and dtypes of a (nested) batch; cheap, no framework import.
 
-    Runs on every step of the OOM reducer, so it keeps the framework's dtype
-    object as it is (hashable, and equal to its name for NumPy and JAX):
-    turning a NumPy dtype into a string costs more than the rest together.
+    Runs on every step of the OOM reducer (the JAX and torch idle steps build a
+    flat tuple's signature inline, the same tuple as here, and call this for
+    anything else), so it keeps the framework's dtype object as it is
+    (hashable, and equal to its name for NumPy and JAX): turning a NumPy dtype
+    into a string costs more than the rest together.
     """
     if type(batch) is tuple:
         # The common (x, y) of arrays, in C (no Python bytecode per array): each
