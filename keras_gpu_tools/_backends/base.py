@@ -27,6 +27,9 @@ class Backend:
     #: Whether data parallelism needs every device's share of a batch to be equal
     #: (JAX: a global array is split evenly; tf.distribute splits unevenly).
     even_shares = False
+    #: Whether the reducer's train function runs ``IdlePath.free`` batches unchecked (JAX, torch).
+    #: TensorFlow's idle step costs less than Keras's own already, and keeps its check.
+    counts_idle_batches = False
     #: What `doctor` tells a user whose framework build sees no GPU.
     install_hint = "install a GPU build of the framework"
 
@@ -165,7 +168,9 @@ class Backend:
 
         A batch whose signature is ``idle.signature`` (:class:`~keras_gpu_tools._core.oom.IdlePath`)
         runs ``runner.original`` (Keras's step) whole, in a ``try``; any other
-        goes to ``one(batch[, state])``, the reducer's guarded path.
+        goes to ``one(batch[, state])``, the reducer's guarded path. Where
+        ``counts_idle_batches``, a batch fetched while ``idle.free`` is set runs
+        unchecked, counted down (see ``IdlePath``).
 
         ``replicas``: the data-parallel size (:meth:`replicas`); under a ``tf.distribute`` strategy of
         several replicas the batches are per-replica values.

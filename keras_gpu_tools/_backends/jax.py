@@ -740,6 +740,7 @@ class JaxBackend(Backend):
     traced_flops = True
     predicts_memory = True
     even_shares = True
+    counts_idle_batches = True
 
     def __init__(self):
         super().__init__("jax")
@@ -1059,6 +1060,16 @@ class JaxBackend(Backend):
                 return original(state, iter((batch,)))
 
         def train_function_1(state, iterator):
+            if idle.free:  # one of the epoch's full batches, whose shape ran whole: unchecked (IdlePath), inline
+                idle.free -= 1
+                batch = next(iterator)  # outside the try: the end of data is not the step's error
+                try:
+                    out = step(state, batch)
+                except Exception as e:
+                    idle.failed(e, idle.full)
+                    raise
+                idle.steps += 1
+                return out
             batch = next(iterator)
             try:  # batch_signature(batch), its common case inline (see the torch backend's)
                 sig = tuple(map(shape_and_dtype, batch)) if type(batch) is tuple else batch_signature(batch)

@@ -89,6 +89,13 @@ INTERNALS: tuple[Internal, ...] = (
         "torch fetch timing (wrapping _get_iterator), describing the input pipeline, finding sibling callbacks",
     ),
     Internal(
+        "ArrayDataAdapter: every batch of a pass but the last has batch_size rows; "
+        "EpochIterator starts a new pass each epoch when steps_per_epoch is None",
+        "keras/src/trainers/data_adapters/array_data_adapter.py: _get_iterator(); "
+        "keras/src/trainers/epoch_iterator.py: _enumerate_iterator()",
+        "the OOM reducer's idle steps that need no check of the batch (array inputs)",
+    ),
+    Internal(
         "train_step hands gradients to optimizer.apply (TF, torch) or optimizer.stateless_apply (JAX), "
         "after optimizer.scale_loss on the loss",
         "keras/src/backend/*/trainer.py: train_step()",
@@ -364,6 +371,27 @@ def find_epoch_iterator(model):
     if ei is None or not hasattr(ei, "_get_iterator") or not hasattr(ei, "data_adapter"):
         return None
     return ei
+
+
+def array_epoch_batches(model) -> int | None:
+    """The batches of each epoch where every one but an epoch's last has one shape, else None.
+
+    So it is where fit() cuts arrays into batches: Keras's own
+    ``ArrayDataAdapter`` (not a subclass) slices ``batch_size`` rows for each
+    batch of a pass but the last, whose rows are what is left, and every
+    batch holds the same arrays with their dtypes; with no ``steps_per_epoch``
+    each epoch is one new pass. Anything else (a dataset, a generator, a set
+    ``steps_per_epoch``, a pass of one batch): None.
+    """
+    ei = find_epoch_iterator(model)
+    adapter = getattr(ei, "data_adapter", None)
+    kind = type(adapter)
+    if kind.__name__ != "ArrayDataAdapter" or not kind.__module__.startswith("keras.src.trainers.data_adapters"):
+        return None
+    if getattr(ei, "steps_per_epoch", None) is not None:
+        return None
+    n = getattr(adapter, "num_batches", None)
+    return n if isinstance(n, int) and n > 1 else None
 
 
 def training_data(model) -> dict[str, Any]:

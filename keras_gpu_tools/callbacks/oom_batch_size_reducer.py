@@ -340,12 +340,15 @@ class OOMBatchSizeReducer(FitCallback):
             if why:
                 self.warnings("history", f"OOMBatchSizeReducer: record_memory_history=True: {why}; recording nothing.")
         self._model_ref = model
+        # Array inputs: an epoch's full batches need no check once their shape ran whole (IdlePath.free).
+        self._idle.reset(ki.array_epoch_batches(model) if backend.counts_idle_batches else None)
         if self.log_dir is not None:
             self._writer = EventWriter(self.run_dir)
         self._attachment = StepHook.attach(model, self, backend, session)  # last; calls self.inner(fn)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch_events = 0
+        self._idle.new_epoch()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._check_late_error()
@@ -491,12 +494,12 @@ class OOMBatchSizeReducer(FitCallback):
     def on_detach(self, stale: bool) -> None:
         pass
 
-    def _idle_failed(self, error: BaseException) -> None:
+    def _idle_failed(self, error: BaseException, signature) -> None:
         """An error on the idle path (see IdlePath): refuses an out-of-memory error; else ends the fit and returns."""
         if not _backends.is_oom(error):
             self._end_fit(aborted=True)
             return
-        self._refuse_late_oom(error, self._idle.signature)
+        self._refuse_late_oom(error, signature)
 
     def _one(self, batch, state=None):
         """A batch off the idle path (the backend's train function runs the idle one): guarded, maybe split."""
@@ -514,16 +517,15 @@ class OOMBatchSizeReducer(FitCallback):
             self._end_fit(aborted=True)
             raise
         self._micro_batches = k
+        # Whole: the next batches of this shape take the idle path, where no copy of
+        # the state is kept (that copy is what cost time on every step).
+        self._idle.ran(sig, whole=k == 1 and not self.controller.in_trial and not self.late_recovery)
         self._global_step += 1
-        if k == 1 and not self.controller.in_trial and not self.late_recovery:
-            # This shape ran whole: its next batches take the idle path, where no copy of
-            # the state is kept (that copy is what cost time on every step).
-            self._idle.signature = sig
         return result
 
     def _refuse_late_oom(self, error: BaseException, signature) -> None:
         """An OOM on the idle path: at a shape that had run whole before, with no copy of the state."""
-        self._idle.signature = None
+        self._idle.reset(None)
         self._record_unrecoverable(error, signature, "train")
         self._end_fit(aborted=True)
         raise UnrecoverableOOM(
@@ -781,7 +783,7 @@ class OOMBatchSizeReducer(FitCallback):
         if writer is not None:
             writer.close()
         self._runner = None
-        self._idle.signature = None
+        self._idle.reset(None)
 
 
 def _has_batch_statistics(layer) -> bool:

@@ -13,6 +13,7 @@ state updates are undone.
 
 import glob
 import os
+import re
 import subprocess
 import sys
 import traceback
@@ -427,6 +428,72 @@ def test_a_shape_that_ran_whole_takes_the_idle_path_whatever_the_batch_structure
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("inputs", ["arrays", "shuffled_arrays", "arrays_steps_per_epoch", "py_dataset"])
+def test_an_epochs_full_batches_of_arrays_run_unchecked_once_their_shape_ran_whole(inputs):
+    # 50 samples in batches of 8: six full batches and one of 2 an epoch. From arrays (Keras's
+    # ArrayDataAdapter, a new pass each epoch) the JAX and torch steps run an epoch's full
+    # batches with no look at their tensors once that shape ran whole, and check the last
+    # one; any other input (a set steps_per_epoch, a PyDataset), and TensorFlow, checks each.
+    from keras_gpu_tools import _backends
+    from keras_gpu_tools._core.oom import IdlePath
+
+    n, batch, epochs = 50, 8, 3
+    x, y = data(n)
+    x = x[:, 1:]
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 7
+
+        def __getitem__(self, i):
+            return x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]
+
+    kw = {"x": x, "y": y, "batch_size": batch, "shuffle": inputs == "shuffled_arrays"}
+    if inputs == "arrays_steps_per_epoch":
+        kw["steps_per_epoch"] = 6
+    elif inputs == "py_dataset":
+        kw = {"x": Batches()}
+
+    class Counting(OOMBatchSizeReducer):
+        guarded = 0
+
+        def _one(self, batch, state=None):
+            self.guarded += 1
+            return super()._one(batch, state)
+
+    class CountingIdle(IdlePath):
+        checked = 0  # batches on the idle path after a look at their shapes
+
+        def run(self, step, *args):
+            self.checked += 1
+            return super().run(step, *args)
+
+    def fit(callbacks):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+        history = model.fit(**kw, epochs=epochs, verbose=0, callbacks=callbacks)
+        return model, history.history
+
+    reducer = Counting()
+    reducer._idle = idle = CountingIdle(reducer._idle_failed)
+    (bare, bare_history), (model, history) = fit([]), fit([reducer])
+    batches = iterations(model)
+    unchecked = batches - reducer.guarded - idle.checked
+    if inputs in ("arrays", "shuffled_arrays") and _backends.get(BACKEND).counts_idle_batches:
+        # Epoch 1: the first batch guarded (its shape runs whole), five unchecked, the batch of 2
+        # guarded. Epochs 2 and 3: six unchecked, the batch of 2 checked (it ran whole too).
+        assert (reducer.guarded, idle.checked, unchecked) == (2, 2, 17)
+    else:
+        assert unchecked == 0
+        if inputs in ("arrays", "shuffled_arrays"):  # TensorFlow: each epoch's first and last batch, a new shape
+            assert (reducer.guarded, idle.checked) == (6, 15)
+    assert batches == iterations(bare) and idle.free == 0
+    assert history["loss"] == bare_history["loss"]
+    for a, b in zip(model.get_weights(), bare.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_the_tensorflow_idle_step_is_the_concrete_function_of_keras_compiled_step():
     if BACKEND != "tensorflow":
         pytest.skip("TensorFlow's train function")
@@ -475,6 +542,8 @@ def test_an_oom_on_the_idle_path_is_refused_with_the_reason():
         assert restored(model)
         return
     assert "already run whole" in str(info.value)
+    # The failing batch's shape (on JAX and torch, that of an unchecked batch): (8, 4), or torch.Size([8, 4]).
+    assert re.search(r"[(\[]8, 4[)\]]", str(info.value))
     assert "late_recovery=True" in str(info.value)
     # Recorded as the allocator's error, at the step it happened: not retried.
     [event] = reducer.events
