@@ -125,7 +125,9 @@ class OOMBatchSizeReducer(FitCallback):
     device copy of the small state (non-trainable and metric variables, the
     optimizer's counters). A batch shape that already ran whole runs on the
     idle path: Keras's own step inside a `try`, with no copy, so the callback
-    costs next to nothing while nothing runs out of memory. An out-of-memory
+    costs next to nothing while nothing runs out of memory (where fit() is
+    given arrays, on JAX and torch, not even a look at the batch's shapes
+    for an epoch's full batches). An out-of-memory
     error there cannot be retried exactly and raises `UnrecoverableOOM` with
     the reason (`late_recovery=True` keeps the small copy there too, on
     TensorFlow and torch). On JAX, Keras's step donates the state to the

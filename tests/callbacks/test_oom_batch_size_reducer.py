@@ -492,6 +492,12 @@ def test_an_epochs_full_batches_of_arrays_run_unchecked_once_their_shape_ran_who
     assert history["loss"] == bare_history["loss"]
     for a, b in zip(model.get_weights(), bare.get_weights()):
         np.testing.assert_array_equal(a, b)
+    if inputs == "arrays":
+        # The same reducer in a new fit() at another batch size: nothing of the last fit's
+        # shape carries over, its first batch is guarded again (three full batches of 16, then 2).
+        before = reducer.guarded
+        model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+        assert reducer.guarded - before == 2
 
 
 def test_the_tensorflow_idle_step_is_the_concrete_function_of_keras_compiled_step():
