@@ -89,7 +89,7 @@ INTERNALS: tuple[Internal, ...] = (
         "torch fetch timing (wrapping _get_iterator), describing the input pipeline, finding sibling callbacks",
     ),
     Internal(
-        "ArrayDataAdapter: every batch of a pass but the last has batch_size rows; "
+        "ArrayDataAdapter: every batch of a pass but the last has batch_size rows of its `_inputs`; "
         "EpochIterator starts a new pass each epoch when steps_per_epoch is None",
         "keras/src/trainers/data_adapters/array_data_adapter.py: _get_iterator(); "
         "keras/src/trainers/epoch_iterator.py: _enumerate_iterator()",
@@ -376,12 +376,13 @@ def find_epoch_iterator(model):
 def array_epoch_batches(model) -> int | None:
     """The batches of each epoch where every one but an epoch's last has one shape, else None.
 
-    So it is where fit() cuts arrays into batches: Keras's own
+    So it is where fit() cuts dense arrays into batches: Keras's own
     ``ArrayDataAdapter`` (not a subclass) slices ``batch_size`` rows for each
     batch of a pass but the last, whose rows are what is left, and every
     batch holds the same arrays with their dtypes; with no ``steps_per_epoch``
     each epoch is one new pass. Anything else (a dataset, a generator, a set
-    ``steps_per_epoch``, a pass of one batch): None.
+    ``steps_per_epoch``, a pass of one batch, a ragged or sparse array among
+    the inputs): None.
     """
     ei = find_epoch_iterator(model)
     adapter = getattr(ei, "data_adapter", None)
@@ -390,8 +391,38 @@ def array_epoch_batches(model) -> int | None:
         return None
     if getattr(ei, "steps_per_epoch", None) is not None:
         return None
+    from keras import tree
+
+    try:
+        if not all(_dense(a) for a in tree.flatten(adapter._inputs)):
+            return None
+    except Exception:  # the adapter's inputs not where they were
+        return None
     n = getattr(adapter, "num_batches", None)
     return n if isinstance(n, int) and n > 1 else None
+
+
+def _dense(a) -> bool:
+    """Whether every batch sliced from the array ``a`` keeps its trailing shape and dtype.
+
+    A ragged tensor is padded per batch (to the batch's longest row) and a
+    sparse one may change its stored entries: neither qualifies. Dense
+    arrays of NumPy, JAX, TensorFlow and torch, and pandas frames, do.
+    """
+    import numpy as np
+
+    if a is None or isinstance(a, np.ndarray):
+        return True
+    name, module = type(a).__name__, type(a).__module__
+    if module.startswith("pandas"):
+        return name in ("DataFrame", "Series")
+    if module.startswith("tensorflow"):
+        return name not in ("RaggedTensor", "SparseTensor") and hasattr(a, "shape")
+    if module.startswith(("jax", "jaxlib")):
+        return not module.startswith("jax.experimental.sparse") and hasattr(a, "shape")
+    if module.startswith("torch"):
+        return getattr(a, "layout", None) is not None and str(a.layout) == "torch.strided"
+    return False
 
 
 def training_data(model) -> dict[str, Any]:
