@@ -243,15 +243,18 @@ def test_a_cache_filling_first_epoch_is_left_out_of_the_verdict():
     det = InputBoundDetector(window=5, sample_every=3, log_dir=None, verbose=0)
     tiny_model().fit(ds, epochs=3, verbose=0, callbacks=[det])
     v = det.verdict
-    assert v.scope == "epochs 2-3" and [p.steady for p in v.phases] == [False, True, True], det.summary()
-    assert v.phases[0].reason == "while the cache filled"
-    assert "Left out: epoch 1, which waited" in v.message and "while the cache filled; since then" in v.message
+    # Epoch 1 is left out for the cache. Epoch 2 (10 steps of about 1 ms) is at times several
+    # times slower than epoch 3 on the loaded 2-core machine, and then rightly left out as
+    # warm-up too: its place is not asserted. On JAX every epoch waits for the conversion of
+    # tf.data's batches, so the wait shares are alike; the step time is what the cache changes.
+    assert v.scope in ("epochs 2-3", "epoch 3") and v.phases[-1].steady, det.summary()
+    assert not v.phases[0].steady and v.phases[0].reason == "while the cache filled"
+    assert "Left out: epoch 1, which waited" in v.message and "while the cache filled" in v.message
     assert det.epoch_history[0]["input/wait_fraction"] > 0.5  # the phase, still reported as it was
-    assert v.fit_wait_fraction > v.wait_fraction
     assert det.measurement.step < det.fit_measurement.step
     assert "interleave" not in "\n".join(v.advice)
     summary = det.summary()
-    assert "| figure | epochs 2-3 | whole fit |" in summary and "no: while the cache filled" in summary
+    assert f"| figure | {v.scope} | whole fit |" in summary and "no: while the cache filled" in summary
 
 
 @pytest.mark.multibackend
