@@ -327,7 +327,11 @@ class IdlePath:
     microseconds a step on a loaded 2-core CPU): ``free -= 1``, the step in a
     ``try`` whose error goes to ``failed(error, full)``, ``steps += 1``. Only
     the backends that do (``Backend.counts_idle_batches``: JAX, torch) are
-    given ``epoch_batches``; elsewhere ``free`` stays 0.
+    given ``epoch_batches``; elsewhere ``free`` stays 0. A train step that
+    other code runs from inside fit() (a callback's ``train_on_batch``) takes
+    a free slot too: it runs as Keras's own step, unchecked, and the epoch's
+    last full batch is then checked. Telling such a call apart would cost a
+    frame lookup on every step.
     """
 
     __slots__ = ("signature", "steps", "failed", "free", "full", "epoch_batches", "epoch_start")
