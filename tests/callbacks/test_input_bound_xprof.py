@@ -97,6 +97,8 @@ def test_fast_pipeline_heavy_model_agrees_with_xprof(tf, tmp_path):
     x = np.random.rand(128 * 8, 512).astype("float32")
     y = np.random.rand(128 * 8, 1).astype("float32")
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(128).cache().repeat().prefetch(tf.data.AUTOTUNE)
-    det, xprof_category, xprof_fraction = profiled_fit(tf, tmp_path, ds, dense_model(1024, 3, inputs=512), steps=16)
+    # 2048 wide: a 36 ms step, whose wait (1.5% by us, 0.5% by xprof) stays clear of the 5% line
+    # on a loaded CI machine (1024 wide, an 11 ms step, once read 5.1%: moderately input-bound).
+    det, xprof_category, xprof_fraction = profiled_fit(tf, tmp_path, ds, dense_model(2048, 3, inputs=512), steps=16)
     assert xprof_category == st.NOT
     assert det.verdict.category == xprof_category, (det.summary(), xprof_fraction)
