@@ -24,6 +24,7 @@ import pytest
 from keras import ops
 from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, SeenCounter, data, held_activations_model, real_oom
 
+from keras_gpu_tools._core.oom import IdlePath
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 
 pytestmark = pytest.mark.multibackend
@@ -382,6 +383,22 @@ def test_an_idle_reducer_trains_exactly_as_a_bare_fit(data_kind):
     assert restored(model)
 
 
+class CountingReducer(OOMBatchSizeReducer):
+    guarded = 0  # batches on the guarded path
+
+    def _one(self, batch, state=None):
+        self.guarded += 1
+        return super()._one(batch, state)
+
+
+class CountingIdle(IdlePath):
+    checked = 0  # batches on the idle path after a look at their shapes
+
+    def run(self, step, *args):
+        self.checked += 1
+        return super().run(step, *args)
+
+
 @pytest.mark.parametrize("structure", ["pair", "weighted", "dict"])
 def test_a_shape_that_ran_whole_takes_the_idle_path_whatever_the_batch_structure(structure):
     # The JAX and torch steps build a flat tuple's signature inline and fall back to
@@ -406,13 +423,6 @@ def test_a_shape_that_ran_whole_takes_the_idle_path_whatever_the_batch_structure
         if structure == "weighted":
             inputs["sample_weight"] = np.linspace(0.5, 1.5, n).astype("float32")
 
-    class Counting(OOMBatchSizeReducer):
-        guarded = 0
-
-        def _one(self, batch, state=None):  # the guarded path
-            self.guarded += 1
-            return super()._one(batch, state)
-
     def fit(callbacks):
         keras.utils.set_random_seed(0)
         model = make()
@@ -420,7 +430,7 @@ def test_a_shape_that_ran_whole_takes_the_idle_path_whatever_the_batch_structure
         history = model.fit(**inputs, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
         return model, history.history
 
-    reducer = Counting()
+    reducer = CountingReducer()
     (bare, bare_history), (model, history) = fit([]), fit([reducer])
     assert reducer.guarded == 1  # the first batch; the other eleven took the idle path
     assert history["loss"] == bare_history["loss"]
@@ -435,7 +445,6 @@ def test_an_epochs_full_batches_of_arrays_run_unchecked_once_their_shape_ran_who
     # batches with no look at their tensors once that shape ran whole, and check the last
     # one; any other input (a set steps_per_epoch, a PyDataset), and TensorFlow, checks each.
     from keras_gpu_tools import _backends
-    from keras_gpu_tools._core.oom import IdlePath
 
     n, batch, epochs = 50, 8, 3
     x, y = data(n)
@@ -454,20 +463,6 @@ def test_an_epochs_full_batches_of_arrays_run_unchecked_once_their_shape_ran_who
     elif inputs == "py_dataset":
         kw = {"x": Batches()}
 
-    class Counting(OOMBatchSizeReducer):
-        guarded = 0
-
-        def _one(self, batch, state=None):
-            self.guarded += 1
-            return super()._one(batch, state)
-
-    class CountingIdle(IdlePath):
-        checked = 0  # batches on the idle path after a look at their shapes
-
-        def run(self, step, *args):
-            self.checked += 1
-            return super().run(step, *args)
-
     def fit(callbacks):
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
@@ -475,7 +470,7 @@ def test_an_epochs_full_batches_of_arrays_run_unchecked_once_their_shape_ran_who
         history = model.fit(**kw, epochs=epochs, verbose=0, callbacks=callbacks)
         return model, history.history
 
-    reducer = Counting()
+    reducer = CountingReducer()
     reducer._idle = idle = CountingIdle(reducer._idle_failed)
     (bare, bare_history), (model, history) = fit([]), fit([reducer])
     batches = iterations(model)
@@ -506,26 +501,10 @@ def test_a_ragged_input_is_checked_every_step():
     if BACKEND == "tensorflow":
         pytest.skip("TensorFlow checks every batch; its model takes the ragged tensor itself")
     tf = pytest.importorskip("tensorflow")
-    from keras_gpu_tools._core.oom import IdlePath
-
     n, batch = 40, 8
     lengths = [1 + i // batch for i in range(n)]  # batch k: rows of k + 1 values
     x = tf.ragged.constant([[1.0] * k for k in lengths])
     y = np.asarray(lengths, "float32")[:, None]
-
-    class CountingIdle(IdlePath):
-        checked = 0
-
-        def run(self, step, *args):
-            self.checked += 1
-            return super().run(step, *args)
-
-    class Counting(OOMBatchSizeReducer):
-        guarded = 0
-
-        def _one(self, batch, state=None):
-            self.guarded += 1
-            return super()._one(batch, state)
 
     def fit(callbacks):
         keras.utils.set_random_seed(0)
@@ -536,7 +515,7 @@ def test_a_ragged_input_is_checked_every_step():
         model.compile("sgd", "mse")
         return model, model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=callbacks).history
 
-    reducer = Counting()
+    reducer = CountingReducer()
     reducer._idle = idle = CountingIdle(reducer._idle_failed)
     (bare, bare_history), (model, history) = fit([]), fit([reducer])
     assert reducer.guarded + idle.checked == iterations(model) == 10  # none unchecked
