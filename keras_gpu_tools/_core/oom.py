@@ -319,7 +319,7 @@ class IdlePath:
     returns, and the error goes on unchanged.
 
     ``free`` counts the next batches that run idle with no look at their
-    tensors: where fit() cuts arrays into batches (Keras's ``ArrayDataAdapter``,
+    tensors: where fit() cuts dense arrays into batches (Keras's ``ArrayDataAdapter``,
     a new pass each epoch), every batch of an epoch but the last has one
     shape, ``full``, and once a batch of that shape ran whole the epoch's
     other full batches need no check. The backend's train function runs such
