@@ -26,7 +26,16 @@ same round (paired: robust to the machine's slow phases, which hit both).
 Diagnostics (``--conditions``): ``idle_callback`` (a callback of the package's base
 that does nothing), ``sleeping_thread`` and ``sleeping_threads_3`` (the same, keeping
 one or three Python threads blocked in ``Event.wait()`` during the fit): what a
-thread that never runs costs the training thread.
+thread that never runs costs the training thread. ``all_unhooked``: all six, with
+Keras's own train function put back once every ``on_train_begin`` has run, so the
+package's step path (step hook, reducer, detector's timed calls) is off and all else
+stays (threads, event writers, epoch hooks, Keras's dispatch of the batch hooks):
+``all`` minus ``all_unhooked`` is the step path, ``all_unhooked`` the rest.
+
+With each figure, the training thread's context switches per timed step (Linux:
+``/proc/thread-self/status``), voluntary (it blocked: the GIL, a lock, the device)
+and involuntary (the scheduler took its core): where the time of a thread-bound
+cost goes on a machine with few cores.
 
 Prints a table (us per step) and writes JSON to ``--out``.
 """
@@ -64,10 +73,12 @@ def _parse():
         help="diagnostic: Keras runs the batch-end hooks on the training thread instead of its thread pool",
     )
     args = p.parse_args()
-    unknown = set(args.conditions.split(",")) - set(CONDITIONS) - set(DIAGNOSTICS) if args.conditions else set()
+    known = {*CONDITIONS, *DIAGNOSTICS, UNHOOKED}
+    unknown = set(args.conditions.split(",")) - known if args.conditions else set()
     if unknown:
         p.error(
-            f"--conditions: unknown {sorted(unknown)}; expected names from {', '.join([*CONDITIONS, *DIAGNOSTICS])}"
+            f"--conditions: unknown {sorted(unknown)}; expected names from "
+            f"{', '.join([*CONDITIONS, *DIAGNOSTICS, UNHOOKED])}"
         )
     return args
 
@@ -87,6 +98,7 @@ CONDITIONS = (
 # Diagnostics, not in the default run: a do-nothing callback of the package's base, and the same
 # with one or three Python threads blocked in Event.wait() for the whole fit (they never run).
 DIAGNOSTICS = {"idle_callback": 0, "sleeping_thread": 1, "sleeping_threads_3": 3}  # name -> threads
+UNHOOKED = "all_unhooked"  # all six, the package's step path off (module docstring)
 
 
 def _sleepers(threads: int):
@@ -110,10 +122,39 @@ def _sleepers(threads: int):
     return Sleepers()
 
 
+def _unhook():
+    """Last in the list: puts Keras's own train function back for the fit (the six keep everything else)."""
+    import keras
+
+    from keras_gpu_tools._core.step_hook import StepHook
+
+    class Unhook(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.hook = StepHook.installed(self.model)
+            self.model.train_function = self.hook.original
+
+        def on_train_end(self, logs=None):
+            self.model.train_function = self.hook.wrapper  # so the hook's own teardown finds itself
+
+    return Unhook()
+
+
+def _switches() -> tuple[int, int] | None:
+    """This thread's (voluntary, involuntary) context switches so far; None off Linux."""
+    try:
+        with open("/proc/thread-self/status") as f:
+            found = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
+        return int(found["voluntary_ctxt_switches"]), int(found["nonvoluntary_ctxt_switches"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def _callbacks(name: str, log_dir: str) -> list:
     if name in DIAGNOSTICS:
         return [_sleepers(DIAGNOSTICS[name])]
     makers = callback_makers(log_dir)
+    if name == UNHOOKED:
+        return [make() for make in makers.values()] + [_unhook()]
     if name in ("bare", "bare_again"):  # bare_again: an A/A, the noise floor of the method
         return []
     if name == "all":
@@ -149,7 +190,7 @@ def run_backend(args) -> dict:
         """
 
         def __init__(self):
-            self.seconds, self.cpu_seconds, self.hook_seconds = [], [], []
+            self.seconds, self.cpu_seconds, self.hook_seconds, self.switches = [], [], [], []
             clock = self
 
             class First(keras.callbacks.Callback):
@@ -158,16 +199,23 @@ def run_backend(args) -> dict:
 
                 def on_epoch_end(self, epoch, logs=None):
                     clock._t2, clock._c2 = time.perf_counter(), time.thread_time()
+                    clock._s2 = _switches()
+                    clock._t2_read = time.perf_counter()  # the read above is not a callback's epoch hook
 
             class Last(keras.callbacks.Callback):
                 def on_epoch_begin(self, epoch, logs=None):
+                    t = time.perf_counter()
+                    clock._s1 = _switches()
+                    clock._t0 += time.perf_counter() - t  # the read is not a callback's epoch hook
                     clock._t1, clock._c1 = time.perf_counter(), time.thread_time()
 
                 def on_epoch_end(self, epoch, logs=None):
                     t3 = time.perf_counter()
                     clock.seconds.append(clock._t2 - clock._t1)
                     clock.cpu_seconds.append(clock._c2 - clock._c1)
-                    clock.hook_seconds.append((clock._t1 - clock._t0) + (t3 - clock._t2))
+                    clock.hook_seconds.append((clock._t1 - clock._t0) + (t3 - clock._t2_read))
+                    s1, s2 = clock._s1, clock._s2
+                    clock.switches.append(None if s1 is None or s2 is None else (s2[0] - s1[0], s2[1] - s1[1]))
 
             self.first, self.last = First(), Last()
 
@@ -192,6 +240,7 @@ def run_backend(args) -> dict:
     per_step = {name: [] for name in conditions}
     cpu_per_step = {name: [] for name in conditions}
     hooks_ms = {name: [] for name in conditions}
+    switches = {name: [] for name in conditions}
     order = random.Random(0)
     for _ in range(args.rounds):
         for name in order.sample(conditions, len(conditions)):
@@ -201,6 +250,7 @@ def run_backend(args) -> dict:
             per_step[name].append(1e6 * clock.seconds[1] / args.steps)
             cpu_per_step[name].append(1e6 * clock.cpu_seconds[1] / args.steps)
             hooks_ms[name].append(1e3 * clock.hook_seconds[1])
+            switches[name].append(clock.switches[1])
 
     def paired(series, name):
         if "bare" not in series:
@@ -229,9 +279,20 @@ def run_backend(args) -> dict:
                 "rounds_thread_cpu_us_per_step": [round(v, 2) for v in cpu_per_step[name]],
                 # Every callback's on_epoch_begin + on_epoch_end (wall), once an epoch.
                 "median_epoch_hooks_ms": round(statistics.median(hooks_ms[name]), 3),
+                # The training thread's context switches per timed step, median over rounds.
+                "switches_per_step": _per_step_switches(switches[name], args.steps),
             }
         )
     return {"backend": keras.backend.backend(), "width": args.width, "batch": batch, "steps": args.steps, "rows": rows}
+
+
+def _per_step_switches(rounds: list, steps: int) -> dict | None:
+    if not rounds or any(r is None for r in rounds):
+        return None
+    return {
+        "voluntary": round(statistics.median(v for v, _ in rounds) / steps, 3),
+        "involuntary": round(statistics.median(i for _, i in rounds) / steps, 3),
+    }
 
 
 def _versions() -> dict:
@@ -242,6 +303,10 @@ def _versions() -> dict:
         except Exception:
             pass
     return out
+
+
+def _fmt_switches(sw: dict | None) -> str:
+    return "" if sw is None else f" | switches/step {sw['voluntary']:.2f} vol {sw['involuntary']:.2f} invol"
 
 
 def main():
@@ -274,7 +339,7 @@ def main():
                 f"  {row['condition']:22s} {row['fastest_us_per_step']:8.1f} {fmt(row['added_us_per_step'])}"
                 f" {fmt(row['paired_median_added_us_per_step'])}   | {row['fastest_thread_cpu_us_per_step']:8.1f}"
                 f" {fmt(row['added_thread_cpu_us_per_step'])} {fmt(row['paired_median_added_thread_cpu_us_per_step'])}"
-                f"   | epoch hooks {row['median_epoch_hooks_ms']:.2f} ms"
+                f"   | epoch hooks {row['median_epoch_hooks_ms']:.2f} ms{_fmt_switches(row['switches_per_step'])}"
             )
     write_json(args.out, doc)
 
