@@ -131,6 +131,8 @@ def _unhook():
     class Unhook(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
             self.hook = StepHook.installed(self.model)
+            if self.hook is None:
+                raise RuntimeError("all_unhooked: no callback attached the step hook; nothing to put back")
             self.model.train_function = self.hook.original
 
         def on_train_end(self, logs=None):
