@@ -73,13 +73,10 @@ def _parse():
         help="diagnostic: Keras runs the batch-end hooks on the training thread instead of its thread pool",
     )
     args = p.parse_args()
-    known = {*CONDITIONS, *DIAGNOSTICS, UNHOOKED}
-    unknown = set(args.conditions.split(",")) - known if args.conditions else set()
+    known = (*CONDITIONS, *DIAGNOSTICS, UNHOOKED)
+    unknown = set(args.conditions.split(",")) - set(known) if args.conditions else set()
     if unknown:
-        p.error(
-            f"--conditions: unknown {sorted(unknown)}; expected names from "
-            f"{', '.join([*CONDITIONS, *DIAGNOSTICS, UNHOOKED])}"
-        )
+        p.error(f"--conditions: unknown {sorted(unknown)}; expected names from {', '.join(known)}")
     return args
 
 
@@ -123,20 +120,24 @@ def _sleepers(threads: int):
 
 
 def _unhook():
-    """Last in the list: puts Keras's own train function back for the fit (the six keep everything else)."""
+    """Last in the list: puts Keras's own train function back for the fit (the six keep everything else).
+
+    The swap of ``step_path_overhead.py`` and ``gpu_overhead_blocks.py``, for a whole fit.
+    """
     import keras
 
-    from keras_gpu_tools._core.step_hook import StepHook
+    from keras_gpu_tools._core import keras_internals as ki
 
     class Unhook(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            self.hook = StepHook.installed(self.model)
-            if self.hook is None:
+            self.wrapped = ki.get_train_function(self.model)
+            keras_own = getattr(self.wrapped, "__wrapped__", None)
+            if keras_own is None:
                 raise RuntimeError("all_unhooked: no callback attached the step hook; nothing to put back")
-            self.model.train_function = self.hook.original
+            ki.set_train_function(self.model, keras_own)
 
         def on_train_end(self, logs=None):
-            self.model.train_function = self.hook.wrapper  # so the hook's own teardown finds itself
+            ki.set_train_function(self.model, self.wrapped)  # so the hook's own teardown finds itself
 
     return Unhook()
 
