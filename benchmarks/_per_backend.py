@@ -83,3 +83,28 @@ def keras_batch_end_on_training_thread() -> None:
         self._async_train = self._async_test = self._async_predict = False
 
     callback_list.CallbackList._configure_async_dispatch = synchronous
+
+
+def keras_batch_end_workers(workers: int) -> None:
+    """Keras's thread pool for batch-end hooks with ``workers`` threads, in this process (a diagnostic).
+
+    Keras makes the pool per fit with ``ThreadPoolExecutor()``, whose default is
+    ``os.cpu_count() + 4`` threads (6 on 2 cores). A pool thread starts only when
+    a hook is submitted and none is idle, so with steps faster than the hooks'
+    wait for each step's logs, all of them start, and they share the
+    interpreter lock with the training thread.
+    """
+    import concurrent.futures
+
+    from keras.src.callbacks import callback_list
+
+    on_begin = callback_list.CallbackList._on_begin
+
+    def sized(self):
+        fresh = self._executor is None
+        on_begin(self)
+        if fresh and self._executor is not None:
+            self._executor.shutdown()  # it has no thread yet: they start on the first submit
+            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+
+    callback_list.CallbackList._on_begin = sized

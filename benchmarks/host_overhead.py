@@ -32,6 +32,11 @@ package's step path (step hook, reducer, detector's timed calls) is off and all 
 stays (threads, event writers, epoch hooks, Keras's dispatch of the batch hooks):
 ``all`` minus ``all_unhooked`` is the step path, ``all_unhooked`` the rest.
 
+``--batch-end-workers N``: Keras's pool for batch-end hooks with N threads instead of
+its default (the CPU count + 4): how much of a cost is the pool's threads contending
+for the interpreter lock. ``--windows PATH``: each timed epoch's bounds on
+CLOCK_MONOTONIC, for ``host_profile.py``, which says where the time goes.
+
 With each figure, the training thread's context switches per timed step (Linux:
 ``/proc/thread-self/status``), voluntary (it blocked: the GIL, a lock, the device)
 and involuntary (the scheduler took its core): where the time of a thread-bound
@@ -47,9 +52,16 @@ import os
 import platform
 import random
 import statistics
+import threading
 import time
 
-from _per_backend import callback_makers, keras_batch_end_on_training_thread, run_per_backend, write_json
+from _per_backend import (
+    callback_makers,
+    keras_batch_end_on_training_thread,
+    keras_batch_end_workers,
+    run_per_backend,
+    write_json,
+)
 
 
 def _parse():
@@ -72,11 +84,27 @@ def _parse():
         action="store_true",
         help="diagnostic: Keras runs the batch-end hooks on the training thread instead of its thread pool",
     )
+    p.add_argument(
+        "--batch-end-workers",
+        type=int,
+        default=None,
+        help="diagnostic: threads in Keras's pool for batch-end hooks (its default: the CPU count + 4)",
+    )
+    p.add_argument(
+        "--windows",
+        default=None,
+        help="writes each timed epoch's (condition, training thread id, CLOCK_MONOTONIC begin, end) "
+        "as JSON here, for host_profile.py (one backend, no --backends)",
+    )
     args = p.parse_args()
     known = (*CONDITIONS, *DIAGNOSTICS, UNHOOKED)
     unknown = set(args.conditions.split(",")) - set(known) if args.conditions else set()
     if unknown:
         p.error(f"--conditions: unknown {sorted(unknown)}; expected names from {', '.join(known)}")
+    if args.batch_end_workers is not None and (args.batch_end_workers < 1 or args.no_batch_end_thread):
+        p.error(f"--batch-end-workers: got {args.batch_end_workers}; expected 1 or more, without --no-batch-end-thread")
+    if args.windows and args.backends:
+        p.error("--windows: needs one backend in this process (KERAS_BACKEND), not --backends")
     return args
 
 
@@ -176,6 +204,8 @@ def run_backend(args) -> dict:
     warnings.simplefilter("ignore")
     if args.no_batch_end_thread:
         keras_batch_end_on_training_thread()
+    if args.batch_end_workers:
+        keras_batch_end_workers(args.batch_end_workers)
     if keras.backend.backend() == "torch":  # its CPU kernels spin in a thread pool: noise in the timings
         import torch
 
@@ -194,6 +224,7 @@ def run_backend(args) -> dict:
 
         def __init__(self):
             self.seconds, self.cpu_seconds, self.hook_seconds, self.switches = [], [], [], []
+            self.monotonic = []  # (begin, end) of each epoch's steps, on CLOCK_MONOTONIC (perf's -k mono)
             clock = self
 
             class First(keras.callbacks.Callback):
@@ -203,13 +234,15 @@ def run_backend(args) -> dict:
                 def on_epoch_end(self, epoch, logs=None):
                     clock._t2, clock._c2 = time.perf_counter(), time.thread_time()
                     clock._s2 = _switches()
-                    clock._t2_read = time.perf_counter()  # the read above is not a callback's epoch hook
+                    clock._m2 = time.clock_gettime(time.CLOCK_MONOTONIC)
+                    clock._t2_read = time.perf_counter()  # the reads above are not a callback's epoch hook
 
             class Last(keras.callbacks.Callback):
                 def on_epoch_begin(self, epoch, logs=None):
                     t = time.perf_counter()
                     clock._s1 = _switches()
-                    clock._t0 += time.perf_counter() - t  # the read is not a callback's epoch hook
+                    clock._m1 = time.clock_gettime(time.CLOCK_MONOTONIC)
+                    clock._t0 += time.perf_counter() - t  # the reads are not a callback's epoch hook
                     clock._t1, clock._c1 = time.perf_counter(), time.thread_time()
 
                 def on_epoch_end(self, epoch, logs=None):
@@ -219,6 +252,7 @@ def run_backend(args) -> dict:
                     clock.hook_seconds.append((clock._t1 - clock._t0) + (t3 - clock._t2_read))
                     s1, s2 = clock._s1, clock._s2
                     clock.switches.append(None if s1 is None or s2 is None else (s2[0] - s1[0], s2[1] - s1[1]))
+                    clock.monotonic.append((clock._m1, clock._m2))
 
             self.first, self.last = First(), Last()
 
@@ -244,6 +278,7 @@ def run_backend(args) -> dict:
     cpu_per_step = {name: [] for name in conditions}
     hooks_ms = {name: [] for name in conditions}
     switches = {name: [] for name in conditions}
+    windows = []
     order = random.Random(0)
     for _ in range(args.rounds):
         for name in order.sample(conditions, len(conditions)):
@@ -254,6 +289,9 @@ def run_backend(args) -> dict:
             cpu_per_step[name].append(1e6 * clock.cpu_seconds[1] / args.steps)
             hooks_ms[name].append(1e3 * clock.hook_seconds[1])
             switches[name].append(clock.switches[1])
+            windows.append([name, threading.get_native_id(), *clock.monotonic[1]])
+    if args.windows:
+        write_json(args.windows, {"steps": args.steps, "windows": windows})
 
     def paired(series, name):
         if "bare" not in series:
@@ -318,12 +356,14 @@ def main():
         argv = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--width", str(args.width)]
         argv += ["--batch", str(args.batch), "--threads", str(args.threads)]
         argv += ["--no-batch-end-thread"] if args.no_batch_end_thread else []
+        argv += ["--batch-end-workers", str(args.batch_end_workers)] if args.batch_end_workers else []
         argv += ["--conditions", args.conditions] if args.conditions else []
         results = run_per_backend(__file__, args.backends, argv)
     else:
         results = [run_backend(args)]
     doc = {"what": "host us per step added to a bare fit (fastest of interleaved rounds)", "versions": _versions()}
     doc["keras_batch_end_thread"] = not args.no_batch_end_thread
+    doc["keras_batch_end_workers"] = args.batch_end_workers or "Keras's default"
     doc["results"] = results
     for r in results:
         if "error" in r:
