@@ -241,6 +241,8 @@ def main():
         found: list = []
         result = attribute(_samples(data, found), windows, args.frequency)
         wakeups = count_wakeups(found, windows) if args.wakeups else {}
+    if not result:
+        sys.exit("host_profile: no sample fell in a timed epoch (perf script found none; is perf allowed to read it?)")
     _report(result, args.top)
     for name, row in wakeups.items():
         result.setdefault(name, {})["wakeups_per_step"] = row
