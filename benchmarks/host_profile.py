@@ -62,7 +62,7 @@ def _parse():
     p.add_argument("--out", default=None)
     p.add_argument("--frequency", type=int, default=10000, help="samples per second of a thread's CPU time")
     p.add_argument("--callers", action="store_true", help="kernel call chains: who the training thread wakes how")
-    p.add_argument("--wakeups", action="store_true", help="count the training thread's wake-ups, local and remote")
+    p.add_argument("--wakeups", action="store_true", help="count the training thread's wake-ups by where they land")
     p.add_argument("--top", type=int, default=12, help="symbols shown per condition")
     p.add_argument("host_overhead_args", nargs=argparse.REMAINDER, help="after --: host_overhead.py's arguments")
     args = p.parse_args()
@@ -70,6 +70,8 @@ def _parse():
     for flag in ("--backends", "--out", "--windows"):
         if flag in rest:
             p.error(f"{flag}: set by host_profile.py; leave it out of host_overhead.py's arguments")
+    if args.top < 1:
+        p.error(f"--top: got {args.top}; expected 1 or more symbols")
     if not 100 <= args.frequency <= 50000:
         p.error(f"--frequency: got {args.frequency}; expected 100 to 50000 samples per second")
     if shutil.which("perf") is None:
