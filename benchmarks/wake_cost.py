@@ -59,16 +59,18 @@ def ping_pong(cpus: tuple[int, int], trips: int) -> tuple[float, float, float]:
             os.write(report_w, repr(_cpu_seconds() - start).encode())
         finally:
             os._exit(0)
-    os.sched_setaffinity(0, {cpus[0]})
-    start, wall = _cpu_seconds(), time.perf_counter()
-    for _ in range(trips):
-        os.write(from_parent, b"x")
-        os.read(to_parent, 1)
-    parent, wall = _cpu_seconds() - start, time.perf_counter() - wall
-    child = float(os.read(report_r, 64).decode())
-    os.waitpid(pid, 0)
-    for fd in (to_child, from_parent, to_parent, from_child, report_r, report_w):
-        os.close(fd)
+    try:
+        os.sched_setaffinity(0, {cpus[0]})
+        start, wall = _cpu_seconds(), time.perf_counter()
+        for _ in range(trips):
+            os.write(from_parent, b"x")
+            os.read(to_parent, 1)
+        parent, wall = _cpu_seconds() - start, time.perf_counter() - wall
+        child = float(os.read(report_r, 64).decode())
+    finally:  # closed pipes end a child left waiting (end of file, then a broken pipe)
+        for fd in (to_child, from_parent, to_parent, from_child, report_r, report_w):
+            os.close(fd)
+        os.waitpid(pid, 0)
     return 1e6 * parent / trips, 1e6 * child / trips, 1e6 * wall / trips
 
 
