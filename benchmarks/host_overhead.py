@@ -74,7 +74,7 @@ def _parse():
         "--conditions",
         default=None,
         help="comma-separated subset of the conditions, or of the diagnostics "
-        "(idle_callback, sleeping_thread, sleeping_threads_3)",
+        "(idle_callback, sleeping_thread, sleeping_threads_3, all_unhooked)",
     )
     p.add_argument("--width", type=int, default=32, help="hidden width (a wider model has a longer step)")
     p.add_argument("--batch", type=int, default=32)

@@ -155,38 +155,49 @@ def _frame(text: str) -> tuple[str, str]:
     return symbol.split("+0x")[0].strip() or "[unknown]", os.path.basename(obj.rstrip(")"))
 
 
-def count_wakeups(wakeups: list, windows: dict) -> dict:
+class TimedEpochs:
+    """The timed epochs of ``--windows``: which one a moment falls in, and how many steps a condition timed."""
+
+    def __init__(self, windows: dict):
+        self.spans = sorted((begin, end, name, tid) for name, tid, begin, end in windows["windows"])
+        self.starts = [s[0] for s in self.spans]
+        epochs = collections.Counter(s[2] for s in self.spans)
+        self.steps = {name: n * windows["steps"] for name, n in epochs.items()}
+
+    def at(self, t: float) -> tuple[str, int] | None:
+        """(condition, training thread id) of the timed epoch running at ``t``, or None between them."""
+        i = bisect.bisect_right(self.starts, t) - 1
+        if i < 0 or t > self.spans[i][1]:
+            return None
+        return self.spans[i][2], self.spans[i][3]
+
+
+def count_wakeups(wakeups: list, epochs: TimedEpochs) -> dict:
     """Per condition, per timed step: the training thread's wake-ups of others, by where they go, and its own."""
-    spans = sorted((begin, end, name, tid) for name, tid, begin, end in windows["windows"])
-    starts = [s[0] for s in spans]
-    epochs = collections.Counter(s[2] for s in spans)
     count = collections.defaultdict(collections.Counter)
     for waker, t, woken, where in wakeups:
-        i = bisect.bisect_right(starts, t) - 1
-        if i < 0 or t > spans[i][1]:
+        found = epochs.at(t)
+        if found is None:
             continue
-        _, _, name, training = spans[i]
+        name, training = found
         if waker == training:
             count[name][f"wakes_{where}"] += 1
         elif woken == training:
             count[name][f"woken_{where}"] += 1
     return {
-        name: {key: round(n / (epochs[name] * windows["steps"]), 3) for key, n in sorted(counter.items())}
+        name: {key: round(n / epochs.steps[name], 3) for key, n in sorted(counter.items())}
         for name, counter in count.items()
     }
 
 
-def attribute(samples, windows: dict, frequency: int) -> dict:
+def attribute(samples, epochs: TimedEpochs, frequency: int) -> dict:
     """us per step by condition: training thread and other threads, by object and symbol; wake-up callers."""
-    spans = sorted((begin, end, name, tid) for name, tid, begin, end in windows["windows"])
-    starts = [s[0] for s in spans]
-    epochs = collections.Counter(s[2] for s in spans)
     count = collections.defaultdict(collections.Counter)
     for tid, t, frames in samples:
-        i = bisect.bisect_right(starts, t) - 1
-        if i < 0 or t > spans[i][1] or not frames:
+        found = epochs.at(t)
+        if found is None or not frames:
             continue
-        _, _, name, training = spans[i]
+        name, training = found
         who = "training" if tid == training else "other"
         symbol, obj = frames[0]
         count[name][(who, "object", obj)] += 1
@@ -197,7 +208,7 @@ def attribute(samples, windows: dict, frequency: int) -> dict:
     per_sample = 1e6 / frequency
     out = {}
     for name, counter in count.items():
-        steps = epochs[name] * windows["steps"]
+        steps = epochs.steps[name]
         table: dict = collections.defaultdict(lambda: collections.defaultdict(dict))
         for (who, kind, key), n in counter.items():
             table[who][kind][key] = round(n * per_sample / steps, 3)
@@ -240,9 +251,9 @@ def main():
     args = _parse()
     with tempfile.TemporaryDirectory(prefix="kgt_host_profile_") as tmp:
         data, windows = _record(args, tmp)
-        found: list = []
-        result = attribute(_samples(data, found), windows, args.frequency)
-        wakeups = count_wakeups(found, windows) if args.wakeups else {}
+        epochs, found = TimedEpochs(windows), []
+        result = attribute(_samples(data, found), epochs, args.frequency)
+        wakeups = count_wakeups(found, epochs) if args.wakeups else {}
     if not result:
         sys.exit("host_profile: no sample fell in a timed epoch (perf script found none; is perf allowed to read it?)")
     _report(result, args.top)
