@@ -7,6 +7,7 @@ test process itself has long imported Keras and its backend.
 import ast
 import configparser
 import importlib
+import importlib.util
 import json
 import os
 import pkgutil
@@ -173,6 +174,37 @@ def test_module_imports_no_framework(module):
     if module in IMPORTS_KERAS:
         pytest.skip(f"{module} defines Keras subclasses: it imports Keras at module level by design")
     assert loaded_after(f"import {module}", FRAMEWORKS) == []
+
+
+# -- training on a backend that is not TensorFlow ----------------------------------------
+_FIT_WITH_LOGS = """
+import tempfile, warnings
+import numpy as np, keras
+import keras_gpu_tools as kgt
+warnings.simplefilter('ignore')
+d = tempfile.mkdtemp()
+m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+m.compile('adam', 'mse')
+x, y = np.zeros((64, 4), 'float32'), np.zeros((64, 1), 'float32')
+m.fit(x, y, epochs=2, verbose=0, callbacks=[
+    kgt.GPUUtilizationLogger(log_dir=d, interval=0.05), kgt.InputBoundDetector(log_dir=d, verbose=0),
+    kgt.OOMBatchSizeReducer(log_dir=d, verbose=0), kgt.ProfilerWindow(log_dir=d, start_step=10**9, verbose=0),
+    kgt.LiveView(), kgt.MixedPrecisionCheck()])
+kgt.report(log_dir=d)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_a_fit_writing_logs_on_jax_or_torch_imports_no_tensorflow(backend, monkeypatch):
+    # TensorBoard's own event writer imports TensorFlow whenever it is installed: 2 s at the
+    # start of the fit and a second framework in the process. Our writer needs none of it.
+    for module in (backend, "tensorflow"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed: nothing to show here")
+    monkeypatch.setenv("KERAS_BACKEND", backend)
+    loaded = loaded_after(_FIT_WITH_LOGS, FRAMEWORKS)
+    assert backend in loaded and "tensorflow" not in loaded  # (Keras itself may import JAX on torch)
 
 
 # -- the command line ------------------------------------------------------------------

@@ -1,0 +1,91 @@
+"""The event writer: TensorBoard's format, read back by TensorBoard's reader, with no thread of its own."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+from keras_gpu_tools._core.tensorboard import EventWriter
+
+
+def _read(run_dir):
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def test_events_read_back_by_tensorboard_while_the_writer_is_open(tmp_path):
+    w = EventWriter(str(tmp_path / "gpu"))
+    try:
+        w.scalars({"gpu/0/utilization": 87.5, "host/cpu": 12.0}, step=3, wall_time=1000.0)
+        w.scalars({"gpu/0/utilization": 90.0}, step=4)
+        w.json("gpu/devices/data", {"name": "H100", "ids": (0, 1)}, step=3)
+        # No flush, no close: each event is on disk when the call returns.
+        acc = _read(tmp_path / "gpu")
+        util = acc.Scalars("gpu/0/utilization")
+        assert [(e.step, e.value) for e in util] == [(3, 87.5), (4, 90.0)]
+        assert util[0].wall_time == 1000.0
+        assert acc.Scalars("host/cpu")[0].value == 12.0
+        (text,) = acc.Tensors("gpu/devices/data")
+        assert json.loads(text.tensor_proto.string_val[0]) == {"name": "H100", "ids": [0, 1]}
+        (name,) = os.listdir(tmp_path / "gpu")
+        assert name.startswith("events.out.tfevents.") and name == os.path.basename(w.path)
+    finally:
+        w.close()
+    w.close()  # twice is harmless
+    w.scalars({"late": 1.0}, step=5)  # after close: dropped, never raises
+    assert "late" not in _read(tmp_path / "gpu").Tags()["scalars"]
+
+
+def test_two_writers_in_one_run_dir_never_share_a_file(tmp_path):
+    a, b = EventWriter(str(tmp_path / "run")), EventWriter(str(tmp_path / "run"))
+    a.close()
+    b.close()
+    assert a.path != b.path and len(os.listdir(tmp_path / "run")) == 2
+
+
+def test_writing_starts_no_thread(tmp_path):
+    before = set(threading.enumerate())
+    w = EventWriter(str(tmp_path / "input"))
+    for step in range(50):
+        w.scalars({"input/wait_fraction": 0.1}, step=step)
+    w.text("input/verdict", "not input-bound", step=50)
+    assert set(threading.enumerate()) - before == set()
+    w.close()
+
+
+def test_a_failed_write_warns_once_and_training_goes_on(tmp_path, caplog):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (Linux) for a real out-of-space error")
+    w = EventWriter(str(tmp_path / "oom"))
+    w._file.close()
+    w._file = open("/dev/full", "wb", buffering=0)  # every write fails with ENOSPC, as on a full disk
+    w._records = RecordWriter(w._file)
+    with caplog.at_level(logging.WARNING, logger="keras_gpu_tools"):
+        w.scalars({"oom/events": 1.0}, step=1)  # must not raise
+        w.scalars({"oom/events": 2.0}, step=2)
+        w.flush()
+        w.close()
+    warnings = [r for r in caplog.records if "event file" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "training goes on" in warnings[0].getMessage() and w.path in warnings[0].getMessage()
+
+
+def test_writing_does_not_import_tensorflow(tmp_path):
+    # TensorBoard's own EventFileWriter imports TensorFlow when it is installed (2-3 s, and a
+    # second framework in a JAX or torch process); ours must not.
+    code = (
+        "import sys; from keras_gpu_tools._core.tensorboard import EventWriter; "
+        f"w = EventWriter({str(tmp_path / 'run')!r}); w.scalars({{'a': 1.0}}, step=1); "
+        "w.text('t', 'x', step=1); w.json('t/data', [1], step=1); w.close(); "
+        "print('tensorflow' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+    assert len(_read(tmp_path / "run").Scalars("a")) == 1
