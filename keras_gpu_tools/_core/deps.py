@@ -22,6 +22,14 @@ def _require(module: str, pip_name: str, purpose: str):
         ) from e
 
 
+def tensorboard_event_writer():
+    return _require(
+        "tensorboard.summary.writer.event_file_writer",
+        "keras-gpu-tools[tensorboard]` or `pip install tensorboard",
+        "Writing TensorBoard logs",
+    )
+
+
 def tensorboard_record_writer():
     return _require(
         "tensorboard.summary.writer.record_writer",

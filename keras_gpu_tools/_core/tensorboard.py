@@ -1,12 +1,12 @@
 """Writing TensorBoard event files on every Keras backend.
 
-Uses the ``tensorboard`` package's record format and protos, never TensorFlow:
-the same code path serves the TensorFlow, JAX and torch backends, imports no
-TensorFlow into a JAX or torch process (``tensorboard``'s own ``EventFileWriter``
-does, when TensorFlow is installed), and runs no TensorFlow op on our background
-threads (``tf.summary`` would). Scalars are
-written as ``simple_value`` and text with the text plugin's metadata, both of
-which TensorBoard reads natively.
+Uses the ``tensorboard`` package's record format and protos, not TensorFlow:
+the same code path serves the TensorFlow, JAX and torch backends, a local run
+imports no TensorFlow into a JAX or torch process (``tensorboard``'s own
+``EventFileWriter`` does, when TensorFlow is installed; only a remote run still
+uses it), and no TensorFlow op runs on our background threads (``tf.summary``
+would). Scalars are written as ``simple_value`` and text with the text plugin's
+metadata, both of which TensorBoard reads natively.
 
 Each callback writes to a run of its own (``log_dir/<run>``, for example
 ``logs/gpu``), so it shows next to Keras's ``train``/``validation`` runs and never
@@ -60,41 +60,67 @@ def to_plain(value: Any) -> Any:
     return str(value)  # an object JSON has no type for: its text
 
 
+class _LocalEvents:
+    """An event file on a local disk, each event written and flushed by its caller."""
+
+    def __init__(self, run_dir: str):
+        os.makedirs(run_dir, exist_ok=True)
+        # TensorBoard's own file name, which its reader orders a run's files by.
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_file_ids)}"
+        self.path = os.path.join(run_dir, name)
+        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
+        self._records = deps.tensorboard_record_writer().RecordWriter(self._file)
+
+    def add_event(self, event) -> None:
+        self._records.write(event.SerializeToString())
+        self._file.flush()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _remote_events(run_dir: str):
+    """``tensorboard``'s ``EventFileWriter``: its file system layer reaches ``gs://`` (through
+    TensorFlow, which it then imports), and its thread keeps a slow remote write, and a flush that
+    uploads the file again, off the caller's thread."""
+    return deps.tensorboard_event_writer().EventFileWriter(run_dir, flush_secs=10)
+
+
 class EventWriter:
-    """A thread-safe writer of scalars and text into one TensorBoard run, with no thread of its own.
+    """A thread-safe writer of scalars and text into one TensorBoard run.
 
     ``tensorboard``'s ``EventFileWriter`` keeps a thread per file to write a
-    queue in the background. Our events are few (a point every sampling
-    interval at most, the rest once an epoch) and our log directories are
-    local, so each event is written and flushed by its caller: no thread per
-    run is kept alive through the fit (threads that never run still cost the
-    training thread on JAX, ``docs/architecture.md``), TensorBoard sees each
-    event at once, and nothing waits in a queue if the process dies. The
-    format is TensorBoard's own (its ``RecordWriter``), read back by its reader.
+    queue in the background, and imports TensorFlow when it is installed. Our
+    events are few (a point every sampling interval at most, the rest once an
+    epoch), so on a local disk each is written and flushed by its caller
+    (:class:`_LocalEvents`): no thread per run through the fit, TensorBoard
+    sees each event at once, nothing waits in a queue if the process dies, and
+    the format is TensorBoard's own (its ``RecordWriter``). A remote run
+    (``gs://``, ``s3://``, ``hdfs://``) still goes through ``EventFileWriter``.
 
     A failed write (a full disk) warns once and ends the writer's writes: the
     logs stop, training goes on.
     """
 
     def __init__(self, run_dir: str):
-        record_writer = deps.tensorboard_record_writer()
         _, event_pb2 = deps.tensorboard_protos()
         self.run_dir = run_dir
-        os.makedirs(run_dir, exist_ok=True)
-        # TensorBoard's own file name, which its reader orders runs' files by.
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_file_ids)}"
-        self.path = os.path.join(run_dir, name)
-        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
-        self._records = record_writer.RecordWriter(self._file)
+        self._events = (
+            _remote_events(run_dir) if run_dir.startswith(validation.REMOTE_PREFIXES) else _LocalEvents(run_dir)
+        )
         self._lock = threading.Lock()
         self._closed = False
-        self._add(
-            event_pb2.Event(
-                wall_time=time.time(),
-                file_version="brain.Event:2",
-                source_metadata=event_pb2.SourceMetadata(writer="keras_gpu_tools"),
+        if isinstance(self._events, _LocalEvents):  # EventFileWriter writes its own first event
+            self._add(
+                event_pb2.Event(
+                    wall_time=time.time(),
+                    file_version="brain.Event:2",
+                    source_metadata=event_pb2.SourceMetadata(writer="keras_gpu_tools"),
+                )
             )
-        )
 
     def scalars(self, values: dict[str, float], step: int, wall_time: float | None = None) -> None:
         if not values:
@@ -113,23 +139,21 @@ class EventWriter:
         self._add(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     def _add(self, event) -> None:
-        data = event.SerializeToString()
         with self._lock:
             if self._closed:
                 return
             try:
-                self._records.write(data)
-                self._file.flush()
-            except OSError as e:
+                self._events.add_event(event)
+            except Exception as e:  # a full disk, a lost connection: the logs stop, training goes on
                 self._fail(e)
 
     def flush(self) -> None:
-        """Kept for callers: every event is flushed as it is written."""
+        """Writes what is pending (nothing on a local disk, where every event is flushed as written)."""
         with self._lock:
             if not self._closed:
                 try:
-                    self._file.flush()
-                except OSError as e:
+                    self._events.flush()
+                except Exception as e:
                     self._fail(e)
 
     def close(self) -> None:
@@ -138,21 +162,20 @@ class EventWriter:
                 return
             self._closed = True
             try:
-                self._file.close()
-            except OSError as e:
-                logger.warning("keras_gpu_tools: closing the TensorBoard event file %s failed (%s)", self.path, e)
+                self._events.close()
+            except Exception as e:
+                logger.warning("keras_gpu_tools: closing the TensorBoard run %s failed (%s)", self.run_dir, e)
 
-    def _fail(self, error: OSError) -> None:  # under the lock
+    def _fail(self, error: Exception) -> None:  # under the lock
         self._closed = True
         logger.warning(
-            "keras_gpu_tools: writing the TensorBoard event file %s failed (%s); this run's logs stop here, "
-            "training goes on.",
-            self.path,
+            "keras_gpu_tools: writing the TensorBoard run %s failed (%s); its logs stop here, training goes on.",
+            self.run_dir,
             error,
         )
         try:
-            self._file.close()
-        except OSError:
+            self._events.close()
+        except Exception:
             pass
 
     def json(self, tag: str, value: Any, step: int) -> None:

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from keras_gpu_tools._core.tensorboard import EventWriter
@@ -35,7 +36,7 @@ def test_events_read_back_by_tensorboard_while_the_writer_is_open(tmp_path):
         (text,) = acc.Tensors("gpu/devices/data")
         assert json.loads(text.tensor_proto.string_val[0]) == {"name": "H100", "ids": [0, 1]}
         (name,) = os.listdir(tmp_path / "gpu")
-        assert name.startswith("events.out.tfevents.") and name == os.path.basename(w.path)
+        assert name.startswith("events.out.tfevents.") and name == os.path.basename(w._events.path)
     finally:
         w.close()
     w.close()  # twice is harmless
@@ -47,7 +48,7 @@ def test_two_writers_in_one_run_dir_never_share_a_file(tmp_path):
     a, b = EventWriter(str(tmp_path / "run")), EventWriter(str(tmp_path / "run"))
     a.close()
     b.close()
-    assert a.path != b.path and len(os.listdir(tmp_path / "run")) == 2
+    assert a._events.path != b._events.path and len(os.listdir(tmp_path / "run")) == 2
 
 
 def test_writing_starts_no_thread(tmp_path):
@@ -64,17 +65,19 @@ def test_a_failed_write_warns_once_and_training_goes_on(tmp_path, caplog):
     if not os.path.exists("/dev/full"):
         pytest.skip("needs /dev/full (Linux) for a real out-of-space error")
     w = EventWriter(str(tmp_path / "oom"))
-    w._file.close()
-    w._file = open("/dev/full", "wb", buffering=0)  # every write fails with ENOSPC, as on a full disk
-    w._records = RecordWriter(w._file)
+    local = w._events
+    local._file.close()
+    local._file = open("/dev/full", "wb", buffering=0)  # every write fails with ENOSPC, as on a full disk
+    local._records = RecordWriter(local._file)
     with caplog.at_level(logging.WARNING, logger="keras_gpu_tools"):
         w.scalars({"oom/events": 1.0}, step=1)  # must not raise
         w.scalars({"oom/events": 2.0}, step=2)
         w.flush()
         w.close()
-    warnings = [r for r in caplog.records if "event file" in r.getMessage()]
+    warnings = [r for r in caplog.records if "TensorBoard run" in r.getMessage()]
     assert len(warnings) == 1
-    assert "training goes on" in warnings[0].getMessage() and w.path in warnings[0].getMessage()
+    message = warnings[0].getMessage()
+    assert "training goes on" in message and w.run_dir in message and "No space left" in message
 
 
 def test_writing_does_not_import_tensorflow(tmp_path):
@@ -89,3 +92,53 @@ def test_writing_does_not_import_tensorflow(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"
     assert len(_read(tmp_path / "run").Scalars("a")) == 1
+
+
+class _FakeEventFileWriter:
+    """Stands for tensorboard's writer on a bucket this machine cannot reach."""
+
+    made: list = []
+
+    def __init__(self, logdir, flush_secs=120):
+        self.logdir, self.flush_secs, self.events, self.calls = logdir, flush_secs, [], []
+        _FakeEventFileWriter.made.append(self)
+
+    def add_event(self, event):
+        if len(self.events) == 2:
+            raise OSError("the connection to the bucket was lost")
+        self.events.append(event)
+
+    def flush(self):
+        self.calls.append("flush")
+
+    def close(self):
+        self.calls.append("close")
+
+
+def test_a_remote_run_goes_through_tensorboards_writer(tmp_path, monkeypatch, caplog):
+    # gs://, s3://, hdfs:// need tensorboard's file system layer (TensorFlow's, for gs://), and
+    # its thread keeps a slow upload off the caller: no local file, no local directory.
+    import types
+
+    from keras_gpu_tools._core import deps
+
+    monkeypatch.setattr(
+        deps, "tensorboard_event_writer", lambda: types.SimpleNamespace(EventFileWriter=_FakeEventFileWriter)
+    )
+    monkeypatch.chdir(tmp_path)
+    _FakeEventFileWriter.made.clear()
+    w = EventWriter("gs://bucket/logs/gpu")
+    (remote,) = _FakeEventFileWriter.made
+    assert (remote.logdir, remote.flush_secs) == ("gs://bucket/logs/gpu", 10)
+    w.scalars({"gpu/0/utilization": 50.0}, step=1)
+    w.flush()
+    assert [type(e) for e in remote.events] == [event_pb2.Event] and remote.events[0].step == 1
+    assert remote.calls == ["flush"]
+    with caplog.at_level(logging.WARNING, logger="keras_gpu_tools"):
+        w.text("gpu/devices", "one H100", step=1)
+        w.scalars({"gpu/0/utilization": 60.0}, step=2)  # the third event fails: warned, never raised
+        w.scalars({"gpu/0/utilization": 70.0}, step=3)
+        w.close()
+    assert len([r for r in caplog.records if "gs://bucket/logs/gpu" in r.getMessage()]) == 1
+    assert len(remote.events) == 2 and remote.calls == ["flush", "close"]
+    assert os.listdir(tmp_path) == []
