@@ -23,18 +23,18 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import logging
 import math
 import numbers
 import os
 import socket
 import threading
 import time
+import warnings
 from typing import Any
 
 from keras_gpu_tools._core import deps, validation
+from keras_gpu_tools.errors import KerasGPUToolsWarning
 
-logger = logging.getLogger("keras_gpu_tools")
 _file_ids = itertools.count()  # the last part of an event file's name: unique within the process
 
 
@@ -164,14 +164,20 @@ class EventWriter:
             try:
                 self._events.close()
             except Exception as e:
-                logger.warning("keras_gpu_tools: closing the TensorBoard run %s failed (%s)", self.run_dir, e)
+                warnings.warn(
+                    f"keras_gpu_tools: closing the TensorBoard run {self.run_dir} failed ({e})",
+                    KerasGPUToolsWarning,
+                    stacklevel=2,
+                )
 
     def _fail(self, error: Exception) -> None:  # under the lock
         self._closed = True
-        logger.warning(
-            "keras_gpu_tools: writing the TensorBoard run %s failed (%s); its logs stop here, training goes on.",
-            self.run_dir,
-            error,
+        # The package's own warning class, as every other monitoring failure (users filter them as one).
+        warnings.warn(
+            f"keras_gpu_tools: writing the TensorBoard run {self.run_dir} failed ({error}); its logs stop here, "
+            "training goes on.",
+            KerasGPUToolsWarning,
+            stacklevel=4,
         )
         try:
             self._events.close()

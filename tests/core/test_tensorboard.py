@@ -1,11 +1,11 @@
 """The event writer: TensorBoard's format, read back by TensorBoard's reader, with no thread of its own."""
 
 import json
-import logging
 import os
 import subprocess
 import sys
 import threading
+import warnings
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -13,6 +13,7 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools.errors import KerasGPUToolsWarning
 
 
 def _read(run_dir):
@@ -61,7 +62,7 @@ def test_writing_starts_no_thread(tmp_path):
     w.close()
 
 
-def test_a_failed_write_warns_once_and_training_goes_on(tmp_path, caplog):
+def test_a_failed_write_warns_once_and_training_goes_on(tmp_path):
     if not os.path.exists("/dev/full"):
         pytest.skip("needs /dev/full (Linux) for a real out-of-space error")
     w = EventWriter(str(tmp_path / "oom"))
@@ -69,14 +70,15 @@ def test_a_failed_write_warns_once_and_training_goes_on(tmp_path, caplog):
     local._file.close()
     local._file = open("/dev/full", "wb", buffering=0)  # every write fails with ENOSPC, as on a full disk
     local._records = RecordWriter(local._file)
-    with caplog.at_level(logging.WARNING, logger="keras_gpu_tools"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         w.scalars({"oom/events": 1.0}, step=1)  # must not raise
         w.scalars({"oom/events": 2.0}, step=2)
         w.flush()
         w.close()
-    warnings = [r for r in caplog.records if "TensorBoard run" in r.getMessage()]
-    assert len(warnings) == 1
-    message = warnings[0].getMessage()
+    mine = [x for x in caught if issubclass(x.category, KerasGPUToolsWarning) and "TensorBoard run" in str(x.message)]
+    assert len(mine) == 1
+    message = str(mine[0].message)
     assert "training goes on" in message and w.run_dir in message and "No space left" in message
 
 
@@ -115,7 +117,7 @@ class _FakeEventFileWriter:
         self.calls.append("close")
 
 
-def test_a_remote_run_goes_through_tensorboards_writer(tmp_path, monkeypatch, caplog):
+def test_a_remote_run_goes_through_tensorboards_writer(tmp_path, monkeypatch):
     # gs://, s3://, hdfs:// need tensorboard's file system layer (TensorFlow's, for gs://), and
     # its thread keeps a slow upload off the caller: no local file, no local directory.
     import types
@@ -134,11 +136,21 @@ def test_a_remote_run_goes_through_tensorboards_writer(tmp_path, monkeypatch, ca
     w.flush()
     assert [type(e) for e in remote.events] == [event_pb2.Event] and remote.events[0].step == 1
     assert remote.calls == ["flush"]
-    with caplog.at_level(logging.WARNING, logger="keras_gpu_tools"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         w.text("gpu/devices", "one H100", step=1)
         w.scalars({"gpu/0/utilization": 60.0}, step=2)  # the third event fails: warned, never raised
         w.scalars({"gpu/0/utilization": 70.0}, step=3)
         w.close()
-    assert len([r for r in caplog.records if "gs://bucket/logs/gpu" in r.getMessage()]) == 1
+    assert (
+        len(
+            [
+                x
+                for x in caught
+                if issubclass(x.category, KerasGPUToolsWarning) and "gs://bucket/logs/gpu" in str(x.message)
+            ]
+        )
+        == 1
+    )
     assert len(remote.events) == 2 and remote.calls == ["flush", "close"]
     assert os.listdir(tmp_path) == []
