@@ -1,9 +1,8 @@
 """Reading GPU, allocator and host metrics, and aggregating them.
 
 Nothing here knows about Keras. :class:`MetricSampler` reads one sample (a flat
-``{key: float}`` dict); :class:`Aggregate` folds samples into means and maxima;
-:class:`SamplingThread` runs the sampler at a fixed interval off the training
-thread. A field a GPU cannot report is warned about once, left out, and never
+``{key: float}`` dict); :class:`Aggregate` folds samples into means and maxima (the fit session's
+thread, :mod:`keras_gpu_tools._core.ticker`, runs the sampling). A field a GPU cannot report is warned about once, left out, and never
 asked for again.
 """
 
@@ -492,37 +491,3 @@ class Aggregate:
                 if value is not None:
                     out[key + "_max"] = value
         return out
-
-
-class SamplingThread(threading.Thread):
-    """Calls ``tick()`` every ``interval`` seconds until stopped.
-
-    ``tick`` exceptions are reported through ``on_error`` and never end the
-    thread; a slow tick delays the next one instead of piling up.
-    """
-
-    def __init__(self, interval: float, tick: Callable[[], None], on_error: Callable[[BaseException], None], name: str):
-        super().__init__(name=name, daemon=True)
-        self.interval = interval
-        self.tick = tick
-        self.on_error = on_error
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        next_time = time.monotonic()
-        while not self._stop_event.is_set():
-            try:
-                self.tick()
-            except Exception as e:  # monitoring never kills anything
-                self.on_error(e)
-            next_time += self.interval
-            delay = next_time - time.monotonic()
-            if delay < 0:
-                next_time = time.monotonic()
-                delay = 0
-            self._stop_event.wait(delay)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop_event.set()
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout)

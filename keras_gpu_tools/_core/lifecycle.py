@@ -13,9 +13,10 @@ teardowns its callbacks registered, once, when that fit ends:
 - when a later fit() on the same model calls a step hook left behind, or one
   of our callbacks starts it (:meth:`FitSession.current`), on the training
   thread, before that fit runs a step;
-- as a safety net on every version, from one watchdog thread per session,
-  which checks a few times a second that the fit's frame is still on the
-  training thread's stack.
+- as a safety net on every version, from the session's one thread, which
+  checks a few times a second that the fit's frame is still on the training
+  thread's stack. Callbacks run their own periodic work on the same thread
+  (:meth:`FitSession.every`): a fit holds one thread of the package's.
 
 The session keeps a strong reference to fit()'s frame until it closes. That is
 what makes "is this the same fit?" exact: CPython reuses the address of a dead
@@ -36,6 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools._core.keras_internals import find_fit_frame
+from keras_gpu_tools._core.ticker import Job, Ticker
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -77,8 +79,8 @@ class FitSession:
         self.thread_id = threading.get_ident()
         self._lock = threading.RLock()
         self._teardowns: dict[int, tuple[Any, Teardown, Any]] = {}  # id(owner) -> (owner, fn, training_thread)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("keras_gpu_tools-fit")
+        self._watchdog: Job | None = None
         self.closed = False
         self.aborted = False
         self.unwind_hook = False
@@ -124,11 +126,26 @@ class FitSession:
             if self.closed:
                 raise RuntimeError("keras_gpu_tools: this fit() session has ended")
             self._teardowns[id(owner)] = (owner, teardown, training_thread)
-            start = self._thread is None and self.frame is not None
-            if start:
-                self._thread = threading.Thread(target=self._watch, name="keras_gpu_tools-fit-watchdog", daemon=True)
-        if start:
-            self._thread.start()
+            if self._watchdog is None and self.frame is not None:
+                self._watchdog = self._ticker.every(
+                    self.interval, self._check, self._on_check_error, delay=self.interval
+                )
+
+    def every(self, interval: float, fn: Callable[[], None], on_error: Callable[[BaseException], None]) -> Job:
+        """Runs ``fn()`` now and every ``interval`` seconds on the session's thread, until the job's ``stop()``.
+
+        The watchdog's thread: one thread of the package's for the whole fit().
+        The session's end stops every job left.
+        """
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("keras_gpu_tools: this fit() session has ended")
+            return self._ticker.every(interval, fn, on_error)
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The session's thread (the watchdog and the callbacks' periodic jobs), once started."""
+        return self._ticker.thread
 
     def watch_unwind(self, on: bool) -> bool:
         """Runs the teardowns on the training thread the moment fit() raises (Python 3.12+), while ``on``.
@@ -215,25 +232,25 @@ class FitSession:
                 return
             self.closed = True
             self.frame = None  # let fit()'s locals go
-        self._stop.set()
         _unwatch_unwind(self)
         with _registry_lock:
             if _sessions.get(self.model_id) is self:
                 del _sessions[self.model_id]
-        t = self._thread
-        if t is not None and t.is_alive() and threading.current_thread() is not t:
-            t.join(2.0)
+        self._ticker.close()
 
-    def _watch(self) -> None:
-        while not self._stop.wait(self.interval):
-            with self._lock:
-                if self.closed:
-                    return
-                running = self.fit_is_running()
-            if not running:
-                logger.debug("keras_gpu_tools: fit() ended without on_train_end: cleaning up")
-                self.abort(on_training_thread=False)
+    def _check(self) -> None:
+        """The watchdog's job: aborts the session once fit()'s frame has stopped executing."""
+        with self._lock:
+            if self.closed:
                 return
+            running = self.fit_is_running()
+        if not running:
+            logger.debug("keras_gpu_tools: fit() ended without on_train_end: cleaning up")
+            self.abort(on_training_thread=False)
+
+    @staticmethod
+    def _on_check_error(error: BaseException) -> None:
+        logger.warning("keras_gpu_tools: the fit watchdog's check failed (%s); it tries again", error)
 
 
 def session_of(model) -> FitSession | None:

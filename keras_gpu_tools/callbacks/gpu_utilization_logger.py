@@ -17,11 +17,11 @@ from keras_gpu_tools._core.gpu_sampler import (
     GPUProbe,
     HostProbe,
     MetricSampler,
-    SamplingThread,
     WarnOnce,
 )
 from keras_gpu_tools._core.nvml import NVML, GPUInfo, NVMLUnavailable, default_nvml
 from keras_gpu_tools._core.tensorboard import EventWriter
+from keras_gpu_tools._core.ticker import Job
 from keras_gpu_tools._core.topology import JobGather, spread
 from keras_gpu_tools._core.validation import (
     check_bool,
@@ -51,7 +51,8 @@ class GPUUtilizationLogger(FitCallback):
     """Logs per-GPU utilization, memory, power, clocks and more while training.
 
         A background thread samples NVML (and the framework's allocator, and the
-        host process) every `interval` seconds. The training thread only counts
+        host process) every `interval` seconds: the package's one thread in a
+        fit(), shared with the check that cleans up after a fit() that raised. The training thread only counts
         steps: it never makes an NVML call and never forces a device sync, so the
         callback does not slow the training it measures. It is `async_safe`, so on
         JAX Keras keeps dispatching batch hooks asynchronously.
@@ -153,7 +154,7 @@ class GPUUtilizationLogger(FitCallback):
         nvml: NVML | None = None,
     ):
         super().__init__()
-        # Bounded: the sampling thread waits `interval` seconds between samples, and a
+        # Bounded: the session's thread waits `interval` seconds between samples, and a
         # wait beyond the platform's limit (about 2**33 s) kills it with OverflowError.
         self.interval = check_number(
             "interval", interval, low=0, exclusive_low=True, high=MAX_INTERVAL, what="number of seconds"
@@ -174,7 +175,7 @@ class GPUUtilizationLogger(FitCallback):
         self._lock = threading.Lock()
         self._steps_cap = 1 << 62  # the fit's steps per epoch, where Keras knows them
         self._running = False
-        self._thread: SamplingThread | None = None
+        self._job: Job | None = None  # the sampling, on the fit session's thread
         self._writer: EventWriter | None = None
         self._sampler: MetricSampler | None = None
         self._point = Aggregate()
@@ -220,10 +221,7 @@ class GPUUtilizationLogger(FitCallback):
             self._epoch = Aggregate()
         self._first_sample.clear()
         self._running = True
-        self._thread = SamplingThread(
-            self.interval, self._tick, self._on_error, name="keras_gpu_tools-GPUUtilizationLogger"
-        )
-        self._thread.start()
+        self._job = session.every(self.interval, self._tick, self._on_error)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._batch = batch  # the only per-step work; the step is worked out where it is read
@@ -387,9 +385,9 @@ class GPUUtilizationLogger(FitCallback):
 
     def _stop_fit(self, aborted: bool) -> None:
         self._running = False
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.stop()
+        job, self._job = self._job, None
+        if job is not None:
+            job.stop()
         try:
             self._write_point(time.time())  # what was sampled since the last point
         finally:

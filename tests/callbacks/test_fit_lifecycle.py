@@ -8,7 +8,14 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools import GPUUtilizationLogger, InputBoundDetector, OOMBatchSizeReducer, ProfilerWindow
+from keras_gpu_tools import (
+    GPUUtilizationLogger,
+    InputBoundDetector,
+    LiveView,
+    MixedPrecisionCheck,
+    OOMBatchSizeReducer,
+    ProfilerWindow,
+)
 from keras_gpu_tools._core import keras_internals
 from keras_gpu_tools._core.lifecycle import FitSession
 from keras_gpu_tools._core.step_hook import MARK, StepHook
@@ -102,8 +109,66 @@ def test_a_failing_writer_at_begin_leaves_nothing_behind(tmp_path, monkeypatch):
         warnings.simplefilter("ignore")
         with pytest.raises(PermissionError):
             model.fit(x, y, batch_size=8, verbose=0, callbacks=[cb])
-    assert not [t for t in our_threads() if "GPUUtilizationLogger" in t.name]
+    assert not our_threads()
     assert not hooked(model)
+    assert cb._job is None
+
+
+class ThreadCensus(keras.callbacks.Callback):
+    """Records the package's threads alive at each epoch's end."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(sorted(t.name for t in our_threads()))
+
+
+def test_a_fit_with_every_callback_holds_one_thread_of_the_packages(tmp_path):
+    """The watchdog and the logger's sampling share the session's thread (each thread costs JAX's step on a VM)."""
+    model = make_model()
+    x, y = data()
+    cbs = [*all_callbacks(tmp_path), LiveView(), MixedPrecisionCheck()]
+    census = ThreadCensus()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[*cbs, census])
+    assert census.seen == [["keras_gpu_tools-fit"]] * 2
+    assert any(k.startswith("host/") for k in history.history)  # the logger sampled on it
+    assert not our_threads() and cbs[0]._job is None
+
+
+class RaiseAtStep(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.step:
+            raise KeyboardInterrupt
+
+
+def test_a_fit_that_raises_stops_the_loggers_sampling_and_the_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(FitSession, "interval", 0.02)
+    model = make_model()
+    x, y = data()
+    logger = GPUUtilizationLogger(log_dir=tmp_path, interval=0.01)
+    ticks = []
+    real_tick = logger._tick
+    monkeypatch.setattr(logger, "_tick", lambda: (ticks.append(1), real_tick()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(KeyboardInterrupt):
+            model.fit(x, y, batch_size=8, epochs=50, verbose=0, callbacks=[logger, RaiseAtStep(3)])
+    deadline = time.monotonic() + 3
+    while (our_threads() or logger.fit_running) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not our_threads() and not logger.fit_running and logger._job is None
+    assert ticks  # it had been sampling
+    settled = len(ticks)
+    time.sleep(0.1)
+    assert len(ticks) == settled  # and no longer does
 
 
 def test_keras_outside_the_tested_range_warns_once(monkeypatch):

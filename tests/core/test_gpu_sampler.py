@@ -1,6 +1,5 @@
 """GPU/host sampling and aggregation against a fake NVML."""
 
-import threading
 import time
 import warnings
 
@@ -14,7 +13,6 @@ from keras_gpu_tools._core.gpu_sampler import (
     GPUProbe,
     HostProbe,
     MetricSampler,
-    SamplingThread,
     WarnOnce,
 )
 from keras_gpu_tools._core.nvml import NVML
@@ -219,23 +217,3 @@ def test_aggregate_summary_over_fixed_keys():
         "host/rss_mib_max": 7.0,
         "gpu/0/memory_used_mib_max": 100.0,
     }
-
-
-def test_sampling_thread_survives_errors_and_stops():
-    calls = []
-    errors = []
-
-    def tick():
-        calls.append(time.monotonic())
-        if len(calls) == 2:
-            raise RuntimeError("boom")
-
-    t = SamplingThread(0.01, tick, errors.append, name="test-sampler")
-    t.start()
-    deadline = time.monotonic() + 5
-    while len(calls) < 5 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    t.stop()
-    assert not t.is_alive()
-    assert len(calls) >= 5 and len(errors) == 1
-    assert t.name not in [x.name for x in threading.enumerate()]

@@ -56,7 +56,7 @@ def wait_until(predicate, timeout=3.0):
 
 
 def watchdogs():
-    return [t for t in threading.enumerate() if t.name == "keras_gpu_tools-fit-watchdog" and t.is_alive()]
+    return [t for t in threading.enumerate() if t.name == "keras_gpu_tools-fit" and t.is_alive()]
 
 
 @pytest.fixture(autouse=True)
@@ -112,7 +112,7 @@ def test_no_fit_on_the_stack_means_no_watchdog():
     session = FitSession.current(object())
     assert not session.watching
     session.add(object(), Recorder())
-    assert session._thread is None
+    assert session.thread is None
     assert find_fit_frame(object()) is None
 
 

@@ -1,0 +1,127 @@
+"""One thread that runs several periodic jobs: the package's one thread in a fit().
+
+A fit() with the package's callbacks needs two periodic jobs off the training
+thread: the fit session's watchdog (is fit() still running?) and, with
+``GPUUtilizationLogger``, the sampling of the GPUs. They share one thread.
+On a machine whose idle CPUs halt (a virtual machine, such as the 2-core CI
+machine), each thread a process holds during fit() can cost the training
+thread time even while it sleeps: with Keras's batch-end pool, a second
+package thread, asleep, cost JAX's training thread 3-5 us a step there
+(``benchmarks/RESULTS.md``, "One package thread").
+
+A job that raises is reported through its ``on_error`` and runs again at its
+next time; a slow job delays the others rather than piling up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+class Job:
+    """``fn()`` every ``interval`` seconds on a :class:`Ticker`'s thread, until :meth:`stop`."""
+
+    def __init__(
+        self,
+        ticker: Ticker,
+        interval: float,
+        fn: Callable[[], None],
+        on_error: Callable[[BaseException], None],
+        delay: float = 0.0,
+    ):
+        self._ticker = ticker
+        self.interval = interval
+        self.fn = fn
+        self.on_error = on_error
+        self.next = time.monotonic() + delay  # the first run
+        self.stopped = False
+        self._running = threading.RLock()  # held while fn runs: stop() waits for a run under way
+
+    def run(self) -> None:
+        with self._running:
+            if self.stopped:
+                return
+            try:
+                self.fn()
+            except Exception as e:  # a periodic job never ends the thread, nor the other jobs
+                self.on_error(e)
+            # A fixed cadence; after a run longer than the interval, the next is at once.
+            self.next = max(self.next + self.interval, time.monotonic())
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """No run after this returns (a run under way is waited for, up to ``timeout`` seconds)."""
+        self._ticker._remove(self)
+        if self._running.acquire(timeout=timeout):  # re-entrant: a job may stop itself
+            self._running.release()
+
+
+class Ticker:
+    """Runs :class:`Job` s on one daemon thread, started with the first job, ended by :meth:`close`."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._jobs: list[Job] = []
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread, once a job has started it."""
+        return self._thread
+
+    def every(
+        self,
+        interval: float,
+        fn: Callable[[], None],
+        on_error: Callable[[BaseException], None],
+        delay: float = 0.0,
+    ) -> Job:
+        """Runs ``fn()`` after ``delay`` seconds, then every ``interval``; ``fn``'s exceptions go to ``on_error``."""
+        job = Job(self, interval, fn, on_error, delay)
+        with self._changed:
+            if self._closed:
+                raise RuntimeError(f"keras_gpu_tools: the thread {self.name!r} has ended")
+            self._jobs.append(job)
+            start = self._thread is None
+            if start:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._changed.notify()
+        if start:
+            self._thread.start()
+        return job
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stops the thread after the job under way (waited for, up to ``timeout``, unless called from it)."""
+        with self._changed:
+            self._closed = True
+            for job in self._jobs:
+                job.stopped = True
+            self._jobs.clear()
+            self._changed.notify()
+        t = self._thread
+        if t is not None and t.is_alive() and threading.current_thread() is not t:
+            t.join(timeout)
+
+    def _remove(self, job: Job) -> None:
+        with self._changed:
+            job.stopped = True
+            if job in self._jobs:
+                self._jobs.remove(job)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while True:
+                    if self._closed:
+                        return
+                    now = time.monotonic()
+                    due = [job for job in self._jobs if job.next <= now]
+                    if due:
+                        break
+                    wake = min((job.next for job in self._jobs), default=None)
+                    self._changed.wait(None if wake is None else wake - now)
+            for job in due:
+                job.run()

@@ -1,0 +1,119 @@
+"""Ticker: several periodic jobs on one thread (the fit session's watchdog and the logger's sampling)."""
+
+import threading
+import time
+
+import pytest
+
+from keras_gpu_tools._core.ticker import Ticker
+
+
+def wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return predicate()
+
+
+def alive(name):
+    return [t for t in threading.enumerate() if t.name == name and t.is_alive()]
+
+
+def test_jobs_share_one_thread_at_their_own_intervals():
+    ticker = Ticker("test-ticker-share")
+    fast, slow, threads = [], [], set()
+
+    def tick(calls):
+        calls.append(time.monotonic())
+        threads.add(threading.get_ident())
+
+    ticker.every(0.01, lambda: tick(fast), pytest.fail)
+    ticker.every(0.1, lambda: tick(slow), pytest.fail)
+    assert wait_until(lambda: len(slow) >= 3)
+    ticker.close()
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    assert len(alive("test-ticker-share")) == 0
+    # Each at its own cadence: about ten of the fast job's runs to one of the slow job's.
+    assert len(fast) >= 3 * len(slow)
+    assert slow[-1] - slow[0] >= 0.2 * 0.9
+
+
+def test_a_failing_job_is_reported_and_neither_it_nor_the_others_stop():
+    ticker = Ticker("test-ticker-errors")
+    calls, errors, other = [], [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+
+    ticker.every(0.01, flaky, errors.append)
+    ticker.every(0.01, lambda: other.append(1), pytest.fail)
+    assert wait_until(lambda: len(calls) >= 5 and len(other) >= 5)
+    ticker.close()
+    assert [str(e) for e in errors] == ["boom"]
+
+
+def test_stop_waits_for_a_run_under_way_and_no_run_follows():
+    ticker = Ticker("test-ticker-stop")
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def slow():
+        calls.append("begin")
+        started.set()
+        release.wait(5)
+        calls.append("end")
+
+    job = ticker.every(0.01, slow, pytest.fail)
+    assert started.wait(5)
+    stopper = threading.Thread(target=job.stop)
+    stopper.start()
+    stopper.join(0.1)
+    assert stopper.is_alive()  # waiting for the run under way
+    release.set()
+    stopper.join(5)
+    assert not stopper.is_alive() and calls == ["begin", "end"]
+    time.sleep(0.05)
+    assert calls == ["begin", "end"]  # none after stop() returned
+    ticker.close()
+
+
+def test_a_job_can_stop_itself_and_the_first_run_waits_for_its_delay():
+    ticker = Ticker("test-ticker-self")
+    calls = []
+    t0 = time.monotonic()
+
+    def once():
+        calls.append(time.monotonic() - t0)
+        job.stop()  # on the ticker's own thread: must not wait for itself
+
+    job = ticker.every(0.01, once, pytest.fail, delay=0.1)
+    assert wait_until(lambda: calls)
+    time.sleep(0.05)
+    assert len(calls) == 1 and calls[0] >= 0.1
+    assert alive("test-ticker-self")  # the thread waits for jobs until closed
+    ticker.close()
+    assert not alive("test-ticker-self")
+
+
+def test_a_closed_ticker_refuses_new_jobs_and_close_is_safe_from_its_own_thread():
+    ticker = Ticker("test-ticker-close")
+    done = threading.Event()
+
+    def close_from_inside():
+        ticker.close()  # as the watchdog does when it aborts the session
+        done.set()
+
+    ticker.every(0.01, close_from_inside, pytest.fail)
+    assert done.wait(5)
+    assert wait_until(lambda: not alive("test-ticker-close"))
+    with pytest.raises(RuntimeError, match="test-ticker-close"):
+        ticker.every(0.01, lambda: None, pytest.fail)
+    ticker.close()  # twice: nothing happens
+
+
+def test_no_job_no_thread():
+    ticker = Ticker("test-ticker-none")
+    assert ticker.thread is None
+    ticker.close()
+    assert ticker.thread is None and not alive("test-ticker-none")
