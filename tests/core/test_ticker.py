@@ -54,6 +54,25 @@ def test_a_failing_job_is_reported_and_neither_it_nor_the_others_stop():
     assert [str(e) for e in errors] == ["boom"]
 
 
+def test_an_error_handler_that_raises_does_not_end_the_thread():
+    """With warnings turned into errors (-W error), the logger's warning raises in its error handler."""
+    ticker = Ticker("test-ticker-handler")
+    calls, other = [], []
+
+    def fails():
+        calls.append(1)
+        raise RuntimeError("boom")
+
+    def handler(error):
+        raise UserWarning(f"as -W error makes a warning: {error}")
+
+    ticker.every(0.01, fails, handler)
+    ticker.every(0.01, lambda: other.append(1), pytest.fail)
+    assert wait_until(lambda: len(calls) >= 3 and len(other) >= 3)
+    assert alive("test-ticker-handler")
+    ticker.close()
+
+
 def test_stop_waits_for_a_run_under_way_and_no_run_follows():
     ticker = Ticker("test-ticker-stop")
     started, release, calls = threading.Event(), threading.Event(), []
