@@ -385,7 +385,7 @@ class MetricSampler:
             deadline = max(deadline, host._cpu_since + FIRST_SPAN)
         delay = deadline - time.monotonic()
         if delay > 0:
-            time.sleep(delay)  # once per fit, on the sampling thread
+            time.sleep(delay)  # once per fit, on the fit session's thread
 
     def sample(self) -> dict[str, float]:
         if self.keys is None:

@@ -33,11 +33,13 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools._core.keras_internals import find_fit_frame
 from keras_gpu_tools._core.ticker import Job, Ticker
+from keras_gpu_tools.errors import KerasGPUToolsWarning
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -81,6 +83,7 @@ class FitSession:
         self._teardowns: dict[int, tuple[Any, Teardown, Any]] = {}  # id(owner) -> (owner, fn, training_thread)
         self._ticker = Ticker("keras_gpu_tools-fit")
         self._watchdog: Job | None = None
+        self._check_failed = False
         self.closed = False
         self.aborted = False
         self.unwind_hook = False
@@ -248,9 +251,15 @@ class FitSession:
             logger.debug("keras_gpu_tools: fit() ended without on_train_end: cleaning up")
             self.abort(on_training_thread=False)
 
-    @staticmethod
-    def _on_check_error(error: BaseException) -> None:
-        logger.warning("keras_gpu_tools: the fit watchdog's check failed (%s); it tries again", error)
+    def _on_check_error(self, error: BaseException) -> None:
+        if not self._check_failed:  # once a fit: it runs five times a second
+            self._check_failed = True
+            warnings.warn(
+                f"keras_gpu_tools: checking whether fit() still runs failed ({type(error).__name__}: {error}); "
+                "it tries again, and what the callbacks started is released when fit() ends or at the next fit()",
+                KerasGPUToolsWarning,
+                stacklevel=1,
+            )
 
 
 def session_of(model) -> FitSession | None:

@@ -11,7 +11,9 @@ alone, and about 2 with all six callbacks (``benchmarks/RESULTS.md``, "One
 package thread").
 
 A job that raises is reported through its ``on_error`` and runs again at its
-next time; a slow job delays the others rather than piling up.
+next time; a slow job delays the others rather than piling up, so a job must be
+short (the logger's first sample of a fit waits 0.1 s for its rates; the
+watchdog's check is then that much later).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Job:
                 return
             try:
                 self.fn()
-            except Exception as e:  # a periodic job never ends the thread, nor the other jobs
+            except BaseException as e:  # a periodic job never ends the thread, nor the other jobs (the watchdog)
                 try:
                     self.on_error(e)
                 except Exception:  # a warning turned into an error (-W error), say

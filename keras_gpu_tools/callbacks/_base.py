@@ -140,12 +140,15 @@ class FitCallback(LeanCallback):
     # -- internals -----------------------------------------------------------------------------
     def _end_fit(self, aborted: bool, session: FitSession | None = None) -> None:
         """Runs ``_stop_fit`` once for the fit of ``session`` (None: whichever is running)."""
-        with self._teardown_lock:
-            current = self._session
-            if current is None or (session is not None and current is not session):
-                return  # that fit has already been stopped
-            self._session = None
-            try:
+        current = None
+        try:
+            with self._teardown_lock:
+                if self._session is None or (session is not None and self._session is not session):
+                    return  # that fit has already been stopped
+                current, self._session = self._session, None
                 self._stop_fit(aborted)
-            finally:
+        finally:
+            if current is not None:
+                # Outside the lock: the last release closes the session and waits for its thread,
+                # which may itself be waiting for this lock (the watchdog aborting the same fit).
                 current.release(self)

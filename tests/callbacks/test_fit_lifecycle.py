@@ -189,3 +189,28 @@ def test_every_internal_is_documented():
     doc = (pathlib.Path(__file__).parents[2] / "docs" / "keras-internals.md").read_text()
     for internal in keras_internals.INTERNALS:
         assert internal.what in doc, internal.what
+
+
+def test_ending_a_fit_never_waits_for_a_watchdog_that_waits_for_the_callback():
+    """The last release closes the session and joins its thread: never while holding the callback's lock."""
+    from keras_gpu_tools.callbacks._base import FitCallback
+
+    go = threading.Event()
+
+    class SlowStop(FitCallback):
+        def _stop_fit(self, aborted):
+            if not aborted:
+                go.set()  # the session's thread now aborts this fit and waits for our teardown lock
+                time.sleep(0.2)
+
+    session = FitSession(object(), None)  # no frame: the abort below stands in for the watchdog's
+    cb = SlowStop()
+    cb._session = session
+    session.add(cb, lambda aborted: cb._end_fit(aborted, session))
+    session.every(0.01, lambda: go.is_set() and session.abort(on_training_thread=False), pytest.fail)
+    t0 = time.monotonic()
+    cb._end_fit(aborted=False)
+    took = time.monotonic() - t0
+    assert session.closed and not cb.fit_running
+    assert took < 1.5  # with the release under the lock: 2 s, the session's join timing out
+    assert session.thread is not None and not session.thread.is_alive()

@@ -185,3 +185,32 @@ def test_unwind_is_watched_only_while_asked():
             callback.on_train_end()
 
     Model().fit(cb)
+
+
+def test_a_failing_check_warns_once_and_the_watchdog_goes_on(monkeypatch):
+    import warnings
+
+    from keras_gpu_tools.errors import KerasGPUToolsWarning
+
+    checks = []
+
+    def broken(self):
+        checks.append(1)
+        raise OSError("frame unreadable")
+
+    monkeypatch.setattr(FitSession, "fit_is_running", broken)
+
+    class SlowModel(FakeModel):
+        def fit(self, callback, fail=None):
+            callback.on_train_begin(self)
+            wait_until(lambda: len(checks) >= 4)  # fit() runs while the watchdog checks, and fails, 4 times
+            callback.on_train_end()
+
+    cb = SessionCallback()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        SlowModel().fit(cb)
+    ours = [w for w in caught if issubclass(w.category, KerasGPUToolsWarning)]
+    assert len(checks) >= 4
+    assert len(ours) == 1 and "frame unreadable" in str(ours[0].message)
+    assert cb.stopped.calls == [(threading.get_ident(), False)] and not watchdogs()
