@@ -7,6 +7,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from test_profiler_window import InterruptAt
 
 from keras_gpu_tools import (
     GPUUtilizationLogger,
@@ -139,16 +140,6 @@ def test_a_fit_with_every_callback_holds_one_thread_of_the_packages(tmp_path):
     assert not our_threads() and cbs[0]._job is None
 
 
-class RaiseAtStep(keras.callbacks.Callback):
-    def __init__(self, step):
-        super().__init__()
-        self.step = step
-
-    def on_train_batch_end(self, batch, logs=None):
-        if batch == self.step:
-            raise KeyboardInterrupt
-
-
 def test_a_fit_that_raises_stops_the_loggers_sampling_and_the_thread(tmp_path, monkeypatch):
     monkeypatch.setattr(FitSession, "interval", 0.02)
     model = make_model()
@@ -160,7 +151,7 @@ def test_a_fit_that_raises_stops_the_loggers_sampling_and_the_thread(tmp_path, m
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(KeyboardInterrupt):
-            model.fit(x, y, batch_size=8, epochs=50, verbose=0, callbacks=[logger, RaiseAtStep(3)])
+            model.fit(x, y, batch_size=8, epochs=50, verbose=0, callbacks=[logger, InterruptAt(3)])
     deadline = time.monotonic() + 3
     while (our_threads() or logger.fit_running) and time.monotonic() < deadline:
         time.sleep(0.02)
