@@ -1,9 +1,10 @@
 """Reading GPU, allocator and host metrics, and aggregating them.
 
 Nothing here knows about Keras. :class:`MetricSampler` reads one sample (a flat
-``{key: float}`` dict); :class:`Aggregate` folds samples into means and maxima (the fit session's
-thread, :mod:`keras_gpu_tools._core.ticker`, runs the sampling). A field a GPU cannot report is warned about once, left out, and never
-asked for again.
+``{key: float}`` dict); :class:`Aggregate` folds samples into means and maxima.
+The fit session's thread (:mod:`keras_gpu_tools._core.ticker`) runs the
+sampling. A field a GPU cannot report is warned about once, left out, and
+never asked for again.
 """
 
 from __future__ import annotations

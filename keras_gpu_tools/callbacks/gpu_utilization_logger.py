@@ -52,10 +52,11 @@ class GPUUtilizationLogger(FitCallback):
 
         A background thread samples NVML (and the framework's allocator, and the
         host process) every `interval` seconds: the package's one thread in a
-        fit(), shared with the check that cleans up after a fit() that raised. The training thread only counts
-        steps: it never makes an NVML call and never forces a device sync, so the
-        callback does not slow the training it measures. It is `async_safe`, so on
-        JAX Keras keeps dispatching batch hooks asynchronously.
+        fit(), shared with the check that cleans up after a fit() that raised.
+        The training thread only counts steps: it never makes an NVML call and
+        never forces a device sync, so the callback does not slow the training
+        it measures. It is `async_safe`, so on JAX Keras keeps dispatching batch
+        hooks asynchronously.
 
         What is logged:
         - TensorBoard (when `log_dir` is set): one time series per metric in the
