@@ -94,7 +94,7 @@ def main():
 def micro(a):
     import threading
 
-    from keras_gpu_tools._core.nvml import NVML
+    from keras_gpu_tools.telemetry.nvml import NVML
 
     cb = GPUUtilizationLogger(log_dir=None, interval=a.interval)
     n = 1_000_000

@@ -66,7 +66,7 @@ def main():
     import numpy as np
 
     import keras_gpu_tools as kgt
-    from keras_gpu_tools import _backends
+    from keras_gpu_tools import backends
 
     class EpochClock(keras.callbacks.Callback):
         def __init__(self):
@@ -122,7 +122,7 @@ def main():
     def ratios(n):
         return [b / a for a, b in zip(times["bare_a"], times[n])]
 
-    gpus = _backends.get().gpu_devices()
+    gpus = backends.get().gpu_devices()
     result = {
         "backend": keras.backend.backend(),
         "device": gpus[0] if gpus else "CPU",

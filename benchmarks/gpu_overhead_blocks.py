@@ -118,8 +118,8 @@ def _harnesses():
 
     import keras
 
-    from keras_gpu_tools import _backends
-    from keras_gpu_tools._core import keras_internals as ki
+    from keras_gpu_tools import backends
+    from keras_gpu_tools.runtime import keras_internals as ki
 
     class Blocks(keras.callbacks.Callback):
         """Times blocks of ``block`` steps; between blocks flips the callbacks' batch hooks and the step path."""
@@ -129,7 +129,7 @@ def _harnesses():
         def __init__(self, inner, block: int, ab: bool):
             super().__init__()
             self.inner, self.block, self.ab = inner, block, ab
-            self.sync = _backends.get().sync
+            self.sync = backends.get().sync
             self.last = None
 
         def on_train_begin(self, logs=None):
@@ -306,7 +306,7 @@ def main():
     import keras
     import numpy as np
 
-    from keras_gpu_tools import _backends
+    from keras_gpu_tools import backends
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.batch * args.steps, 64)).astype("float32")
@@ -338,7 +338,7 @@ def main():
     ratios: dict[str, list[float]] = {"ab": [], "aa": []}
     step_ms: dict[str, list[float]] = {"ab": [], "aa": []}
     blocks: dict[str, list] = {"ab": [], "aa": []}  # (on, ms per step) of every steady-state block, in order
-    gpus = _backends.get().gpu_devices()
+    gpus = backends.get().gpu_devices()
 
     def summary(values):
         values = sorted(values)

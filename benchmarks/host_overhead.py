@@ -154,7 +154,7 @@ def _unhook():
     """
     import keras
 
-    from keras_gpu_tools._core import keras_internals as ki
+    from keras_gpu_tools.runtime import keras_internals as ki
 
     class Unhook(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):

@@ -51,9 +51,9 @@ def _plain_python():
 
 def _patch(variant: str) -> None:
     """Replaces the JAX backend's reducer step with ``variant`` (one batch per call)."""
-    from keras_gpu_tools._backends import jax as kj
-    from keras_gpu_tools._core import keras_internals as ki
-    from keras_gpu_tools._core.batches import batch_signature
+    from keras_gpu_tools.backends.jax import backend as kj
+    from keras_gpu_tools.runtime import keras_internals as ki
+    from keras_gpu_tools.runtime.batches import batch_signature
 
     if variant == "package":
         return

@@ -54,8 +54,8 @@ def run_backend(args) -> list:
     import keras
     import numpy as np
 
-    from keras_gpu_tools._core import step_timing as st
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+    from keras_gpu_tools.input import timing as st
 
     backend = keras.backend.backend()
     quick = args.quick
@@ -168,7 +168,7 @@ def run_backend(args) -> list:
 
 def _device(backend) -> str:
     try:
-        from keras_gpu_tools import _backends as backends
+        from keras_gpu_tools import backends as backends
 
         gpus = backends.get(backend).gpu_devices()
         return gpus[0] if gpus else f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"

@@ -50,7 +50,7 @@ def run_backend(args) -> list:
     import keras
     import numpy as np
 
-    from keras_gpu_tools import _backends as backends
+    from keras_gpu_tools import backends as backends
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 
     backend = keras.backend.backend()

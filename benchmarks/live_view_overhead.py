@@ -85,7 +85,7 @@ for r in range(a["repeats"]):
             last_view = view
 
 # Drawing alone (the HTML of the last fit's view, no sending).
-from keras_gpu_tools._core.live_view import render
+from keras_gpu_tools.live.render import render
 t = time.perf_counter()
 for i in range(200):
     render(last_view._state, time.monotonic())

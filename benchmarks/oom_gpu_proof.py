@@ -111,9 +111,9 @@ def _data(n, args):
 
 
 def _device() -> str:
-    from keras_gpu_tools import _backends
+    from keras_gpu_tools import backends
 
-    return str(_backends.get().device_memory().get("device") or "unknown")
+    return str(backends.get().device_memory().get("device") or "unknown")
 
 
 class _StepClock:
@@ -129,9 +129,9 @@ class _StepClock:
                 clock.t0 = time.perf_counter()
 
             def on_train_batch_end(self, batch, logs=None):
-                from keras_gpu_tools import _backends
+                from keras_gpu_tools import backends
 
-                _backends.get().sync(logs)
+                backends.get().sync(logs)
                 clock.steps.append(time.perf_counter() - clock.t0)
 
         self.steps: list[float] = []
@@ -140,7 +140,7 @@ class _StepClock:
 
 def part_explain(args) -> dict:
     from keras_gpu_tools import OOMBatchSizeReducer
-    from keras_gpu_tools._core.oom_explain import OOMExplanation, parse_message
+    from keras_gpu_tools.memory.explain import OOMExplanation, parse_message
 
     model = _model(args)
     x, y = _data(args.batch, args)
@@ -240,9 +240,9 @@ def _top(profile, n: int, column: int) -> list[str]:
 
 
 def part_plan(args) -> dict:
-    from keras_gpu_tools import _backends, plan_batch_size
+    from keras_gpu_tools import backends, plan_batch_size
 
-    backend = _backends.get()
+    backend = backends.get()
     model = _model(args)
     x, y = _data(4096, args)  # only the shapes of a sample matter; trial batches repeat these
     t0 = time.perf_counter()
@@ -280,7 +280,7 @@ def part_plan(args) -> dict:
         backend.sync(model.trainable_variables[0].value)
         out["larger_batch_ran_out_of_memory"] = False
     except Exception as e:
-        out["larger_batch_ran_out_of_memory"] = bool(_backends.is_oom(e))
+        out["larger_batch_ran_out_of_memory"] = bool(backends.is_oom(e))
         out["larger_batch_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     out["larger_batch"] = larger
     return out

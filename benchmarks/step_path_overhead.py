@@ -60,7 +60,7 @@ def run_backend(args) -> dict:
     import keras
     import numpy as np
 
-    from keras_gpu_tools._core import keras_internals as ki
+    from keras_gpu_tools.runtime import keras_internals as ki
 
     warnings.simplefilter("ignore")
     if keras.backend.backend() == "torch":

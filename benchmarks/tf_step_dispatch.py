@@ -34,7 +34,7 @@ def main() -> None:
     import numpy as np
     import tensorflow as tf
 
-    from keras_gpu_tools._core import keras_internals as ki
+    from keras_gpu_tools.runtime import keras_internals as ki
 
     if keras.backend.backend() != "tensorflow":
         raise SystemExit(f"KERAS_BACKEND={keras.backend.backend()!r}: this benchmark times TensorFlow's step")

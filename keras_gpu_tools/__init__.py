@@ -31,8 +31,6 @@ from keras_gpu_tools.errors import (
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
-    from keras_gpu_tools._core.mixed_precision import MixedPrecisionFinding, check_mixed_precision
-    from keras_gpu_tools._core.report import TrainingReport, report
     from keras_gpu_tools.callbacks import (
         GPUUtilizationLogger,
         InputBoundDetector,
@@ -42,7 +40,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
         ProfilerWindow,
     )
     from keras_gpu_tools.layers import MixedPrecisionOutput
+    from keras_gpu_tools.mixed_precision.check import MixedPrecisionFinding, check_mixed_precision
     from keras_gpu_tools.planner import BatchPlan, plan_batch_size
+    from keras_gpu_tools.reporting.build import TrainingReport, report
 
 # Public name -> the module it is taken from. Callbacks and layers go through
 # their subpackages, which map each name to its defining module.
@@ -54,10 +54,10 @@ _LAZY = {
     "OOMBatchSizeReducer": "keras_gpu_tools.callbacks",
     "ProfilerWindow": "keras_gpu_tools.callbacks",
     "MixedPrecisionOutput": "keras_gpu_tools.layers",
-    "MixedPrecisionFinding": "keras_gpu_tools._core.mixed_precision",
-    "check_mixed_precision": "keras_gpu_tools._core.mixed_precision",
-    "TrainingReport": "keras_gpu_tools._core.report",
-    "report": "keras_gpu_tools._core.report",
+    "MixedPrecisionFinding": "keras_gpu_tools.mixed_precision.check",
+    "check_mixed_precision": "keras_gpu_tools.mixed_precision.check",
+    "TrainingReport": "keras_gpu_tools.reporting.build",
+    "report": "keras_gpu_tools.reporting.build",
     "BatchPlan": "keras_gpu_tools.planner",
     "plan_batch_size": "keras_gpu_tools.planner",
 }

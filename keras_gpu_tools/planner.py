@@ -5,7 +5,7 @@ per device?" (``Backend.step_memory``): on JAX from XLA's memory analysis of
 the compiled train step (compiled, never run); on TensorFlow and torch from a
 few real trial steps and the allocator's peak (torch on a CPU: the peak of
 tensor storage alive at once, counted op by op, since its CPU allocator
-keeps no statistics). :func:`~keras_gpu_tools._core.batch_search.search_batch_size`
+keeps no statistics). :func:`~keras_gpu_tools.memory.search.search_batch_size`
 searches with it, exponentially then by halving.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 
-from keras_gpu_tools import _backends
-from keras_gpu_tools._core.batch_search import BatchPlan, search_batch_size
-from keras_gpu_tools._core.oom import free_failed_step, held_since, in_use
-from keras_gpu_tools._core.validation import check_int, check_number
+from keras_gpu_tools import backends
+from keras_gpu_tools.memory.recovery import free_failed_step, held_since, in_use
+from keras_gpu_tools.memory.search import BatchPlan, search_batch_size
+from keras_gpu_tools.runtime.validation import check_int, check_number
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -89,7 +89,7 @@ def plan_batch_size(
         raise ValueError(
             "plan_batch_size needs a compiled model (`model.compile(optimizer, loss)`): it plans a training step."
         )
-    backend = _backends.get()
+    backend = backends.get()
     replicas = backend.replicas(model)
     capacities = backend.device_capacities(model, replicas)
     if memory_limit_mib is not None:
@@ -113,7 +113,7 @@ def plan_batch_size(
         try:
             peaks, method = backend.step_memory(model, batch, replicas)
         except Exception as e:
-            if not _backends.is_oom(e):
+            if not backends.is_oom(e):
                 raise
             failure = e
         else:
@@ -141,7 +141,7 @@ def plan_batch_size(
 
 
 def _num_samples(x) -> int:
-    from keras_gpu_tools._core.batches import leading_dim
+    from keras_gpu_tools.runtime.batches import leading_dim
 
     n = leading_dim(x)
     if not n:

@@ -74,7 +74,7 @@ class c_nvmlGpmMetricsGet_t:
 
 
 class FakeNVML:
-    """Use as the ``module`` of :class:`keras_gpu_tools._core.nvml.NVML`."""
+    """Use as the ``module`` of :class:`keras_gpu_tools.telemetry.nvml.NVML`."""
 
     NVMLError = NVMLError
     c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t

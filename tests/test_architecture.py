@@ -65,9 +65,9 @@ def test_layers_point_one_way():
     """_core imports neither the backends nor the callbacks; the backends do not import the callbacks."""
     for name, deps in graph().items():
         if name.startswith("keras_gpu_tools._core"):
-            bad = {d for d in deps if d.startswith(("keras_gpu_tools._backends", "keras_gpu_tools.callbacks"))}
+            bad = {d for d in deps if d.startswith(("keras_gpu_tools.backends", "keras_gpu_tools.callbacks"))}
             assert not bad, f"{name} imports {bad}"
-        if name.startswith("keras_gpu_tools._backends"):
+        if name.startswith("keras_gpu_tools.backends"):
             bad = {d for d in deps if d.startswith("keras_gpu_tools.callbacks")}
             assert not bad, f"{name} imports {bad}"
 

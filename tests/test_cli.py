@@ -7,8 +7,8 @@ import sys
 import pytest
 from fake_nvml import FakeGPU, FakeNVML
 
-from keras_gpu_tools._core import doctor
-from keras_gpu_tools._core.nvml import NVML
+from keras_gpu_tools.cli import doctor
+from keras_gpu_tools.telemetry.nvml import NVML
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -155,7 +155,7 @@ def test_doctor_reports_a_policy_without_tensor_cores():
 
 def test_report_warns_about_unreadable_event_files(tmp_path, capsys):
     from keras_gpu_tools import cli
-    from keras_gpu_tools._core.tensorboard import EventWriter
+    from keras_gpu_tools.logdir.events import EventWriter
 
     good = EventWriter(str(tmp_path / "gpu"))
     good.scalars({"host/cpu_percent": 50.0}, step=1, wall_time=10.0)

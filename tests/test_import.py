@@ -116,8 +116,9 @@ def test_every_public_name_is_listed_by_dir_and_resolves(module):
 
 def test_public_names_are_the_objects_of_their_defining_modules():
     from keras_gpu_tools import errors
-    from keras_gpu_tools._core import mixed_precision, report
     from keras_gpu_tools.layers import mixed_precision_output
+    from keras_gpu_tools.mixed_precision import check as mixed_precision
+    from keras_gpu_tools.reporting import build as report
 
     assert keras_gpu_tools.report is report.report
     assert keras_gpu_tools.TrainingReport is report.TrainingReport
@@ -165,7 +166,7 @@ def _modules():
 
 def test_the_walk_finds_the_package():
     names = _modules()
-    assert {"keras_gpu_tools.errors", "keras_gpu_tools._core.nvml", "keras_gpu_tools.cli"} <= set(names)
+    assert {"keras_gpu_tools.errors", "keras_gpu_tools.telemetry.nvml", "keras_gpu_tools.cli"} <= set(names)
     assert IMPORTS_KERAS <= set(names), "IMPORTS_KERAS names a module that no longer exists"
 
 

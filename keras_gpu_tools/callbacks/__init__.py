@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from keras_gpu_tools._core.lazy import lazy_module
+from keras_gpu_tools.runtime.lazy import lazy_module
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on demand
     from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger

@@ -10,7 +10,7 @@ class guarantees, for every fit():
   and nothing stays attached (issue 10, defect 2);
 - ``_stop_fit`` runs exactly once per fit, under one lock, whether fit()
   returned (``on_train_end``), raised (the shared
-  :class:`~keras_gpu_tools._core.lifecycle.FitSession` notices), or the user
+  :class:`~keras_gpu_tools.runtime.session.FitSession` notices), or the user
   calls ``close()``; with ``_stop_on_training_thread`` it is deferred to the
   training thread when the session notices from its watchdog.
 """
@@ -22,12 +22,12 @@ import threading
 
 import keras
 
-from keras_gpu_tools import _backends
-from keras_gpu_tools._core import keras_internals as ki
-from keras_gpu_tools._core import topology as topo
-from keras_gpu_tools._core.lifecycle import FitSession, run_deferred
-from keras_gpu_tools._core.step_hook import StepHook
+from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks._lean import LeanCallback
+from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime import topology as topo
+from keras_gpu_tools.runtime.session import FitSession, run_deferred
+from keras_gpu_tools.runtime.step_hook import StepHook
 
 # fit() starts per run name in this process. Every process of a job counts
 # alike, so ``<run name>/fit<n>`` names the same fit() everywhere, also when a
@@ -42,7 +42,7 @@ class FitCallback(LeanCallback):
         super().__init__()
         self._teardown_lock = threading.RLock()
         self._session: FitSession | None = None
-        self._backend_obj: _backends.Backend | None = None
+        self._backend_obj: backends.Backend | None = None
         self._global_step = 0  # training steps seen by this instance, across fit() calls
         self._fit_serial = 0  # this fit()'s number among the process's fits with this run name
         self.topology = topo.Topology()  # this process's place in the job, read at each fit()
@@ -59,10 +59,10 @@ class FitCallback(LeanCallback):
         return False
 
     @property
-    def backend(self) -> _backends.Backend:
+    def backend(self) -> backends.Backend:
         """The Keras backend in use, as the package's backend object."""
         if self._backend_obj is None:
-            self._backend_obj = _backends.get(keras.backend.backend())
+            self._backend_obj = backends.get(keras.backend.backend())
         return self._backend_obj
 
     @property

@@ -9,8 +9,21 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from keras_gpu_tools._core.devices import DeviceSelectionError, select_devices, visible_gpus
-from keras_gpu_tools._core.gpu_sampler import (
+from keras_gpu_tools.callbacks._base import FitCallback
+from keras_gpu_tools.logdir.events import EventWriter
+from keras_gpu_tools.runtime.ticker import Job
+from keras_gpu_tools.runtime.topology import JobGather, spread
+from keras_gpu_tools.runtime.validation import (
+    check_bool,
+    check_devices,
+    check_log_dir,
+    check_number,
+    check_run_dir,
+    check_run_name,
+)
+from keras_gpu_tools.telemetry.devices import DeviceSelectionError, select_devices, visible_gpus
+from keras_gpu_tools.telemetry.nvml import NVML, GPUInfo, NVMLUnavailable, default_nvml
+from keras_gpu_tools.telemetry.sampler import (
     GPU_FIELDS,
     HOST_FIELDS,
     Aggregate,
@@ -19,19 +32,6 @@ from keras_gpu_tools._core.gpu_sampler import (
     MetricSampler,
     WarnOnce,
 )
-from keras_gpu_tools._core.nvml import NVML, GPUInfo, NVMLUnavailable, default_nvml
-from keras_gpu_tools._core.tensorboard import EventWriter
-from keras_gpu_tools._core.ticker import Job
-from keras_gpu_tools._core.topology import JobGather, spread
-from keras_gpu_tools._core.validation import (
-    check_bool,
-    check_devices,
-    check_log_dir,
-    check_number,
-    check_run_dir,
-    check_run_name,
-)
-from keras_gpu_tools.callbacks._base import FitCallback
 
 MAX_INTERVAL = 3600.0  # seconds: one sample an hour is already no monitoring
 # The per-GPU epoch means whose spread over every GPU of a job is logged as `job/gpu/<metric>_min|_mean|_max`.

@@ -8,12 +8,10 @@ import os
 import time
 from typing import Any
 
-from keras_gpu_tools._core import gpu_peaks, stragglers
-from keras_gpu_tools._core import keras_internals as ki
-from keras_gpu_tools._core.cpu_meter import CpuMeter
-from keras_gpu_tools._core.gpu_sampler import WarnOnce
-from keras_gpu_tools._core.step_hook import Attachment, StepHook
-from keras_gpu_tools._core.step_timing import (
+from keras_gpu_tools.callbacks._base import FitCallback
+from keras_gpu_tools.errors import InputPipelineWarning, KerasInternalsError
+from keras_gpu_tools.input import stragglers
+from keras_gpu_tools.input.timing import (
     UNKNOWN,
     Measurement,
     Phase,
@@ -28,8 +26,10 @@ from keras_gpu_tools._core.step_timing import (
     verdict_for,
     warmup_reason,
 )
-from keras_gpu_tools._core.tensorboard import EventWriter, to_plain
-from keras_gpu_tools._core.validation import (
+from keras_gpu_tools.logdir.events import EventWriter, to_plain
+from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
+from keras_gpu_tools.runtime.validation import (
     check_bool,
     check_int,
     check_log_dir,
@@ -38,8 +38,9 @@ from keras_gpu_tools._core.validation import (
     check_run_name,
     check_verbose,
 )
-from keras_gpu_tools.callbacks._base import FitCallback
-from keras_gpu_tools.errors import InputPipelineWarning, KerasInternalsError
+from keras_gpu_tools.telemetry import peaks as gpu_peaks
+from keras_gpu_tools.telemetry.cpu_meter import CpuMeter
+from keras_gpu_tools.telemetry.sampler import WarnOnce
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -641,8 +642,8 @@ class InputBoundDetector(FitCallback):
         try:
             if not self.backend.gpu_devices():
                 return None
-            from keras_gpu_tools._core.devices import visible_gpus
-            from keras_gpu_tools._core.nvml import default_nvml
+            from keras_gpu_tools.telemetry.devices import visible_gpus
+            from keras_gpu_tools.telemetry.nvml import default_nvml
 
             gpus = visible_gpus(default_nvml())
             if not gpus:

@@ -6,10 +6,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from keras_gpu_tools._core import keras_internals as ki
-from keras_gpu_tools._core.live_view import LiveState, NotebookDisplay, in_notebook, render
-from keras_gpu_tools._core.validation import check_callable, check_choice, check_number
 from keras_gpu_tools.callbacks._lean import LeanCallback
+from keras_gpu_tools.live.render import LiveState, NotebookDisplay, in_notebook, render
+from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime.validation import check_callable, check_choice, check_number
 
 logger = logging.getLogger("keras_gpu_tools")
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from keras_gpu_tools._core.mixed_precision import (
+from keras_gpu_tools.callbacks._lean import LeanCallback
+from keras_gpu_tools.mixed_precision.check import (
     MixedPrecisionFinding,
     check_mixed_precision,
     validate_compute_capabilities,
     validate_ignore,
     warn_findings,
 )
-from keras_gpu_tools.callbacks._lean import LeanCallback
 
 logger = logging.getLogger("keras_gpu_tools")
 

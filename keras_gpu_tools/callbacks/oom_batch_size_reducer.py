@@ -10,19 +10,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from keras_gpu_tools import _backends
-from keras_gpu_tools._core import keras_internals as ki
-from keras_gpu_tools._core.batches import batch_signature, leading_dim
-from keras_gpu_tools._core.gpu_sampler import WarnOnce
-from keras_gpu_tools._core.grad_accum import accumulation_problem, refusal
-from keras_gpu_tools._core.oom import Agreement, IdlePath, OOMEvent, Recovery, SplitController, describe_split
-from keras_gpu_tools._core.oom_explain import OOMExplanation, explanation_of, headroom_lines
-from keras_gpu_tools._core.step_hook import StepHook
-from keras_gpu_tools._core.step_timing import StepRecord
-from keras_gpu_tools._core.tensorboard import EventWriter, to_plain
-from keras_gpu_tools._core.topology import ExchangeError
-from keras_gpu_tools._core.topology import single as topology_single
-from keras_gpu_tools._core.validation import (
+from keras_gpu_tools import backends
+from keras_gpu_tools.callbacks._base import FitCallback
+from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
+from keras_gpu_tools.input.timing import StepRecord
+from keras_gpu_tools.logdir.events import EventWriter, to_plain
+from keras_gpu_tools.memory.accumulate import accumulation_problem, refusal
+from keras_gpu_tools.memory.explain import OOMExplanation, explanation_of, headroom_lines
+from keras_gpu_tools.memory.recovery import Agreement, IdlePath, OOMEvent, Recovery, SplitController, describe_split
+from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime.batches import batch_signature, leading_dim
+from keras_gpu_tools.runtime.step_hook import StepHook
+from keras_gpu_tools.runtime.topology import ExchangeError
+from keras_gpu_tools.runtime.topology import single as topology_single
+from keras_gpu_tools.runtime.validation import (
     check_bool,
     check_choice,
     check_int,
@@ -31,8 +32,7 @@ from keras_gpu_tools._core.validation import (
     check_run_name,
     check_verbose,
 )
-from keras_gpu_tools.callbacks._base import FitCallback
-from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
+from keras_gpu_tools.telemetry.sampler import WarnOnce
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -257,8 +257,8 @@ class OOMBatchSizeReducer(FitCallback):
             on_event=self._on_event,
             memory=self._memory,
             probe=self.probe,
-            classify=_backends.oom_kind,
-            rebuild=_backends.oom_error,
+            classify=backends.oom_kind,
+            rebuild=backends.oom_error,
             explain=self._explain,
         )
         self._micro_batches = 1
@@ -388,8 +388,8 @@ class OOMBatchSizeReducer(FitCallback):
                 controller,
                 on_event=self._on_event,
                 memory=self._memory,
-                classify=_backends.oom_kind,
-                rebuild=_backends.oom_error,
+                classify=backends.oom_kind,
+                rebuild=backends.oom_error,
                 explain=self._explain,
             )
             recovery.phase = kind
@@ -446,7 +446,7 @@ class OOMBatchSizeReducer(FitCallback):
             try:
                 return ev.runner.run(batch, 0, 1, state, False)
             except Exception as e:
-                if not _backends.is_oom(e):
+                if not backends.is_oom(e):
                     self._detach_eval(ev.kind)
                     raise
                 if not ev.runner.idle_recoverable:
@@ -498,7 +498,7 @@ class OOMBatchSizeReducer(FitCallback):
 
     def _idle_failed(self, error: BaseException, signature) -> None:
         """An error on the idle path (see IdlePath): refuses an out-of-memory error; else ends the fit and returns."""
-        if not _backends.is_oom(error):
+        if not backends.is_oom(error):
             self._end_fit(aborted=True)
             return
         self._refuse_late_oom(error, signature)
@@ -554,7 +554,7 @@ class OOMBatchSizeReducer(FitCallback):
             try:
                 rehearse(batch, n, k, state)
             except Exception as e:
-                if not _backends.is_oom(e):
+                if not backends.is_oom(e):
                     logger.debug("keras_gpu_tools: the rehearsal failed", exc_info=True)
                     self.warnings(
                         "rehearsal",
@@ -606,7 +606,7 @@ class OOMBatchSizeReducer(FitCallback):
         except Exception:
             logger.debug("keras_gpu_tools: explaining an agreed out-of-memory error failed", exc_info=True)
             explanation = {"notes": [note], "lines": [note]}
-        kind = (_backends.oom_kind(error) or "agreed") if error is not None else "agreed"
+        kind = (backends.oom_kind(error) or "agreed") if error is not None else "agreed"
         return Agreement(fits=False, error=error, kind=kind, note=note, explanation=explanation)
 
     # -- why memory ran out -------------------------------------------------------------
@@ -631,7 +631,7 @@ class OOMBatchSizeReducer(FitCallback):
                 batch_size=int(batch_size or 0),
                 failed_split=1,
                 next_split=None,
-                kind=_backends.oom_kind(error) or "unknown",
+                kind=backends.oom_kind(error) or "unknown",
                 phase=phase,
                 explanation=explanation,
             )
@@ -699,7 +699,7 @@ class OOMBatchSizeReducer(FitCallback):
         e = self.backend.check_late_error(self.model)
         if e is None:
             return
-        if _backends.is_oom(e):
+        if backends.is_oom(e):
             self._end_fit(aborted=True)
             raise UnrecoverableOOM(
                 "OOMBatchSizeReducer: an out-of-memory error of a JAX step surfaced only when its results were "

@@ -10,12 +10,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from keras_gpu_tools._core import profiler as prof
-from keras_gpu_tools._core.gpu_sampler import WarnOnce
-from keras_gpu_tools._core.step_hook import StepHook
-from keras_gpu_tools._core.step_timing import StepRecord
-from keras_gpu_tools._core.tensorboard import EventWriter
-from keras_gpu_tools._core.validation import (
+from keras_gpu_tools.callbacks._base import FitCallback
+from keras_gpu_tools.errors import ProfilerWarning
+from keras_gpu_tools.input.timing import StepRecord
+from keras_gpu_tools.logdir.events import EventWriter
+from keras_gpu_tools.profiling import trace as prof
+from keras_gpu_tools.runtime.step_hook import StepHook
+from keras_gpu_tools.runtime.validation import (
     check_bool,
     check_int,
     check_log_dir,
@@ -24,8 +25,7 @@ from keras_gpu_tools._core.validation import (
     check_run_name,
     check_verbose,
 )
-from keras_gpu_tools.callbacks._base import FitCallback
-from keras_gpu_tools.errors import ProfilerWarning
+from keras_gpu_tools.telemetry.sampler import WarnOnce
 
 logger = logging.getLogger("keras_gpu_tools")
 

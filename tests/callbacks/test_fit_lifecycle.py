@@ -17,10 +17,10 @@ from keras_gpu_tools import (
     OOMBatchSizeReducer,
     ProfilerWindow,
 )
-from keras_gpu_tools._core import keras_internals
-from keras_gpu_tools._core.lifecycle import FitSession
-from keras_gpu_tools._core.step_hook import MARK, StepHook
 from keras_gpu_tools.errors import KerasVersionWarning
+from keras_gpu_tools.runtime import keras_internals
+from keras_gpu_tools.runtime.session import FitSession
+from keras_gpu_tools.runtime.step_hook import MARK, StepHook
 
 pytestmark = pytest.mark.multibackend
 

@@ -16,8 +16,8 @@ import pytest
 from fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGPU, FakeNVML
 
 from keras_gpu_tools import GPUUtilizationLogger
-from keras_gpu_tools._core.nvml import NVML
 from keras_gpu_tools.errors import GPUMonitoringWarning
+from keras_gpu_tools.telemetry.nvml import NVML
 
 pytestmark = pytest.mark.multibackend
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from keras_gpu_tools import GPUUtilizationLogger
-from keras_gpu_tools import _backends as backends
+from keras_gpu_tools import backends as backends
 
 pytestmark = pytest.mark.gpu
 
@@ -89,8 +89,8 @@ def test_heavy_matmul_loop_is_seen_as_busy(tmp_path):
 
 
 def test_cuda_visible_devices_maps_to_the_right_gpu():
-    from keras_gpu_tools._core.devices import visible_gpus
-    from keras_gpu_tools._core.nvml import default_nvml
+    from keras_gpu_tools.telemetry.devices import visible_gpus
+    from keras_gpu_tools.telemetry.nvml import default_nvml
 
     nvml = default_nvml()
     every = visible_gpus(nvml, env={})

@@ -21,8 +21,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools._core import step_timing as st
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+from keras_gpu_tools.input import timing as st
 
 N_IMAGES = 384  # 12 batches per epoch
 BATCH = 32

@@ -7,9 +7,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools._core import step_timing as st
-from keras_gpu_tools._core.step_hook import StepHook
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+from keras_gpu_tools.input import timing as st
+from keras_gpu_tools.runtime.step_hook import StepHook
 
 DELAY = 0.02  # seconds per batch: large against the tiny model's ~1 ms step
 

@@ -6,9 +6,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools._core import gpu_peaks
-from keras_gpu_tools._core import step_timing as st
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+from keras_gpu_tools.input import timing as st
+from keras_gpu_tools.telemetry import peaks as gpu_peaks
 
 pytestmark = pytest.mark.gpu
 
@@ -40,7 +40,7 @@ def arrays(batch=512, inputs=1024, n=1):
 
 
 def test_runs_on_the_gpu(backend):
-    from keras_gpu_tools import _backends as backends
+    from keras_gpu_tools import backends as backends
 
     assert backends.get(backend).gpu_devices(), "the framework sees no GPU"
 
@@ -74,8 +74,8 @@ def test_fast_input_is_not_input_bound(backend):
 def test_mfu_from_the_peak_table_on_jax(backend):
     if backend != "jax":
         pytest.skip("FLOPs come from XLA cost analysis on JAX")
-    from keras_gpu_tools._core.devices import visible_gpus
-    from keras_gpu_tools._core.nvml import default_nvml
+    from keras_gpu_tools.telemetry.devices import visible_gpus
+    from keras_gpu_tools.telemetry.nvml import default_nvml
 
     name = visible_gpus(default_nvml())[0].name
     assert gpu_peaks.lookup(name) is not None, f"{name} missing from the peak table"

@@ -14,11 +14,11 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools import _backends
-from keras_gpu_tools._core import step_timing as st
-from keras_gpu_tools._core.lifecycle import FitSession
-from keras_gpu_tools._core.step_hook import StepHook
+from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+from keras_gpu_tools.input import timing as st
+from keras_gpu_tools.runtime.session import FitSession
+from keras_gpu_tools.runtime.step_hook import StepHook
 
 XPROF_CATEGORY = {"HIGHLY": st.HIGH, "MODERATELY": st.MODERATE, "NOT": st.NOT, "POTENTIALLY": st.NOT}
 
@@ -47,7 +47,7 @@ def profiled_fit(tf, tmp_path, dataset, model, steps):
 
     class Profile(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            self.att = StepHook.attach(self.model, StepMarkers(), _backends.get(), FitSession.current(self.model))
+            self.att = StepHook.attach(self.model, StepMarkers(), backends.get(), FitSession.current(self.model))
             tf.profiler.experimental.start(str(tmp_path / "profile"))
 
         def on_train_end(self, logs=None):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from keras_gpu_tools import GPUUtilizationLogger
-from keras_gpu_tools._core.live_view import LiveState, in_notebook, render, sparkline, step_times
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 from keras_gpu_tools.callbacks.live_view import LiveView
+from keras_gpu_tools.live.render import LiveState, in_notebook, render, sparkline, step_times
 
 
 def small_fit(callbacks, epochs=2, n=640, batch_size=16):

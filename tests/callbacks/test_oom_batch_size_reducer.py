@@ -24,8 +24,8 @@ import pytest
 from keras import ops
 from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, SeenCounter, data, held_activations_model, real_oom
 
-from keras_gpu_tools._core.oom import IdlePath
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+from keras_gpu_tools.memory.recovery import IdlePath
 
 pytestmark = pytest.mark.multibackend
 
@@ -146,7 +146,7 @@ def test_always_oom_ends_with_a_clear_error_of_the_backend_type():
     message = str(err)
     assert "Batch sizes tried: 16, 16 as 2 x 8, 16 as 4 x 4" in message
     assert "min_batch_size=4" in message and "mixed precision" in message and "rematerialisation" in message
-    from keras_gpu_tools._backends import is_oom
+    from keras_gpu_tools.backends import is_oom
 
     original = err.oom_original  # the allocator's own error of the last attempt
     assert is_oom(original) and type(err) is type(original)
@@ -444,7 +444,7 @@ def test_an_epochs_full_batches_of_arrays_run_unchecked_once_their_shape_ran_who
     # ArrayDataAdapter, a new pass each epoch) the JAX and torch steps run an epoch's full
     # batches with no look at their tensors once that shape ran whole, and check the last
     # one; any other input (a set steps_per_epoch, a PyDataset), and TensorFlow, checks each.
-    from keras_gpu_tools import _backends
+    from keras_gpu_tools import backends
 
     n, batch, epochs = 50, 8, 3
     x, y = data(n)
@@ -475,7 +475,7 @@ def test_an_epochs_full_batches_of_arrays_run_unchecked_once_their_shape_ran_who
     (bare, bare_history), (model, history) = fit([]), fit([reducer])
     batches = iterations(model)
     unchecked = batches - reducer.guarded - idle.checked
-    if inputs in ("arrays", "shuffled_arrays") and _backends.get(BACKEND).counts_idle_batches:
+    if inputs in ("arrays", "shuffled_arrays") and backends.get(BACKEND).counts_idle_batches:
         # Epoch 1: the first batch guarded (its shape runs whole), five unchecked, the batch of 2
         # guarded. Epochs 2 and 3: six unchecked, the batch of 2 checked (it ran whole too).
         assert (reducer.guarded, idle.checked, unchecked) == (2, 2, 17)
@@ -526,7 +526,7 @@ def test_a_ragged_input_is_checked_every_step():
 
 
 def test_only_dense_arrays_have_batches_of_one_shape():
-    from keras_gpu_tools._core.keras_internals import _dense
+    from keras_gpu_tools.runtime.keras_internals import _dense
 
     assert _dense(np.zeros((4, 2))) and _dense(None)
     assert not _dense([[1.0, 2.0]])  # not an array Keras slices as one
@@ -559,7 +559,7 @@ def test_the_tensorflow_idle_step_is_the_concrete_function_of_keras_compiled_ste
         pytest.skip("TensorFlow's train function")
     import tensorflow as tf
 
-    from keras_gpu_tools._core import keras_internals as ki
+    from keras_gpu_tools.runtime import keras_internals as ki
 
     x, y = data(16)
     batch = (tf.constant(x[:8]), tf.constant(y[:8]))
@@ -662,11 +662,11 @@ def test_tensorflow_real_oom_suite():
 
 @pytest.mark.skipif(BACKEND != "jax", reason="probe predicts from XLA's memory analysis (JAX)")
 def test_probe_predicts_the_split_without_running_out_of_memory(monkeypatch):
-    from keras_gpu_tools import _backends
+    from keras_gpu_tools import backends
 
     # The CPU reports no memory limit; give it the 8 GiB of a small GPU.
     monkeypatch.setattr(
-        type(_backends.get("jax")),
+        type(backends.get("jax")),
         "device_memory",
         lambda self: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0},
     )
@@ -743,11 +743,11 @@ def test_each_recovery_is_explained_in_the_log_dir_the_summary_and_the_report(tm
 
 @pytest.mark.skipif(BACKEND != "jax", reason="XLA's memory analysis (JAX)")
 def test_after_a_real_oom_the_next_split_is_chosen_from_memory_analysis_without_running_failing_ones(monkeypatch):
-    from keras_gpu_tools import _backends
+    from keras_gpu_tools import backends
 
     # The CPU reports no memory limit; give it the 8 GiB of a small GPU, as probe's test does.
     monkeypatch.setattr(
-        type(_backends.get("jax")),
+        type(backends.get("jax")),
         "device_memory",
         lambda self: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0},
     )
@@ -767,9 +767,9 @@ def test_after_a_real_oom_the_next_split_is_chosen_from_memory_analysis_without_
 
 
 def test_headroom_peak_against_capacity_and_the_batch_that_would_fit(tmp_path, monkeypatch):
-    from keras_gpu_tools import _backends, report
+    from keras_gpu_tools import backends, report
 
-    backend = type(_backends.get(BACKEND))
+    backend = type(backends.get(BACKEND))
     # A CPU has no allocator peak or capacity: stand in for one GPU's (what device_peaks reads on a GPU).
     monkeypatch.setattr(backend, "device_peaks", lambda self: {0: (6 * 2**30, 8 * 2**30)})
     n = 16

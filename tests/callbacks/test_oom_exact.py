@@ -407,7 +407,7 @@ def test_numerator_over_denominator_is_keras_own_loss(reduction, with_mask, with
     """What `loss_parts` splits a loss into is what Keras divides, for every reduction, mask and weights."""
     from keras.src.backend.common.masking import set_keras_mask
 
-    from keras_gpu_tools._core import keras_internals as ki
+    from keras_gpu_tools.runtime import keras_internals as ki
 
     r = np.random.RandomState(0)
     y_true = ops.convert_to_tensor(r.randn(5, 3, 1).astype("float32"))

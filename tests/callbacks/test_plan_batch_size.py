@@ -109,7 +109,7 @@ def test_training_at_the_plan_never_runs_out_of_memory_and_regrows_only_to_it():
 @pytest.mark.skipif(BACKEND != "torch", reason="the CUDA caching allocator is torch's")
 def test_torch_hands_the_trial_steps_cached_blocks_back_after_planning(monkeypatch):
     # No GPU here: a stand-in for torch.cuda records the call; the model is put back for real.
-    from keras_gpu_tools._backends import torch as torch_backend
+    from keras_gpu_tools.backends.torch import backend as torch_backend
 
     calls = []
 

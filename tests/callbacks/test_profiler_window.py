@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools import _backends
+from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
 from keras_gpu_tools.errors import ProfilerWarning
 
@@ -46,7 +46,7 @@ def step_names(capture):
         return sorted(
             {int(e["name"].split("#")[1]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}
         )
-    from keras_gpu_tools._core.profiler import analyze_input_pipeline
+    from keras_gpu_tools.profiling.trace import analyze_input_pipeline
 
     rows = analyze_input_pipeline(capture.files).step_rows
     return sorted(int(str(r["step"]).split()[-1]) for r in rows)
@@ -123,9 +123,9 @@ class RaiseAt(keras.callbacks.Callback):
 
 
 def profiler_can_start_again(tmp_path):
-    from keras_gpu_tools._core import profiler as prof
+    from keras_gpu_tools.profiling import trace as prof
 
-    backend = _backends.get(BACKEND).profiler()
+    backend = backends.get(BACKEND).profiler()
     backend.start(str(tmp_path / "again"), prof.TracerOptions())
     backend.stop()
     return True
@@ -258,9 +258,9 @@ def profiler_is_running() -> bool:
 def profiler_can_start_again_quietly() -> bool:
     import tempfile
 
-    from keras_gpu_tools._core import profiler as prof
+    from keras_gpu_tools.profiling import trace as prof
 
-    session = _backends.get(BACKEND).profiler()
+    session = backends.get(BACKEND).profiler()
     try:
         session.start(tempfile.mkdtemp(), prof.TracerOptions())
     except prof.ProfilerBusy:
@@ -275,7 +275,7 @@ def test_a_plain_fit_after_an_interrupted_window_is_untouched(tmp_path, monkeypa
     model ran through the dead hook (counted, captured, crashed). It must be untouched, also when
     the exception is kept alive (as IPython keeps the last traceback) and before any watchdog ran."""
     from keras_gpu_tools import InputBoundDetector
-    from keras_gpu_tools._core.lifecycle import FitSession
+    from keras_gpu_tools.runtime.session import FitSession
 
     monkeypatch.setattr(FitSession, "interval", 60.0)  # the watchdog must not be what saves us
     kept = []

@@ -49,7 +49,7 @@ def test_trace_contains_gpu_kernels(tmp_path):
         assert kernels, "no CUDA kernel in the torch trace"
         assert steps == {f"ProfilerStep#{i}" for i in range(5, 9)}
     else:
-        from keras_gpu_tools._core.profiler import tool_data
+        from keras_gpu_tools.profiling.trace import tool_data
 
         kernel_rows = _rows(tool_data(cap.files, "kernel_stats"))
         report.update(

@@ -1,6 +1,6 @@
 """The batch-size search, with a made-up memory model: exponential, then binary, like Lightning's binsearch."""
 
-from keras_gpu_tools._core.batch_search import BatchPlan, Trial, search_batch_size
+from keras_gpu_tools.memory.search import BatchPlan, Trial, search_batch_size
 
 MiB = 2**20
 

@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from keras_gpu_tools._core.cpu_meter import CpuMeter, descendants
+from keras_gpu_tools.telemetry.cpu_meter import CpuMeter, descendants
 
 # A child that starts a grandchild, says both pids, then waits (the grandchild burns CPU when asked).
 TREE = """

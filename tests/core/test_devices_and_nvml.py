@@ -3,13 +3,13 @@
 import pytest
 from fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGPU, FakeNVML
 
-from keras_gpu_tools._core.devices import (
+from keras_gpu_tools.telemetry.devices import (
     DeviceSelectionError,
     parse_visible_devices,
     select_devices,
     visible_gpus,
 )
-from keras_gpu_tools._core.nvml import NA, NVML, NVMLUnavailable
+from keras_gpu_tools.telemetry.nvml import NA, NVML, NVMLUnavailable
 
 
 def four_gpus():

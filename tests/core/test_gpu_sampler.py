@@ -6,8 +6,9 @@ import warnings
 import pytest
 from fake_nvml import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN, FakeGPU, FakeNVML
 
-from keras_gpu_tools._core.devices import visible_gpus
-from keras_gpu_tools._core.gpu_sampler import (
+from keras_gpu_tools.telemetry.devices import visible_gpus
+from keras_gpu_tools.telemetry.nvml import NVML
+from keras_gpu_tools.telemetry.sampler import (
     Aggregate,
     GPUMonitoringWarning,
     GPUProbe,
@@ -15,7 +16,6 @@ from keras_gpu_tools._core.gpu_sampler import (
     MetricSampler,
     WarnOnce,
 )
-from keras_gpu_tools._core.nvml import NVML
 
 
 def probe_for(gpu, **kwargs):

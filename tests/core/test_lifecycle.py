@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from keras_gpu_tools._core import lifecycle
-from keras_gpu_tools._core.keras_internals import find_fit_frame
-from keras_gpu_tools._core.lifecycle import FitSession, run_deferred
+from keras_gpu_tools.runtime import session as lifecycle
+from keras_gpu_tools.runtime.keras_internals import find_fit_frame
+from keras_gpu_tools.runtime.session import FitSession, run_deferred
 
 
 class Recorder:

@@ -6,14 +6,14 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools._core import mixed_precision as mp
-from keras_gpu_tools._core.mixed_precision import (
+from keras_gpu_tools.layers.mixed_precision_output import MixedPrecisionOutput
+from keras_gpu_tools.mixed_precision import check as mp
+from keras_gpu_tools.mixed_precision.check import (
     FINDING_KINDS,
     check_mixed_precision,
     gpu_compute_capabilities,
 )
-from keras_gpu_tools._core.nvml import NVML
-from keras_gpu_tools.layers.mixed_precision_output import MixedPrecisionOutput
+from keras_gpu_tools.telemetry.nvml import NVML
 
 H100 = [(9, 0)]
 

@@ -4,9 +4,9 @@ import importlib.util
 
 import pytest
 
-from keras_gpu_tools._backends import is_oom, oom_kind
-from keras_gpu_tools._backends import oom_error as final_error
-from keras_gpu_tools._core.oom import (
+from keras_gpu_tools.backends import is_oom, oom_kind
+from keras_gpu_tools.backends import oom_error as final_error
+from keras_gpu_tools.memory.recovery import (
     Agreement,
     OOMEvent,
     Recovery,
@@ -375,7 +375,7 @@ def test_free_failed_step_collects_everything_unless_told_the_memory_is_free():
     import gc
     import weakref
 
-    from keras_gpu_tools._core.oom import free_failed_step
+    from keras_gpu_tools.memory.recovery import free_failed_step
 
     class Node:
         pass
@@ -411,7 +411,7 @@ def test_free_failed_step_collects_everything_unless_told_the_memory_is_free():
 
 
 def test_held_since_compares_the_device_figure_with_the_one_before_the_attempt():
-    from keras_gpu_tools._core.oom import held_since, in_use
+    from keras_gpu_tools.memory.recovery import held_since, in_use
 
     figures = {"bytes_in_use": 1000}
     memory = lambda: dict(figures)  # noqa: E731 - a backend's device_memory()

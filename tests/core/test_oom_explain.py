@@ -1,6 +1,6 @@
 """Why memory ran out: the figures read from each backend's out-of-memory message, and the lines shown."""
 
-from keras_gpu_tools._core.oom_explain import OOMExplanation, explanation_of, fragmentation_note, parse_message
+from keras_gpu_tools.memory.explain import OOMExplanation, explanation_of, fragmentation_note, parse_message
 
 GiB = 2**30
 

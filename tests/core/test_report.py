@@ -11,16 +11,16 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools._core.mixed_precision import MixedPrecisionFinding
-from keras_gpu_tools._core.nvml import GPUInfo
-from keras_gpu_tools._core.oom import OOMEvent
-from keras_gpu_tools._core.report import ReportData, TrainingReport, findings_markdown, gather_log_dir, report
-from keras_gpu_tools._core.step_timing import Measurement, Verdict
-from keras_gpu_tools._core.tensorboard import EventWriter
 from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+from keras_gpu_tools.input.timing import Measurement, Verdict
+from keras_gpu_tools.logdir.events import EventWriter
+from keras_gpu_tools.memory.recovery import OOMEvent
+from keras_gpu_tools.mixed_precision.check import MixedPrecisionFinding
+from keras_gpu_tools.reporting.build import ReportData, TrainingReport, findings_markdown, gather_log_dir, report
+from keras_gpu_tools.telemetry.nvml import GPUInfo
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -241,7 +241,7 @@ def test_report_modules_import_nothing_heavy():
     # the report and the live view add no import of their own.
     code = (
         "import sys, keras, keras_gpu_tools; before = set(sys.modules); "
-        "import keras_gpu_tools._core.report, keras_gpu_tools._core.live_view, keras_gpu_tools.callbacks.live_view; "
+        "import keras_gpu_tools.reporting.build, keras_gpu_tools.live.render, keras_gpu_tools.callbacks.live_view; "
         "print(sorted(m.split('.')[0] for m in set(sys.modules) - before if not m.startswith('keras_gpu_tools')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -534,8 +534,8 @@ def test_log_dir_report_holds_the_callbacks_own_records(tmp_path):
     import keras
     from fake_nvml import FakeGPU, FakeNVML
 
-    from keras_gpu_tools._core.nvml import NVML
     from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
+    from keras_gpu_tools.telemetry.nvml import NVML
 
     backend = keras.backend.backend()
     logdir = str(tmp_path / "logs")

@@ -5,15 +5,15 @@ import time
 import numpy as np
 import pytest
 
-from keras_gpu_tools import _backends
-from keras_gpu_tools._core import keras_internals as compat
-from keras_gpu_tools._core.lifecycle import FitSession
-from keras_gpu_tools._core.step_hook import MARK, StepHook, batch_signature, leading_dim
+from keras_gpu_tools import backends
+from keras_gpu_tools.runtime import keras_internals as compat
+from keras_gpu_tools.runtime.session import FitSession
+from keras_gpu_tools.runtime.step_hook import MARK, StepHook, batch_signature, leading_dim
 
 
 def attach(model, observer, clock=time.perf_counter, session=None, backend="jax"):
     """A hook for a fake model driven from the test itself (a session that found no fit() frame)."""
-    return StepHook.attach(model, observer, _backends.get(backend), session or FitSession(model, None), clock=clock)
+    return StepHook.attach(model, observer, backends.get(backend), session or FitSession(model, None), clock=clock)
 
 
 class FakeClock:
@@ -90,7 +90,7 @@ def slow_batches(clock, wait, n):
 def test_fake_clock_exact_split_on_the_jax_path(monkeypatch):
     # The fake step runs on the host: time it as on a synchronous device, also where an
     # earlier test in the process started JAX on a GPU (whose compute is timed from the dispatch).
-    monkeypatch.setattr(_backends.get("jax"), "_async", False)
+    monkeypatch.setattr(backends.get("jax"), "_async", False)
     clock = FakeClock()
     model = FakeJaxModel(clock, compute=0.003)
     rec = Recorder(every=2)
@@ -120,7 +120,7 @@ def test_fake_clock_exact_split_on_the_jax_path(monkeypatch):
 
 
 def test_a_light_call_times_its_fetch_into_the_pending_record_and_nothing_else():
-    from keras_gpu_tools._core.step_timing import StepStats
+    from keras_gpu_tools.input.timing import StepStats
 
     clock = FakeClock()
     model = FakeJaxModel(clock, compute=0.003)
@@ -288,7 +288,7 @@ class HookObserverCallback:
         class _CB(keras.callbacks.Callback):
             def on_train_begin(self, logs=None):
                 self.session = FitSession.current(self.model)
-                self.att = StepHook.attach(self.model, recorder, _backends.get(), self.session)
+                self.att = StepHook.attach(self.model, recorder, backends.get(), self.session)
                 self.wrapped_during_fit = StepHook.installed(self.model) is not None
 
             def on_train_batch_end(self, batch, logs=None):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from keras_gpu_tools._core import step_timing as st
-from keras_gpu_tools._core.step_timing import StepRecord, StepStats
+from keras_gpu_tools.input import timing as st
+from keras_gpu_tools.input.timing import StepRecord, StepStats
 
 
 class FakeClock:
@@ -398,7 +398,7 @@ def test_dispatch_counts_as_other():
 
 
 # -- GPU peaks and FLOP counting ----------------------------------------------------------
-from keras_gpu_tools._core import gpu_peaks  # noqa: E402
+from keras_gpu_tools.telemetry import peaks as gpu_peaks  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from keras_gpu_tools._core import stragglers as sg
+from keras_gpu_tools.input import stragglers as sg
 
 
 def row(i, wait=0.02, step=20.0, samples=800.0, category="not input-bound", advice=(), peak=None, host="h"):

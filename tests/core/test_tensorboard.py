@@ -12,8 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from keras_gpu_tools._core.tensorboard import EventWriter
 from keras_gpu_tools.errors import KerasGPUToolsWarning
+from keras_gpu_tools.logdir.events import EventWriter
 
 
 def _read(run_dir):
@@ -86,7 +86,7 @@ def test_writing_does_not_import_tensorflow(tmp_path):
     # TensorBoard's own EventFileWriter imports TensorFlow when it is installed (2-3 s, and a
     # second framework in a JAX or torch process); ours must not.
     code = (
-        "import sys; from keras_gpu_tools._core.tensorboard import EventWriter; "
+        "import sys; from keras_gpu_tools.logdir.events import EventWriter; "
         f"w = EventWriter({str(tmp_path / 'run')!r}); w.scalars({{'a': 1.0}}, step=1); "
         "w.text('t', 'x', step=1); w.json('t/data', [1], step=1); w.close(); "
         "print('tensorflow' in sys.modules)"
@@ -122,7 +122,7 @@ def test_a_remote_run_goes_through_tensorboards_writer(tmp_path, monkeypatch):
     # its thread keeps a slow upload off the caller: no local file, no local directory.
     import types
 
-    from keras_gpu_tools._core import deps
+    from keras_gpu_tools.runtime import deps
 
     monkeypatch.setattr(
         deps, "tensorboard_event_writer", lambda: types.SimpleNamespace(EventFileWriter=_FakeEventFileWriter)

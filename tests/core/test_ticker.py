@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from keras_gpu_tools._core.ticker import Ticker
+from keras_gpu_tools.runtime.ticker import Ticker
 
 
 def wait_until(predicate, timeout=5.0):

@@ -36,14 +36,14 @@ def weights_sum(model) -> float:
 
 def topology(index: int, count: int, out: Path) -> dict:
     """Who each process is, and one value gathered over the job's channel."""
-    from keras_gpu_tools import _backends
+    from keras_gpu_tools import backends
 
     data_parallel()
     model = tiny_model()
-    topo = _backends.get().topology(model)
+    topo = backends.get().topology(model)
     gathered = topo.exchange.gather("test/hello", {"index": index}, timeout_s=30)
     # Epoch after epoch: each gather removes this process's value of the one before.
-    from keras_gpu_tools._core.topology import JobGather
+    from keras_gpu_tools.runtime.topology import JobGather
 
     job = JobGather(topo, "test/epochs", print, timeout_s=30)
     epochs = [job.gather(f"epoch{e}", e * 10 + index) for e in range(3)]

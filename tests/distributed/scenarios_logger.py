@@ -33,7 +33,7 @@ def fake_gpu_figures(g: int) -> dict[str, float]:
 def machine_nvml(gpus: int):
     from fake_nvml import FakeGPU, FakeNVML
 
-    from keras_gpu_tools._core.nvml import NVML
+    from keras_gpu_tools.telemetry.nvml import NVML
 
     fakes = []
     for g in range(gpus):

@@ -37,7 +37,7 @@ def profile_window(index: int, count: int, out: Path, start_step: int = 3, num_s
 
 def doctor(index: int, count: int, out: Path) -> dict:
     """`keras-gpu-tools doctor` inside a job of several processes, under DataParallel."""
-    from keras_gpu_tools._core import doctor
+    from keras_gpu_tools.cli import doctor
 
     before = doctor.run()  # no keras.distribution set yet
     data_parallel()

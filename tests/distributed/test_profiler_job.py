@@ -7,7 +7,7 @@ import sys
 import pytest
 from launch import JOB_GPUS, run_job
 
-from keras_gpu_tools._core import profiler as prof
+from keras_gpu_tools.profiling import trace as prof
 
 pytest.importorskip("jax")
 

@@ -3,7 +3,7 @@
 import pytest
 from launch import run_job
 
-from keras_gpu_tools._core import topology as topo
+from keras_gpu_tools.runtime import topology as topo
 
 pytest.importorskip("jax")
 

@@ -11,9 +11,9 @@ import keras
 import numpy as np
 import pytest
 
-from keras_gpu_tools import _backends as backends
-from keras_gpu_tools._core.mixed_precision import check_mixed_precision, gpu_compute_capabilities
+from keras_gpu_tools import backends as backends
 from keras_gpu_tools.layers.mixed_precision_output import MixedPrecisionOutput
+from keras_gpu_tools.mixed_precision.check import check_mixed_precision, gpu_compute_capabilities
 
 pytestmark = pytest.mark.gpu
 

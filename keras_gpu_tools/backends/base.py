@@ -1,0 +1,220 @@
+"""The interface of a backend module, and the backend with no GPU support.
+
+:class:`Backend` lists every method the package calls per backend, with the
+behaviour of a backend that has no GPU, no step hook and no OOM of its own.
+``tensorflow.py``, ``jax.py`` and ``torch.py`` override what their framework
+does differently; keep the signatures identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Stats = dict[int, tuple[float, float]]  # local GPU index -> (current bytes, peak bytes)
+
+
+class Backend:
+    """What keras_gpu_tools needs to know and do per Keras backend."""
+
+    #: Whether the train function pulls its batches itself (TensorFlow, JAX);
+    #: torch's fit() fetches them before calling it.
+    fetches_inside_step = True
+    #: Whether a step's FLOPs can be read from its traced program (JAX).
+    traced_flops = False
+    #: Whether the memory a step needs can be predicted before running it (JAX).
+    predicts_memory = False
+    #: Whether data parallelism needs every device's share of a batch to be equal
+    #: (JAX: a global array is split evenly; tf.distribute splits unevenly).
+    even_shares = False
+    #: Whether the reducer's train function runs ``IdlePath.free`` batches unchecked (JAX, torch).
+    #: TensorFlow's idle step costs less than Keras's own already, and keeps its check.
+    counts_idle_batches = False
+    #: What `doctor` tells a user whose framework build sees no GPU.
+    install_hint = "install a GPU build of the framework"
+
+    def __init__(self, name: str = "none"):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<keras_gpu_tools backend {self.name!r}>"
+
+    # -- devices and memory ---------------------------------------------------------------
+    def gpu_devices(self) -> list[str]:
+        """Names of the GPUs the framework sees (no framework import)."""
+        return []
+
+    def allocator_memory(self, indices: Iterable[int]) -> Stats:
+        """Current and peak bytes of the framework's allocator per local GPU index."""
+        return {}
+
+    def device_memory(self) -> dict[str, Any]:
+        """The first GPU's ``device``, ``bytes_limit``, ``bytes_in_use``, ``peak_bytes_in_use`` (empty on CPU)."""
+        return {}
+
+    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
+        """Per local GPU: the allocator's peak bytes since the process started, and the device's capacity."""
+        return {}
+
+    def uses_tf32(self) -> bool:
+        """Whether float32 matmuls run as TF32 (their peak FLOP/s is TF32's)."""
+        return False
+
+    def framework_facts(self, facts) -> None:
+        """Fills ``doctor``'s :class:`FrameworkFacts` (version, GPUs, CUDA build) for this framework."""
+        facts.error = f"backend {self.name!r} has no GPU support in this tool"
+
+    # -- the job --------------------------------------------------------------------------------
+    def topology(self, model) -> Any:
+        """This process's :class:`~keras_gpu_tools.runtime.topology.Topology` under the engine in use."""
+        from keras_gpu_tools.runtime import topology
+
+        return topology.single()
+
+    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+        """What ``doctor`` says of scaling out with this framework: ``(level, text)`` pairs.
+
+        ``topology`` is :meth:`topology` outside any fit (``model=None``),
+        ``gpus`` the GPUs this process can see, ``env`` the environment.
+        """
+        return []
+
+    # -- the training step ----------------------------------------------------------------------
+    def sync(self, outputs) -> None:
+        """Waits until the device has finished the work that produced ``outputs``."""
+
+    def step_caller(self, hook) -> Callable:
+        """The body of the step hook's wrapper: ``f(*train_function_args)`` (see ``step_hook``)."""
+        raise ValueError(f"keras_gpu_tools: no step hook for the Keras backend {self.name!r}.")
+
+    def fetch_caller(self, hook) -> Callable | None:
+        """The step hook's light path, ``f(*train_function_args)``: Keras's step with only its fetch timed.
+
+        None where a fetch cannot be timed without a device sync (TensorFlow
+        fetches inside its compiled step); JAX and torch fetch in Python.
+        """
+        return None
+
+    def prepare_hook(self, hook) -> None:
+        """Called once when a step hook is installed (torch: time the epoch iterator's fetches)."""
+
+    def execution_note(self, steps_per_execution: int) -> str | None:
+        """What a sampled step means with ``steps_per_execution > 1``, where it differs from unsampled ones."""
+        return None
+
+    def step_flops(self, train_function: Callable, specs) -> tuple[float | None, str]:
+        """FLOPs of one step and how they were counted, from the traced step (JAX)."""
+        return None, ""
+
+    def shape_specs(self, args):
+        """Shape-only stand-ins of a sampled call's arguments, for :meth:`step_flops`."""
+        return None
+
+    # -- planning the batch size (plan_batch_size) ------------------------------------------------
+    def replicas(self, model) -> int:
+        """The devices a batch is split over under data parallelism (1 without)."""
+        return 1
+
+    def device_capacities(self, model, replicas: int) -> list[int | None]:
+        """The memory of each of those devices (None where the device reports none, a CPU)."""
+        return [None] * replicas
+
+    def plan_snapshot(self, model, batch) -> Any:
+        """Builds what a training step needs for ``batch`` and keeps a host copy of every variable."""
+        import keras
+
+        from keras_gpu_tools.runtime import keras_internals as ki
+
+        ki.build_for_training(model, batch)
+        return [(v, keras.ops.convert_to_numpy(v.value)) for v in ki.variables_of(model, "all")]
+
+    def plan_restore(self, model, snapshot) -> None:
+        """Puts back what :meth:`plan_snapshot` kept (trial steps trained the model)."""
+        for v, value in snapshot:
+            v.assign(value)
+        model.reset_metrics()
+
+    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
+        """The peak bytes of one training step on ``batch`` per device, and how they were obtained."""
+        raise ValueError(f"plan_batch_size does not support the Keras backend {self.name!r} (tensorflow, jax, torch).")
+
+    def plan_method(self, model) -> str:
+        return ""
+
+    # -- profiler ------------------------------------------------------------------------------
+    def profiler(self):
+        """A new profiler session (``available``, ``start``, ``step``, ``stop``); see ``_core.profiler``."""
+        raise ValueError(f"keras_gpu_tools: no profiler for the Keras backend {self.name!r}.")
+
+    # -- out of memory -------------------------------------------------------------------------
+    def is_oom(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is this framework's out-of-memory error."""
+        return False
+
+    def oom_error(self, original: BaseException, message: str) -> BaseException | None:
+        """An error of ``original``'s type carrying ``message``, or None where it cannot be built."""
+        return None
+
+    def reducer_problem(self, model) -> str | None:
+        """Why the OOM reducer cannot run on ``model`` here, or None."""
+        return f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported (tensorflow, jax, torch)."
+
+    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
+        """The runner that retries a batch as micro-batches (see ``_core.grad_accum``)."""
+        raise ValueError(self.reducer_problem(model))
+
+    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
+        """The train function the reducer runs: fetches the batch(es) and runs each on the idle path or ``one``.
+
+        A batch whose signature is ``idle.signature`` (:class:`~keras_gpu_tools.memory.recovery.IdlePath`)
+        runs ``runner.original`` (Keras's step) whole, in a ``try``; any other
+        goes to ``one(batch[, state])``, the reducer's guarded path. Where
+        ``counts_idle_batches``, a batch fetched while ``idle.free`` is set runs
+        unchecked, counted down (see ``IdlePath``).
+
+        ``replicas``: the data-parallel size (:meth:`replicas`); under a ``tf.distribute`` strategy of
+        several replicas the batches are per-replica values.
+        """
+        raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
+
+    def explain_oom(
+        self, error: BaseException | None, context: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """What the framework can tell about an out-of-memory error, at the moment it happened.
+
+        Returns ``(figures, artifacts)``: :class:`~keras_gpu_tools.memory.explain.OOMExplanation`
+        field values from the allocator (memory in use, peak, limit, the
+        largest buffers, the failing program's memory analysis), and files to
+        write next to the event (name suffix -> bytes) when
+        ``context["files"]`` is set. ``error`` is None for a failure predicted
+        from a memory analysis (``context["predicted_need"]``).
+        """
+        return {}, {}
+
+    def start_memory_history(self) -> str | None:
+        """Starts recording the allocator's history of allocations; returns why it cannot, or None."""
+        return f"the Keras backend {self.name!r} records no allocation history (torch with CUDA does)"
+
+    def stop_memory_history(self) -> None:
+        """Stops what :meth:`start_memory_history` started."""
+
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        """The runner that retries an evaluation (``kind="test"``) or prediction (``"predict"``) batch, split."""
+        raise ValueError(self.reducer_problem(model))
+
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
+        """The test or predict function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``.
+
+        ``replicas``: as for :meth:`reducer_call`.
+        """
+        raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
+
+    def hand_back_eval_state(self, model, kind: str, state) -> None:
+        """After a failed evaluation or prediction step, puts the state from before it into the model (JAX)."""
+
+    def check_late_error(self, model) -> BaseException | None:
+        """An error of an earlier asynchronous step that surfaces only when results are read (JAX)."""
+        return None
+
+    def hand_back_state(self, model, state) -> None:
+        """After a failed step, gives fit() the state to write back into the model (JAX)."""

@@ -1,0 +1,220 @@
+"""The `keras-gpu-tools` command: `doctor`, `demo` and `report`.
+
+keras-gpu-tools doctor             # is my GPU used? if not, why?
+keras-gpu-tools demo --logdir DIR  # a small training run with every tool attached
+keras-gpu-tools report DIR         # the training report, from a TensorBoard log directory
+
+`report` exits with 0 once the report is written, also when some event files
+could not be read: they are named in the report and in a warning on stderr.
+It exits with 2, writing nothing, when no event file could be read at all (as
+when the directory holds none): an HTML report of an earlier run is kept
+rather than replaced by an empty one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+
+# Keras, its backend and matplotlib take seconds to import: every subcommand
+# imports what it needs itself, so `--help` and argument errors answer at once.
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from keras_gpu_tools.cli import doctor
+
+    print(doctor.run())
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    import warnings
+
+    import keras
+    import numpy as np
+
+    from keras_gpu_tools import GPUUtilizationLogger, MixedPrecisionCheck, MixedPrecisionOutput
+    from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+    from keras_gpu_tools.callbacks.live_view import LiveView
+    from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
+    from keras_gpu_tools.logdir.events import check_log_dir
+    from keras_gpu_tools.reporting.build import report
+    from keras_gpu_tools.runtime.deps import loaded
+
+    logdir = check_log_dir(args.logdir, "--logdir")
+    assert logdir is not None  # --logdir has a default; tells type checkers so
+    os.makedirs(logdir, exist_ok=True)
+    print(f"Keras {keras.__version__}, backend {keras.backend.backend()}; logs in {os.path.abspath(logdir)}")
+
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    n, features, classes = args.samples, 64, 10
+    centers = rng.normal(scale=0.3, size=(classes, features))  # overlapping classes: a visible learning curve
+    labels = rng.integers(0, classes, size=n)
+    x = (centers[labels] + rng.normal(size=(n, features))).astype("float32")
+    model = keras.Sequential(
+        [
+            keras.Input((features,)),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(256, activation="relu"),
+            keras.layers.Dense(classes),
+            MixedPrecisionOutput("softmax"),  # float32 probabilities under any dtype policy
+        ]
+    )
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+    gpu_logger = GPUUtilizationLogger(log_dir=logdir, interval=0.1)
+    detector = InputBoundDetector(log_dir=logdir, window=50, verbose=0)
+    steps_per_epoch = -(-int(n * 0.9) // args.batch_size)
+    profiler = ProfilerWindow(log_dir=logdir, start_step=min(steps_per_epoch + 5, 20), num_steps=5, verbose=0)
+    mp_check = MixedPrecisionCheck()
+    callbacks = [gpu_logger, detector, profiler, mp_check]
+    oom = _oom_reducer(logdir)
+    if oom is not None:
+        callbacks.insert(0, oom)
+    callbacks.append(LiveView())  # in a notebook: a table that updates in place; here: nothing
+    if loaded("tensorflow") is not None or _importable("tensorflow"):
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=logdir))
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(
+            x,
+            labels,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            validation_split=0.1,
+            verbose=2 if args.verbose else 0,
+            callbacks=callbacks,
+        )
+    seconds = time.perf_counter() - t0
+    for w in sorted(
+        {str(w.message) for w in caught if "keras_gpu_tools" in str(w.filename) or "GPU" in str(w.message)}
+    ):
+        print(f"note: {w}")
+
+    h = history.history
+    print(
+        f"\nTrained {args.epochs} epochs ({gpu_logger.global_step} steps) in {seconds:.1f} s; "
+        f"final accuracy {h['accuracy'][-1]:.3f}, val_accuracy {h['val_accuracy'][-1]:.3f}."
+    )
+    shown = sorted(k for k in h if k.startswith(("gpu/", "host/")) and not k.endswith("_max"))
+    if shown:
+        print("Last epoch, measured by GPUUtilizationLogger:")
+        for k in shown:
+            print(f"  {k:40s} {h[k][-1]:10.1f}")
+    if detector.verdict is not None:
+        print(f"InputBoundDetector: {detector.verdict.message}")
+    for c in profiler.captures:
+        conclusion = (
+            c.analysis.conclusion if c.analysis is not None and c.analysis.conclusion else "no xprof conclusion"
+        )
+        print(f"ProfilerWindow: steps {c.start_step}-{c.start_step + c.num_steps}: {conclusion}")
+    print(f"MixedPrecisionCheck: {len(mp_check.findings)} finding(s)")
+    if oom is not None:
+        print(oom.summary())
+
+    rep = report(callbacks, model, title="keras-gpu-tools demo")
+    rep.write_to_tensorboard(logdir)  # keeps the findings for `keras-gpu-tools report LOGDIR`
+    html_path = rep.save(os.path.join(logdir, "report.html"))
+    pngs = rep.save_figures(os.path.join(logdir, "report_png"))
+    print(f"\nTensorBoard logs: {os.path.abspath(logdir)}")
+    print(f"View them with:   tensorboard --logdir {logdir}")
+    print(
+        f"HTML report:      {os.path.abspath(html_path)}  ({len(pngs)} plots, also as PNG in {os.path.join(logdir, 'report_png')})"
+    )
+    print(f"Rebuild it with:  keras-gpu-tools report {logdir}")
+    return 0
+
+
+def _oom_reducer(logdir: str) -> OOMBatchSizeReducer | None:
+    """The OOMBatchSizeReducer, where this version of the package has it."""
+    try:
+        from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+    except ImportError:
+        return None
+    try:
+        return OOMBatchSizeReducer(log_dir=logdir)
+    except Exception as e:  # a constructor that wants arguments: leave it out of the demo
+        print(f"note: OOMBatchSizeReducer left out of the demo ({type(e).__name__}: {e})")
+        return None
+
+
+def _report(args: argparse.Namespace) -> int:
+    from keras_gpu_tools.reporting.build import report
+
+    rep = report(log_dir=args.log_dir)  # raises ValueError when no event file could be read at all
+    for path, why in rep.data.unreadable:  # some could: the report is still worth writing
+        print(f"keras-gpu-tools report: warning: {os.path.join(args.log_dir, path)} {why}", file=sys.stderr)
+    if not args.quiet:
+        print(rep.text())
+    out = args.output or os.path.join(args.log_dir, "report.html")
+    path = rep.save(out)
+    print(f"\nHTML report: {os.path.abspath(path)}")
+    if args.png:
+        pngs = rep.save_figures(args.png)
+        print(f"PNG plots:   {len(pngs)} in {os.path.abspath(args.png)}")
+    return 0
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="keras-gpu-tools", description="Keras GPU training tools.")
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("doctor", help="report what GPUs Keras and NVML see, and why a GPU may be unused")
+    d.set_defaults(func=_doctor)
+    demo = sub.add_parser(
+        "demo", help="train a small model with every callback attached; write TensorBoard logs and the HTML report"
+    )
+    demo.add_argument("--logdir", default="logs/keras-gpu-tools-demo", help="where to write TensorBoard logs")
+    demo.add_argument("--epochs", type=_positive_int, default=5)
+    demo.add_argument("--samples", type=_positive_int, default=20000)
+    demo.add_argument("--batch-size", type=_positive_int, default=128)
+    demo.add_argument("--verbose", action="store_true", help="show Keras's per-epoch lines")
+    demo.set_defaults(func=_demo)
+    rep = sub.add_parser(
+        "report", help="build the training report (text and HTML with plots) from a TensorBoard log directory"
+    )
+    rep.add_argument("log_dir", help="the log_dir given to the callbacks (e.g. logs/keras-gpu-tools-demo)")
+    rep.add_argument(
+        "--output", "-o", default=None, help="where to write the HTML report (default: LOG_DIR/report.html)"
+    )
+    rep.add_argument("--png", default=None, metavar="DIR", help="also write each plot as a PNG file into DIR")
+    rep.add_argument("--quiet", "-q", action="store_true", help="do not print the text report")
+    rep.set_defaults(func=_report)
+    return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError) as e:
+        print(f"keras-gpu-tools {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

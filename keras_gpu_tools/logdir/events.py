@@ -1,0 +1,189 @@
+"""Writing TensorBoard event files on every Keras backend.
+
+Uses the ``tensorboard`` package's record format and protos, not TensorFlow:
+the same code path serves the TensorFlow, JAX and torch backends, a local run
+imports no TensorFlow into a JAX or torch process (``tensorboard``'s own
+``EventFileWriter`` does, when TensorFlow is installed; only a remote run still
+uses it), and no TensorFlow op runs on our background threads (``tf.summary``
+would). Scalars are written as ``simple_value`` and text with the text plugin's
+metadata, both of which TensorBoard reads natively.
+
+Each callback writes to a run of its own (``log_dir/<run>``, for example
+``logs/gpu``), so it shows next to Keras's ``train``/``validation`` runs and never
+shares a directory with another writer (TensorBoard follows only the newest
+event file of a run while it is being written).
+
+Next to a text meant for people, a callback writes the same facts as JSON
+(`EventWriter.json`, a text tag ending in ``/data``), which the training
+report reads instead of the prose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import numbers
+import os
+import socket
+import threading
+import time
+import warnings
+from typing import Any
+
+from keras_gpu_tools.errors import KerasGPUToolsWarning
+from keras_gpu_tools.runtime import deps, validation
+
+_file_ids = itertools.count()  # the last part of an event file's name: unique within the process
+
+
+def check_log_dir(log_dir, argument: str = "log_dir") -> str | None:
+    """:func:`validation.check_log_dir`, in the (value, name) order of its older callers."""
+    return validation.check_log_dir(argument, log_dir)
+
+
+def to_plain(value: Any) -> Any:
+    """`value` as JSON-ready data: dataclasses as dicts, tuples as lists, NaN and infinities as None."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value) if math.isfinite(value) else None
+    return str(value)  # an object JSON has no type for: its text
+
+
+class _LocalEvents:
+    """An event file on a local disk, each event written and flushed by its caller."""
+
+    def __init__(self, run_dir: str):
+        os.makedirs(run_dir, exist_ok=True)
+        # TensorBoard's own file name, which its reader orders a run's files by.
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_file_ids)}"
+        self.path = os.path.join(run_dir, name)
+        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by close())
+        self._records = deps.tensorboard_record_writer().RecordWriter(self._file)
+
+    def add_event(self, event) -> None:
+        self._records.write(event.SerializeToString())
+        self._file.flush()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _remote_events(run_dir: str):
+    """``tensorboard``'s ``EventFileWriter``: its file system layer reaches ``gs://`` (through
+    TensorFlow, which it then imports), and its thread keeps a slow remote write, and a flush that
+    uploads the file again, off the caller's thread."""
+    return deps.tensorboard_event_writer().EventFileWriter(run_dir, flush_secs=10)
+
+
+class EventWriter:
+    """A thread-safe writer of scalars and text into one TensorBoard run.
+
+    ``tensorboard``'s ``EventFileWriter`` keeps a thread per file to write a
+    queue in the background, and imports TensorFlow when it is installed. Our
+    events are few (a point every sampling interval at most, the rest once an
+    epoch), so on a local disk each is written and flushed by its caller
+    (:class:`_LocalEvents`): no thread per run through the fit, TensorBoard
+    sees each event at once, nothing waits in a queue if the process dies, and
+    the format is TensorBoard's own (its ``RecordWriter``). A remote run
+    (``gs://``, ``s3://``, ``hdfs://``) still goes through ``EventFileWriter``.
+
+    A failed write (a full disk) warns once and ends the writer's writes: the
+    logs stop, training goes on.
+    """
+
+    def __init__(self, run_dir: str):
+        _, event_pb2 = deps.tensorboard_protos()
+        self.run_dir = run_dir
+        self._events = (
+            _remote_events(run_dir) if run_dir.startswith(validation.REMOTE_PREFIXES) else _LocalEvents(run_dir)
+        )
+        self._lock = threading.Lock()
+        self._closed = False
+        if isinstance(self._events, _LocalEvents):  # EventFileWriter writes its own first event
+            self._add(
+                event_pb2.Event(
+                    wall_time=time.time(),
+                    file_version="brain.Event:2",
+                    source_metadata=event_pb2.SourceMetadata(writer="keras_gpu_tools"),
+                )
+            )
+
+    def scalars(self, values: dict[str, float], step: int, wall_time: float | None = None) -> None:
+        if not values:
+            return
+        summary_pb2, event_pb2 = deps.tensorboard_protos()
+        summary = summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()]
+        )
+        self._add(event_pb2.Event(wall_time=wall_time or time.time(), step=int(step), summary=summary))
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        from tensorboard.plugins.text import summary_v2  # no TensorFlow needed
+
+        _, event_pb2 = deps.tensorboard_protos()
+        summary = summary_v2.text_pb(tag, text)
+        self._add(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
+    def _add(self, event) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._events.add_event(event)
+            except Exception as e:  # a full disk, a lost connection: the logs stop, training goes on
+                self._fail(e)
+
+    def flush(self) -> None:
+        """Writes what is pending (nothing on a local disk, where every event is flushed as written)."""
+        with self._lock:
+            if not self._closed:
+                try:
+                    self._events.flush()
+                except Exception as e:
+                    self._fail(e)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._events.close()
+            except Exception as e:
+                warnings.warn(
+                    f"keras_gpu_tools: closing the TensorBoard run {self.run_dir} failed ({e})",
+                    KerasGPUToolsWarning,
+                    stacklevel=2,
+                )
+
+    def _fail(self, error: Exception) -> None:  # under the lock
+        self._closed = True
+        # The package's own warning class, as every other monitoring failure (users filter them as one).
+        warnings.warn(
+            f"keras_gpu_tools: writing the TensorBoard run {self.run_dir} failed ({error}); its logs stop here, "
+            "training goes on.",
+            KerasGPUToolsWarning,
+            stacklevel=4,
+        )
+        try:
+            self._events.close()
+        except Exception:
+            pass
+
+    def json(self, tag: str, value: Any, step: int) -> None:
+        """Writes `value` (dicts, lists, dataclasses, numbers, text) as a JSON text summary."""
+        self.text(tag, json.dumps(to_plain(value), allow_nan=False), step)

@@ -1,0 +1,494 @@
+"""Reading GPU, allocator and host metrics, and aggregating them.
+
+Nothing here knows about Keras. :class:`MetricSampler` reads one sample (a flat
+``{key: float}`` dict); :class:`Aggregate` folds samples into means and maxima.
+The fit session's thread (:mod:`keras_gpu_tools.runtime.ticker`) runs the
+sampling. A field a GPU cannot report is warned about once, left out, and
+never asked for again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+
+from keras_gpu_tools.errors import GPUMonitoringWarning
+from keras_gpu_tools.telemetry.nvml import NA, NVML, GPUInfo, NVMLQueryError
+
+logger = logging.getLogger("keras_gpu_tools")
+
+MIB = 1024.0 * 1024.0
+# Seconds the first sample of a fit waits after priming GPM and the CPU
+# counters, so that it carries every key those can report.
+FIRST_SPAN = 0.1
+
+
+class WarnOnce:
+    """Issues each distinct warning once per instance, in one category."""
+
+    def __init__(self, category: type[Warning] = GPUMonitoringWarning):
+        self.category = category
+        self._seen = set()
+        self._lock = threading.Lock()
+        self.messages: list[str] = []
+
+    def __call__(self, key, message: str) -> None:
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen.add(key)
+            self.messages.append(message)
+        warnings.warn(message, self.category, stacklevel=2)
+
+
+# ---------------------------------------------------------------------------
+# GPU fields. Each reader returns a float, or NA when the device cannot say.
+# ---------------------------------------------------------------------------
+NVML_TEMPERATURE_GPU = 0
+NVML_CLOCK_SM = 1
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+GPM_METRICS = {  # NVML_GPM_METRIC_* id -> key
+    2: "sm_activity_percent",  # SM_UTIL: fraction of SMs busy
+    3: "sm_occupancy_percent",  # SM_OCCUPANCY: resident warps vs maximum
+    5: "tensor_activity_percent",  # ANY_TENSOR_UTIL: tensor pipes busy
+}
+
+# key -> (doc, unit). Also the documentation table of the callback.
+GPU_FIELDS: dict[str, str] = {
+    "utilization_percent": "time a kernel was running (NVML's coarse utilization), %",
+    "memory_busy_percent": "time device memory was read or written, %",
+    "memory_used_mib": "device memory in use by all processes, MiB",
+    "memory_total_mib": "device memory, MiB",
+    "power_watts": "power draw, W",
+    "power_limit_watts": "enforced power limit, W",
+    "temperature_celsius": "GPU temperature, deg C",
+    "sm_clock_mhz": "SM clock, MHz",
+    "pcie_tx_mib_per_sec": "PCIe transmit throughput, MiB/s",
+    "pcie_rx_mib_per_sec": "PCIe receive throughput, MiB/s",
+    "sm_activity_percent": "SMs busy (GPM, Hopper and later), %",
+    "sm_occupancy_percent": "warps resident vs maximum (GPM), %",
+    "tensor_activity_percent": "tensor pipes busy (GPM), %",
+    "allocator_memory_mib": "memory held by the framework's allocator now, MiB",
+    "allocator_peak_memory_mib": "peak of the framework's allocator, MiB",
+}
+HOST_FIELDS: dict[str, str] = {
+    "cpu_percent": "this process's CPU use, % of one core (can exceed 100)",
+    "system_cpu_percent": "whole machine's CPU use, % of all cores",
+    "rss_mib": "this process's resident memory, MiB",
+}
+# Keys whose epoch maximum is logged too (as `<key>_max`).
+MAX_KEYS = frozenset({"memory_used_mib", "allocator_memory_mib", "power_watts", "temperature_celsius", "rss_mib"})
+
+
+def _simple_readers(nvml: NVML, pcie: bool) -> list[tuple[tuple[str, ...], Callable]]:
+    """(keys, reader(handle, on_unsupported) -> tuple of values)."""
+
+    def utilization(h, u):
+        r = nvml.query("nvmlDeviceGetUtilizationRates", h, on_unsupported=u)
+        return (NA, NA) if r is NA else (float(r.gpu), float(r.memory))
+
+    def memory(h, u):
+        r = nvml.query("nvmlDeviceGetMemoryInfo", h, on_unsupported=u)
+        return (NA, NA) if r is NA else (r.used / MIB, r.total / MIB)
+
+    def scaled(func, *args, scale=1.0):
+        def read(h, u):
+            r = nvml.query(func, h, *args, on_unsupported=u)
+            return (NA,) if r is NA else (float(r) * scale,)
+
+        return read
+
+    readers = [
+        (("utilization_percent", "memory_busy_percent"), utilization),
+        (("memory_used_mib", "memory_total_mib"), memory),
+        (("power_watts",), scaled("nvmlDeviceGetPowerUsage", scale=1e-3)),
+        (("power_limit_watts",), scaled("nvmlDeviceGetEnforcedPowerLimit", scale=1e-3)),
+        (("temperature_celsius",), scaled("nvmlDeviceGetTemperature", NVML_TEMPERATURE_GPU)),
+        (("sm_clock_mhz",), scaled("nvmlDeviceGetClockInfo", NVML_CLOCK_SM)),
+    ]
+    if pcie:  # each call blocks ~20 ms for its sampling window: thread only
+        kb = 1024.0 / MIB
+        readers += [
+            (("pcie_tx_mib_per_sec",), scaled("nvmlDeviceGetPcieThroughput", NVML_PCIE_UTIL_TX_BYTES, scale=kb)),
+            (("pcie_rx_mib_per_sec",), scaled("nvmlDeviceGetPcieThroughput", NVML_PCIE_UTIL_RX_BYTES, scale=kb)),
+        ]
+    return readers
+
+
+class _GPM:
+    """SM activity, occupancy and tensor activity from NVML's GPM (Hopper+).
+
+    A metric is the rate between two GPM samples; the previous tick's sample is
+    kept, so each tick costs one sample and one metrics call.
+    """
+
+    def __init__(self, nvml: NVML, gpu: GPUInfo):
+        self.nvml = nvml
+        self.gpu = gpu
+        self.prev = None
+        self.supported = None  # unknown until first tick
+        self.reason = ""
+        self._parent = None
+        self._gi = None
+
+    def _sample(self):
+        m = self.nvml.module
+        s = m.nvmlGpmSampleAlloc()
+        try:
+            if self.gpu.is_mig:
+                m.nvmlGpmMigSampleGet(self._parent, self._gi, s)
+            else:
+                m.nvmlGpmSampleGet(self.gpu.handle, s)
+        except Exception:
+            m.nvmlGpmSampleFree(s)
+            raise
+        return s
+
+    def _check_support(self) -> bool:
+        m = self.nvml.module
+        if not hasattr(m, "nvmlGpmQueryDeviceSupport"):
+            self.reason = "this nvidia-ml-py has no GPM functions"
+            return False
+        handle = self.gpu.handle
+        if self.gpu.is_mig:
+            self._parent = self.nvml.query("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", handle)
+            self._gi = self.nvml.query("nvmlDeviceGetGpuInstanceId", handle)
+            if self._parent is NA or self._gi is NA:
+                self.reason = "the MIG instance's parent GPU could not be found"
+                return False
+            handle = self._parent
+        try:
+            support = m.nvmlGpmQueryDeviceSupport(handle)
+        except m.NVMLError as e:
+            self.reason = f"GPM query failed ({type(e).__name__})"
+            return False
+        if not getattr(support, "isSupportedDevice", 0):
+            self.reason = "GPM is not supported on this GPU (it needs Hopper or later)"
+            return False
+        return True
+
+    def prime(self) -> bool:
+        """Takes the first sample now, so that the next read has rates; True if it did."""
+        if self.supported is None:
+            self.supported = self._check_support()
+        if not self.supported or self.prev is not None:
+            return False
+        self.prev = self._sample()
+        return True
+
+    def read(self) -> dict[str, float]:
+        if self.supported is None:
+            self.supported = self._check_support()
+        if not self.supported:
+            return {}
+        m = self.nvml.module
+        cur = self._sample()
+        prev, self.prev = self.prev, cur
+        if prev is None:
+            return {}
+        try:
+            mg = m.c_nvmlGpmMetricsGet_t()
+            mg.version = m.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(GPM_METRICS)
+            mg.sample1 = prev
+            mg.sample2 = cur
+            for i, metric_id in enumerate(GPM_METRICS):
+                mg.metrics[i].metricId = metric_id
+            m.nvmlGpmMetricsGet(mg)
+            out = {}
+            for i, key in enumerate(GPM_METRICS.values()):
+                if mg.metrics[i].nvmlReturn == 0:
+                    out[key] = float(mg.metrics[i].value)
+            return out
+        finally:
+            m.nvmlGpmSampleFree(prev)
+
+    def close(self):
+        if self.prev is not None:
+            try:
+                self.nvml.module.nvmlGpmSampleFree(self.prev)
+            except Exception:
+                pass
+            self.prev = None
+
+
+class GPUProbe:
+    """Reads one GPU's metrics under the key prefix ``gpu/<label>/``.
+
+    ``index`` is the framework's (``GPU:<index>``); ``label`` names the GPU in
+    the keys, unambiguous across a job of several processes (defaults to the
+    index: one process).
+    """
+
+    def __init__(
+        self,
+        nvml: NVML,
+        index: int,
+        gpu: GPUInfo,
+        warn: WarnOnce,
+        pcie: bool = True,
+        gpm: bool = True,
+        label: str | None = None,
+    ):
+        self.nvml = nvml
+        self.index = index
+        self.gpu = gpu
+        self.warn = warn
+        self.label = str(index) if label is None else label
+        self.prefix = f"gpu/{self.label}/"
+        self.readers = _simple_readers(nvml, pcie)
+        self.gpm = _GPM(nvml, gpu) if gpm else None
+        self.lost = False
+        self._failures: dict[tuple[str, ...], int] = {}
+
+    def _drop(self, keys: tuple[str, ...], reason: str) -> None:
+        self.readers = [(k, r) for k, r in self.readers if k != keys]
+        self.warn(
+            (self.index, keys),
+            f"GPU {self.index} ({self.gpu.name}): {', '.join(keys)} not available "
+            f"({reason}); left out of the logs from now on.",
+        )
+
+    def prime(self) -> bool:
+        """Takes GPM's first sample now (see :meth:`MetricSampler.sample`); True if it did."""
+        if self.gpm is None or self.lost:
+            return False
+        try:
+            return self.gpm.prime()
+        except Exception as e:  # read() warns and drops GPM
+            self.gpm.close()
+            self.gpm.supported = False
+            self.gpm.reason = str(e)
+            return False
+
+    def read(self) -> dict[str, float]:
+        if self.lost:
+            return {}
+        out: dict[str, float] = {}
+        for keys, reader in list(self.readers):
+            unsupported: list[str] = []
+            try:
+                values = reader(self.gpu.handle, unsupported.append)
+            except NVMLQueryError as e:
+                if e.lost:
+                    self.lost = True
+                    self.warn(
+                        (self.index, "lost"),
+                        f"GPU {self.index} ({self.gpu.name}) fell off the bus: {e}. Its metrics stop here.",
+                    )
+                    return out
+                # Transient errors are tolerated; three in a row drop the field.
+                n = self._failures[keys] = self._failures.get(keys, 0) + 1
+                if n >= 3:
+                    self._drop(keys, str(e))
+                continue
+            self._failures.pop(keys, None)
+            if unsupported:
+                self._drop(keys, unsupported[0])
+                continue
+            for key, value in zip(keys, values):
+                if value is not NA:
+                    out[self.prefix + key] = value
+        if self.gpm is not None:
+            try:
+                gpm_values = self.gpm.read()
+            except Exception as e:  # a GPM failure costs GPM only
+                self.gpm.close()
+                self.gpm.supported = False
+                self.gpm.reason = str(e)
+                gpm_values = {}
+            if self.gpm.supported is False:
+                self.warn(
+                    (self.index, "gpm"),
+                    f"GPU {self.index} ({self.gpu.name}): SM activity, SM occupancy and tensor activity not available ({self.gpm.reason}).",
+                )
+                self.gpm = None
+            for key, value in gpm_values.items():
+                out[self.prefix + key] = value
+        return out
+
+    def close(self):
+        if self.gpm is not None:
+            self.gpm.close()
+
+
+class HostProbe:
+    """This process's CPU and memory, and the machine's CPU (psutil)."""
+
+    def __init__(self, warn: WarnOnce):
+        self.warn = warn
+        try:
+            import psutil
+        except ImportError:
+            self.process = None
+            warn("psutil", "psutil is not installed: host/* metrics are left out (pip install psutil).")
+            return
+        self.psutil = psutil
+        self.process = psutil.Process()
+        # cpu_percent measures since the previous call: prime both counters.
+        self.process.cpu_percent(None)
+        psutil.cpu_percent(None)
+        self._cpu_since = time.monotonic()
+
+    # Over a shorter span cpu_percent is mostly rounding noise (one sample
+    # right after priming read 680% on a 2-core machine).
+    MIN_CPU_SPAN = FIRST_SPAN
+
+    def read(self) -> dict[str, float]:
+        if self.process is None:
+            return {}
+        try:
+            out = {"host/rss_mib": self.process.memory_info().rss / MIB}
+            now = time.monotonic()
+            if now - self._cpu_since >= self.MIN_CPU_SPAN:
+                out["host/cpu_percent"] = float(self.process.cpu_percent(None))
+                out["host/system_cpu_percent"] = float(self.psutil.cpu_percent(None))
+                self._cpu_since = now
+            return out
+        except Exception as e:
+            self.warn("host", f"host metrics could not be read ({e}); left out from now on.")
+            self.process = None
+            return {}
+
+
+class MetricSampler:
+    """Takes one sample of everything: GPUs, the framework's allocator, host."""
+
+    def __init__(
+        self,
+        gpu_probes: Sequence[GPUProbe],
+        host: HostProbe | None,
+        allocator: Callable[[Iterable[int]], dict[int, tuple[float, float]]] | None = None,
+        warn: WarnOnce | None = None,
+    ):
+        self.gpu_probes = list(gpu_probes)
+        self.host = host
+        self.allocator = allocator
+        self.warn = warn or WarnOnce()
+        # The keys of the first sample, in order: the epoch logs' keys for this
+        # sampler's life (one fit), so every epoch has the same columns.
+        self.keys: tuple[str, ...] | None = None
+        self.latest: dict[str, float] = {}  # the last value of every key
+        self._lock = threading.Lock()
+
+    def _prime(self) -> None:
+        """Makes the first sample complete: GPM rates and CPU use need a span to measure over."""
+        deadline = 0.0
+        for probe in self.gpu_probes:
+            if probe.prime():
+                deadline = max(deadline, time.monotonic() + FIRST_SPAN)
+        host = self.host
+        if host is not None and host.process is not None:
+            deadline = max(deadline, host._cpu_since + FIRST_SPAN)
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)  # once per fit, on the fit session's thread
+
+    def sample(self) -> dict[str, float]:
+        if self.keys is None:
+            self._prime()
+        out = self._read()
+        with self._lock:
+            self.latest.update(out)
+            if self.keys is None:
+                self.keys = tuple(out)
+        return out
+
+    def epoch_summary(self, agg: Aggregate) -> dict[str, float]:
+        """The epoch logs from ``agg``: exactly this fit's keys, a stale value rather than none.
+
+        A key the epoch has no sample of (an epoch shorter than the interval,
+        a CPU span under 0.1 s, a field that stopped reporting) carries its
+        latest value. Before the first sample: whatever ``agg`` has (nothing).
+        """
+        with self._lock:
+            keys, latest = self.keys, dict(self.latest)
+        if keys is None:
+            return agg.summary()
+        return agg.summary(keys=keys, latest=latest)
+
+    def _read(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for probe in self.gpu_probes:
+            out.update(probe.read())
+        if self.allocator is not None:
+            try:
+                stats = self.allocator([p.index for p in self.gpu_probes])
+            except Exception as e:
+                self.warn(
+                    "allocator", f"the framework's allocator statistics could not be read ({e}); left out from now on."
+                )
+                self.allocator = None
+                stats = {}
+            labels = {p.index: p.label for p in self.gpu_probes}
+            for index, (current, peak) in stats.items():
+                label = labels.get(index, str(index))
+                out[f"gpu/{label}/allocator_memory_mib"] = current / MIB
+                out[f"gpu/{label}/allocator_peak_memory_mib"] = peak / MIB
+        if self.host is not None:
+            out.update(self.host.read())
+        return out
+
+    def close(self):
+        for probe in self.gpu_probes:
+            probe.close()
+
+
+class Aggregate:
+    """Running count, sum and max per key."""
+
+    __slots__ = ("count", "sums", "maxs", "counts", "last")
+
+    def __init__(self):
+        self.count = 0
+        self.sums: dict[str, float] = {}
+        self.maxs: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+        self.last: dict[str, float] = {}
+
+    def add(self, sample: dict[str, float]) -> None:
+        self.count += 1
+        for key, value in sample.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+            self.counts[key] = self.counts.get(key, 0) + 1
+            prev = self.maxs.get(key)
+            self.maxs[key] = value if prev is None or value > prev else prev
+        self.last = sample
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+
+    def summary(
+        self,
+        max_keys: frozenset = MAX_KEYS,
+        keys: Sequence[str] | None = None,
+        latest: dict[str, float] | None = None,
+    ) -> dict[str, float]:
+        """Means, plus ``<key>_max`` for the keys where the peak matters.
+
+        With ``keys``, exactly those keys (and their ``_max``) in that order:
+        one with no value here takes its value in ``latest`` (mean and max).
+        """
+        means = self.means()
+        if keys is None:
+            out = means
+            for key, value in self.maxs.items():
+                if key.rsplit("/", 1)[-1] in max_keys:
+                    out[key + "_max"] = value
+            return out
+        latest = latest or {}
+        out = {}
+        for key in keys:
+            value = means.get(key, latest.get(key))
+            if value is not None:
+                out[key] = value
+        for key in keys:
+            if key.rsplit("/", 1)[-1] in max_keys:
+                value = self.maxs.get(key, latest.get(key))
+                if value is not None:
+                    out[key + "_max"] = value
+        return out
