@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_gpu_tools.callbacks._base import FitCallback
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.events import EventWriter
 from keras_gpu_tools.runtime.ticker import Job
 from keras_gpu_tools.runtime.topology import JobGather, spread
@@ -215,8 +216,8 @@ class GPUUtilizationLogger(FitCallback):
         job_run_dir = self.job_run_dir
         self._job_run_dir = job_run_dir if self._gather.active else None  # opened at its first figures
         if self._writer is not None and self.gpus:
-            self._writer.text("gpu/devices", self._device_table(), step=self._global_step)
-            self._writer.json("gpu/devices/data", self.device_records(), step=self._global_step)  # for report()
+            self._writer.text(schema.GPU_DEVICES, self._device_table(), step=self._global_step)
+            self._writer.json(schema.GPU_DEVICES_DATA, self.device_records(), step=self._global_step)  # for report()
         with self._lock:
             self._point = Aggregate()
             self._epoch = Aggregate()
@@ -288,7 +289,9 @@ class GPUUtilizationLogger(FitCallback):
         """
         gather = self._gather
         labels = list(self._labels.values())
-        mine = {m: [values[k] for k in (f"gpu/{label}/{m}" for label in labels) if k in values] for m in JOB_METRICS}
+        mine = {
+            m: [values[k] for k in (schema.gpu_key(label, m) for label in labels) if k in values] for m in JOB_METRICS
+        }
         if not self.topology.multi_process:
             if len(labels) < 2:
                 return {}
@@ -304,7 +307,7 @@ class GPUUtilizationLogger(FitCallback):
             for m in JOB_METRICS:
                 figures = spread([v for theirs in everyone for v in theirs.get(m) or ()])
                 for stat, value in (figures or {}).items():
-                    out[f"job/gpu/{m}_{stat}"] = value
+                    out[schema.job_gpu_key(m, stat)] = value
         except (AttributeError, TypeError, ValueError) as e:  # a process of another version of the package
             raise ValueError(f"a process sent figures of another shape ({e})") from None
         if out and self._job_run_dir:
@@ -413,9 +416,9 @@ class GPUUtilizationLogger(FitCallback):
             {
                 "index": i,
                 "label": self._labels.get(i, str(i)),
-                "process_index": topo.process_index,
-                "process_count": topo.process_count,
-                "host": topo.host,
+                schema.PROCESS_INDEX: topo.process_index,
+                schema.PROCESS_COUNT: topo.process_count,
+                schema.HOST: topo.host,
                 "name": g.name,
                 "uuid": g.uuid,
                 "memory_total_bytes": g.memory_total_bytes,

@@ -26,6 +26,7 @@ from keras_gpu_tools.input.timing import (
     verdict_for,
     warmup_reason,
 )
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.events import EventWriter, to_plain
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
@@ -446,11 +447,11 @@ class InputBoundDetector(FitCallback):
         if self.epoch_logs and logs is not None:
             logs.update(values)
         if self._writer is not None:
-            self._writer.text("input/verdict", summary_text(f"Epoch {epoch + 1}", m, v), step=self._global_step)
+            self._writer.text(schema.INPUT_VERDICT, summary_text(f"Epoch {epoch + 1}", m, v), step=self._global_step)
             record = {"scope": scope, "verdict": v, "measurement": m, "figures": values}
             if self.job_verdict is not None:
-                record["job"] = self.job_verdict
-            self._writer.json("input/verdict/data", record, step=self._global_step)  # for report()
+                record[schema.JOB] = self.job_verdict
+            self._writer.json(schema.INPUT_VERDICT_DATA, record, step=self._global_step)  # for report()
         if self.verbose:
             print(f"InputBoundDetector epoch {epoch + 1}: {v.message}")
             if self.job_verdict is not None and self.job_verdict.stragglers:
@@ -463,7 +464,7 @@ class InputBoundDetector(FitCallback):
         self._close_window()
         self._update_overall(final=True)
         if self._writer is not None and self.verdict is not None:
-            self._writer.text("input/verdict", self.summary(), step=self._global_step)
+            self._writer.text(schema.INPUT_VERDICT, self.summary(), step=self._global_step)
             m, fit = self.measurement, self.fit_measurement
             data = {
                 "scope": "fit",
@@ -474,8 +475,8 @@ class InputBoundDetector(FitCallback):
                 "notes": self.notes,
             }
             if self.job_verdict is not None:
-                data["job"] = self.job_verdict  # as of the last epoch end (no exchange at the end of fit)
-            self._writer.json("input/verdict/data", data, step=self._global_step)  # for report()
+                data[schema.JOB] = self.job_verdict  # as of the last epoch end (no exchange at the end of fit)
+            self._writer.json(schema.INPUT_VERDICT_DATA, data, step=self._global_step)  # for report()
         if self.verbose and self.verdict is not None:
             print(self.summary())
         super().on_train_end(logs)
@@ -595,7 +596,7 @@ class InputBoundDetector(FitCallback):
             if self._job_writer is None:
                 self._job_writer = EventWriter(self._job_run_dir)
             self._job_writer.scalars(keys, step=self._global_step)
-            self._job_writer.text("input/job_verdict", self.job_verdict.text(), step=self._global_step)
+            self._job_writer.text(schema.INPUT_JOB_VERDICT, self.job_verdict.text(), step=self._global_step)
         return keys
 
     def _find_gpu_logger(self):
@@ -626,7 +627,7 @@ class InputBoundDetector(FitCallback):
             if since is not None and wall < since:
                 continue
             for k, v in means.items():
-                if k.startswith("gpu/"):
+                if k.startswith(schema.GPU_PREFIX):
                     sums[k] = sums.get(k, 0.0) + v
                     counts[k] = counts.get(k, 0) + 1
         return {k: sums[k] / counts[k] for k in sums}

@@ -14,6 +14,7 @@ from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
 from keras_gpu_tools.input.timing import StepRecord
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.events import EventWriter, to_plain
 from keras_gpu_tools.memory.accumulate import accumulation_problem, refusal
 from keras_gpu_tools.memory.explain import OOMExplanation, explanation_of, headroom_lines
@@ -354,7 +355,7 @@ class OOMBatchSizeReducer(FitCallback):
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._check_late_error()
-        values = {"oom/events": float(self._epoch_events), "oom/micro_batches": float(self._micro_batches)}
+        values = {schema.OOM_EVENTS: float(self._epoch_events), schema.OOM_MICRO_BATCHES: float(self._micro_batches)}
         if logs is not None:
             logs.update(values)
         if self._writer is not None:
@@ -642,7 +643,7 @@ class OOMBatchSizeReducer(FitCallback):
         artifacts, self._artifacts = self._artifacts, {}
         if self.run_dir is None or event.explanation is None:
             return
-        folder = os.path.join(self.run_dir, "oom_events")
+        folder = os.path.join(self.run_dir, schema.OOM_EVENTS_DIR)
         try:
             os.makedirs(folder, exist_ok=True)
             base = os.path.join(folder, f"{event.phase}_step{event.step}_{len(self.events)}")
@@ -726,13 +727,13 @@ class OOMBatchSizeReducer(FitCallback):
         if event.phase == "train" and self.mode == "accumulate" and (event.next_split or 1) > 1:
             self._warn_batch_statistics()
         if self._writer is not None:
-            values = {"oom/events_total": float(len(self.events))}
+            values = {schema.OOM_EVENTS_TOTAL: float(len(self.events))}
             if event.next_split is not None:
-                values["oom/micro_batches"] = float(event.next_split)
+                values[schema.OOM_MICRO_BATCHES] = float(event.next_split)
             self._writer.scalars(values, step=event.step)
-            self._writer.json("oom/events/data", event, step=event.step)  # for report()
+            self._writer.json(schema.OOM_EVENTS_DATA, event, step=event.step)  # for report()
             if why:
-                self._writer.text("oom/explanation", event.line() + "\n\n" + "\n\n".join(why), step=event.step)
+                self._writer.text(schema.OOM_EXPLANATION, event.line() + "\n\n" + "\n\n".join(why), step=event.step)
 
     def _warn_batch_statistics(self) -> None:
         model = self._model_ref
@@ -777,7 +778,7 @@ class OOMBatchSizeReducer(FitCallback):
             logger.debug("keras_gpu_tools: headroom failed", exc_info=True)
             headroom = []
         if self._writer is not None and headroom:
-            self._writer.json("oom/headroom/data", headroom, step=self._global_step)  # for report()
+            self._writer.json(schema.OOM_HEADROOM_DATA, headroom, step=self._global_step)  # for report()
         attachment, self._attachment = self._attachment, None
         if attachment is not None:
             attachment.detach()

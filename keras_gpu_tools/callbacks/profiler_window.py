@@ -13,6 +13,7 @@ from typing import Any
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import ProfilerWarning
 from keras_gpu_tools.input.timing import StepRecord
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.events import EventWriter
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.runtime.step_hook import StepHook
@@ -521,11 +522,11 @@ class ProfilerWindow(FitCallback):
                 print(capture.line())
             if self._writer is not None:
                 self._writer.text(
-                    f"profile/steps_{window.start}_{window.start + capture.num_steps}",
+                    schema.profile_window(window.start, window.start + capture.num_steps),
                     capture.line(),
                     step=window.start,
                 )
-                tag = f"profile/steps_{window.start}_{window.start + capture.num_steps}/data"
+                tag = schema.profile_window(window.start, window.start + capture.num_steps) + schema.DATA_SUFFIX
                 self._writer.json(tag, capture, step=window.start)  # the same, for report()
             if job is not None and meet:
                 self._meet(job, window, capture, session)
@@ -558,9 +559,9 @@ class ProfilerWindow(FitCallback):
         if self.verbose:
             print(line)
         if self._job_writer is not None:
-            tag = f"profile/steps_{window.start}_{window.start + capture.num_steps}"
+            tag = schema.profile_window(window.start, window.start + capture.num_steps)
             self._job_writer.text(tag, line, step=window.start)
-            self._job_writer.json(tag + "/data", capture, step=window.start)
+            self._job_writer.json(tag + schema.DATA_SUFFIX, capture, step=window.start)
         if self.analyze and len(capture.job_files) > 1 and prof.xprof_available():
             t = threading.Thread(
                 target=self._analyze_job,
@@ -581,9 +582,13 @@ class ProfilerWindow(FitCallback):
         if self.verbose:
             print(line)
         if writer is not None:
-            tag = f"profile/steps_{capture.start_step}_{capture.start_step + capture.num_steps}/input_pipeline"
+            tag = (
+                schema.profile_window(capture.start_step, capture.start_step + capture.num_steps)
+                + "/"
+                + schema.INPUT_PIPELINE
+            )
             writer.text(tag, text, step=capture.start_step)
-            writer.json(tag + "/data", a, step=capture.start_step)
+            writer.json(tag + schema.DATA_SUFFIX, a, step=capture.start_step)
 
     def _analyze(self, capture: WindowCapture, paths, writer, isolated: bool = False) -> None:
         try:
@@ -598,11 +603,16 @@ class ProfilerWindow(FitCallback):
             print(line)
         if writer is not None:
             writer.text(
-                f"profile/steps_{capture.start_step}_{capture.start_step + capture.num_steps}/input_pipeline",
+                schema.profile_window(capture.start_step, capture.start_step + capture.num_steps)
+                + "/"
+                + schema.INPUT_PIPELINE,
                 text,
                 step=capture.start_step,
             )
-            tag = f"profile/steps_{capture.start_step}_{capture.start_step + capture.num_steps}/input_pipeline/data"
+            tag = (
+                schema.profile_window(capture.start_step, capture.start_step + capture.num_steps)
+                + schema.INPUT_PIPELINE_DATA_SUFFIX
+            )
             writer.json(tag, a, step=capture.start_step)  # the same, for report()
 
     def _stop_fit(self, aborted: bool) -> None:

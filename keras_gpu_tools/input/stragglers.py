@@ -30,6 +30,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from keras_gpu_tools.logdir import schema
+
 WAIT_POINTS = 0.10
 WAIT_RATIO = 2.0
 STEP_RATIO = 1.25
@@ -37,12 +39,12 @@ STEP_AT_LEAST_MS = 1.0
 
 # What each process sends of a Measurement's logs, under short names.
 _FIGURES = {
-    "steps": "input/steps",
-    "step_ms": "input/step_ms",
-    "wait_fraction": "input/wait_fraction",
-    "wait_ms": "input/wait_ms",
-    "compute_ms": "input/compute_ms",
-    "samples_per_sec": "throughput/samples_per_sec",
+    "steps": schema.INPUT_STEPS,
+    "step_ms": schema.INPUT_STEP_MS,
+    "wait_fraction": schema.INPUT_WAIT_FRACTION,
+    "wait_ms": schema.INPUT_WAIT_MS,
+    "compute_ms": schema.INPUT_COMPUTE_MS,
+    "samples_per_sec": schema.SAMPLES_PER_SEC,
 }
 
 
@@ -89,15 +91,15 @@ def job_logs(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     waits = [r["epoch"].get("wait_fraction") for r in rows]
     i = _argmax(steps)
     if i is not None:
-        out["job/step_ms_max"] = float(steps[i])
-        out["job/step_ms_slowest_process"] = float(procs[i])
+        out[schema.JOB_STEP_MS_MAX] = float(steps[i])
+        out[schema.JOB_STEP_MS_SLOWEST_PROCESS] = float(procs[i])
     i = _argmax(waits)
     if i is not None:
-        out["job/input_wait_fraction_max"] = float(waits[i])
-        out["job/input_wait_process"] = float(procs[i])
+        out[schema.JOB_INPUT_WAIT_FRACTION_MAX] = float(waits[i])
+        out[schema.JOB_INPUT_WAIT_PROCESS] = float(procs[i])
     rates = [r["epoch"].get("samples_per_sec") for r in rows]
     if rates and all(r is not None for r in rates):
-        out["job/samples_per_sec"] = float(sum(rates))
+        out[schema.JOB_SAMPLES_PER_SEC] = float(sum(rates))
     return out
 
 

@@ -56,6 +56,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime.validation import check_number
 
 HIGH = "highly input-bound"
@@ -139,18 +140,18 @@ class Measurement:
                 out[key] = float(value) * scale
 
         if self.steps:
-            put("input/steps", self.steps)
-        put("input/wait_fraction", self.wait_fraction)
-        put("input/wait_ms", self.wait, 1e3)
-        put("input/fetch_ms", self.fetch, 1e3)
-        put("input/compute_ms", self.compute, 1e3)
-        put("input/other_ms", self.other, 1e3)
-        put("input/step_ms", self.step, 1e3)
-        put("throughput/steps_per_sec", self.steps_per_sec)
-        put("throughput/samples_per_sec", self.samples_per_sec)
-        put("throughput/flops_per_sec", self.flops_per_sec)
-        put("throughput/flops_per_sec_per_device", self.flops_per_sec_per_device)
-        put("throughput/mfu", self.mfu)
+            put(schema.INPUT_STEPS, self.steps)
+        put(schema.INPUT_WAIT_FRACTION, self.wait_fraction)
+        put(schema.INPUT_WAIT_MS, self.wait, 1e3)
+        put(schema.INPUT_FETCH_MS, self.fetch, 1e3)
+        put(schema.INPUT_COMPUTE_MS, self.compute, 1e3)
+        put(schema.INPUT_OTHER_MS, self.other, 1e3)
+        put(schema.INPUT_STEP_MS, self.step, 1e3)
+        put(schema.STEPS_PER_SEC, self.steps_per_sec)
+        put(schema.SAMPLES_PER_SEC, self.samples_per_sec)
+        put(schema.FLOPS_PER_SEC, self.flops_per_sec)
+        put(schema.FLOPS_PER_SEC_PER_DEVICE, self.flops_per_sec_per_device)
+        put(schema.MFU, self.mfu)
         return out
 
 

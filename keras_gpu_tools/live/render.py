@@ -14,6 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from keras_gpu_tools.logdir import schema
+
 SPARK_POINTS = 120  # points per sparkline (the latest ones)
 
 
@@ -163,12 +165,15 @@ def render(state: LiveState, now: float) -> str:
         indices = [str(i) for i, _ in (getattr(lg, "gpus", None) or [])]
         for i in indices:
             util_key = (
-                f"gpu/{i}/sm_activity_percent"
-                if f"gpu/{i}/sm_activity_percent" in latest
-                else f"gpu/{i}/utilization_percent"
+                schema.gpu_key(i, "sm_activity_percent")
+                if schema.gpu_key(i, "sm_activity_percent") in latest
+                else schema.gpu_key(i, "utilization_percent")
             )
             util = [p[2].get(util_key) for p in points]
-            used, total = latest.get(f"gpu/{i}/memory_used_mib"), latest.get(f"gpu/{i}/memory_total_mib")
+            used, total = (
+                latest.get(schema.gpu_key(i, "memory_used_mib")),
+                latest.get(schema.gpu_key(i, "memory_total_mib")),
+            )
             what = "SM activity" if "sm_activity" in util_key else "utilization"
             rows.append(
                 (
@@ -177,7 +182,7 @@ def render(state: LiveState, now: float) -> str:
                     sparkline(util, low=0, high=100, color="#2ca02c"),
                 )
             )
-            mem = [p[2].get(f"gpu/{i}/memory_used_mib") for p in points]
+            mem = [p[2].get(schema.gpu_key(i, "memory_used_mib")) for p in points]
             rows.append(
                 (
                     f"GPU {i} memory",
@@ -186,11 +191,11 @@ def render(state: LiveState, now: float) -> str:
                 )
             )
         if not indices:
-            cpu = [p[2].get("host/cpu_percent") for p in points]
+            cpu = [p[2].get(schema.HOST_CPU_PERCENT) for p in points]
             rows.append(
                 (
                     "host CPU (no GPU)",
-                    _fmt(latest.get("host/cpu_percent"), "%", 0),
+                    _fmt(latest.get(schema.HOST_CPU_PERCENT), "%", 0),
                     sparkline(cpu, low=0, color="#2ca02c"),
                 )
             )
@@ -215,10 +220,10 @@ def render(state: LiveState, now: float) -> str:
                 )
             )
         elif hist:
-            frac = hist[-1].get("input/wait_fraction")
+            frac = hist[-1].get(schema.INPUT_WAIT_FRACTION)
             rows.append(("input wait", _fmt(None if frac is None else 100 * frac, "%", 1), ""))
-        if hist and "throughput/samples_per_sec" in hist[-1]:
-            rows.append(("samples/s (last epoch)", _fmt(hist[-1]["throughput/samples_per_sec"], "", 0), ""))
+        if hist and schema.SAMPLES_PER_SEC in hist[-1]:
+            rows.append(("samples/s (last epoch)", _fmt(hist[-1][schema.SAMPLES_PER_SEC], "", 0), ""))
 
     oom = state.oom
     if oom is not None:

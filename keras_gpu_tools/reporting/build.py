@@ -64,30 +64,17 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.memory.explain import headroom_lines
 
-GPU_KEY = re.compile(r"^gpu/([^/]+)/(.+)$")
-SPLIT_KEYS = (("input/wait_ms", "input wait"), ("input/compute_ms", "compute"), ("input/other_ms", "other"))
+SPLIT_KEYS = (
+    (schema.INPUT_WAIT_MS, "input wait"),
+    (schema.INPUT_COMPUTE_MS, "compute"),
+    (schema.INPUT_OTHER_MS, "other"),
+)
 SPLIT_COLORS = ("#d62728", "#1f77b4", "#bbbbbb")
 UTIL_FIELDS = ("utilization_percent", "sm_activity_percent", "tensor_activity_percent", "memory_busy_percent")
 MEMORY_FIELDS = ("memory_used_mib", "allocator_memory_mib", "allocator_peak_memory_mib", "memory_total_mib")
-MP_TAG = "mixed_precision/findings"
-# The tags of the JSON the callbacks write next to their text (see EventWriter.json).
-DATA_SUFFIX = "/data"
-DEVICES_DATA_TAG = "gpu/devices/data"  # GPUUtilizationLogger.device_records()
-# {scope, verdict: Verdict (with its scope, phases, speedup_bound), measurement: Measurement (the steady
-# state's), figures, fit_figures (the whole fit's), notes}
-VERDICT_DATA_TAG = "input/verdict/data"
-ANALYSIS_DATA_SUFFIX = "/input_pipeline/data"  # profile/steps_<a>_<b>/input_pipeline/data: TraceAnalysis
-OOM_DATA_TAG = "oom/events/data"  # one OOMEvent per recovery
-OOM_HEADROOM_TAG = "oom/headroom/data"  # per device: peak, capacity, the batch that would fit
-MP_DATA_TAG = MP_TAG + DATA_SUFFIX  # [MixedPrecisionFinding]
-# (`oom/` last: History's oom keys are read, the others come from the callbacks' runs)
-_OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "job/", "oom/")
-# The runs of a job of several processes: one per process, and the job-wide figures (process 0's).
-# (`report logs/input`, a callback's own folder, holds them at its top: `process_0`, `job`)
-PROCESS_RUN = re.compile(r"^(?:(.+)/)?process_(\d+)$")
-JOB_RUN = re.compile(r"^(?:(.+)/)?job$")
 JOB_STATS = ("min", "mean", "max")
 _NO_FINDING = "No mixed-precision finding."
 _UNREADABLE = "Event files that could not be read"
@@ -177,10 +164,10 @@ class ReportData:
         """Recoveries: from the callback's records, else from the logged counts."""
         if self.oom_events:
             return len(self.oom_events)
-        total = self.oom_series.get("oom/events_total")
+        total = self.oom_series.get(schema.OOM_EVENTS_TOTAL)
         if total is not None and total.values:
             return int(max(total.values))
-        per_epoch = self.oom_series.get("oom/events")
+        per_epoch = self.oom_series.get(schema.OOM_EVENTS)
         if per_epoch is not None and per_epoch.values:
             return int(sum(per_epoch.values))
         return 0 if self.oom_seen else None
@@ -188,7 +175,7 @@ class ReportData:
     def gpu_indices(self) -> list[str]:
         seen = []
         for key in self.series:
-            m = GPU_KEY.match(key)
+            m = schema.GPU_KEY_RE.match(key)
             if m and m.group(1) not in seen:
                 seen.append(m.group(1))
         for g in self.gpus:
@@ -258,7 +245,7 @@ def _gpu_row(rec: dict[str, Any]) -> dict[str, str]:
         "memory": f"{mem / 2**20:.0f} MiB" if mem else "?",
         "compute capability": ".".join(map(str, cc)) if cc else "?",
     }
-    if (rec.get("process_count") or 1) > 1:  # which process of the job monitored it
+    if (rec.get(schema.PROCESS_COUNT) or 1) > 1:  # which process of the job monitored it
         row["process"] = f"{rec.get('process_index', '?')} ({rec.get('host') or '?'})"
     return row
 
@@ -358,7 +345,6 @@ def _job_process_rows(jv: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 JOB_VERDICT_HEADER = ("process", "host", "scope", "steps", "wait for input", "step", "samples/s", "verdict")
-JOB_VERDICT_TAG = "input/job_verdict"  # the job run's text (process 0), read where no JSON has the verdict
 
 
 def _conclusion(analysis: dict[str, Any] | None) -> str:
@@ -463,7 +449,7 @@ def _from_detector(data: ReportData, det) -> None:
     if history:
         data.split_axis = "epoch"
         data.split_x = [float(i + 1) for i in range(len(history))]
-        data.split = {k: [_finite(h.get(k)) for h in history] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)}
+        data.split = {k: [_finite(h.get(k)) for h in history] for k, _ in SPLIT_KEYS + ((schema.INPUT_STEP_MS, ""),)}
     if det.measurement is not None:
         data.throughput = dict(det.measurement.logs())
     if det.verdict is not None:
@@ -510,7 +496,7 @@ def _from_oom(data: ReportData, cb) -> None:
 
 def _from_history(data: ReportData, hist: dict[str, list[Any]]) -> None:
     for key, values in hist.items():
-        if key.startswith(_OWN_PREFIXES[:-1]):
+        if key.startswith(schema.OWN_PREFIXES[:-1]):
             continue
         if key.startswith("oom/"):
             if key not in data.oom_series:
@@ -734,10 +720,10 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     read = 0
     # A job of several processes: each GPU's series from its own process's run, the rest from the
     # lowest process only (each process has its own host, input, oom, profile figures: never summed).
-    process_of = {run: int(m.group(2)) for run, _, _ in runs if (m := PROCESS_RUN.match(run))}
+    process_of = {run: int(m.group(2)) for run, _, _ in runs if (m := schema.PROCESS_RUN_RE.match(run))}
     # A job run: `<run>/job`, or `job` itself next to `process_<i>` runs (a top-level "job" alone is a user's run).
-    top_level_job = any(PROCESS_RUN.match(run).group(1) is None for run in process_of)
-    job_runs = {run for run, _, _ in runs if (m := JOB_RUN.match(run)) and (m.group(1) or top_level_job)}
+    top_level_job = any(schema.PROCESS_RUN_RE.match(run).group(1) is None for run in process_of)
+    job_runs = {run for run, _, _ in runs if (m := schema.JOB_RUN_RE.match(run)) and (m.group(1) or top_level_job)}
     data.processes = sorted(set(process_of.values()))
     first = data.processes[0] if data.processes else None
     for run, path, files in runs:
@@ -750,27 +736,27 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
                 s = data.job.setdefault(tag, Series(tag))
                 for e in points:
                     s.add(e.wall_time, e.step, e.value)
-            points = run_texts.get(JOB_VERDICT_TAG, [])
+            points = run_texts.get(schema.INPUT_JOB_VERDICT, [])
             if points:  # the last one: as of the last epoch end
                 job_text = max(points, key=lambda e: (e.wall_time, e.step)).text
             for tag, points in run_texts.items():  # ProfilerWindow's job windows (process 0's)
-                if tag.startswith("profile/") and tag.endswith(DATA_SUFFIX):
+                if tag.startswith(schema.PROFILE_PREFIX) and tag.endswith(schema.DATA_SUFFIX):
                     for e in points:
                         if tag not in job_records or (e.wall_time, e.step) >= job_records[tag][:2]:
                             job_records[tag] = (e.wall_time, e.step, e.text)
             continue
         if process_of.get(run, first) != first:
             for tag, points in scalars.items():
-                if tag.startswith("gpu/"):
+                if tag.startswith(schema.GPU_PREFIX):
                     s = data.series.setdefault(tag, Series(tag))
                     for e in points:
                         s.add(e.wall_time, e.step, e.value)
                         data.t0 = e.wall_time if data.t0 is None else min(data.t0, e.wall_time)
-            points = run_texts.get(DEVICES_DATA_TAG, [])
-            texts += [(run, DEVICES_DATA_TAG, e.step, e.wall_time, e.text) for e in points]
+            points = run_texts.get(schema.GPU_DEVICES_DATA, [])
+            texts += [(run, schema.GPU_DEVICES_DATA, e.step, e.wall_time, e.text) for e in points]
             continue
         for tag, points in scalars.items():
-            if tag.startswith(("gpu/", "host/")):
+            if tag.startswith((schema.GPU_PREFIX, schema.HOST_PREFIX)):
                 s = data.series.setdefault(tag, Series(tag))
                 for e in points:
                     s.add(e.wall_time, e.step, e.value)
@@ -783,7 +769,7 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
                 s = data.oom_series.setdefault(tag, Series(tag))
                 for e in points:
                     s.add(e.wall_time, e.step, e.value)
-            elif tag.startswith("epoch_") and not tag[len("epoch_") :].startswith(_OWN_PREFIXES):
+            elif tag.startswith("epoch_") and not tag[len("epoch_") :].startswith(schema.OWN_PREFIXES):
                 # (our own epoch logs, which Keras's TensorBoard copies, are read from our runs)
                 key = _training_key(run, tag[len("epoch_") :])
                 s = data.training.setdefault(key, Series(key))
@@ -807,7 +793,7 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
         data.split_axis = "step"
         data.split_x = [float(s) for s in steps]
         data.split = {
-            k: [_finite(window_points[s].get(k)) for s in steps] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)
+            k: [_finite(window_points[s].get(k)) for s in steps] for k, _ in SPLIT_KEYS + ((schema.INPUT_STEP_MS, ""),)
         }
         data.throughput = last
     texts.sort(key=lambda t: (t[3], t[2]))
@@ -816,7 +802,7 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     oom_records: list[dict[str, Any]] = []
     devices: dict[int, Any] = {}  # the last device records of each process (-1: not a process run)
     for run, tag, _step, _wall, text in texts:
-        if not tag.endswith(DATA_SUFFIX):
+        if not tag.endswith(schema.DATA_SUFFIX):
             prose[tag] = text
             continue
         try:
@@ -824,20 +810,20 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
         except ValueError:
             data.notes.append(f"The tag {tag!r} of run {run!r} holds no valid JSON; it is left out.")
             continue
-        if tag == OOM_DATA_TAG:
+        if tag == schema.OOM_EVENTS_DATA:
             oom_records.append(value)  # one per recovery
-        elif tag == DEVICES_DATA_TAG:
+        elif tag == schema.GPU_DEVICES_DATA:
             devices[process_of.get(run, -1)] = value
         else:
             records[tag] = value
 
     if oom_records:
-        records[OOM_DATA_TAG] = oom_records
+        records[schema.OOM_EVENTS_DATA] = oom_records
     if devices:  # every process's GPUs, in process order
-        records[DEVICES_DATA_TAG] = [
+        records[schema.GPU_DEVICES_DATA] = [
             r for p in sorted(devices) for r in (devices[p] if isinstance(devices[p], list) else [devices[p]])
         ]
-        counts = [r.get("process_count") for r in records[DEVICES_DATA_TAG] if isinstance(r, dict)]
+        counts = [r.get(schema.PROCESS_COUNT) for r in records[schema.GPU_DEVICES_DATA] if isinstance(r, dict)]
         data.process_count = max([c for c in counts if isinstance(c, int)] + [len(data.processes), 1])
     elif data.processes:
         data.process_count = max(len(data.processes), 1)
@@ -852,30 +838,30 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
             data.notes.append(f"The JSON of tag {tag!r} is not as expected ({type(e).__name__}: {e}); it is left out.")
             return None
 
-    gpus = read(DEVICES_DATA_TAG, lambda v: [_gpu_row(r) for r in v])
+    gpus = read(schema.GPU_DEVICES_DATA, lambda v: [_gpu_row(r) for r in v])
     if gpus is not None:
         data.gpus = gpus
     profiles: dict[str, dict[str, Any]] = {}
-    for tag in [t for t in records if t.startswith("profile/") and not t.endswith(ANALYSIS_DATA_SUFFIX)]:
-        window = tag[: -len(DATA_SUFFIX)]  # profile/steps_<a>_<b>; xprof's analysis comes in a tag of its own
-        analysis = records.get(window + ANALYSIS_DATA_SUFFIX)
+    for tag in [t for t in records if t.startswith("profile/") and not t.endswith(schema.INPUT_PIPELINE_DATA_SUFFIX)]:
+        window = tag[: -len(schema.DATA_SUFFIX)]  # profile/steps_<a>_<b>; xprof's analysis comes in a tag of its own
+        analysis = records.get(window + schema.INPUT_PIPELINE_DATA_SUFFIX)
         row = read(tag, lambda v, a=analysis: _profile_row(v if a is None else {**v, "analysis": a}))
         if row is not None:
             profiles[window] = row
-    findings = read(MP_DATA_TAG, lambda v: [_finding_dict(r) for r in v])
+    findings = read(schema.MIXED_PRECISION_FINDINGS_DATA, lambda v: [_finding_dict(r) for r in v])
     if findings is not None:
         data.findings = findings
-    oom = read(OOM_DATA_TAG, lambda v: (_oom_lines(v), sum(float(r.get("seconds") or 0.0) for r in v)))
+    oom = read(schema.OOM_EVENTS_DATA, lambda v: (_oom_lines(v), sum(float(r.get("seconds") or 0.0) for r in v)))
     if oom is not None:
         data.oom_seen, (data.oom_events, data.oom_details) = True, oom[0]
         if oom[1]:
             data.oom_summary["seconds spent in failed attempts"] = round(oom[1], 2)
-    headroom = read(OOM_HEADROOM_TAG, lambda v: headroom_lines(v[-1] if v and isinstance(v[-1], list) else v))
+    headroom = read(schema.OOM_HEADROOM_DATA, lambda v: headroom_lines(v[-1] if v and isinstance(v[-1], list) else v))
     if headroom is not None:
         data.oom_seen, data.oom_headroom = True, headroom
-    text = prose.get("input/verdict", "")  # the last one written: the whole fit's, like its JSON
+    text = prose.get(schema.INPUT_VERDICT, "")  # the last one written: the whole fit's, like its JSON
     verdict = read(
-        VERDICT_DATA_TAG,
+        schema.INPUT_VERDICT_DATA,
         lambda v: (_verdict_dict(v["verdict"], text, v.get("fit_figures")), _floats(v["figures"])),
     )
     if verdict is not None:
@@ -883,7 +869,8 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
         data.throughput.update(verdict[1])
     # The job's verdict: the "job" part of process 0's JSON, else the text of the job run.
     job_verdict = read(
-        VERDICT_DATA_TAG, lambda v: _job_verdict_dict(v["job"], job_text) if v.get("job") is not None else None
+        schema.INPUT_VERDICT_DATA,
+        lambda v: _job_verdict_dict(v[schema.JOB], job_text) if v.get(schema.JOB) is not None else None,
     )
     if job_verdict is None and job_text:
         job_verdict = _job_verdict_dict({}, job_text)
@@ -895,7 +882,7 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
         data.process_count = max(p["processes"] for p in data.job_profiles)
     _read_old_prose(data, prose, records, profiles)  # logs written before the JSON tags
     data.profiles = sorted(profiles.values(), key=lambda p: p["start"])
-    micro = data.oom_series.get("oom/micro_batches")
+    micro = data.oom_series.get(schema.OOM_MICRO_BATCHES)
     if micro is not None and micro.values:  # the last split in use, as the callback's `micro_batches`
         data.oom_summary = {"micro-batches per batch now": int(micro.values[-1]), **data.oom_summary}
     return data
@@ -904,12 +891,14 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
 def _job_profiles_of(data: ReportData, texts: dict[str, str]) -> list[dict[str, Any]]:
     """The job's profiler windows from the JSON texts of the profiler's job run, by tag."""
     rows = []
-    for tag in sorted(t for t in texts if not t.endswith(ANALYSIS_DATA_SUFFIX)):
-        window = tag[: -len(DATA_SUFFIX)]
+    for tag in sorted(t for t in texts if not t.endswith(schema.INPUT_PIPELINE_DATA_SUFFIX)):
+        window = tag[: -len(schema.DATA_SUFFIX)]
         try:
             rec = json.loads(texts[tag])
             analysis = (
-                json.loads(texts[window + ANALYSIS_DATA_SUFFIX]) if window + ANALYSIS_DATA_SUFFIX in texts else None
+                json.loads(texts[window + schema.INPUT_PIPELINE_DATA_SUFFIX])
+                if window + schema.INPUT_PIPELINE_DATA_SUFFIX in texts
+                else None
             )
             row = _job_profile_row(rec, analysis)
         except (TypeError, KeyError, ValueError, AttributeError) as e:
@@ -942,17 +931,17 @@ def _read_old_prose(
     data: ReportData, prose: dict[str, str], records: dict[str, Any], profiles: dict[str, dict[str, Any]]
 ) -> None:
     """Fills what no JSON tag gave from the texts written for people (logs of earlier versions)."""
-    if DEVICES_DATA_TAG not in records and "gpu/devices" in prose:
-        data.gpus = _parse_device_table(prose["gpu/devices"])
-    if MP_DATA_TAG not in records and MP_TAG in prose:
-        text = prose[MP_TAG]
+    if schema.GPU_DEVICES_DATA not in records and schema.GPU_DEVICES in prose:
+        data.gpus = _parse_device_table(prose[schema.GPU_DEVICES])
+    if schema.MIXED_PRECISION_FINDINGS_DATA not in records and schema.MIXED_PRECISION_FINDINGS in prose:
+        text = prose[schema.MIXED_PRECISION_FINDINGS]
         data.findings = [] if text.strip().startswith(_NO_FINDING) else _parse_findings(text)
-    if VERDICT_DATA_TAG not in records and "input/verdict" in prose:
-        data.verdict = _parse_verdict(prose["input/verdict"])
-        data.throughput.update(_figures_of(prose["input/verdict"]))
+    if schema.INPUT_VERDICT_DATA not in records and schema.INPUT_VERDICT in prose:
+        data.verdict = _parse_verdict(prose[schema.INPUT_VERDICT])
+        data.throughput.update(_figures_of(prose[schema.INPUT_VERDICT]))
     for tag, text in prose.items():
         m = re.match(r"^(profile/steps_(\d+)_(\d+))(/input_pipeline)?$", tag)
-        if m is None or m.group(1) + DATA_SUFFIX in records:
+        if m is None or m.group(1) + schema.DATA_SUFFIX in records:
             continue
         a, b = int(m.group(2)), int(m.group(3))
         p = profiles.setdefault(m.group(1), _profile_row({"start_step": a, "num_steps": b - a}))
@@ -994,7 +983,7 @@ def _parse_findings(text: str) -> list[dict[str, str | None]]:
     return out
 
 
-_SUMMARY_ROWS = {"steps/s": "throughput/steps_per_sec", "samples/s": "throughput/samples_per_sec"}
+_SUMMARY_ROWS = {"steps/s": schema.STEPS_PER_SEC, "samples/s": schema.SAMPLES_PER_SEC}
 
 
 def _figures_of(summary: str) -> dict[str, float]:
@@ -1069,7 +1058,7 @@ def _gpu_figure(data: ReportData, index: str):
     fig.suptitle(f"GPU {index}" + (f": {name}" if name else ""), fontsize=11)
     plotted = False
     for field in UTIL_FIELDS:
-        s = data.series.get(f"gpu/{index}/{field}")
+        s = data.series.get(schema.gpu_key(index, field))
         if s and s.values:
             ax_u.plot(_seconds(data, s), s.values, label=field, linewidth=1.4 if field in UTIL_FIELDS[:2] else 0.9)
             plotted = True
@@ -1080,7 +1069,7 @@ def _gpu_figure(data: ReportData, index: str):
         ax_u.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     plotted = False
     for field in MEMORY_FIELDS:
-        s = data.series.get(f"gpu/{index}/{field}")
+        s = data.series.get(schema.gpu_key(index, field))
         if s and s.values:
             style = "--" if field == "memory_total_mib" else "-"
             ax_m.plot(_seconds(data, s), s.values, style, label=field, linewidth=1.2)
@@ -1096,14 +1085,14 @@ def _gpu_figure(data: ReportData, index: str):
 def _host_figure(data: ReportData):
     fig, (ax_c, ax_m) = _new_figure(2, height=2.0)
     fig.suptitle("Host", fontsize=11)
-    for key in ("host/cpu_percent", "host/system_cpu_percent"):
+    for key in (schema.HOST_CPU_PERCENT, schema.HOST_SYSTEM_CPU_PERCENT):
         s = data.series.get(key)
         if s and s.values:
             ax_c.plot(_seconds(data, s), s.values, label=key.split("/")[1], linewidth=1.2)
     ax_c.set_ylabel("%")
     ax_c.set_title("CPU", fontsize=9, loc="left")
     ax_c.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    s = data.series.get("host/rss_mib")
+    s = data.series.get(schema.HOST_RSS_MIB)
     if s and s.values:
         ax_m.plot(_seconds(data, s), s.values, label="rss_mib", color="#2ca02c", linewidth=1.2)
         ax_m.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -1206,7 +1195,7 @@ class TrainingReport:
                 self._figures = figs
                 return figs
             for index in d.gpu_indices():
-                if any(k.startswith(f"gpu/{index}/") for k in d.series):
+                if any(k.startswith(schema.gpu_key(index, "")) for k in d.series):
                     figs[f"gpu_{index}"] = _gpu_figure(d, index)
             if any(k.startswith("host/") for k in d.series):
                 figs["host"] = _host_figure(d)
@@ -1308,13 +1297,15 @@ class TrainingReport:
                 f"{d.split_axis:>8s} " + " ".join(f"{label:>11s}" for _, label in SPLIT_KEYS) + f" {'step':>9s}"
             )
             for i, x in enumerate(d.split_x):
-                vals = [d.split.get(k, [None] * len(d.split_x))[i] for k, _ in SPLIT_KEYS + (("input/step_ms", ""),)]
+                vals = [
+                    d.split.get(k, [None] * len(d.split_x))[i] for k, _ in SPLIT_KEYS + ((schema.INPUT_STEP_MS, ""),)
+                ]
                 body.append(
                     f"{x:8g} "
                     + " ".join("        n/a" if v is None else f"{v:8.2f} ms" for v in vals[:3])
                     + ("      n/a" if vals[3] is None else f" {vals[3]:6.2f} ms")
                 )
-        for k in ("throughput/samples_per_sec", "throughput/steps_per_sec", "throughput/mfu"):
+        for k in (schema.SAMPLES_PER_SEC, schema.STEPS_PER_SEC, schema.MFU):
             if k in d.throughput:
                 body.append(f"{k}: {d.throughput[k]:.4g}")
         if body:
@@ -1662,7 +1653,9 @@ class TrainingReport:
             else:
                 out.append(("no straggler", "ok"))
         for index in d.gpu_indices():
-            s = d.series.get(f"gpu/{index}/sm_activity_percent") or d.series.get(f"gpu/{index}/utilization_percent")
+            s = d.series.get(schema.gpu_key(index, "sm_activity_percent")) or d.series.get(
+                schema.gpu_key(index, "utilization_percent")
+            )
             if s and s.values:
                 what = "SM activity" if s.key.endswith("sm_activity_percent") else "utilization"
                 mean = s.stats()[1]
@@ -1707,9 +1700,9 @@ class TrainingReport:
         writer = EventWriter(run_dir)
         try:
             if self.data.findings is not None:
-                writer.text(MP_TAG, findings_markdown(self.data.findings), step=0)
-                writer.json(MP_DATA_TAG, self.data.findings, step=0)
-            writer.text("report/summary", "```\n" + self.text() + "\n```", step=0)
+                writer.text(schema.MIXED_PRECISION_FINDINGS, findings_markdown(self.data.findings), step=0)
+                writer.json(schema.MIXED_PRECISION_FINDINGS_DATA, self.data.findings, step=0)
+            writer.text(schema.REPORT_SUMMARY, "```\n" + self.text() + "\n```", step=0)
         finally:
             writer.close()
         return run_dir

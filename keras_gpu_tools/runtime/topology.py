@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from keras_gpu_tools.logdir import schema
+
 # (index variable, count variable) of the launchers users start jobs with, in
 # order: torchrun / torch.distributed, SLURM, Open MPI, MPICH / Intel MPI.
 LAUNCHER_VARIABLES = (
@@ -71,11 +73,11 @@ class Topology:
     def run_dir(self, log_dir: str, run_name: str) -> str:
         """This process's TensorBoard run: ``log_dir/run_name``, with ``/process_<i>`` in a job of several."""
         base = os.path.join(log_dir, run_name)
-        return os.path.join(base, f"process_{self.process_index}") if self.multi_process else base
+        return os.path.join(base, schema.process_run(self.process_index)) if self.multi_process else base
 
     def job_run_dir(self, log_dir: str, run_name: str) -> str:
         """The run of the job-wide figures (process 0 writes it): ``log_dir/run_name/job``."""
-        return os.path.join(log_dir, run_name, "job")
+        return os.path.join(log_dir, run_name, schema.JOB_RUN)
 
     def device_label(self, local_index: int) -> str:
         """A device's name unambiguous across the job: its job-wide id, or ``<host>:<local index>``."""

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 
 from keras_gpu_tools.errors import GPUMonitoringWarning
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.telemetry.nvml import NA, NVML, GPUInfo, NVMLQueryError
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -239,7 +240,7 @@ class GPUProbe:
         self.gpu = gpu
         self.warn = warn
         self.label = str(index) if label is None else label
-        self.prefix = f"gpu/{self.label}/"
+        self.prefix = schema.gpu_key(self.label, "")
         self.readers = _simple_readers(nvml, pcie)
         self.gpm = _GPM(nvml, gpu) if gpm else None
         self.lost = False
@@ -342,11 +343,11 @@ class HostProbe:
         if self.process is None:
             return {}
         try:
-            out = {"host/rss_mib": self.process.memory_info().rss / MIB}
+            out = {schema.HOST_RSS_MIB: self.process.memory_info().rss / MIB}
             now = time.monotonic()
             if now - self._cpu_since >= self.MIN_CPU_SPAN:
-                out["host/cpu_percent"] = float(self.process.cpu_percent(None))
-                out["host/system_cpu_percent"] = float(self.psutil.cpu_percent(None))
+                out[schema.HOST_CPU_PERCENT] = float(self.process.cpu_percent(None))
+                out[schema.HOST_SYSTEM_CPU_PERCENT] = float(self.psutil.cpu_percent(None))
                 self._cpu_since = now
             return out
         except Exception as e:
@@ -427,8 +428,8 @@ class MetricSampler:
             labels = {p.index: p.label for p in self.gpu_probes}
             for index, (current, peak) in stats.items():
                 label = labels.get(index, str(index))
-                out[f"gpu/{label}/allocator_memory_mib"] = current / MIB
-                out[f"gpu/{label}/allocator_peak_memory_mib"] = peak / MIB
+                out[schema.gpu_key(label, "allocator_memory_mib")] = current / MIB
+                out[schema.gpu_key(label, "allocator_peak_memory_mib")] = peak / MIB
         if self.host is not None:
             out.update(self.host.read())
         return out

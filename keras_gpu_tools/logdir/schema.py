@@ -1,0 +1,100 @@
+"""The log layout: every run name, tag and key that a callback writes and the report reads.
+
+Writers (the callbacks and the features they use) and readers (``reporting``, ``live``) import
+these names rather than spelling the strings, so the layout changes in one place. Scalar keys
+are also the keys of Keras's ``History``: lowercase, slash-grouped, with the unit in the name.
+"""
+
+from __future__ import annotations
+
+import re
+
+# -- Runs: one TensorBoard run per callback, split per process in a job of several.
+PROCESS_RUN_PREFIX = "process_"
+JOB_RUN = "job"  # the job-wide figures, written by process 0
+PROCESS_RUN_RE = re.compile(r"^(?:(.+)/)?process_(\d+)$")
+JOB_RUN_RE = re.compile(r"^(?:(.+)/)?job$")
+
+
+def process_run(index: int) -> str:
+    """The run name of process ``index`` of a job."""
+    return f"{PROCESS_RUN_PREFIX}{index}"
+
+
+# -- Text and JSON tags. A callback writes a readable text under a tag and, for the report, the
+# same content as JSON under the tag plus DATA_SUFFIX (see EventWriter.json).
+DATA_SUFFIX = "/data"
+GPU_DEVICES = "gpu/devices"
+GPU_DEVICES_DATA = GPU_DEVICES + DATA_SUFFIX  # GPUUtilizationLogger.device_records()
+INPUT_VERDICT = "input/verdict"
+# {scope, verdict, measurement (the steady state's), figures, fit_figures (the whole fit's), notes, job}
+INPUT_VERDICT_DATA = INPUT_VERDICT + DATA_SUFFIX
+INPUT_JOB_VERDICT = "input/job_verdict"  # the job run's text (process 0)
+OOM_EVENTS_DATA = "oom/events" + DATA_SUFFIX  # one OOMEvent per recovery
+OOM_EXPLANATION = "oom/explanation"
+OOM_HEADROOM_DATA = "oom/headroom" + DATA_SUFFIX  # per device: peak, capacity, the batch that would fit
+OOM_EVENTS_DIR = "oom_events"  # a folder in the run: one explanation file per event
+MIXED_PRECISION_FINDINGS = "mixed_precision/findings"
+MIXED_PRECISION_FINDINGS_DATA = MIXED_PRECISION_FINDINGS + DATA_SUFFIX  # [MixedPrecisionFinding]
+REPORT_SUMMARY = "report/summary"
+INPUT_PIPELINE = "input_pipeline"  # profile/steps_<a>_<b>/input_pipeline[/data]: TraceAnalysis
+INPUT_PIPELINE_DATA_SUFFIX = f"/{INPUT_PIPELINE}{DATA_SUFFIX}"
+
+
+def profile_window(start: int, stop: int) -> str:
+    """The tag of a profiled window of steps ``start`` to ``stop`` (exclusive)."""
+    return f"profile/steps_{start}_{stop}"
+
+
+# -- Scalar keys (History and TensorBoard scalars).
+def gpu_key(label: str | int, field: str) -> str:
+    """The key of one GPU's figure, e.g. ``gpu/0/utilization_percent``."""
+    return f"gpu/{label}/{field}"
+
+
+GPU_KEY_RE = re.compile(r"^gpu/([^/]+)/(.+)$")
+HOST_RSS_MIB = "host/rss_mib"
+HOST_CPU_PERCENT = "host/cpu_percent"
+HOST_SYSTEM_CPU_PERCENT = "host/system_cpu_percent"
+
+INPUT_STEPS = "input/steps"
+INPUT_WAIT_FRACTION = "input/wait_fraction"
+INPUT_WAIT_MS = "input/wait_ms"
+INPUT_FETCH_MS = "input/fetch_ms"
+INPUT_COMPUTE_MS = "input/compute_ms"
+INPUT_OTHER_MS = "input/other_ms"
+INPUT_STEP_MS = "input/step_ms"
+STEPS_PER_SEC = "throughput/steps_per_sec"
+SAMPLES_PER_SEC = "throughput/samples_per_sec"
+FLOPS_PER_SEC = "throughput/flops_per_sec"
+FLOPS_PER_SEC_PER_DEVICE = "throughput/flops_per_sec_per_device"
+MFU = "throughput/mfu"
+
+OOM_EVENTS = "oom/events"  # per epoch
+OOM_EVENTS_TOTAL = "oom/events_total"
+OOM_MICRO_BATCHES = "oom/micro_batches"
+
+JOB_STEP_MS_MAX = "job/step_ms_max"
+JOB_STEP_MS_SLOWEST_PROCESS = "job/step_ms_slowest_process"
+JOB_INPUT_WAIT_FRACTION_MAX = "job/input_wait_fraction_max"
+JOB_INPUT_WAIT_PROCESS = "job/input_wait_process"
+JOB_SAMPLES_PER_SEC = "job/samples_per_sec"
+
+
+def job_gpu_key(metric: str, stat: str) -> str:
+    """The job-wide statistic of one GPU figure over every GPU of the job, e.g. ``job/gpu/utilization_percent_max``."""
+    return f"job/gpu/{metric}_{stat}"
+
+
+# The key groups this package writes into History (a key under another prefix is the user's or Keras's).
+OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "job/", "oom/")
+
+# -- JSON keys of the records above that the report reads.
+JOB = "job"  # the job's verdict inside INPUT_VERDICT_DATA
+PROCESS_INDEX = "process_index"
+PROCESS_COUNT = "process_count"
+HOST = "host"
+
+GPU_PREFIX = "gpu/"
+HOST_PREFIX = "host/"
+PROFILE_PREFIX = "profile/"
