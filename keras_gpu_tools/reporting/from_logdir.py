@@ -239,9 +239,11 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
     ]:
         window = tag[: -len(schema.DATA_SUFFIX)]  # profile/steps_<a>_<b>; xprof's analysis comes in a tag of its own
         analysis = records.get(window + schema.INPUT_PIPELINE_DATA_SUFFIX)
-        row = _convert(
-            data, records, tag, lambda v, a=analysis: rows.profile_row(v if a is None else {**v, "analysis": a})
-        )
+
+        def window_row(v: dict[str, Any], a: Any = analysis) -> dict[str, Any]:
+            return rows.profile_row(v if a is None else {**v, "analysis": a})
+
+        row = _convert(data, records, tag, window_row)
         if row is not None:
             profiles[window] = row
     findings = _convert(
@@ -284,12 +286,11 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
 
 def _apply_job(data: ReportData, scan: _Scan, records: dict[str, Any]) -> None:
     """The job's verdict (the "job" part of process 0's JSON, else the job run's text) and profiler windows."""
-    job_verdict = _convert(
-        data,
-        records,
-        schema.INPUT_VERDICT_DATA,
-        lambda v: rows.job_verdict_dict(v[schema.JOB], scan.job_text) if v.get(schema.JOB) is not None else None,
-    )
+
+    def job_part(v: dict[str, Any]) -> dict[str, Any] | None:
+        return rows.job_verdict_dict(v[schema.JOB], scan.job_text) if v.get(schema.JOB) is not None else None
+
+    job_verdict = _convert(data, records, schema.INPUT_VERDICT_DATA, job_part)
     if job_verdict is None and scan.job_text:
         job_verdict = rows.job_verdict_dict({}, scan.job_text)
     data.job_verdict = job_verdict

@@ -99,7 +99,7 @@ class ReportData:
                 (stat, value), *_ = g.items()
                 single.append((f"{name}_{stat}", value))
                 del grouped[name]
-        rows = [(name, *(g.get(stat) for stat in JOB_STATS)) for name, g in grouped.items()]
+        rows = [(name, g.get("min"), g.get("mean"), g.get("max")) for name, g in grouped.items()]  # JOB_STATS
         return rows, sorted(single)
 
     def oom_count(self) -> int | None:

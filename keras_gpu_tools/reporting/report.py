@@ -164,17 +164,17 @@ def report(*sources: Any, log_dir: Any | None = None, title: str | None = None) 
             f"Invalid value for argument `sources`. Received: {bad[0]!r} next to other sources. "
             "Expected callbacks, a History or a model; pass a log directory as `log_dir=`."
         )
-    if not objs and log_dir is None:
-        raise ValueError(
-            "Invalid arguments: nothing to report on. Expected callbacks (or the list given to fit()), "
-            "a History or a model, or `log_dir=` a TensorBoard log directory."
-        )
     if objs:
         data = gather(objs, title)
         if log_dir is not None:
             _fill_from(data, gather_log_dir(os.fspath(log_dir)))
-    else:
+    elif log_dir is not None:
         data = gather_log_dir(os.fspath(log_dir), title)
+    else:
+        raise ValueError(
+            "Invalid arguments: nothing to report on. Expected callbacks (or the list given to fit()), "
+            "a History or a model, or `log_dir=` a TensorBoard log directory."
+        )
     if title:
         data.title = title
     return TrainingReport(data)
