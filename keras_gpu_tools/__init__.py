@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from keras_gpu_tools.layers import MixedPrecisionOutput
     from keras_gpu_tools.mixed_precision.check import MixedPrecisionFinding, check_mixed_precision
     from keras_gpu_tools.planner import BatchPlan, plan_batch_size
-    from keras_gpu_tools.reporting.build import TrainingReport, report
+    from keras_gpu_tools.reporting.report import TrainingReport, report
 
 # Public name -> the module it is taken from. Callbacks and layers go through
 # their subpackages, which map each name to its defining module.
@@ -56,8 +56,8 @@ _LAZY = {
     "MixedPrecisionOutput": "keras_gpu_tools.layers",
     "MixedPrecisionFinding": "keras_gpu_tools.mixed_precision.check",
     "check_mixed_precision": "keras_gpu_tools.mixed_precision.check",
-    "TrainingReport": "keras_gpu_tools.reporting.build",
-    "report": "keras_gpu_tools.reporting.build",
+    "TrainingReport": "keras_gpu_tools.reporting.report",
+    "report": "keras_gpu_tools.reporting.report",
     "BatchPlan": "keras_gpu_tools.planner",
     "plan_batch_size": "keras_gpu_tools.planner",
 }

@@ -155,7 +155,7 @@ def test_doctor_reports_a_policy_without_tensor_cores():
 
 def test_report_warns_about_unreadable_event_files(tmp_path, capsys):
     from keras_gpu_tools import cli
-    from keras_gpu_tools.logdir.events import EventWriter
+    from keras_gpu_tools.logdir.writer import EventWriter
 
     good = EventWriter(str(tmp_path / "gpu"))
     good.scalars({"host/cpu_percent": 50.0}, step=1, wall_time=10.0)

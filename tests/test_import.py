@@ -118,7 +118,7 @@ def test_public_names_are_the_objects_of_their_defining_modules():
     from keras_gpu_tools import errors
     from keras_gpu_tools.layers import mixed_precision_output
     from keras_gpu_tools.mixed_precision import check as mixed_precision
-    from keras_gpu_tools.reporting import build as report
+    from keras_gpu_tools.reporting import report
 
     assert keras_gpu_tools.report is report.report
     assert keras_gpu_tools.TrainingReport is report.TrainingReport

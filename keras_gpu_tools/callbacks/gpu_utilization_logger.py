@@ -11,7 +11,7 @@ from typing import Any
 
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.logdir.events import EventWriter
+from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.runtime.ticker import Job
 from keras_gpu_tools.runtime.topology import JobGather, spread
 from keras_gpu_tools.runtime.validation import (

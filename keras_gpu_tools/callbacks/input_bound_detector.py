@@ -27,7 +27,7 @@ from keras_gpu_tools.input.timing import (
     warmup_reason,
 )
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.logdir.events import EventWriter, to_plain
+from keras_gpu_tools.logdir.writer import EventWriter, to_plain
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
 from keras_gpu_tools.runtime.validation import (

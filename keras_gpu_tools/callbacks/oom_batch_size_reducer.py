@@ -15,7 +15,7 @@ from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
 from keras_gpu_tools.input.timing import StepRecord
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.logdir.events import EventWriter, to_plain
+from keras_gpu_tools.logdir.writer import EventWriter, to_plain
 from keras_gpu_tools.memory.accumulate import accumulation_problem, refusal
 from keras_gpu_tools.memory.explain import OOMExplanation, explanation_of, headroom_lines
 from keras_gpu_tools.memory.recovery import Agreement, IdlePath, OOMEvent, Recovery, SplitController, describe_split

@@ -14,7 +14,7 @@ from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import ProfilerWarning
 from keras_gpu_tools.input.timing import StepRecord
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.logdir.events import EventWriter
+from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.runtime.step_hook import StepHook
 from keras_gpu_tools.runtime.validation import (

@@ -43,8 +43,8 @@ def _demo(args: argparse.Namespace) -> int:
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
     from keras_gpu_tools.callbacks.live_view import LiveView
     from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
-    from keras_gpu_tools.logdir.events import check_log_dir
-    from keras_gpu_tools.reporting.build import report
+    from keras_gpu_tools.logdir.writer import check_log_dir
+    from keras_gpu_tools.reporting.report import report
     from keras_gpu_tools.runtime.deps import loaded
 
     logdir = check_log_dir(args.logdir, "--logdir")
@@ -147,7 +147,7 @@ def _oom_reducer(logdir: str) -> OOMBatchSizeReducer | None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from keras_gpu_tools.reporting.build import report
+    from keras_gpu_tools.reporting.report import report
 
     rep = report(log_dir=args.log_dir)  # raises ValueError when no event file could be read at all
     for path, why in rep.data.unreadable:  # some could: the report is still worth writing

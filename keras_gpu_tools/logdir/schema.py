@@ -98,3 +98,14 @@ HOST = "host"
 GPU_PREFIX = "gpu/"
 HOST_PREFIX = "host/"
 PROFILE_PREFIX = "profile/"
+
+# -- What the report reads by prefix, and the runs and tags of Keras's own TensorBoard callback.
+INPUT_PREFIX = "input/"
+THROUGHPUT_PREFIX = "throughput/"
+OOM_PREFIX = "oom/"
+JOB_PREFIX = "job/"
+KERAS_EPOCH_PREFIX = "epoch_"  # Keras's epoch logs: epoch_loss, epoch_accuracy, ...
+KERAS_TRAIN_RUN = "train"
+KERAS_VALIDATION_RUN = "validation"
+# A profiled window's text tag (or xprof's analysis of it): the window's tag and its first and end step.
+PROFILE_WINDOW_TEXT_RE = re.compile(r"^(profile/steps_(\d+)_(\d+))(/input_pipeline)?$")

@@ -1,0 +1,43 @@
+"""The training report: what the callbacks measured, in one view (`keras_gpu_tools.report`).
+
+Modules, in the order data flows through them:
+
+- `model`: `ReportData`, the report's model of a run, and its `Series`.
+- `rows`: the report's rows (GPUs, verdicts, profiler windows, findings) from callback records.
+- `from_callbacks`: gathering from live callbacks, a `History` or the model.
+- `from_logdir`: gathering from a TensorBoard log directory (read by `keras_gpu_tools.logdir.reader`);
+  `legacy`: the text of logs written before the JSON tags.
+- `text`, `html`, `figures`: the renderers (plain text and Markdown, the HTML page, matplotlib plots).
+- `report`: the public `report()` and `TrainingReport`.
+
+Sections: per GPU, utilization (SM activity where the GPU reports it) and memory over time; the
+host's CPU and memory; step time split into input wait, compute and other; the input-bound verdict
+and its advice; OOM recoveries; profiler windows and their xprof conclusion; mixed-precision
+findings; the training curves Keras wrote. Nothing here imports Keras or a framework at import
+time: matplotlib is imported when a figure is first drawn, TensorBoard's protos when a log
+directory is read.
+
+What is read (a missing one leaves its part of the report out):
+
+| callback: records | log dir: run, tags |
+|---|---|
+| `GPUUtilizationLogger`: `device_records()`, `timeline` | `gpu`: scalars `gpu/<i>/*`, `host/*`; JSON `gpu/devices/data` |
+| `InputBoundDetector`: `epoch_history`, `measurement`, `verdict`, `job_verdict` | `input`: scalars `input/*`, `throughput/*`; JSON `input/verdict/data` |
+| `ProfilerWindow`: `captures` | `profile`: JSON `profile/steps_<a>_<b>/data`, `.../input_pipeline/data` |
+| `OOMBatchSizeReducer`: `events`, `micro_batches`, `recovery_seconds` | `oom`: scalars `oom/*`; JSON `oom/events/data` |
+| `MixedPrecisionCheck`: `findings` | `report`: JSON `mixed_precision/findings/data` (`TrainingReport.write_to_tensorboard`) |
+| `History` (or the model's) | `train`, `validation`: Keras's `epoch_*` |
+
+An event file that cannot be read (not an event file, corrupt, cut short) is named in the report;
+when none can be read, `report()` raises `ValueError`.
+
+A log directory written by a job of several processes holds, per callback, one run per process
+(`<run>/process_<p>`) and process 0's job-wide figures (`<run>/job`). The report shows the GPUs of
+every process, everything else from the lowest process (0) alone, so nothing is counted twice, and
+a table of the job-wide figures (`job/...` scalars). The job's input verdict (each process's step
+time and input wait, the stragglers and the advice for them) comes from the `job` part of process
+0's `input/verdict/data`, else from the text `input/job_verdict` of `input/job`. Each profiler
+window of the job (`ProfilerWindow`'s `captures[i].job_*` on process 0, or `profile/job`'s
+`profile/steps_<a>_<b>/data` and `.../input_pipeline/data`) is shown there too: the traces of every
+process, each process's mean step time, the slowest, and xprof's conclusion over all the traces.
+"""

@@ -16,10 +16,13 @@ from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 from keras_gpu_tools.input.timing import Measurement, Verdict
-from keras_gpu_tools.logdir.events import EventWriter
+from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.memory.recovery import OOMEvent
 from keras_gpu_tools.mixed_precision.check import MixedPrecisionFinding
-from keras_gpu_tools.reporting.build import ReportData, TrainingReport, findings_markdown, gather_log_dir, report
+from keras_gpu_tools.reporting.from_logdir import gather_log_dir
+from keras_gpu_tools.reporting.model import ReportData
+from keras_gpu_tools.reporting.report import TrainingReport, report
+from keras_gpu_tools.reporting.text import findings_markdown
 from keras_gpu_tools.telemetry.nvml import GPUInfo
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -241,7 +244,7 @@ def test_report_modules_import_nothing_heavy():
     # the report and the live view add no import of their own.
     code = (
         "import sys, keras, keras_gpu_tools; before = set(sys.modules); "
-        "import keras_gpu_tools.reporting.build, keras_gpu_tools.live.render, keras_gpu_tools.callbacks.live_view; "
+        "import keras_gpu_tools.reporting.report, keras_gpu_tools.live.render, keras_gpu_tools.callbacks.live_view; "
         "print(sorted(m.split('.')[0] for m in set(sys.modules) - before if not m.startswith('keras_gpu_tools')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -13,7 +13,7 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from keras_gpu_tools.errors import KerasGPUToolsWarning
-from keras_gpu_tools.logdir.events import EventWriter
+from keras_gpu_tools.logdir.writer import EventWriter
 
 
 def _read(run_dir):
@@ -86,7 +86,7 @@ def test_writing_does_not_import_tensorflow(tmp_path):
     # TensorBoard's own EventFileWriter imports TensorFlow when it is installed (2-3 s, and a
     # second framework in a JAX or torch process); ours must not.
     code = (
-        "import sys; from keras_gpu_tools.logdir.events import EventWriter; "
+        "import sys; from keras_gpu_tools.logdir.writer import EventWriter; "
         f"w = EventWriter({str(tmp_path / 'run')!r}); w.scalars({{'a': 1.0}}, step=1); "
         "w.text('t', 'x', step=1); w.json('t/data', [1], step=1); w.close(); "
         "print('tensorflow' in sys.modules)"

@@ -134,7 +134,7 @@ def test_check_log_dir_unwritable_parent(tmp_path):
 
 
 def test_tensorboard_module_keeps_check_log_dir(tmp_path):
-    from keras_gpu_tools.logdir import events as tensorboard
+    from keras_gpu_tools.logdir import writer as tensorboard
 
     assert tensorboard.check_log_dir(tmp_path) == str(tmp_path)
     with pytest.raises(TypeError, match="`--logdir`"):

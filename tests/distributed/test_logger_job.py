@@ -10,7 +10,7 @@ import pytest
 from launch import run_job
 from scenarios_logger import fake_gpu_figures
 
-from keras_gpu_tools.reporting.build import report
+from keras_gpu_tools.reporting.report import report
 
 pytest.importorskip("jax")
 

@@ -7,7 +7,7 @@ import pytest
 from launch import run_job
 
 from keras_gpu_tools import cli
-from keras_gpu_tools.reporting.build import report
+from keras_gpu_tools.reporting.report import report
 
 pytest.importorskip("jax")
 

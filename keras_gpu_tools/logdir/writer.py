@@ -15,7 +15,7 @@ event file of a run while it is being written).
 
 Next to a text meant for people, a callback writes the same facts as JSON
 (`EventWriter.json`, a text tag ending in ``/data``), which the training
-report reads instead of the prose.
+report reads instead of the prose (through `keras_gpu_tools.logdir.reader`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,141 @@
+"""Reading TensorBoard event files: the runs of a log directory and the values of each run.
+
+The reader of what `keras_gpu_tools.logdir.writer` (and Keras's TensorBoard callback) writes.
+It reads the TFRecord framing itself, so that a file which cannot be read is named rather than
+skipped; TensorBoard's protos are imported when a file is first read, never TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import struct
+from typing import Any
+
+_RECORD_HEADER = struct.Struct("<QI")  # payload length, masked CRC32C of the length
+_DT_STRING = 7  # the tensor dtype of text summaries
+
+
+def find_runs(log_dir: str) -> list[tuple[str, str, list[str]]]:
+    """(run name, directory, event files) of every folder under `log_dir` holding event files.
+
+    The run name is the folder relative to `log_dir` with ``/`` separators (``"."`` for `log_dir`
+    itself); TensorBoard's ``plugins`` folders are skipped.
+    """
+    runs = []
+    for root, dirs, files in os.walk(log_dir):
+        dirs[:] = sorted(d for d in dirs if d != "plugins")
+        events = sorted(f for f in files if ".tfevents." in f)
+        if events:
+            rel = os.path.relpath(root, log_dir)
+            runs.append(("." if rel == "." else rel.replace(os.sep, "/"), root, events))
+    return sorted(runs)
+
+
+def read_event_file(path: str) -> tuple[list[Any], str | None]:
+    """The events of one TensorBoard event file, and why reading stopped early (None: it did not).
+
+    Each record's length must pass its checksum and be there in full, and its
+    payload must parse as an `Event`. The payload checksum is not verified
+    (TensorBoard's pure-Python CRC32C reads about 2 MB/s); the length
+    checksum and the parse catch a file that is not an event file, garbage,
+    and a file cut short.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from keras_gpu_tools.runtime import deps
+
+    _, event_pb2 = deps.tensorboard_protos()
+    events: list[Any] = []
+
+    def stopped(what: str) -> str:
+        return f"{what} ({len(events)} event(s) read before it)" if events else what
+
+    try:
+        with open(path, "rb") as f:
+            offset = 0
+            while True:
+                header = f.read(_RECORD_HEADER.size)
+                if not header:
+                    return events, None
+                if len(header) < _RECORD_HEADER.size:
+                    return events, stopped(f"is truncated: the record at byte {offset} is cut short")
+                length, crc = _RECORD_HEADER.unpack(header)
+                if masked_crc32c(header[:8]) != crc:
+                    what = "is corrupt" if events else "is not a TensorBoard event file"
+                    return events, stopped(f"{what}: bad record header at byte {offset}")
+                payload = f.read(length + 4)  # the payload and its checksum
+                if len(payload) < length + 4:
+                    return events, stopped(f"is truncated: the record at byte {offset} is cut short")
+                event = event_pb2.Event()
+                try:
+                    event.ParseFromString(payload[:length])
+                except DecodeError:
+                    return events, stopped(f"is corrupt: the record at byte {offset} is not an event")
+                events.append(event)
+                offset += _RECORD_HEADER.size + length + 4
+    except OSError as e:
+        return events, stopped(f"could not be opened ({type(e).__name__}: {e.strerror or e})")
+
+
+@dataclasses.dataclass
+class Point:
+    """One summary value of an event file: a number or a text."""
+
+    wall_time: float
+    step: int
+    value: float = math.nan
+    text: str = ""
+
+
+@dataclasses.dataclass
+class RunValues:
+    """The values of one run by tag: its scalars, its texts, and how many events were read."""
+
+    scalars: dict[str, list[Point]] = dataclasses.field(default_factory=dict)
+    texts: dict[str, list[Point]] = dataclasses.field(default_factory=dict)
+    events: int = 0
+
+
+def read_run(run: str, directory: str, files: list[str], unreadable: list[tuple[str, str]]) -> RunValues:
+    """The scalars and the texts of one run by tag, and how many events were read.
+
+    Scalars are both `simple_value`s (this package's writer) and one-number
+    tensors (Keras's TensorBoard callback). Each file that could not be read,
+    whole or in part, is added to `unreadable` as (path relative to the log
+    directory, what went wrong).
+    """
+    out = RunValues()
+    for name in files:
+        events, problem = read_event_file(os.path.join(directory, name))
+        if problem is not None:
+            unreadable.append((name if run == "." else f"{run}/{name}", problem))
+        out.events += len(events)
+        for e in events:
+            for v in e.summary.value:
+                if v.HasField("simple_value"):
+                    if math.isfinite(v.simple_value):
+                        out.scalars.setdefault(v.tag, []).append(Point(e.wall_time, e.step, value=v.simple_value))
+                elif v.HasField("tensor") and v.tensor.dtype == _DT_STRING:
+                    out.texts.setdefault(v.tag, []).append(Point(e.wall_time, e.step, text=_text_of(v.tensor)))
+                elif v.HasField("tensor"):
+                    value = _scalar_of(v.tensor)
+                    if value is not None:
+                        out.scalars.setdefault(v.tag, []).append(Point(e.wall_time, e.step, value=value))
+    return out
+
+
+def _text_of(proto) -> str:
+    return proto.string_val[0].decode("utf-8", "replace") if proto.string_val else ""
+
+
+def _scalar_of(proto) -> float | None:
+    from tensorboard.util import tensor_util
+
+    try:
+        value = float(tensor_util.make_ndarray(proto).item())
+    except Exception:  # not a single number: a histogram, an image, ...
+        return None
+    return value if math.isfinite(value) else None

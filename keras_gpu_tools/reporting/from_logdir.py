@@ -1,0 +1,324 @@
+"""Gathering the report from a TensorBoard log directory, after the fact.
+
+Reads what the callbacks wrote (`keras_gpu_tools.logdir.schema` names every run and tag): the
+JSON each writes next to its text (text tags ending in ``/data``), never the text itself, except
+for logs written before those tags (`legacy`). Keras's own ``train``/``validation`` runs give the
+training curves.
+
+A job of several processes holds, per callback, one run per process (``<run>/process_<p>``) and
+process 0's job-wide figures (``<run>/job``). The GPUs of every process are read (their tags name
+them apart), everything else from the lowest process alone, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.logdir.reader import Point, RunValues, find_runs, read_run
+from keras_gpu_tools.logdir.writer import check_log_dir
+from keras_gpu_tools.memory.explain import headroom_lines
+from keras_gpu_tools.reporting import legacy, rows
+from keras_gpu_tools.reporting.model import (
+    OOM_FAILED_SECONDS,
+    OOM_MICRO_BATCHES_NOW,
+    SPLIT_AND_STEP_KEYS,
+    SPLIT_KEYS,
+    ReportData,
+    extend,
+)
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class _Scan:
+    """What the runs hold, collected run by run before it becomes the report."""
+
+    process_of: dict[str, int]  # a process's run: its process index
+    job_runs: set[str]
+    window_points: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)  # input/, throughput/
+    texts: list[tuple[str, str, int, float, str]] = dataclasses.field(default_factory=list)  # run, tag, step, wall
+    job_text: str = ""  # the job verdict as process 0 wrote it to the detector's job run
+    job_records: dict[str, tuple[float, int, str]] = dataclasses.field(default_factory=dict)  # last JSON of a tag
+
+
+def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
+    """Reads every run under a TensorBoard log directory into a `ReportData`."""
+    log_dir, runs = _runs_of(log_dir)
+    data = ReportData(title=title or f"Training report: {log_dir}")
+    scan = _layout(runs)
+    data.processes = sorted(set(scan.process_of.values()))
+    first = data.processes[0] if data.processes else None
+    read = 0
+    for run, path, files in runs:
+        values = read_run(run, path, files, data.unreadable)
+        read += values.events
+        if values.events:
+            data.sources.append(run)
+        if run in scan.job_runs:
+            _read_job_run(data, scan, values)
+        elif scan.process_of.get(run, first) != first:
+            _read_other_process_run(data, scan, run, values)
+        else:
+            _read_run(data, scan, run, values)
+    n_files = sum(len(files) for _, _, files in runs)
+    if not read and len(data.unreadable) == n_files:
+        raise ValueError(
+            f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, but none of its "
+            f"{n_files} event file(s) could be read: "
+            + "; ".join(f"{p} {why}" for p, why in data.unreadable)
+            + ". Expected TensorBoard event files written by the callbacks."
+        )
+    _split_of(data, scan.window_points)
+    prose, records = _records_of(data, scan)
+    _apply_records(data, scan, prose, records)
+    return data
+
+
+def _runs_of(log_dir: str) -> tuple[str, list[tuple[str, str, list[str]]]]:
+    """The checked log directory and its runs; ValueError where it is missing or holds no event file."""
+    checked = check_log_dir(log_dir)
+    if checked is None or not os.path.isdir(checked):
+        raise ValueError(
+            f"Invalid value for argument `log_dir`. Received: log_dir={checked!r}, which does not exist. "
+            "Expected a TensorBoard log directory written by keras_gpu_tools callbacks."
+        )
+    runs = find_runs(checked)
+    if not runs:
+        raise ValueError(
+            f"Invalid value for argument `log_dir`. Received: log_dir={checked!r}, which holds no "
+            "TensorBoard event file. Expected the `log_dir` given to the callbacks."
+        )
+    return checked, runs
+
+
+def _layout(runs: Iterable[tuple[str, str, list[str]]]) -> _Scan:
+    """Which runs are a process's of a job, and which are a job run."""
+    names = [run for run, _, _ in runs]
+    process_of = {run: int(m.group(2)) for run in names if (m := schema.PROCESS_RUN_RE.match(run))}
+    # A job run: `<run>/job`, or `job` itself next to `process_<i>` runs (a top-level "job" alone is a user's run).
+    top_level_job = any(m.group(1) is None for run in process_of if (m := schema.PROCESS_RUN_RE.match(run)))
+    job_runs = {run for run in names if (m := schema.JOB_RUN_RE.match(run)) and (m.group(1) or top_level_job)}
+    return _Scan(process_of=process_of, job_runs=job_runs)
+
+
+def _add_series(data: ReportData, tag: str, points: list[Point]) -> None:
+    """A GPU or host series, and the first wall time of them all."""
+    extend(data.series, tag, points)
+    for e in points:
+        data.t0 = e.wall_time if data.t0 is None else min(data.t0, e.wall_time)
+
+
+def _read_job_run(data: ReportData, scan: _Scan, values: RunValues) -> None:
+    """Process 0's job-wide figures, its job verdict's text and the profiler's job windows."""
+    for tag, points in values.scalars.items():
+        extend(data.job, tag, points)
+    points = values.texts.get(schema.INPUT_JOB_VERDICT, [])
+    if points:  # the last one: as of the last epoch end
+        scan.job_text = max(points, key=lambda e: (e.wall_time, e.step)).text
+    for tag, points in values.texts.items():  # ProfilerWindow's job windows (process 0's)
+        if tag.startswith(schema.PROFILE_PREFIX) and tag.endswith(schema.DATA_SUFFIX):
+            for e in points:
+                if tag not in scan.job_records or (e.wall_time, e.step) >= scan.job_records[tag][:2]:
+                    scan.job_records[tag] = (e.wall_time, e.step, e.text)
+
+
+def _read_other_process_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> None:
+    """A run of a process other than the lowest: its GPUs alone (its other figures are its own)."""
+    for tag, points in values.scalars.items():
+        if tag.startswith(schema.GPU_PREFIX):
+            _add_series(data, tag, points)
+    points = values.texts.get(schema.GPU_DEVICES_DATA, [])
+    scan.texts += [(run, schema.GPU_DEVICES_DATA, e.step, e.wall_time, e.text) for e in points]
+
+
+def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> None:
+    """A run of one process (the lowest of a job), or Keras's own runs."""
+    for tag, points in values.scalars.items():
+        if tag.startswith((schema.GPU_PREFIX, schema.HOST_PREFIX)):
+            _add_series(data, tag, points)
+        elif tag.startswith((schema.INPUT_PREFIX, schema.THROUGHPUT_PREFIX)):
+            for e in points:
+                scan.window_points.setdefault(e.step, {})[tag] = e.value
+        elif tag.startswith(schema.OOM_PREFIX):
+            data.oom_seen = True
+            extend(data.oom_series, tag, points)
+        elif tag.startswith(schema.KERAS_EPOCH_PREFIX):
+            name = tag[len(schema.KERAS_EPOCH_PREFIX) :]
+            if not name.startswith(schema.OWN_PREFIXES):
+                # (our own epoch logs, which Keras's TensorBoard copies, are read from our runs)
+                extend(data.training, _training_key(run, name), points, step_offset=1)
+    for tag, points in values.texts.items():
+        scan.texts += [(run, tag, e.step, e.wall_time, e.text) for e in points]
+
+
+def _training_key(run: str, name: str) -> str:
+    """The History key of Keras's `epoch_<name>` in a run: `loss`, `val_loss`, ..."""
+    if run in (schema.KERAS_TRAIN_RUN, "."):
+        return name
+    if run == schema.KERAS_VALIDATION_RUN:
+        return f"val_{name}"
+    return f"{run.split('/')[-1][:3]}_{name}"
+
+
+def _split_of(data: ReportData, window_points: dict[int, dict[str, float]]) -> None:
+    """The step-time split by window (step axis) and the run's last figures."""
+    if not window_points:
+        return
+    steps = sorted(window_points)
+    last = dict(window_points[steps[-1]])
+    steps = [s for s in steps if any(window_points[s].get(k) is not None for k, _ in SPLIT_KEYS)]
+    data.split_axis = "step"
+    data.split_x = [float(s) for s in steps]
+    data.split = {k: [rows.finite(window_points[s].get(k)) for s in steps] for k, _ in SPLIT_AND_STEP_KEYS}
+    data.throughput = last
+
+
+def _records_of(data: ReportData, scan: _Scan) -> tuple[dict[str, str], dict[str, Any]]:
+    """The last text of each tag written for people, and the JSON of each ``.../data`` tag.
+
+    OOM events are kept one per recovery, device records the last of each process (in process
+    order); the job's process count is read from them.
+    """
+    prose: dict[str, str] = {}
+    records: dict[str, Any] = {}
+    oom_records: list[dict[str, Any]] = []
+    devices: dict[int, Any] = {}  # the last device records of each process (-1: not a process run)
+    for run, tag, _step, _wall, text in sorted(scan.texts, key=lambda t: (t[3], t[2])):
+        if not tag.endswith(schema.DATA_SUFFIX):
+            prose[tag] = text
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            data.notes.append(f"The tag {tag!r} of run {run!r} holds no valid JSON; it is left out.")
+            continue
+        if tag == schema.OOM_EVENTS_DATA:
+            oom_records.append(value)
+        elif tag == schema.GPU_DEVICES_DATA:
+            devices[scan.process_of.get(run, -1)] = value
+        else:
+            records[tag] = value
+    if oom_records:
+        records[schema.OOM_EVENTS_DATA] = oom_records
+    if devices:  # every process's GPUs, in process order
+        records[schema.GPU_DEVICES_DATA] = [
+            r for p in sorted(devices) for r in (devices[p] if isinstance(devices[p], list) else [devices[p]])
+        ]
+        counts = [r.get(schema.PROCESS_COUNT) for r in records[schema.GPU_DEVICES_DATA] if isinstance(r, dict)]
+        data.process_count = max([c for c in counts if isinstance(c, int)] + [len(data.processes), 1])
+    elif data.processes:
+        data.process_count = max(len(data.processes), 1)
+    return prose, records
+
+
+def _convert(data: ReportData, records: dict[str, Any], tag: str, convert: Callable[[Any], T]) -> T | None:
+    """`convert(records[tag])`; None where the tag is missing or its JSON not shaped as expected (noted)."""
+    if tag not in records:
+        return None
+    try:
+        return convert(records[tag])
+    except (TypeError, KeyError, ValueError, AttributeError) as e:
+        data.notes.append(f"The JSON of tag {tag!r} is not as expected ({type(e).__name__}: {e}); it is left out.")
+        return None
+
+
+def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records: dict[str, Any]) -> None:
+    """The report's parts from the JSON records (and, for older logs, from the text)."""
+    gpus = _convert(data, records, schema.GPU_DEVICES_DATA, lambda v: [rows.gpu_row(r) for r in v])
+    if gpus is not None:
+        data.gpus = gpus
+    profiles: dict[str, dict[str, Any]] = {}
+    for tag in [
+        t for t in records if t.startswith(schema.PROFILE_PREFIX) and not t.endswith(schema.INPUT_PIPELINE_DATA_SUFFIX)
+    ]:
+        window = tag[: -len(schema.DATA_SUFFIX)]  # profile/steps_<a>_<b>; xprof's analysis comes in a tag of its own
+        analysis = records.get(window + schema.INPUT_PIPELINE_DATA_SUFFIX)
+
+        def window_row(v: dict[str, Any], a: Any = analysis) -> dict[str, Any]:
+            return rows.profile_row(v if a is None else {**v, "analysis": a})
+
+        row = _convert(data, records, tag, window_row)
+        if row is not None:
+            profiles[window] = row
+    findings = _convert(
+        data, records, schema.MIXED_PRECISION_FINDINGS_DATA, lambda v: [rows.finding_dict(r) for r in v]
+    )
+    if findings is not None:
+        data.findings = findings
+    oom = _convert(
+        data,
+        records,
+        schema.OOM_EVENTS_DATA,
+        lambda v: (rows.oom_lines(v), sum(float(r.get("seconds") or 0.0) for r in v)),
+    )
+    if oom is not None:
+        data.oom_seen, (data.oom_events, data.oom_details) = True, oom[0]
+        if oom[1]:
+            data.oom_summary[OOM_FAILED_SECONDS] = round(oom[1], 2)
+    headroom = _convert(
+        data, records, schema.OOM_HEADROOM_DATA, lambda v: headroom_lines(v[-1] if v and isinstance(v[-1], list) else v)
+    )
+    if headroom is not None:
+        data.oom_seen, data.oom_headroom = True, headroom
+    text = prose.get(schema.INPUT_VERDICT, "")  # the last one written: the whole fit's, like its JSON
+    verdict = _convert(
+        data,
+        records,
+        schema.INPUT_VERDICT_DATA,
+        lambda v: (rows.verdict_dict(v["verdict"], text, v.get("fit_figures")), rows.floats(v["figures"])),
+    )
+    if verdict is not None:
+        data.verdict = verdict[0]
+        data.throughput.update(verdict[1])
+    _apply_job(data, scan, records)
+    legacy.read_old_prose(data, prose, records, profiles)  # logs written before the JSON tags
+    data.profiles = sorted(profiles.values(), key=lambda p: p["start"])
+    micro = data.oom_series.get(schema.OOM_MICRO_BATCHES)
+    if micro is not None and micro.values:  # the last split in use, as the callback's `micro_batches`
+        data.oom_summary = {OOM_MICRO_BATCHES_NOW: int(micro.values[-1]), **data.oom_summary}
+
+
+def _apply_job(data: ReportData, scan: _Scan, records: dict[str, Any]) -> None:
+    """The job's verdict (the "job" part of process 0's JSON, else the job run's text) and profiler windows."""
+
+    def job_part(v: dict[str, Any]) -> dict[str, Any] | None:
+        return rows.job_verdict_dict(v[schema.JOB], scan.job_text) if v.get(schema.JOB) is not None else None
+
+    job_verdict = _convert(data, records, schema.INPUT_VERDICT_DATA, job_part)
+    if job_verdict is None and scan.job_text:
+        job_verdict = rows.job_verdict_dict({}, scan.job_text)
+    data.job_verdict = job_verdict
+    if job_verdict is not None and len(job_verdict["processes"]) > data.process_count:
+        data.process_count = len(job_verdict["processes"])
+    data.job_profiles = _job_profiles_of(data, {tag: text for tag, (_, _, text) in scan.job_records.items()})
+    if data.job_profiles and max(p["processes"] for p in data.job_profiles) > data.process_count:
+        data.process_count = max(p["processes"] for p in data.job_profiles)
+
+
+def _job_profiles_of(data: ReportData, texts: dict[str, str]) -> list[dict[str, Any]]:
+    """The job's profiler windows from the JSON texts of the profiler's job run, by tag."""
+    out = []
+    for tag in sorted(t for t in texts if not t.endswith(schema.INPUT_PIPELINE_DATA_SUFFIX)):
+        window = tag[: -len(schema.DATA_SUFFIX)]
+        try:
+            rec = json.loads(texts[tag])
+            analysis = (
+                json.loads(texts[window + schema.INPUT_PIPELINE_DATA_SUFFIX])
+                if window + schema.INPUT_PIPELINE_DATA_SUFFIX in texts
+                else None
+            )
+            row = rows.job_profile_row(rec, analysis)
+        except (TypeError, KeyError, ValueError, AttributeError) as e:
+            data.notes.append(
+                f"The JSON of tag {tag!r} of the job run is not as expected ({type(e).__name__}: {e}); it is left out."
+            )
+            continue
+        if row is not None:
+            out.append(row)
+    return sorted(out, key=lambda p: p["start"])

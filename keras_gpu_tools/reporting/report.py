@@ -1,0 +1,209 @@
+"""The public report: `report()` gathers a run into a `TrainingReport`, which renders it.
+
+`report()` reads the callbacks given (`from_callbacks`), a log directory (`from_logdir`), or both
+(the callbacks' records first, the log directory filling what they lack). `TrainingReport` holds
+the `ReportData` and renders it as text (`text`), as HTML (`html`) and as plots (`figures`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.reporting import figures as plots
+from keras_gpu_tools.reporting import html as html_page
+from keras_gpu_tools.reporting import text as text_page
+from keras_gpu_tools.reporting.from_callbacks import flatten, gather
+from keras_gpu_tools.reporting.from_logdir import gather_log_dir
+from keras_gpu_tools.reporting.model import ReportData
+
+_NO_MATPLOTLIB = "The plots need matplotlib, which could not be imported: `pip install matplotlib`."
+
+
+class TrainingReport:
+    """One view of a training run; see `report()`.
+
+    Renders as text (`str(report)`, `report.text()`), as HTML in a notebook,
+    and saves as an HTML file with its plots embedded (`report.save(path)`)
+    or as PNG files (`report.save_figures(directory)`).
+    """
+
+    def __init__(self, data: ReportData):
+        self.data = data
+        self._figures: dict[str, Any] | None = None
+        self._pngs: dict[str, bytes] | None = None
+
+    # -- figures ------------------------------------------------------------------
+    def figures(self) -> dict[str, Any]:
+        """The report's plots as matplotlib `Figure`s, by name (drawn once)."""
+        if self._figures is None:
+            if plots.available():
+                self._figures = plots.draw(self.data)
+            else:
+                if _NO_MATPLOTLIB not in self.data.notes:
+                    self.data.notes.append(_NO_MATPLOTLIB)
+                self._figures = {}
+        return self._figures
+
+    def pngs(self) -> dict[str, bytes]:
+        """The report's plots as PNG files' bytes, by name (drawn once)."""
+        if self._pngs is None:
+            self._pngs = {name: plots.png(fig) for name, fig in self.figures().items()}
+        return self._pngs
+
+    def save_figures(self, directory: str | os.PathLike[str]) -> list[str]:
+        """Writes each plot as `<directory>/<name>.png`; returns the paths."""
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        paths = []
+        for name, data in self.pngs().items():
+            path = os.path.join(directory, f"{name}.png")
+            with open(path, "wb") as f:
+                f.write(data)
+            paths.append(path)
+        return paths
+
+    # -- text and HTML ----------------------------------------------------------------
+    def text(self) -> str:
+        return text_page.render(self.data)
+
+    __str__ = text
+
+    def __repr__(self) -> str:
+        return f"<TrainingReport {self.data.title!r}: {', '.join(self.figures()) or 'no plots'}>"
+
+    def not_measured(self) -> list[str]:
+        """What this run's report has no data for, and which callback measures it."""
+        return text_page.not_measured(self.data)
+
+    def html(self, full_page: bool = False) -> str:
+        return html_page.render(self.data, self.pngs(), full_page=full_page)
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Writes the report as one HTML file with the plots embedded; returns the path."""
+        path = os.fspath(path)
+        parent = os.path.dirname(os.path.abspath(path))
+        os.makedirs(parent, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.html(full_page=True))
+        return path
+
+    def write_to_tensorboard(self, log_dir: str | os.PathLike[str], run_name: str = "report") -> str:
+        """Writes the mixed-precision findings (text and JSON) and the text report into `log_dir/<run_name>`.
+
+        The callbacks write everything else themselves; this keeps the
+        findings for a report built later from the log directory, and puts
+        the text report in TensorBoard's Text tab.
+        """
+        from keras_gpu_tools.logdir.writer import EventWriter
+
+        run_dir = os.path.join(os.fspath(log_dir), run_name)
+        writer = EventWriter(run_dir)
+        try:
+            if self.data.findings is not None:
+                writer.text(schema.MIXED_PRECISION_FINDINGS, text_page.findings_markdown(self.data.findings), step=0)
+                writer.json(schema.MIXED_PRECISION_FINDINGS_DATA, self.data.findings, step=0)
+            writer.text(schema.REPORT_SUMMARY, "```\n" + self.text() + "\n```", step=0)
+        finally:
+            writer.close()
+        return run_dir
+
+
+def report(*sources: Any, log_dir: Any | None = None, title: str | None = None) -> TrainingReport:
+    """Combines what the callbacks measured into one report.
+
+    Pass the callbacks of a `fit()` (any of the package's callbacks, in any
+    order, or the list you gave to `fit()`), the `History` or the model
+    (whose mixed-precision setup is then checked), or a TensorBoard log
+    directory to build the report after the fact from what the callbacks
+    wrote there. With both, the callbacks' own records are used and the log
+    directory fills in what they lack (Keras's training curves, for
+    example).
+
+    Args:
+        *sources: callbacks, a `History`, a model, lists of these, or one
+            log directory (a path).
+        log_dir: a TensorBoard log directory to read. Defaults to `None`.
+        title: the report's title. Defaults to `None` ("Training report").
+
+    Returns:
+        A `TrainingReport`: `str(r)` is the text, `r` displays as HTML with
+        plots in a notebook, `r.save("report.html")` writes one HTML file
+        with the plots embedded, `r.figures()` gives the matplotlib figures.
+        Event files of `log_dir` that could not be read are listed in
+        `r.data.unreadable` and named in the report.
+
+    Raises:
+        ValueError: nothing to report on, or `log_dir` does not exist, holds
+            no event file, or none of its event files could be read.
+        TypeError: a path among the sources next to other sources.
+
+    Example:
+
+    ```python
+    from keras_gpu_tools import GPUUtilizationLogger, InputBoundDetector, report
+
+    callbacks = [GPUUtilizationLogger(log_dir="logs"), InputBoundDetector(log_dir="logs")]
+    model.fit(dataset, epochs=3, callbacks=callbacks)
+    r = report(callbacks, model)     # shows as HTML in a notebook
+    print(r)                         # plain text in a terminal
+    r.save("logs/report.html")
+    report("logs").save("again.html")  # later, from the logs alone
+    ```
+    """
+    objs = list(sources)
+    if log_dir is None and len(objs) == 1 and isinstance(objs[0], (str, os.PathLike)):
+        log_dir, objs = objs[0], []
+    bad = [o for o in flatten(objs) if isinstance(o, (str, bytes, os.PathLike))]
+    if bad:
+        raise TypeError(
+            f"Invalid value for argument `sources`. Received: {bad[0]!r} next to other sources. "
+            "Expected callbacks, a History or a model; pass a log directory as `log_dir=`."
+        )
+    if objs:
+        data = gather(objs, title)
+        if log_dir is not None:
+            _fill_from(data, gather_log_dir(os.fspath(log_dir)))
+    elif log_dir is not None:
+        data = gather_log_dir(os.fspath(log_dir), title)
+    else:
+        raise ValueError(
+            "Invalid arguments: nothing to report on. Expected callbacks (or the list given to fit()), "
+            "a History or a model, or `log_dir=` a TensorBoard log directory."
+        )
+    if title:
+        data.title = title
+    return TrainingReport(data)
+
+
+def _fill_from(data: ReportData, other: ReportData) -> None:
+    """Fills the parts `data` lacks from `other` (read from a log directory)."""
+    if not data.series:
+        data.series, data.t0, data.gpus = other.series, other.t0, other.gpus or data.gpus
+    if not data.split_x:
+        data.split_axis, data.split_x, data.split = other.split_axis, other.split_x, other.split
+        data.throughput = data.throughput or other.throughput
+    if data.verdict is None:
+        data.verdict = other.verdict
+    if not data.oom_seen and other.oom_seen:
+        data.oom_seen, data.oom_events, data.oom_series = True, other.oom_events, other.oom_series
+    if not data.profiles:
+        data.profiles = other.profiles
+    if data.findings is None:
+        data.findings = other.findings
+    if not data.job:
+        data.job = other.job
+    if not data.processes:
+        data.processes, data.process_count = other.processes, other.process_count
+    if data.job_verdict is None:
+        data.job_verdict = other.job_verdict
+    if not data.job_profiles:
+        data.job_profiles = other.job_profiles
+    data.unreadable = other.unreadable
+    if not data.training:
+        data.training = other.training
+    data.sources.append("log dir")

@@ -1,0 +1,178 @@
+"""The report's rows (plain dicts) from the callbacks' records.
+
+Each record is the JSON-ready form a callback writes to its ``.../data`` tag
+(`keras_gpu_tools.logdir.writer.to_plain` of its dataclasses), so that the
+callbacks and the log directory make the same report. Both gatherers convert
+through these functions; the renderers read the rows they return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+from keras_gpu_tools.logdir import schema
+
+
+def finite(v: Any) -> float | None:
+    """`v` as a float; None when it is not a number or not finite."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def floats(figures: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of `figures`, as floats."""
+    return {str(k): float(v) for k, v in figures.items() if finite(v) is not None}
+
+
+def gpu_row(rec: dict[str, Any]) -> dict[str, str]:
+    """A row of the GPU table from a `GPUUtilizationLogger.device_records()` entry."""
+    mem, cc = rec.get("memory_total_bytes"), rec.get("compute_capability")
+    row = {
+        # the GPU's name in the tags (gpu/<label>/...): its job-wide label in a job of several processes
+        "index": str(rec.get("label", rec.get("index", "?"))),
+        "name": str(rec.get("name", "?")) + (" (MIG)" if rec.get("is_mig") else ""),
+        "uuid": str(rec.get("uuid") or ""),
+        "memory": f"{mem / 2**20:.0f} MiB" if mem else "?",
+        "compute capability": ".".join(map(str, cc)) if cc else "?",
+    }
+    if (rec.get(schema.PROCESS_COUNT) or 1) > 1:  # which process of the job monitored it
+        row["process"] = f"{rec.get(schema.PROCESS_INDEX, '?')} ({rec.get(schema.HOST) or '?'})"
+    return row
+
+
+def verdict_dict(rec: dict[str, Any], text: str, fit_figures: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report's verdict from a `Verdict` record and the summary text that goes with it.
+
+    ``scope`` is what the verdict's figures cover (its steady state),
+    ``phases`` every epoch (or window) with whether it is in the verdict and
+    why not, ``speedup_bound`` what removing the wait is worth at most, and
+    ``fit_figures`` the whole fit's figures. Records of earlier versions lack
+    them: empty, None.
+    """
+    return {
+        "category": str(rec.get("category", "unknown")),
+        "message": str(rec.get("message", "")),
+        "evidence": [str(x) for x in rec.get("evidence") or []],
+        "advice": [str(x) for x in rec.get("advice") or []],
+        "scope": str(rec.get("scope") or ""),
+        "phases": [phase_dict(p) for p in rec.get("phases") or []],
+        "speedup_bound": finite(rec.get("speedup_bound")),
+        "fit_wait_fraction": finite(rec.get("fit_wait_fraction")),
+        "fit_figures": floats(fit_figures or {}),
+        "text": text,
+    }
+
+
+def phase_dict(rec: dict[str, Any]) -> dict[str, Any]:
+    """A phase of the verdict from a `Phase` record."""
+    return {
+        "label": str(rec["label"]),
+        "steps": int(rec.get("steps") or 0),
+        "wait_fraction": finite(rec.get("wait_fraction")),
+        "step_ms": None if finite(rec.get("step")) is None else 1e3 * float(rec["step"]),
+        "steady": bool(rec.get("steady")),
+        "reason": None if rec.get("reason") is None else str(rec["reason"]),
+    }
+
+
+def job_verdict_dict(rec: dict[str, Any], text: str = "") -> dict[str, Any]:
+    """The report's job verdict from a `JobVerdict` record (``text``: the verdict as the job run holds it).
+
+    ``processes``: one row per process (``process``, ``host``, ``scope``, ``steps``, ``wait_fraction``,
+    ``step_ms``, ``samples_per_sec``, ``category``), ``stragglers``: (process, kind) pairs.
+    """
+    processes = []
+    for p in rec.get("processes") or []:
+        processes.append(
+            {
+                "process": int(p["process"]),
+                "host": str(p.get("host") or "?"),
+                "scope": str(p.get("scope") or "?"),
+                "steps": finite(p.get("steps")),
+                "wait_fraction": finite(p.get("wait_fraction")),
+                "step_ms": finite(p.get("step_ms")),
+                "samples_per_sec": finite(p.get("samples_per_sec")),
+                "category": str(p.get("category") or "unknown"),
+            }
+        )
+    return {
+        "processes": processes,
+        "stragglers": [(int(s["process"]), str(s.get("kind") or "")) for s in rec.get("stragglers") or []],
+        "message": str(rec.get("message") or ""),
+        "advice": [str(a) for a in rec.get("advice") or []],
+        "text": text,
+    }
+
+
+def conclusion(analysis: dict[str, Any] | None) -> str:
+    """What xprof concluded of a window, worded as `ProfilerWindow` writes it ("" before any analysis)."""
+    if not analysis:
+        return ""
+    return analysis.get("conclusion") or f"xprof gave no conclusion ({analysis.get('error') or 'no steps found'})"
+
+
+def profile_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """A profiler window of the report from a `WindowCapture` record."""
+    start, n = int(rec["start_step"]), int(rec["num_steps"])
+    files = rec.get("files") or []
+    size = finite(rec.get("size_bytes"))
+    return {
+        "steps": f"{start}-{start + n}",
+        "start": start,
+        "num_steps": n,
+        "reason": str(rec.get("reason", "")),
+        "trace_dir": os.path.dirname(files[0]) if files else "",
+        "size_mib": None if size is None else size / 2**20,
+        "mean_step_ms": finite(rec.get("mean_step_ms")),
+        "conclusion": conclusion(rec.get("analysis")),
+    }
+
+
+def job_profile_row(rec: dict[str, Any], analysis: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """A profiler window of the job from process 0's `WindowCapture` record (None: not a job's window).
+
+    ``analysis``: xprof's analysis over every trace, where it comes apart (its own tag); else the
+    record's ``job_analysis``.
+    """
+    means = [finite(ms) for ms in rec.get("job_mean_step_ms") or []]
+    if not means:
+        return None
+    start, n = int(rec["start_step"]), int(rec["num_steps"])
+    files = [str(f) for f in rec.get("job_files") or []]
+    known = [(ms, i) for i, ms in enumerate(means) if ms is not None]
+    return {
+        "steps": f"{start}-{start + n}",
+        "start": start,
+        "num_steps": n,
+        "processes": len(means),
+        "files": files,
+        "trace_dir": os.path.dirname(files[0]) if files else "",
+        "mean_step_ms": means,  # by process index; None: that process measured none
+        "slowest": max(known)[1] if len(known) > 1 else None,
+        "conclusion": conclusion(analysis if analysis is not None else rec.get("job_analysis")),
+    }
+
+
+def finding_dict(rec: dict[str, Any]) -> dict[str, str | None]:
+    """A mixed-precision finding of the report from a `MixedPrecisionFinding` record."""
+    layer = rec.get("layer")
+    return {
+        "kind": str(rec.get("kind", "?")),
+        "layer": None if layer is None else str(layer),
+        "message": str(rec.get("message", "")),
+    }
+
+
+def oom_lines(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The line of each recovery and why, from `OOMEvent` records."""
+    from keras_gpu_tools.memory.recovery import OOMEvent
+
+    known = {f.name for f in dataclasses.fields(OOMEvent)}
+    events = [OOMEvent(**{k: r[k] for k in known & set(r)}) for r in records]
+    return [e.line() for e in events], [e.why() for e in events]

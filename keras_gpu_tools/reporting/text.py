@@ -1,0 +1,284 @@
+"""The report as plain text (and the findings as Markdown), from a `ReportData`.
+
+One function per section; `sections()` lists those the run has data for. The HTML page
+(`keras_gpu_tools.reporting.html`) shares the wording defined here: headings, what was not
+measured, the job's tables.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.reporting.model import SPLIT_AND_STEP_KEYS, SPLIT_KEYS, ReportData
+
+NO_FINDING = "No mixed-precision finding."
+UNREADABLE = "Event files that could not be read"
+JOB_VERDICT_HEADER = ("process", "host", "scope", "steps", "wait for input", "step", "samples/s", "verdict")
+NO_XPROF = "none (no xprof analysis)"
+
+Section = tuple[str, list[str]]  # heading, lines
+
+
+def render(data: ReportData) -> str:
+    """The whole report as text: title, sources, each section, what was not measured, notes."""
+    out = [data.title, "=" * len(data.title)]
+    if data.sources:
+        out.append(f"From: {', '.join(data.sources)}")
+    for heading, body in sections(data):
+        out += ["", heading, "-" * len(heading)] + body
+    missing = not_measured(data)
+    if missing:
+        out += ["", "Not measured in this run: " + "; ".join(missing) + "."]
+    for n in data.notes:
+        out += ["", f"Note: {n}"]
+    return "\n".join(out)
+
+
+def sections(data: ReportData) -> list[Section]:
+    """The sections the run has data for, in the report's order."""
+    out: list[Section | None] = [
+        (UNREADABLE, [f"- {path} {why}" for path, why in data.unreadable]) if data.unreadable else None,
+        _gpus_and_host(data),
+        (job_heading(data), _job(data)) if data.is_job() else None,
+        _step_time(data),
+        _input_pipeline(data),
+        _out_of_memory(data),
+        _profiler_windows(data),
+        _mixed_precision(data),
+        _training_curves(data),
+    ]
+    return [s for s in out if s is not None]
+
+
+def not_measured(data: ReportData) -> list[str]:
+    """What this run's report has no data for, and which callback measures it."""
+    out = []
+    if not data.series and not data.gpus:
+        out.append("GPU and host metrics (GPUUtilizationLogger)")
+    if not data.split_x and not data.verdict:
+        out.append("step time and the input-bound verdict (InputBoundDetector)")
+    if not data.profiles:
+        out.append("profiler windows (ProfilerWindow)")
+    if data.findings is None:
+        out.append("mixed-precision findings (MixedPrecisionCheck, or pass the model)")
+    return out
+
+
+def findings_markdown(findings: Sequence[dict[str, str | None]]) -> str:
+    """The mixed-precision findings as a Markdown list (what `legacy.parse_findings` reads back)."""
+    if not findings:
+        return NO_FINDING
+    return "\n".join(
+        f"- [{f['kind']}]" + (f" `{f['layer']}`" if f["layer"] else "") + f": {f['message']}" for f in findings
+    )
+
+
+def job_heading(data: ReportData) -> str:
+    return f"Job of {data.process_count} processes" if data.process_count > 1 else "Job"
+
+
+def job_intro(data: ReportData) -> str | None:
+    """Whose runs the report read, in a job (None: one process)."""
+    if len(data.processes) > 1:
+        return (
+            f"Runs of processes {', '.join(map(str, data.processes))}: the GPUs of every process; "
+            f"the other sections are process {data.processes[0]}'s."
+        )
+    if data.processes:
+        return f"The figures of process {data.processes[0]}; the job-wide ones below are every process's."
+    return None
+
+
+def own_verdict_note(data: ReportData) -> str:
+    """In a job: whose verdict the input-pipeline section is, and where the job's is."""
+    if data.job_verdict is None or not data.processes:
+        return ""
+    return (
+        f"Process {data.processes[0]}'s own verdict; every process's figures and the stragglers are under "
+        f'"{job_heading(data)}".'
+    )
+
+
+def phase_line(p: dict[str, Any]) -> str:
+    """A phase as a line: ``epoch 1: 12 steps, 30.5% waiting, 34.72 ms a step; left out while the cache filled``."""
+    wait = "n/a" if p["wait_fraction"] is None else f"{100 * p['wait_fraction']:.1f}%"
+    step = "n/a" if p["step_ms"] is None else f"{p['step_ms']:.2f} ms"
+    where = "in the verdict" if p["steady"] else f"left out {p['reason'] or ''}".rstrip()
+    return f"{p['label']}: {p['steps']} steps, {wait} waiting, {step} a step; {where}"
+
+
+def job_process_rows(jv: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The per-process table of a job verdict: process (marked when a straggler), host, scope, steps, wait, step, samples/s, verdict."""
+    slow = {p: kind for p, kind in jv["stragglers"]}
+
+    def num(x: float | None, fmt: str, scale: float = 1.0, unit: str = "") -> str:
+        return "n/a" if x is None else f"{format(scale * x, fmt)}{unit}"
+
+    return [
+        (
+            f"{p['process']}" + (f" (straggler: {slow[p['process']]})" if p["process"] in slow else ""),
+            p["host"],
+            p["scope"],
+            num(p["steps"], ".0f"),
+            num(p["wait_fraction"], ".1f", 100.0, "%"),
+            num(p["step_ms"], ".2f", unit=" ms"),
+            num(p["samples_per_sec"], ".0f"),
+            p["category"],
+        )
+        for p in jv["processes"]
+    ]
+
+
+def job_profile_lines(p: dict[str, Any]) -> list[str]:
+    """A job's profiler window in lines: its traces, each process's mean step, the slowest, xprof's conclusion."""
+    n, files = p["processes"], p["files"]
+    where = p["trace_dir"] or "no trace file"
+    lines = [f"steps {p['steps']}: {len(files)} trace file{'' if len(files) == 1 else 's'} of {n} processes in {where}"]
+    lines += [f"  trace: {os.path.basename(f)}" for f in files]
+    if len(files) < n:  # a process's trace is not where process 0 looked
+        lines.append(f"  only {len(files)} of {n} processes' traces are there (is log_dir shared by every host?)")
+    for i, ms in enumerate(p["mean_step_ms"]):
+        mean = "not measured" if ms is None else f"{ms:.2f} ms"
+        lines.append(f"  process {i}: mean step {mean}" + (" (slowest)" if i == p["slowest"] else ""))
+    lines.append(f"  xprof over every trace: {p['conclusion'] or NO_XPROF}")
+    return lines
+
+
+def _gpus_and_host(data: ReportData) -> Section | None:
+    body = []
+    for g in data.gpus:
+        where = f", process {g['process']}" if g.get("process") else ""
+        body.append(
+            f"GPU {g['index']}: {g['name']}, {g['memory']}, compute capability {g['compute capability']}{where}"
+        )
+    rows = [(k, s) for k, s in data.series.items() if s.values]
+    if rows:
+        body.append(f"{'metric':42s} {'min':>9s} {'mean':>9s} {'max':>9s} {'last':>9s}")
+        for k, s in sorted(rows):
+            body.append(f"{k:42s} " + " ".join(f"{v:9.1f}" for v in s.stats()))
+    if not data.gpu_indices() and rows:
+        body.insert(0, "No GPU was monitored (host metrics only).")
+    return ("GPUs and host", body) if body else None
+
+
+def _job(data: ReportData) -> list[str]:
+    intro = job_intro(data)
+    body = [] if intro is None else [intro]
+    rows, single = data.job_rows()
+    if rows or single:
+        body.append("Job-wide figures at the last epoch:")
+    if rows:
+        body.append(f"{'figure':42s} {'min':>9s} {'mean':>9s} {'max':>9s}")
+        for name, *stats in rows:
+            body.append(f"{name:42s} " + " ".join("      n/a" if v is None else f"{v:9.1f}" for v in stats))
+    body += [f"{name}: {value:.4g}" for name, value in single]
+    if not rows and not single and not data.job_profiles:  # (ProfilerWindow alone writes no job/ figure)
+        body.append("No job-wide figures were written (one process, or its channel failed).")
+    jv = data.job_verdict
+    if jv is not None:
+        body += ["", "Input pipeline of each process (its steady state):"]
+        if jv["processes"]:
+            table = [JOB_VERDICT_HEADER, *job_process_rows(jv)]
+            widths = [max(len(r[i]) for r in table) for i in range(len(JOB_VERDICT_HEADER))]
+            body += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+            body.append(jv["message"])
+            if jv["advice"]:
+                body += ["What to change:"] + [f"- {a}" for a in jv["advice"]]
+        else:  # only the job run's text (no JSON): as process 0 wrote it
+            body += jv["text"].splitlines()
+    if data.job_profiles:
+        body += ["", "Profiler windows of the job (one session, one trace per process):"]
+        for p in data.job_profiles:
+            body += job_profile_lines(p)
+    return body
+
+
+def _step_time(data: ReportData) -> Section | None:
+    body = []
+    if data.split_x:
+        body.append(f"{data.split_axis:>8s} " + " ".join(f"{label:>11s}" for _, label in SPLIT_KEYS) + f" {'step':>9s}")
+        for i, x in enumerate(data.split_x):
+            vals = [data.split.get(k, [None] * len(data.split_x))[i] for k, _ in SPLIT_AND_STEP_KEYS]
+            body.append(
+                f"{x:8g} "
+                + " ".join("        n/a" if v is None else f"{v:8.2f} ms" for v in vals[:3])
+                + ("      n/a" if vals[3] is None else f" {vals[3]:6.2f} ms")
+            )
+    for k in (schema.SAMPLES_PER_SEC, schema.STEPS_PER_SEC, schema.MFU):
+        if k in data.throughput:
+            body.append(f"{k}: {data.throughput[k]:.4g}")
+    return ("Step time", body) if body else None
+
+
+def _input_pipeline(data: ReportData) -> Section | None:
+    v = data.verdict
+    if not v:
+        return None
+    scope = f" ({v['scope']})" if v.get("scope") else ""
+    body = [f"Verdict: {v['category']}{scope}", v["message"]]
+    note = own_verdict_note(data)
+    if note:
+        body.insert(0, note)
+    if v.get("fit_wait_fraction") is not None and v.get("scope") not in ("", "the whole fit"):
+        body.append(f"Whole fit, every phase included: {100 * v['fit_wait_fraction']:.1f}% waiting for input.")
+    if len(v.get("phases") or []) > 1:
+        body += ["Phases:"] + [f"- {phase_line(p)}" for p in v["phases"]]
+    body += list(v["evidence"])
+    if v["advice"]:
+        body += ["What to change:"] + [f"- {a}" for a in v["advice"]]
+    return "Input pipeline", body
+
+
+def recoveries(data: ReportData) -> str:
+    """``3 recoveries from out-of-memory errors.``"""
+    n = data.oom_count() or 0
+    return f"{n} recover{'y' if n == 1 else 'ies'} from out-of-memory errors."
+
+
+def _out_of_memory(data: ReportData) -> Section | None:
+    if not data.oom_seen:
+        return None
+    body = [recoveries(data)]
+    body += [f"{k}: {v}" for k, v in data.oom_summary.items()]
+    for i, line in enumerate(data.oom_events):
+        body.append(f"- {line}")
+        body += [f"    {w}" for w in (data.oom_details[i] if i < len(data.oom_details) else [])]
+    if data.oom_headroom:
+        body += ["Headroom:"] + [f"- {h}" for h in data.oom_headroom]
+    if data.oom_count() and not data.oom_events:
+        body.append("(The log directory holds the counts; the callback's `summary()` has each recovery.)")
+    return "Out of memory", body
+
+
+def _profiler_windows(data: ReportData) -> Section | None:
+    if not data.profiles:
+        return None
+    body = []
+    for p in data.profiles:
+        size = "?" if p["size_mib"] is None else f"{p['size_mib']:.1f} MiB"
+        mean = "" if p["mean_step_ms"] is None else f", mean step {p['mean_step_ms']:.2f} ms"
+        where = p["trace_dir"] or "no trace file"
+        body.append(f"steps {p['steps']} ({p['reason'] or '?'}): {where} ({size}{mean})")
+        body.append(f"  conclusion: {p['conclusion'] or NO_XPROF}")
+    return "Profiler windows", body
+
+
+def _mixed_precision(data: ReportData) -> Section | None:
+    if data.findings is None:
+        return None
+    if not data.findings:
+        return "Mixed precision", [NO_FINDING]
+    return "Mixed precision", [
+        f"- [{f['kind']}]" + (f" {f['layer']}" if f["layer"] else "") + f": {f['message']}" for f in data.findings
+    ]
+
+
+def _training_curves(data: ReportData) -> Section | None:
+    if not data.training:
+        return None
+    return "Training curves", [
+        f"{k}: " + ", ".join(f"{v:.4g}" for v in s.values) for k, s in sorted(data.training.items())
+    ]
