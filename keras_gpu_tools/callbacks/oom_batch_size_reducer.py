@@ -311,7 +311,7 @@ class OOMBatchSizeReducer(FitCallback):
             inexact = accumulation_problem(model)
             if inexact:
                 raise refusal(inexact)
-        self._spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        self._spe = ki.steps_per_execution(model)
         # Data parallelism: each device's (replica's) share of a batch is split, so a
         # micro-batch holds at least one sample per device.
         self._replicas = max(1, int(backend.replicas(model) or 1))
@@ -437,7 +437,7 @@ class OOMBatchSizeReducer(FitCallback):
 
     @staticmethod
     def _spe_of(model) -> int:
-        return max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        return ki.steps_per_execution(model)
 
     def _one_eval(self, ev: _Eval, batch, state=None):
         sig = batch_signature(batch)

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.errors import KerasGPUToolsWarning
-from keras_gpu_tools.runtime.keras_internals import find_fit_frame
+from keras_gpu_tools.runtime.keras_internals.fit import find_fit_frame
 from keras_gpu_tools.runtime.ticker import Job, Ticker
 
 logger = logging.getLogger("keras_gpu_tools")
