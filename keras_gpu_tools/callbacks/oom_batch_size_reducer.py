@@ -13,16 +13,21 @@ from typing import Any
 from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
-from keras_gpu_tools.input.timing import StepRecord
 from keras_gpu_tools.logdir.events import EventWriter, to_plain
 from keras_gpu_tools.memory.accumulate import accumulation_problem, refusal
+from keras_gpu_tools.memory.agreement import Agreement
+from keras_gpu_tools.memory.events import OOMEvent
 from keras_gpu_tools.memory.explain import OOMExplanation, explanation_of, headroom_lines
-from keras_gpu_tools.memory.recovery import Agreement, IdlePath, OOMEvent, Recovery, SplitController, describe_split
+from keras_gpu_tools.memory.idle import IdlePath
+from keras_gpu_tools.memory.recovery import Recovery
+from keras_gpu_tools.memory.split import SplitController, describe_split
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import batch_signature, leading_dim
 from keras_gpu_tools.runtime.step_hook import StepHook
+from keras_gpu_tools.runtime.step_record import StepRecord
 from keras_gpu_tools.runtime.topology import ExchangeError
 from keras_gpu_tools.runtime.topology import single as topology_single
+from keras_gpu_tools.runtime.units import format_seconds
 from keras_gpu_tools.runtime.validation import (
     check_bool,
     check_choice,
@@ -32,7 +37,7 @@ from keras_gpu_tools.runtime.validation import (
     check_run_name,
     check_verbose,
 )
-from keras_gpu_tools.telemetry.sampler import WarnOnce
+from keras_gpu_tools.runtime.warn_once import WarnOnce
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -761,7 +766,7 @@ class OOMBatchSizeReducer(FitCallback):
         lines += headroom
         size = self.micro_batch_size
         lines.append(
-            f"OOMBatchSizeReducer: {len(self.events)} recovery(ies), {self.recovery_seconds:.2f} s in failed attempts; "
+            f"OOMBatchSizeReducer: {len(self.events)} recovery(ies), {format_seconds(self.recovery_seconds)} in failed attempts; "
             f"micro-batches of {size if size else 'the whole batch'} now."
         )
         return "\n".join(lines)

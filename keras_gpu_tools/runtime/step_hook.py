@@ -62,10 +62,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from keras_gpu_tools.input.timing import StepRecord
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import batch_signature, leading_dim, leaves
 from keras_gpu_tools.runtime.session import run_deferred
+from keras_gpu_tools.runtime.step_record import StepRecord
 
 logger = logging.getLogger("keras_gpu_tools")
 

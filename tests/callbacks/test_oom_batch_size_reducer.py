@@ -25,7 +25,7 @@ from keras import ops
 from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, SeenCounter, data, held_activations_model, real_oom
 
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
-from keras_gpu_tools.memory.recovery import IdlePath
+from keras_gpu_tools.memory.idle import IdlePath
 
 pytestmark = pytest.mark.multibackend
 
