@@ -276,7 +276,7 @@ class StatefulRunner:
         self.mode = mode
         self.full_snapshot_max_bytes = full_snapshot_max_bytes
         self._index = {id(v): i for i, v in enumerate(model.trainable_variables)}
-        self._counted = None
+        self._counted: tuple[int, int] | None = None
         self.routing = LossRouting(model)
         self._handed: dict[int, None] = {}  # the variables train_step handed the optimizer, in its order
         self._got_grad: set[int] = set()  # ... and those of them that ever got a gradient

@@ -26,7 +26,7 @@ def free_failed_step(exc: BaseException, held: Callable[[], bool | None] | None 
     import traceback
 
     seen: set[int] = set()
-    todo = [exc]
+    todo: list[BaseException | None] = [exc]
     while todo:
         e = todo.pop()
         if e is None or id(e) in seen:

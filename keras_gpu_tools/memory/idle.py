@@ -36,6 +36,7 @@ class IdlePath:
 
     def __init__(self, failed: Callable[[BaseException, tuple | None], None]):
         self.signature: tuple | None = None
+        self.full: tuple | None = None
         self.steps = 0  # training batches run, idle or not (the reducer counts its own there)
         self.failed = failed
         self.reset(None)
@@ -50,7 +51,8 @@ class IdlePath:
     def new_epoch(self) -> None:
         """The epoch's batches but its last run unchecked, once their shape ran whole."""
         self.epoch_start = self.steps
-        self.free = self.epoch_batches - 1 if self.full is not None else 0
+        n = self.epoch_batches
+        self.free = n - 1 if self.full is not None and n is not None else 0
 
     def ran(self, signature: tuple, whole: bool) -> None:
         """A batch of ``signature`` ran on the guarded path (``steps`` not yet counting it), whole or not."""

@@ -139,7 +139,7 @@ class Recovery:
         self.rebuild = rebuild or (lambda e, message: OutOfMemoryError(message))
         self.controller = controller
         self.on_event = on_event or (lambda e: None)
-        self.memory = memory or (lambda: {})
+        self.memory: Callable[[], dict[str, Any]] = memory or (lambda: {})
         self.clock = clock or time.perf_counter
         self.probe = probe
         self.phase = "train"
@@ -147,7 +147,7 @@ class Recovery:
         # splits, so those that cannot fit are neither compiled for running nor run (False: every failing
         # split is compiled and run, for comparison in benchmarks).
         self.predict_after_oom = True
-        self.known = set()  # (signature, k) that ran without error
+        self.known: set[tuple[Any, int]] = set()  # (signature, k) that ran without error
         self.last_split = 1
         self.last_need: int | None = None
         self.restored_state = None
@@ -173,7 +173,8 @@ class Recovery:
             t0 = self.clock()
             predicted = None
             context = {"runner": runner, "batch": batch, "n": n, "k": k, "state": state, "step": step}
-            agreed = self.agree(runner, batch, n, k, state) if guarded and job else None
+            agree = self.agree
+            agreed = agree(runner, batch, n, k, state) if agree is not None and guarded and job else None
             if agreed is None and guarded and predicting and hasattr(runner, "predict"):
                 predicted, self.last_need = runner.predict(batch, n, k, state)
             if agreed is not None and not agreed.fits:
@@ -228,7 +229,8 @@ class Recovery:
             if agreed is not None and not agreed.fits:
                 kind = agreed.kind
             else:
-                kind = self.classify(failure) if failure is not None else "predicted"
+                # An error gets here only where `classify` recognised it.
+                kind = (self.classify(failure) or "unknown") if failure is not None else "predicted"
             event = OOMEvent(
                 step=step,
                 batch_size=n,

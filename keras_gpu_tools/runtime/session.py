@@ -317,5 +317,5 @@ def _unwatch_unwind(session: FitSession) -> None:
         sessions.remove(session)
         if not sessions:
             del _unwind_watch[session.code]
-        if not _unwind_watch and _unwind_tool is not None:
+        if not _unwind_watch and _unwind_tool is not None and monitoring is not None:
             monitoring.set_events(_unwind_tool, 0)

@@ -23,7 +23,11 @@ def array_epoch_batches(model) -> int | None:
     ei = find_epoch_iterator(model)
     adapter = getattr(ei, "data_adapter", None)
     kind = type(adapter)
-    if kind.__name__ != "ArrayDataAdapter" or not kind.__module__.startswith("keras.src.trainers.data_adapters"):
+    if (
+        adapter is None
+        or kind.__name__ != "ArrayDataAdapter"
+        or not kind.__module__.startswith("keras.src.trainers.data_adapters")
+    ):
         return None
     if getattr(ei, "steps_per_epoch", None) is not None:
         return None

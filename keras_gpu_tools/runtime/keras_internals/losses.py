@@ -169,6 +169,14 @@ class _RoutedLoss:
         return getattr(self.loss, name)
 
 
+def _routed_entry(j: int, entry: Any, on_loss: Callable) -> Any:
+    """The ``(path, loss, loss_weights, name)`` entry ``j`` with its loss routed (other entries as they are)."""
+    if not (isinstance(entry, tuple) and hasattr(entry, "_fields")):
+        return entry
+    named: Any = entry
+    return type(named)(named.path, _RoutedLoss(j, named.loss, on_loss), named.loss_weights, named.name)
+
+
 @contextlib.contextmanager
 def routed_losses(model, on_loss: Callable):
     """While the block runs, each compiled loss ``j`` is computed by ``on_loss(j, loss, y_true, y_pred, sample_weight)``.
@@ -181,15 +189,10 @@ def routed_losses(model, on_loss: Callable):
     """
     compile_loss = getattr(model, "_compile_loss", None)
     flat = getattr(compile_loss, "_flat_losses", None) if compile_loss is not None else None
-    if flat is None:
+    if compile_loss is None or flat is None:
         yield
         return
-    routed = [
-        type(entry)(entry.path, _RoutedLoss(j, entry.loss, on_loss), entry.loss_weights, entry.name)
-        if isinstance(entry, tuple) and hasattr(entry, "_fields")
-        else entry
-        for j, entry in enumerate(flat)
-    ]
+    routed = [_routed_entry(j, entry, on_loss) for j, entry in enumerate(flat)]
     compile_loss._flat_losses = routed
     try:
         yield

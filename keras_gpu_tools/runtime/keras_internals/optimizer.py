@@ -48,17 +48,15 @@ def _weighted_scale_loss(optimizer, weight, on_scaled):
 
 def _capture(optimizer, name: str, stateless: bool, sink: Callable):
     """Replaces ``optimizer.<name>`` (apply / stateless_apply) by a sink while the block runs."""
-    if stateless:
 
-        def replacement(optimizer_variables, grads, trainable_variables):
-            sink(list(grads))
-            return list(trainable_variables), list(optimizer_variables)
-    else:
+    def stateless_apply(optimizer_variables, grads, trainable_variables):
+        sink(list(grads))
+        return list(trainable_variables), list(optimizer_variables)
 
-        def replacement(grads, trainable_variables=None):
-            sink(list(grads), list(trainable_variables) if trainable_variables is not None else None)
+    def apply(grads, trainable_variables=None):
+        sink(list(grads), list(trainable_variables) if trainable_variables is not None else None)
 
-    return patched(optimizer, name, replacement)
+    return patched(optimizer, name, stateless_apply if stateless else apply)
 
 
 def iterations_variable(optimizer):
