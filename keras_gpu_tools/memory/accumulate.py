@@ -1,6 +1,6 @@
 """Running one batch as micro-batches with one optimizer update: what all backends share.
 
-The runners themselves live with their backend (``keras_gpu_tools/_backends``:
+The runners themselves live with their backend (``keras_gpu_tools/backends``:
 ``TFRunner``, ``JaxRunner``, ``TorchRunner``; TensorFlow and torch build on
 :class:`StatefulRunner` here). Each runner has the same methods:
 
