@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from keras_gpu_tools import backends
-from keras_gpu_tools.memory.recovery import free_failed_step, held_since, in_use
+from keras_gpu_tools.memory.freeing import free_failed_step, held_since, in_use
 from keras_gpu_tools.memory.search import BatchPlan, search_batch_size
 from keras_gpu_tools.runtime.validation import check_int, check_number
 

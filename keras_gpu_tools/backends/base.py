@@ -166,7 +166,7 @@ class Backend:
     def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
         """The train function the reducer runs: fetches the batch(es) and runs each on the idle path or ``one``.
 
-        A batch whose signature is ``idle.signature`` (:class:`~keras_gpu_tools.memory.recovery.IdlePath`)
+        A batch whose signature is ``idle.signature`` (:class:`~keras_gpu_tools.memory.idle.IdlePath`)
         runs ``runner.original`` (Keras's step) whole, in a ``try``; any other
         goes to ``one(batch[, state])``, the reducer's guarded path. Where
         ``counts_idle_batches``, a batch fetched while ``idle.free`` is set runs

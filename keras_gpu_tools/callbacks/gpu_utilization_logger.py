@@ -22,6 +22,7 @@ from keras_gpu_tools.runtime.validation import (
     check_run_dir,
     check_run_name,
 )
+from keras_gpu_tools.runtime.warn_once import WarnOnce
 from keras_gpu_tools.telemetry.devices import DeviceSelectionError, select_devices, visible_gpus
 from keras_gpu_tools.telemetry.nvml import NVML, GPUInfo, NVMLUnavailable, default_nvml
 from keras_gpu_tools.telemetry.sampler import (
@@ -31,7 +32,6 @@ from keras_gpu_tools.telemetry.sampler import (
     GPUProbe,
     HostProbe,
     MetricSampler,
-    WarnOnce,
 )
 
 MAX_INTERVAL = 3600.0  # seconds: one sample an hour is already no monitoring

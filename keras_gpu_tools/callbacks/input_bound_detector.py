@@ -15,7 +15,6 @@ from keras_gpu_tools.input.timing import (
     UNKNOWN,
     Measurement,
     Phase,
-    StepRecord,
     StepStats,
     Verdict,
     aggregate,
@@ -30,6 +29,7 @@ from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter, to_plain
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
+from keras_gpu_tools.runtime.step_record import StepRecord
 from keras_gpu_tools.runtime.validation import (
     check_bool,
     check_int,
@@ -39,9 +39,9 @@ from keras_gpu_tools.runtime.validation import (
     check_run_name,
     check_verbose,
 )
+from keras_gpu_tools.runtime.warn_once import WarnOnce
 from keras_gpu_tools.telemetry import peaks as gpu_peaks
 from keras_gpu_tools.telemetry.cpu_meter import CpuMeter
-from keras_gpu_tools.telemetry.sampler import WarnOnce
 
 logger = logging.getLogger("keras_gpu_tools")
 

@@ -13,17 +13,22 @@ from typing import Any
 from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
-from keras_gpu_tools.input.timing import StepRecord
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter, to_plain
 from keras_gpu_tools.memory.accumulate import accumulation_problem, refusal
+from keras_gpu_tools.memory.agreement import Agreement
+from keras_gpu_tools.memory.events import OOMEvent
 from keras_gpu_tools.memory.explain import OOMExplanation, explanation_of, headroom_lines
-from keras_gpu_tools.memory.recovery import Agreement, IdlePath, OOMEvent, Recovery, SplitController, describe_split
+from keras_gpu_tools.memory.idle import IdlePath
+from keras_gpu_tools.memory.recovery import Recovery
+from keras_gpu_tools.memory.split import SplitController, describe_split
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import batch_signature, leading_dim
 from keras_gpu_tools.runtime.step_hook import StepHook
+from keras_gpu_tools.runtime.step_record import StepRecord
 from keras_gpu_tools.runtime.topology import ExchangeError
 from keras_gpu_tools.runtime.topology import single as topology_single
+from keras_gpu_tools.runtime.units import format_seconds
 from keras_gpu_tools.runtime.validation import (
     check_bool,
     check_choice,
@@ -33,7 +38,7 @@ from keras_gpu_tools.runtime.validation import (
     check_run_name,
     check_verbose,
 )
-from keras_gpu_tools.telemetry.sampler import WarnOnce
+from keras_gpu_tools.runtime.warn_once import WarnOnce
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -312,7 +317,7 @@ class OOMBatchSizeReducer(FitCallback):
             inexact = accumulation_problem(model)
             if inexact:
                 raise refusal(inexact)
-        self._spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        self._spe = ki.steps_per_execution(model)
         # Data parallelism: each device's (replica's) share of a batch is split, so a
         # micro-batch holds at least one sample per device.
         self._replicas = max(1, int(backend.replicas(model) or 1))
@@ -438,7 +443,7 @@ class OOMBatchSizeReducer(FitCallback):
 
     @staticmethod
     def _spe_of(model) -> int:
-        return max(1, int(getattr(model, "steps_per_execution", 1) or 1))
+        return ki.steps_per_execution(model)
 
     def _one_eval(self, ev: _Eval, batch, state=None):
         sig = batch_signature(batch)
@@ -762,7 +767,7 @@ class OOMBatchSizeReducer(FitCallback):
         lines += headroom
         size = self.micro_batch_size
         lines.append(
-            f"OOMBatchSizeReducer: {len(self.events)} recovery(ies), {self.recovery_seconds:.2f} s in failed attempts; "
+            f"OOMBatchSizeReducer: {len(self.events)} recovery(ies), {format_seconds(self.recovery_seconds)} in failed attempts; "
             f"micro-batches of {size if size else 'the whole batch'} now."
         )
         return "\n".join(lines)

@@ -12,11 +12,11 @@ from typing import Any
 
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import ProfilerWarning
-from keras_gpu_tools.input.timing import StepRecord
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.runtime.step_hook import StepHook
+from keras_gpu_tools.runtime.step_record import StepRecord
 from keras_gpu_tools.runtime.validation import (
     check_bool,
     check_int,
@@ -26,7 +26,7 @@ from keras_gpu_tools.runtime.validation import (
     check_run_name,
     check_verbose,
 )
-from keras_gpu_tools.telemetry.sampler import WarnOnce
+from keras_gpu_tools.runtime.warn_once import WarnOnce
 
 logger = logging.getLogger("keras_gpu_tools")
 

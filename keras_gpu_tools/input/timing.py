@@ -57,6 +57,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.runtime.step_record import StepRecord
+from keras_gpu_tools.runtime.units import format_ms
 from keras_gpu_tools.runtime.validation import check_number
 
 HIGH = "highly input-bound"
@@ -79,30 +81,6 @@ DIFFERENT = 0.10
 # host's scheduling alone moves a 10-step epoch by as much (seen in CI: 1.12 ms
 # then 0.59 ms, same pipeline), while warm-up costs tens of milliseconds.
 AT_LEAST = 0.001
-
-
-@dataclasses.dataclass
-class StepRecord:
-    """One call of the train function (``steps`` training steps)."""
-
-    index: int  # call number since the hook was installed (0 = first call)
-    sampled: bool = False  # synced and timed in full
-    warmup: bool = False  # compilation or first trace: left out of the statistics
-    steps: int = 1
-    samples: int | None = None  # examples in the call's batches, where known
-    start: float | None = None  # clock at the start (after a sampled step's pre-sync)
-    end: float | None = None  # clock when the call returned (after the sync if sampled)
-    fetch: float | None = None  # seconds blocked fetching this call's batches
-    compute: float | None = None  # seconds from fetched to done (sampled calls)
-    dispatch: float | None = None  # host seconds launching the step, where told apart from compute
-    gap: float | None = None  # seconds from return to the next call, less its fetch
-    interval: float | None = None  # seconds from this call's start to the next's
-    covers: int = 0  # steps of fast-path calls after this one, inside its interval, not measured themselves
-    covered_fetch: float = 0.0  # seconds fetching, summed over the covered calls whose fetch alone was timed
-    covered_fetch_steps: int = 0  # the steps of those calls
-    after_sync: bool = False  # this call or the one before was synced: its fetch found a refilled buffer
-    signature: Any = None  # shapes/dtypes of the batch (sampled calls)
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # for observers
 
 
 @dataclasses.dataclass
@@ -558,17 +536,13 @@ def verdict_for(
 
 
 # -- advice ------------------------------------------------------------------------
-def _ms(seconds: float | None) -> str:
-    return "?" if seconds is None else f"{1e3 * seconds:.1f} ms"
-
-
 def _saves(m: Measurement, seconds: float | None) -> str:
     """What saving ``seconds`` a step is worth: ``up to 4.1 ms of the 12.0 ms wait per step (at most 1.25x faster)``."""
     if seconds is None or m.wait is None or not m.step:
         return "part of the wait"
     seconds = min(max(seconds, 0.0), m.wait)
     bound = m.step / (m.step - seconds) if seconds < m.step else None
-    text = f"up to {_ms(seconds)} of the {_ms(m.wait)} wait per step"
+    text = f"up to {format_ms(seconds, 1)} of the {format_ms(m.wait, 1)} wait per step"
     return text + (f" (at most {bound:.2f}x faster)" if bound else "")
 
 
@@ -621,7 +595,7 @@ def advise(
             "workers or parallel calls will not help. Do less work per batch: cache decoded data, store inputs "
             "pre-processed"
             + ("" if gpu is False else ", or move augmentation into the model (it runs on the GPU)")
-            + f". Addresses all of the {_ms(m.wait)} wait per step."
+            + f". Addresses all of the {format_ms(m.wait, 1)} wait per step."
         )
     kind = pipeline.get("kind", "unknown")
     if kind == "tf.data":
@@ -632,7 +606,7 @@ def advise(
         n = workers_needed(workers or 1, m, cores)
         tip = (
             f"Raise `workers` to {n} (now workers={workers}, use_multiprocessing={mp}): a batch arrives every "
-            f"{_ms(m.step)} and a step computes in {_ms(m.compute)}, so {n} batches loading in parallel keep up. "
+            f"{format_ms(m.step, 1)} and a step computes in {format_ms(m.compute, 1)}, so {n} batches loading in parallel keep up. "
             f"Addresses the loading part of the wait, {_saves(m, m.wait)}"
         )
         if n > cores:
@@ -652,7 +626,7 @@ def advise(
         tips.append(
             "A Python generator runs in the training loop, one batch at a time: rewrite it as a "
             "`keras.utils.PyDataset` with `workers=` or as a tf.data pipeline with a parallel map. "
-            f"Addresses all of the {_ms(m.wait)} wait per step, which is the generator's own time."
+            f"Addresses all of the {format_ms(m.wait, 1)} wait per step, which is the generator's own time."
         )
     elif kind == "arrays":
         tips.append(
@@ -664,8 +638,8 @@ def advise(
         nw = pipeline.get("num_workers") or 0
         n = workers_needed(nw, m, cores)
         tip = (
-            f"Raise `num_workers` to {n} (now {nw}): a batch arrives every {_ms(m.step)} and a step computes in "
-            f"{_ms(m.compute)}, so {n} worker processes keep up"
+            f"Raise `num_workers` to {n} (now {nw}): a batch arrives every {format_ms(m.step, 1)} and a step computes in "
+            f"{format_ms(m.compute, 1)}, so {n} worker processes keep up"
             + (f" (above the {cores} CPU cores while loads wait on disk or network)" if n > cores else "")
         )
         if (epochs or 0) > 1 and not pipeline.get("persistent_workers"):
@@ -685,7 +659,7 @@ def advise(
         tips.append(
             "Prepare batches in parallel and ahead of time (prefetch)"
             + ("" if gpu is False else ", and move augmentation onto the GPU")
-            + f". Addresses the {_ms(m.wait)} wait per step."
+            + f". Addresses the {format_ms(m.wait, 1)} wait per step."
         )
     return tips
 
@@ -725,14 +699,14 @@ def _advise_tf_data(
         if work:
             tips.append(
                 f"Over {scope} every batch comes from the cache, so nothing is read or decoded: the wait is the work "
-                f"after `.cache()` ({', '.join(work)}). Addresses all of the {_ms(m.wait)} wait: make that work "
+                f"after `.cache()` ({', '.join(work)}). Addresses all of the {format_ms(m.wait, 1)} wait: make that work "
                 "cheaper (smaller images, fewer ops), or move random augmentation into the model."
             )
         else:
             tips.append(
                 f"Over {scope} every batch comes from the cache and nothing runs after it: the wait is tf.data's own "
                 "cost per batch. A larger `batch_size`, or `steps_per_execution` (TensorFlow, JAX), spreads it over "
-                f"more examples. Addresses all of the {_ms(m.wait)} wait."
+                f"more examples. Addresses all of the {format_ms(m.wait, 1)} wait."
             )
     source_read = not (cached and cache_serves)
     readers = [op for op in ops if op in _FILE_READERS]
@@ -756,7 +730,7 @@ def _advise_tf_data(
         tips.append(
             f"The pipeline already {said}{once}: the work per element is the limit. "
             "Do less of it per step: store the inputs pre-processed (decoded, resized), read smaller ones, or "
-            f"move augmentation into the model. Addresses all of the {_ms(m.wait)} wait per step."
+            f"move augmentation into the model. Addresses all of the {format_ms(m.wait, 1)} wait per step."
         )
     has_map = pipeline.get("sequential_map") or pipeline.get("parallel_map")
     if gpu is not False and has_map and (not cached or "map" in after_cache or "parallel_map" in after_cache):
@@ -775,10 +749,6 @@ def _flops(value: float | None) -> str:
         if value >= scale:
             return f"{value / scale:.2f} {unit}FLOP/s"
     return f"{value:.0f} FLOP/s"
-
-
-def format_ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{1e3 * seconds:.2f} ms"
 
 
 def _rows(m: Measurement) -> list[tuple[str, str]]:

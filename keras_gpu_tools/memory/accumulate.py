@@ -1,6 +1,6 @@
 """Running one batch as micro-batches with one optimizer update: what all backends share.
 
-The runners themselves live with their backend (``keras_gpu_tools/_backends``:
+The runners themselves live with their backend (``keras_gpu_tools/backends``:
 ``TFRunner``, ``JaxRunner``, ``TorchRunner``; TensorFlow and torch build on
 :class:`StatefulRunner` here). Each runner has the same methods:
 
@@ -24,7 +24,7 @@ The runners themselves live with their backend (``keras_gpu_tools/_backends``:
   variable when the state is at most ``full_snapshot_max_bytes``; other
   attempts keep a device copy of the small state (non-trainable and metric
   variables, the optimizer's counters) on TensorFlow and torch. ``restore``
-  raises :class:`~keras_gpu_tools.memory.recovery.UnrecoverableOOM` where the
+  raises :class:`~keras_gpu_tools.errors.UnrecoverableOOM` where the
   state cannot be put back exactly.
 - ``predict(batch, k, state)`` (JAX): whether the compiled step fits the
   device's memory limit, from XLA's memory analysis; None where unknown.
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.errors import InexactAccumulationError, UnrecoverableOOM
-from keras_gpu_tools.memory.recovery import split_sizes
+from keras_gpu_tools.memory.split import split_sizes
 from keras_gpu_tools.runtime import keras_internals as ki
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -276,7 +276,7 @@ class StatefulRunner:
         self.mode = mode
         self.full_snapshot_max_bytes = full_snapshot_max_bytes
         self._index = {id(v): i for i, v in enumerate(model.trainable_variables)}
-        self._counted = None
+        self._counted: tuple[int, int] | None = None
         self.routing = LossRouting(model)
         self._handed: dict[int, None] = {}  # the variables train_step handed the optimizer, in its order
         self._got_grad: set[int] = set()  # ... and those of them that ever got a gradient

@@ -31,7 +31,7 @@ import math
 import re
 from typing import Any
 
-from keras_gpu_tools.memory.recovery import format_bytes
+from keras_gpu_tools.runtime.units import format_bytes
 
 _UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 2**10, "mb": 2**20, "gb": 2**30}
 _DTYPE_BYTES = {

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from keras_gpu_tools.memory.recovery import format_bytes
+from keras_gpu_tools.runtime.units import format_bytes
 
 
 @dataclasses.dataclass

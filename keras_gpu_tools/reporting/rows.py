@@ -171,7 +171,7 @@ def finding_dict(rec: dict[str, Any]) -> dict[str, str | None]:
 
 def oom_lines(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """The line of each recovery and why, from `OOMEvent` records."""
-    from keras_gpu_tools.memory.recovery import OOMEvent
+    from keras_gpu_tools.memory.events import OOMEvent
 
     known = {f.name for f in dataclasses.fields(OOMEvent)}
     events = [OOMEvent(**{k: r[k] for k in known & set(r)}) for r in records]

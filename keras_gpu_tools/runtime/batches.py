@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import Any
 
 #: What :func:`batch_signature` gives each array of a flat tuple batch: a step's
 #: idle check can build that tuple itself, with no call of its own (see the backends).
@@ -49,7 +50,7 @@ def batch_signature(batch) -> tuple:
             pass
     if type(batch) is ReplicaBatch:
         return batch.signature
-    out = []
+    out: list[Any] = []
     stack = [batch]
     while stack and len(out) < 64:
         b = stack.pop()

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.errors import KerasGPUToolsWarning
-from keras_gpu_tools.runtime.keras_internals import find_fit_frame
+from keras_gpu_tools.runtime.keras_internals.fit import find_fit_frame
 from keras_gpu_tools.runtime.ticker import Job, Ticker
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -317,5 +317,5 @@ def _unwatch_unwind(session: FitSession) -> None:
         sessions.remove(session)
         if not sessions:
             del _unwind_watch[session.code]
-        if not _unwind_watch and _unwind_tool is not None:
+        if not _unwind_watch and _unwind_tool is not None and monitoring is not None:
             monitoring.set_events(_unwind_tool, 0)

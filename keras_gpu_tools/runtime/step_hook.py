@@ -3,35 +3,11 @@
 Keras has no per-step timing and no per-step extension point below the batch
 callbacks. :class:`StepHook` replaces ``model.train_function`` with one
 wrapper (marked, so a model is never wrapped twice) and runs a small list of
-observers around each call:
-
-- ``observer.sample(index) -> bool``: whether call ``index`` (0 = the first
-  call since the hook was installed) should be timed in full. A sampled call
-  is synced with the device before and after, and on TensorFlow its batches
-  are fetched in Python so the fetch can be timed. Unsampled calls are passed
-  to Keras untouched (no sync, same compiled path).
-- ``observer.on_step(record)``: receives the :class:`StepRecord` of every call,
-  once the gap to the next call is known (or at :meth:`StepHook.flush`).
-- ``observer.around(record, call)`` (optional): runs ``call()`` (the fetch and
-  the step) and returns its result, for per-step contexts such as profiler
-  step markers or retrying a batch.
-- ``observer.inner(fn)`` (optional): returns the function each call runs in
-  place of ``fn`` (Keras's train function, or the next observer's
-  replacement), with the same arguments (on TF's unsampled path it receives
-  the ``tf.data`` iterator), for example to fetch the batch in Python and
-  retry it. Called again whenever an observer attaches or detaches.
-- ``observer.on_detach(stale)`` (optional): the hook was removed.
-- ``observer.next_sample(index) -> int | None`` (optional): the first call at
-  or after ``index`` that this observer needs on the full path (sampled, or
-  wrapped by its ``around``); None for none. An observer without it gets
-  every call. Call :meth:`StepHook.reschedule` when the answer changes
-  between calls (a new epoch, a triggered window).
-- ``observer.next_fetch(index) -> int | None`` (optional): the first call at
-  or after ``index`` whose fetch alone should be timed, on a backend that
-  times a fetch without a sync (``backend.fetch_caller``: JAX, torch). Such a
-  call takes the light path: its fetch is timed and added to the pending
-  record (``StepRecord.covered_fetch``), and it is otherwise a fast call: no
-  record, no sync, no ``around``.
+observers around each call. What an observer has is typed in
+:mod:`keras_gpu_tools.runtime.step_observer`: ``sample(index)`` and
+``on_step(record)`` always; ``next_sample``, ``next_fetch``, ``around``,
+``inner`` and ``on_detach`` where it needs them. The hook looks the optional
+ones up when an observer attaches or detaches, never per call.
 
 Calls nobody needs take the fast path: an index check, Keras's function (or
 the observers' ``inner`` chain) and nothing else: no record, no clock, no
@@ -41,7 +17,7 @@ that follow it (``StepRecord.covers``), so the intervals still tile the wall
 time and the steps still add up.
 
 What a call does per backend (fetch, sync, what is timed) is the backend's
-``step_caller`` (``keras_gpu_tools/_backends``); this module is the same for
+``step_caller`` (``keras_gpu_tools/backends``); this module is the same for
 all of them. ``docs/architecture.md`` follows one step through it.
 
 The hook belongs to one :class:`~keras_gpu_tools.runtime.session.FitSession`.
@@ -62,15 +38,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from keras_gpu_tools.input.timing import StepRecord
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import batch_signature, leading_dim, leaves
 from keras_gpu_tools.runtime.session import run_deferred
+from keras_gpu_tools.runtime.step_observer import StepObserver
+from keras_gpu_tools.runtime.step_record import StepRecord
 
 logger = logging.getLogger("keras_gpu_tools")
 
 MARK = "_keras_gpu_tools_step_hook"
 _NEVER = 1 << 62  # no call needs the full path
+
+
+#: An observer's ``around(record, call)`` (:class:`~keras_gpu_tools.runtime.step_observer.WrapsSteps`).
+Around = Callable[[StepRecord, Callable[[], Any]], Any]
 
 
 def _ALWAYS(index: int) -> int:  # the schedule of an observer without next_sample: every call
@@ -90,7 +71,7 @@ __all__ = ["MARK", "Attachment", "StepHook", "batch_signature", "leading_dim", "
 class Attachment:
     """An observer's place on a hook; detach it with :meth:`StepHook.detach`."""
 
-    def __init__(self, hook: StepHook, observer):
+    def __init__(self, hook: StepHook, observer: StepObserver):
         self.hook = hook
         self.observer = observer
         self.active = True
@@ -116,9 +97,10 @@ class StepHook:
         self.clock = clock
         self.steps_per_execution = ki.steps_per_execution(model)
         self.attachments: list[Attachment] = []
-        self._observers: tuple[Any, ...] = ()  # of the attachments, kept by _rebuild_inner
-        self._schedules: tuple[tuple[Callable, Callable | None], ...] = ()  # their (next_sample, next_fetch)
-        self.arounds: tuple[Callable, ...] = ()  # the observers' `around`, outermost first
+        self._observers: tuple[StepObserver, ...] = ()  # of the attachments, kept by _rebuild_inner
+        # Their (next_sample, next_fetch), looked up on attach and detach.
+        self._schedules: tuple[tuple[Callable[[int], int | None], Callable[[int], int | None] | None], ...] = ()
+        self.arounds: tuple[Around, ...] = ()  # the observers' `around`, outermost first
         self._lock = threading.Lock()
         self._index = 0
         self._pending: StepRecord | None = None
@@ -126,8 +108,8 @@ class StepHook:
         self._pending_fetch = 0.0  # fetch time reported before the call (torch)
         self.fetch_known = backend.fetches_inside_step
         self.undo_fetch_timer: Callable[[], None] | None = None
-        self._seen_signatures = set()
-        self._errors_logged = set()
+        self._seen_signatures: set[Any] = set()
+        self._errors_logged: set[tuple[str, str]] = set()
         self.fetch_overhead = 0.0  # TF: the cost of a Python next() itself, subtracted from fetches
         self.fetch_overhead_unknown = True
         self.fetch_timer = None
@@ -145,7 +127,9 @@ class StepHook:
         return getattr(fn, MARK, None)
 
     @classmethod
-    def attach(cls, model, observer, backend, session, clock: Callable[[], float] = time.perf_counter) -> Attachment:
+    def attach(
+        cls, model, observer: StepObserver, backend, session, clock: Callable[[], float] = time.perf_counter
+    ) -> Attachment:
         """Adds ``observer`` to the model's hook for this fit ``session``, installing the hook if needed."""
         hook = cls.installed(model)
         if hook is not None and hook.session is not session:
@@ -165,7 +149,7 @@ class StepHook:
         return att
 
     @classmethod
-    def detach_observer(cls, model, observer) -> None:
+    def detach_observer(cls, model, observer: StepObserver) -> None:
         """Removes ``observer`` from the model's hook, wherever it was attached (a failed start)."""
         hook = cls.installed(model)
         if hook is None:
@@ -186,7 +170,8 @@ class StepHook:
             (getattr(o, "next_sample", _ALWAYS), getattr(o, "next_fetch", None) if self._light is not None else None)
             for o in self._observers
         )
-        self.arounds = tuple(o.around for o in self._observers if getattr(o, "around", None) is not None)
+        arounds = (getattr(o, "around", None) for o in self._observers)
+        self.arounds = tuple(around for around in arounds if around is not None)
 
     def on_fetch(self, seconds: float) -> None:
         """A fetch that happened before the call (torch's epoch iterator)."""
@@ -229,7 +214,7 @@ class StepHook:
         return self._index
 
     @property
-    def observers(self) -> tuple[Any, ...]:
+    def observers(self) -> tuple[StepObserver, ...]:
         return self._observers
 
     # -- per call -------------------------------------------------------------------
@@ -393,7 +378,7 @@ class StepHook:
             return out
 
         setattr(train_function, MARK, self)
-        train_function.__wrapped__ = self.original
+        train_function.__wrapped__ = self.original  # type: ignore[attr-defined]
         return train_function
 
     def _stale_call(self, args):

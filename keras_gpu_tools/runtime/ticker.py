@@ -94,12 +94,12 @@ class Ticker:
             if self._closed:
                 raise RuntimeError(f"keras_gpu_tools: the thread {self.name!r} has ended")
             self._jobs.append(job)
-            start = self._thread is None
-            if start:
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            thread = None
+            if self._thread is None:
+                thread = self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._changed.notify()
-        if start:
-            self._thread.start()
+        if thread is not None:
+            thread.start()
         return job
 
     def close(self, timeout: float = 2.0) -> None:

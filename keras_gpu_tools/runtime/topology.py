@@ -21,7 +21,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
@@ -93,7 +93,7 @@ class Topology:
         return f"{self.engine}; {where} ({self.source}); {self.devices_in_step} device(s) per step"
 
 
-def from_launcher(env: dict | None = None) -> tuple[int, int, str] | None:
+def from_launcher(env: Mapping[str, str] | None = None) -> tuple[int, int, str] | None:
     """``(index, count, source)`` from the launcher's variables where they say several processes, else None."""
     env = os.environ if env is None else env
     for index_var, count_var in LAUNCHER_VARIABLES:

@@ -110,7 +110,7 @@ def check_verbose(name: str, value: Any, *, max_level: int = 2) -> int:
     """A verbosity like Keras's: 0 (silent), 1, 2 or a bool; returns an ``int``."""
     if _is_bool(value):
         return int(bool(value))
-    if isinstance(value, numbers.Integral) and 0 <= value <= max_level:
+    if isinstance(value, numbers.Integral) and 0 <= int(value) <= max_level:
         return int(value)
     levels = ", ".join(str(i) for i in range(max_level + 1))
     raise _error(ValueError, name, value, f"{levels} or a bool")
@@ -302,7 +302,7 @@ def check_devices(name: str, value: Any) -> list[int | str] | None:
         )
     items = list(value)
     for d in items:
-        ok = (isinstance(d, numbers.Integral) and not _is_bool(d) and d >= 0) or (isinstance(d, str) and d != "")
+        ok = (isinstance(d, numbers.Integral) and not _is_bool(d) and int(d) >= 0) or (isinstance(d, str) and d != "")
         if not ok:
             raise _error(
                 ValueError,

@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 
-from keras_gpu_tools.errors import GPUMonitoringWarning
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.runtime.warn_once import WarnOnce
 from keras_gpu_tools.telemetry.nvml import NA, NVML, GPUInfo, NVMLQueryError
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -25,24 +24,6 @@ MIB = 1024.0 * 1024.0
 # Seconds the first sample of a fit waits after priming GPM and the CPU
 # counters, so that it carries every key those can report.
 FIRST_SPAN = 0.1
-
-
-class WarnOnce:
-    """Issues each distinct warning once per instance, in one category."""
-
-    def __init__(self, category: type[Warning] = GPUMonitoringWarning):
-        self.category = category
-        self._seen = set()
-        self._lock = threading.Lock()
-        self.messages: list[str] = []
-
-    def __call__(self, key, message: str) -> None:
-        with self._lock:
-            if key in self._seen:
-                return
-            self._seen.add(key)
-            self.messages.append(message)
-        warnings.warn(message, self.category, stacklevel=2)
 
 
 # ---------------------------------------------------------------------------

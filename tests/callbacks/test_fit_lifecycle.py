@@ -163,7 +163,7 @@ def test_a_fit_that_raises_stops_the_loggers_sampling_and_the_thread(tmp_path, m
 
 
 def test_keras_outside_the_tested_range_warns_once(monkeypatch):
-    monkeypatch.setattr(keras_internals, "_version_warned", False)
+    monkeypatch.setattr(keras_internals.version, "_version_warned", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert keras_internals.check_keras_version(keras_internals.TESTED_KERAS[-1])

@@ -25,7 +25,7 @@ from keras import ops
 from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, SeenCounter, data, held_activations_model, real_oom
 
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
-from keras_gpu_tools.memory.recovery import IdlePath
+from keras_gpu_tools.memory.idle import IdlePath
 
 pytestmark = pytest.mark.multibackend
 
@@ -526,7 +526,7 @@ def test_a_ragged_input_is_checked_every_step():
 
 
 def test_only_dense_arrays_have_batches_of_one_shape():
-    from keras_gpu_tools.runtime.keras_internals import _dense
+    from keras_gpu_tools.runtime.keras_internals.input_data import _dense
 
     assert _dense(np.zeros((4, 2))) and _dense(None)
     assert not _dense([[1.0, 2.0]])  # not an array Keras slices as one

@@ -6,15 +6,15 @@ import warnings
 import pytest
 from fake_nvml import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN, FakeGPU, FakeNVML
 
+from keras_gpu_tools.errors import GPUMonitoringWarning
+from keras_gpu_tools.runtime.warn_once import WarnOnce
 from keras_gpu_tools.telemetry.devices import visible_gpus
 from keras_gpu_tools.telemetry.nvml import NVML
 from keras_gpu_tools.telemetry.sampler import (
     Aggregate,
-    GPUMonitoringWarning,
     GPUProbe,
     HostProbe,
     MetricSampler,
-    WarnOnce,
 )
 
 

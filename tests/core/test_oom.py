@@ -6,16 +6,11 @@ import pytest
 
 from keras_gpu_tools.backends import is_oom, oom_kind
 from keras_gpu_tools.backends import oom_error as final_error
-from keras_gpu_tools.memory.recovery import (
-    Agreement,
-    OOMEvent,
-    Recovery,
-    SplitController,
-    UnrecoverableOOM,
-    describe_split,
-    final_message,
-    split_sizes,
-)
+from keras_gpu_tools.errors import UnrecoverableOOM
+from keras_gpu_tools.memory.agreement import Agreement
+from keras_gpu_tools.memory.events import OOMEvent
+from keras_gpu_tools.memory.recovery import Recovery, final_message
+from keras_gpu_tools.memory.split import SplitController, describe_split, split_sizes
 
 has = lambda m: importlib.util.find_spec(m) is not None  # noqa: E731
 
@@ -375,7 +370,7 @@ def test_free_failed_step_collects_everything_unless_told_the_memory_is_free():
     import gc
     import weakref
 
-    from keras_gpu_tools.memory.recovery import free_failed_step
+    from keras_gpu_tools.memory.freeing import free_failed_step
 
     class Node:
         pass
@@ -411,7 +406,7 @@ def test_free_failed_step_collects_everything_unless_told_the_memory_is_free():
 
 
 def test_held_since_compares_the_device_figure_with_the_one_before_the_attempt():
-    from keras_gpu_tools.memory.recovery import held_since, in_use
+    from keras_gpu_tools.memory.freeing import held_since, in_use
 
     figures = {"bytes_in_use": 1000}
     memory = lambda: dict(figures)  # noqa: E731 - a backend's device_memory()

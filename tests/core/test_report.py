@@ -17,7 +17,7 @@ from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 from keras_gpu_tools.input.timing import Measurement, Verdict
 from keras_gpu_tools.logdir.writer import EventWriter
-from keras_gpu_tools.memory.recovery import OOMEvent
+from keras_gpu_tools.memory.events import OOMEvent
 from keras_gpu_tools.mixed_precision.check import MixedPrecisionFinding
 from keras_gpu_tools.reporting.from_logdir import gather_log_dir
 from keras_gpu_tools.reporting.model import ReportData

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from keras_gpu_tools import backends
+from keras_gpu_tools.errors import KerasInternalsError
 from keras_gpu_tools.runtime import keras_internals as compat
 from keras_gpu_tools.runtime.session import FitSession
 from keras_gpu_tools.runtime.step_hook import MARK, StepHook, batch_signature, leading_dim
@@ -396,7 +397,7 @@ def test_compat_reports_the_keras_version():
     class NoTrainFunction:
         pass
 
-    with pytest.raises(compat.KerasInternalsError, match="keras_gpu_tools relies on a Keras internal .*3.15"):
+    with pytest.raises(KerasInternalsError, match="keras_gpu_tools relies on a Keras internal .*3.15"):
         compat.get_train_function(NoTrainFunction())
 
 

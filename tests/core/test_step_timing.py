@@ -3,7 +3,8 @@
 import pytest
 
 from keras_gpu_tools.input import timing as st
-from keras_gpu_tools.input.timing import StepRecord, StepStats
+from keras_gpu_tools.input.timing import StepStats
+from keras_gpu_tools.runtime.step_record import StepRecord
 
 
 class FakeClock:

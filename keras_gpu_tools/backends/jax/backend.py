@@ -28,7 +28,7 @@ from keras_gpu_tools.memory.accumulate import (
     nbytes,
     refusal,
 )
-from keras_gpu_tools.memory.recovery import split_sizes
+from keras_gpu_tools.memory.split import split_sizes
 from keras_gpu_tools.profiling.trace import ProfilerBusy, TracerOptions
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki

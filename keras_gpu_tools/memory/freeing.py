@@ -1,0 +1,66 @@
+"""Freeing what a failed step still holds before the retry asks for memory again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def free_failed_step(exc: BaseException, held: Callable[[], bool | None] | None = None) -> None:
+    """Frees the tensors a failed step still holds, before the retry asks for memory again.
+
+    The frames of the error's traceback, and of every error chained to it,
+    are cleared; then a garbage collection frees the frames no traceback
+    shows. Keras drops its own frames from the traceback it re-raises, but
+    they sit in reference cycles with the errors, and they hold the failed
+    step's tensors: left alone, every retry runs out of memory again and a
+    batch that fits as a few micro-batches ends up split far more finely.
+
+    Those cycles are young (made as the error unwound), so the young
+    generations are collected first (about a millisecond). A full collection
+    costs far more (a large fraction of a second on a big model), so it runs only where ``held()``
+    says the failed step's memory is still allocated, or where nothing can
+    tell (``held`` None, or returning None; see :func:`held_since`).
+    """
+    import gc
+    import traceback
+
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if e.__traceback__ is not None:
+            try:
+                traceback.clear_frames(e.__traceback__)
+            except Exception:
+                pass
+        todo += [e.__cause__, e.__context__]
+    gc.collect(1)
+    try:
+        still = None if held is None else held()
+    except Exception:
+        still = None
+    if still is None or still:
+        gc.collect()
+
+
+def in_use(memory: Callable[[], dict[str, Any]]) -> int | None:
+    """``bytes_in_use`` of a backend's ``device_memory()`` figures (None where it has none, e.g. a CPU)."""
+    try:
+        value = (memory() or {}).get("bytes_in_use")
+    except Exception:
+        return None
+    return None if value is None else int(value)
+
+
+def held_since(memory: Callable[[], dict[str, Any]], before: int | None) -> Callable[[], bool | None]:
+    """For :func:`free_failed_step`: whether the device holds clearly more (64 MiB) than ``before`` bytes now."""
+
+    def held() -> bool | None:
+        now = in_use(memory)
+        return None if now is None or before is None else now > before + 64 * 2**20
+
+    return held
