@@ -13,8 +13,8 @@ from keras_gpu_tools.telemetry.cpu_meter import CpuMeter, descendants
 # A child that starts a grandchild, says both pids, then waits (the grandchild burns CPU when asked).
 TREE = """
 import subprocess, sys, time
-g = subprocess.Popen([sys.executable, "-c", "import sys, time\\nend = time.time() + float(sys.argv[1])\\n"
-                      "while time.time() < end: pass\\ntime.sleep(30)", sys.argv[1]])
+g = subprocess.Popen([sys.executable, "-c", "import sys, time\\nwhile time.process_time() < float(sys.argv[1]): pass\\n"
+                      "time.sleep(30)", sys.argv[1]])
 print(g.pid, flush=True)
 time.sleep(30)
 """
@@ -52,8 +52,10 @@ def test_descendants_are_the_children_and_grandchildren_psutil_finds(tree):
 
 def test_the_workers_cpu_time_counts_as_this_process(tree):
     meter = CpuMeter()
-    tree(0.6)  # the grandchild burns 0.6 s of CPU while this process sleeps
-    time.sleep(1.0)
+    _, grandchild = tree(0.6)  # the grandchild burns 0.6 s of CPU while this process sleeps
+    worker, deadline = psutil.Process(grandchild), time.monotonic() + 60
+    while sum(worker.cpu_times()[:2]) < 0.55 and time.monotonic() < deadline:  # CPU time, however busy the host
+        time.sleep(0.05)
     own = meter._own() - meter.own_start
     assert own >= 0.4, own
     assert meter.read()["process_cpu_percent"] > 0
