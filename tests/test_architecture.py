@@ -61,15 +61,87 @@ def test_no_import_cycles():
             visit(node, [])
 
 
-def test_layers_point_one_way():
-    """_core imports neither the backends nor the callbacks; the backends do not import the callbacks."""
-    for name, deps in graph().items():
-        if name.startswith("keras_gpu_tools._core"):
-            bad = {d for d in deps if d.startswith(("keras_gpu_tools.backends", "keras_gpu_tools.callbacks"))}
-            assert not bad, f"{name} imports {bad}"
-        if name.startswith("keras_gpu_tools.backends"):
-            bad = {d for d in deps if d.startswith("keras_gpu_tools.callbacks")}
-            assert not bad, f"{name} imports {bad}"
+# Each package's layer: a module imports only from lower layers and its own package, wherever the
+# import stands (module level or inside a function); `if TYPE_CHECKING:` imports are for type
+# checkers only. The log schema is a leaf that every layer reads.
+LAYERS = {
+    "keras_gpu_tools.errors": 0,
+    "keras_gpu_tools.logdir.schema": 0,
+    "keras_gpu_tools.runtime": 1,
+    "keras_gpu_tools.logdir": 2,
+    "keras_gpu_tools.telemetry": 3,
+    "keras_gpu_tools.memory": 3,
+    "keras_gpu_tools.profiling": 3,
+    "keras_gpu_tools.input": 4,
+    "keras_gpu_tools.mixed_precision": 4,
+    "keras_gpu_tools.live": 4,
+    "keras_gpu_tools.backends": 5,
+    "keras_gpu_tools.callbacks": 6,
+    "keras_gpu_tools.layers": 6,
+    "keras_gpu_tools.planner": 6,
+    "keras_gpu_tools.reporting": 7,
+    "keras_gpu_tools.cli": 8,
+    "keras_gpu_tools": 9,  # the public names (lazy), and `python -m keras_gpu_tools`
+}
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    """The most specific entry of LAYERS that holds ``module``."""
+    best = max((k for k in LAYERS if module == k or module.startswith(k + ".")), key=len)
+    return best, LAYERS[best]
+
+
+def all_imports(path: pathlib.Path) -> set:
+    """Modules of the package that `path` imports anywhere but under `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text())
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for b in node.body for n in ast.walk(b)}
+    pkg = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    out = set()
+    for n in ast.walk(tree):
+        if id(n) in skip:
+            continue
+        if isinstance(n, ast.Import):
+            out |= {a.name for a in n.names if a.name.startswith("keras_gpu_tools")}
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - n.level + 1] + ([base] if base else []))
+            if base.startswith("keras_gpu_tools"):
+                out |= {f"{base}.{a.name}" for a in n.names}  # a submodule, or a name of `base`
+    return out
+
+
+def test_every_import_points_down_the_layers():
+    mods = {module_name(p): p for p in PKG.rglob("*.py")}
+    offenders = []
+    for name, path in mods.items():
+        home, rank = layer_of(name)
+        for dep in all_imports(path):
+            if dep not in mods:
+                dep = dep.rsplit(".", 1)[0]  # a name imported from a module
+            dep_home, dep_rank = layer_of(dep)
+            if dep_home != home and dep_rank >= rank:
+                offenders.append(f"{name} (layer {rank}) imports {dep} (layer {dep_rank})")
+    assert not offenders, "\n".join(sorted(offenders))
+
+
+def test_every_module_of_the_package_has_a_layer():
+    for path in PKG.rglob("*.py"):
+        assert layer_of(module_name(path))[0] != "keras_gpu_tools" or path.parent == PKG, path
+
+
+def test_modules_stay_small():
+    """One job per module: none over 600 lines, no callback (a thin Keras adapter) over 350."""
+    big = []
+    for path in PKG.rglob("*.py"):
+        lines = len(path.read_text().splitlines())
+        limit = 350 if path.parent.name == "callbacks" else 600
+        if lines > limit:
+            big.append(f"{path.relative_to(PKG.parent)}: {lines} lines (at most {limit})")
+    assert not big, "\n".join(big)
 
 
 def test_no_backend_name_comparisons_outside_the_backends():
@@ -78,7 +150,7 @@ def test_no_backend_name_comparisons_outside_the_backends():
     )
     offenders = []
     for path in PKG.rglob("*.py"):
-        if "_backends" in path.parts:
+        if "backends" in path.parts:
             continue
         for i, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line):

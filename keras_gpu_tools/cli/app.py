@@ -39,10 +39,11 @@ def _demo(args: argparse.Namespace) -> int:
     import keras
     import numpy as np
 
-    from keras_gpu_tools import GPUUtilizationLogger, MixedPrecisionCheck, MixedPrecisionOutput
+    from keras_gpu_tools.callbacks import GPUUtilizationLogger, MixedPrecisionCheck
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
     from keras_gpu_tools.callbacks.live_view import LiveView
     from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
+    from keras_gpu_tools.layers import MixedPrecisionOutput
     from keras_gpu_tools.logdir.writer import check_log_dir
     from keras_gpu_tools.reporting.report import report
     from keras_gpu_tools.runtime.deps import loaded
