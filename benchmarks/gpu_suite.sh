@@ -1,56 +1,72 @@
 #!/usr/bin/env bash
-# Every GPU check of the project in one go, for a GPU machine
-# (CONTRIBUTING.md, "GPU runs"): gpu-marked tests on JAX and torch, then the
-# benchmarks. Results land in $OUT (or ./gpu-results).
-#   bash benchmarks/gpu_suite.sh tests        # the tests
-#   bash benchmarks/gpu_suite.sh benchmarks   # the benchmarks
-#   bash benchmarks/gpu_suite.sh distributed  # issue 11 on a machine of several GPUs
+# Every GPU check of the project, for a machine with a GPU (CONTRIBUTING.md, "GPU runs"):
+# the `gpu`-marked tests on JAX and torch, then each benchmark on JAX and torch. Results go to
+# benchmarks/results/<benchmark>_<machine>.json (one file per benchmark and machine, a run per
+# backend in it), logs to $LOGS (default gpu-logs/). Exits non-zero if any part fails.
+#
+#   bash benchmarks/gpu_suite.sh               # tests, then benchmarks
+#   bash benchmarks/gpu_suite.sh tests         # only the gpu-marked tests
+#   bash benchmarks/gpu_suite.sh benchmarks    # only the benchmarks
+#   bash benchmarks/gpu_suite.sh distributed   # the multi-process job tests, one GPU per process
+#
+# MACHINE=h200 names the result files (default: guessed from nvidia-smi, e.g. h100, h200x2).
 set -u
-OUT=${OUT:-gpu-results}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 KGT_GPU_REPORT_DIR="$OUT"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/card.txt"
-KERAS_BACKEND=jax python3 -c "import jax, torch, keras; print('keras', keras.__version__, 'jax', jax.__version__, 'torch', torch.__version__)" | tee -a "$OUT/card.txt"
-case "${1:-tests}" in
-tests)
-  for b in jax torch; do
-    KERAS_BACKEND=$b timeout 280 python3 -m pytest -m gpu -s -q -p no:cacheprovider --disable-warnings tests 2>&1 \
-      | tee "$OUT/gpu_tests_$b.log" | grep -E "FIGURES|passed|failed|Error|assert" | tail -30
-  done
-  ;;
-benchmarks)
-  for b in jax torch; do
-    KERAS_BACKEND=$b timeout 150 python3 benchmarks/gpu_logger_overhead.py --width 4096 --batch 2048 --steps 600 --repeats 7 \
-      --out "$OUT/logger_overhead_$b.json" 2>&1 | tail -1
-  done
-  [ -f benchmarks/input_bound_overhead.py ] && KERAS_BACKEND=jax timeout 150 python3 benchmarks/input_bound_overhead.py --out "$OUT/input_overhead_jax.json" 2>&1 | tail -12
-  [ -f benchmarks/input_bound_accuracy.py ] && KERAS_BACKEND=jax timeout 150 python3 benchmarks/input_bound_accuracy.py --out "$OUT/input_accuracy_jax.json" 2>&1 | tail -16
-  [ -f benchmarks/oom_recovery.py ] && for b in jax torch; do KERAS_BACKEND=$b timeout 120 python3 benchmarks/oom_recovery.py --out "$OUT/oom_recovery_$b.json" 2>&1 | tail -8; done
-  ;;
-overhead)
-  # Issue 12: all callbacks against a bare fit, with an A/A beside it (~1 ms JAX step, ~7 ms torch step);
-  # then the per-step host cost on this machine's idle CPU cores (JAX and torch on CPU).
-  KERAS_BACKEND=jax timeout 240 python3 benchmarks/gpu_overhead_aa.py --width 4096 --layers 3 --batch 1024 \
-    --steps 200 --rounds 15 --out "$OUT/gpu_overhead_aa_jax.json" 2>&1 | tail -6
-  KERAS_BACKEND=torch timeout 240 python3 benchmarks/gpu_overhead_aa.py --width 4096 --layers 3 --batch 2048 \
-    --steps 100 --rounds 15 --out "$OUT/gpu_overhead_aa_torch.json" 2>&1 | tail -6
-  # On/off blocks of one fit, timed on the device, A/A beside (float32 GEMMs: below the power limit, steadier)
-  JAX_DEFAULT_MATMUL_PRECISION=highest KERAS_BACKEND=jax timeout 240 python3 benchmarks/gpu_overhead_blocks.py \
-    --width 2048 --batch 1024 --rounds 6 --out "$OUT/gpu_overhead_blocks_jax_fp32.json" 2>&1 | tail -3
-  JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES= timeout 200 python3 benchmarks/host_overhead.py --backends jax,torch \
-    --rounds 15 --steps 1500 --out "$OUT/host_overhead_cpu.json" 2>&1 | tail -24
-  ;;
-distributed)
-  # Issue 11, on a machine of 2 or 4 GPUs: MFU over 1/2/4 GPUs, a straggler job, the two-process example,
-  # a real OOM under DataParallel; then the suite's multi-process jobs (tests/distributed) on GPUs, one GPU
-  # per process (4 jobs at a time, so JAX must not preallocate).
-  KERAS_BACKEND=jax timeout 320 python3 benchmarks/distributed_proof.py --out "$OUT/distributed.json" 2>&1 \
-    | tee "$OUT/distributed.log" | grep -v -E "^(I0000|W0000|WARNING: All log)"
-  # MFU again with work per GPU large enough that the gradient all-reduce is a small part of the step
-  KERAS_BACKEND=jax timeout 200 python3 benchmarks/distributed_proof.py --parts mfu --per-device-batch 65536 \
-    --steps 12 --out "$OUT/distributed_mfu64k.json" 2>&1 | grep -E "device\(s\)"
-  KGT_JOB_GPUS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false KERAS_BACKEND=jax timeout 220 python3 -m pytest -q -n 4 \
-    -p no:cacheprovider tests/distributed 2>&1 | tee "$OUT/jobs_on_gpus.log" | tail -25
-  ;;
+cd "$(dirname "$0")/.."
+LOGS=${LOGS:-gpu-logs}
+mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1 KGT_GPU_REPORT_DIR="$LOGS" TF_CPP_MIN_LOG_LEVEL=2
+MACHINE_ARG=()
+[ -n "${MACHINE:-}" ] && MACHINE_ARG=(--machine "$MACHINE")
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOGS/card.txt"
+
+FAILED=()
+# Runs "$@" with a time limit of $1 seconds, its output in $LOGS/$2.log; records a failure.
+part() {
+    local limit=$1 name=$2
+    shift 2
+    echo "== $name"
+    timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
+    local rc=$?
+    tail -n 8 "$LOGS/$name.log"
+    if [ "$rc" -ne 0 ]; then
+        echo "FAILED: $name (exit $rc; log $LOGS/$name.log)"
+        FAILED+=("$name")
+    fi
+}
+
+tests() {
+    for b in jax torch; do
+        part 600 "gpu_tests_$b" env KERAS_BACKEND=$b python3 -m pytest -m gpu -q -p no:cacheprovider tests
+    done
+}
+
+benchmarks() {
+    for b in jax torch; do
+        # float32 GEMMs keep the GPU below its power limit: steadier blocks (RESULTS.md)
+        part 600 "per_step_cost_$b" env JAX_DEFAULT_MATMUL_PRECISION=highest python3 benchmarks/per_step_cost.py \
+            --backend $b "${MACHINE_ARG[@]}" --width 2048 --batch 1024 --rounds 6
+        part 300 "input_bound_accuracy_$b" python3 benchmarks/input_bound_accuracy.py --backend $b "${MACHINE_ARG[@]}"
+        part 300 "oom_recovery_$b" python3 benchmarks/oom_recovery.py --backend $b "${MACHINE_ARG[@]}"
+        part 300 "planner_$b" python3 benchmarks/planner.py --backend $b "${MACHINE_ARG[@]}"
+    done
+}
+
+distributed() {
+    # One GPU per process, 4 jobs at a time, so JAX must not preallocate; needs pytest-xdist.
+    part 600 distributed_jobs env KGT_JOB_GPUS=1 XLA_PYTHON_CLIENT_PREALLOCATE=false KERAS_BACKEND=jax \
+        python3 -m pytest -q -n 4 -p no:cacheprovider tests/distributed
+}
+
+case "${1:-all}" in
+    tests) tests ;;
+    benchmarks) benchmarks ;;
+    distributed) distributed ;;
+    all) tests; benchmarks ;;
+    *) echo "usage: bash benchmarks/gpu_suite.sh [tests|benchmarks|distributed|all]" >&2; exit 2 ;;
 esac
-exit 0
+
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "gpu_suite: ${#FAILED[@]} part(s) failed: ${FAILED[*]}"
+    exit 1
+fi
+echo "gpu_suite: every part passed"
