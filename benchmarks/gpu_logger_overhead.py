@@ -106,8 +106,8 @@ def micro(a):
     nvml = NVML()
     source = "real NVML"
     if not nvml.available():
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-        from fake_nvml import FakeGPU, FakeNVML
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from tests.helpers.fake_nvml import FakeGPU, FakeNVML
 
         nvml = NVML(FakeNVML([FakeGPU(delay=0.004)]))  # utilization blocks 4 ms, as measured on an H200
         source = "fake NVML (blocking 4 ms per utilization query)"

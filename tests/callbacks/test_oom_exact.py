@@ -16,9 +16,9 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, MemoryCliff, real_oom
 
 from keras_gpu_tools import InexactAccumulationError, OOMBatchSizeReducer
+from tests.helpers.models import BACKEND, MemoryCliff, real_oom
 
 pytestmark = pytest.mark.multibackend
 
