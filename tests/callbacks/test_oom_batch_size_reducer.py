@@ -1,6 +1,6 @@
 """OOMBatchSizeReducer end to end, with real out-of-memory errors on CPU.
 
-The model has a memory cliff (`oom_models.MemoryCliff`): above `limit` samples
+The model has a memory cliff (`tests.helpers.models.MemoryCliff`): above `limit` samples
 per step one of its layers materialises a tensor of at least 1 TiB per sample,
 which the backend's own CPU allocator refuses. On TensorFlow the real-OOM tests
 of this file and of `test_oom_exact.py` run in one subprocess whose allocator

@@ -9,7 +9,7 @@ micro-batch size (TensorFlow's `ResourceExhaustedError`, naming the replica's
 device).
 
 Logical devices are fixed before TensorFlow initialises its devices, and the
-allocator must refuse at once (`TF_ENABLE_ONEDNN_OPTS=0`, see `oom_models.py`),
+allocator must refuse at once (`TF_ENABLE_ONEDNN_OPTS=0`, see `tests/helpers/models.py`),
 so the tests run in a fresh subprocess (`test_mirrored_strategy_suite`); in
 any other process they are skipped.
 """
