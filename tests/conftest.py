@@ -1,16 +1,19 @@
 """Test set-up shared by the whole suite.
 
 The Keras backend is fixed at import, so one pytest process tests one backend:
-``KERAS_BACKEND`` (default ``tensorflow`` here) picks it. ``tests/test_backends.py``
-re-runs the tests marked ``multibackend`` under JAX and torch in subprocesses.
-Tests marked ``gpu`` run only where NVML sees a GPU; tests marked ``slow`` (over
-about 5 s on a 2-core CPU) can be left out with ``-m "not slow"``. The report
-header names the Python, Keras and framework versions under test.
+``KERAS_BACKEND`` (default ``tensorflow`` here) picks it. The tests marked
+``multibackend`` are the ones to run again under JAX and torch
+(``KERAS_BACKEND=jax python -m pytest -m multibackend``; README.md's test command
+chains the three runs). Where the backend's framework is not installed, the run
+collects nothing and reports one skipped item that says so. Tests marked ``gpu``
+run only where NVML sees a GPU; tests marked ``slow`` (over about 5 s on a
+2-core CPU) can be left out with ``-m "not slow"``. The report header names the
+Python, Keras and framework versions under test.
 """
 
+import importlib.util
 import os
 import platform
-import re
 from importlib import metadata
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -18,24 +21,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
+from tests.helpers.gpu import HAS_GPU  # noqa: E402
 
-def _gpu_present() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return pynvml.nvmlDeviceGetCount() > 0
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return False
-
-
-HAS_GPU = _gpu_present()
-
-# What the pytest subprocesses of tests/test_backends.py reported, for the terminal summary.
-SUBRUNS = pytest.StashKey[list]()
+BACKEND = os.environ["KERAS_BACKEND"]
+# Keras imports the backend's framework on `import keras`, and every test module imports keras.
+MISSING_FRAMEWORK = BACKEND in ("tensorflow", "jax", "torch") and importlib.util.find_spec(BACKEND) is None
 
 
 def _version(*distributions: str) -> str:
@@ -48,6 +38,10 @@ def _version(*distributions: str) -> str:
 
 
 def pytest_report_header(config):
+    if MISSING_FRAMEWORK:
+        return [
+            f"keras_gpu_tools: Python {platform.python_version()}, KERAS_BACKEND={BACKEND}: {BACKEND} is not installed"
+        ]
     try:
         import keras
     except Exception as e:  # the tests will say more; the header must not hide it
@@ -69,29 +63,26 @@ def pytest_report_header(config):
     ]
 
 
-@pytest.fixture
-def record_subrun(request):
-    """Records a pytest subprocess's outcome (a name and its output) for the terminal summary."""
-
-    def record(name: str, output: str) -> None:
-        lines = output.splitlines()
-        summary = [
-            line.strip("= ") for line in lines if re.search(r"\b\d+ (passed|failed|skipped|error).* in [0-9.]+s", line)
-        ]
-        kept = [line for line in lines if line.startswith(("SKIPPED", "FAILED", "ERROR"))]
-        request.config.stash.setdefault(SUBRUNS, []).append((name, summary[-1:] + kept))
-
-    return record
+def pytest_ignore_collect(collection_path, config):
+    """Without the backend's framework no test module can be imported: collect none of them."""
+    if MISSING_FRAMEWORK and collection_path.is_file():
+        return True
+    return None
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    for name, lines in config.stash.get(SUBRUNS, []):
-        terminalreporter.write_sep("-", f"subprocess: {name}")
-        for line in lines or ["(no summary line: see the test's output)"]:
-            terminalreporter.write_line(line)
+class _BackendNotInstalled(pytest.Item):
+    def runtest(self):
+        pytest.skip(f"{BACKEND} is not installed: the {BACKEND} backend is not tested in this environment")
+
+    def reportinfo(self):
+        return self.path, None, self.name
 
 
-def pytest_collection_modifyitems(config, items):
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected: this item always runs
+def pytest_collection_modifyitems(session, config, items):
+    if MISSING_FRAMEWORK:
+        items[:] = [_BackendNotInstalled.from_parent(session, name=f"keras backend {BACKEND}")]
+        return
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML sees none here)")

@@ -26,6 +26,9 @@ import keras
 import numpy as np
 import pytest
 
+from tests.helpers.data import regression_data
+from tests.helpers.models import tiny_dense_model
+
 pytestmark = pytest.mark.multibackend
 
 MODULES = {
@@ -72,11 +75,7 @@ def make(name, variant, tmp_path):
 
 
 def model_and_data():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    rng = np.random.default_rng(0)
-    return model, rng.normal(size=(64, 4)).astype("float32"), rng.normal(size=(64, 1)).astype("float32")
+    return tiny_dense_model(features=4, hidden=8), *regression_data(64, features=4)
 
 
 def leftovers(model):

@@ -5,9 +5,7 @@ import time
 import warnings
 
 import keras
-import numpy as np
 import pytest
-from test_profiler_window import InterruptAt
 
 from keras_gpu_tools import (
     GPUUtilizationLogger,
@@ -21,20 +19,11 @@ from keras_gpu_tools.errors import KerasVersionWarning
 from keras_gpu_tools.runtime import keras_internals
 from keras_gpu_tools.runtime.session import FitSession
 from keras_gpu_tools.runtime.step_hook import MARK, StepHook
+from tests.helpers.callbacks import InterruptAt
+from tests.helpers.data import regression_data
+from tests.helpers.models import tiny_dense_model
 
 pytestmark = pytest.mark.multibackend
-
-
-def make_model():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
-    return model
-
-
-def data(n=64):
-    rng = np.random.default_rng(0)
-    return rng.normal(size=(n, 4)).astype("float32"), rng.normal(size=(n, 1)).astype("float32")
 
 
 def hooked(model) -> bool:
@@ -61,8 +50,8 @@ class FailingBegin(keras.callbacks.Callback):
 
 def test_a_later_callbacks_failing_begin_leaves_nothing_behind(tmp_path, monkeypatch):
     monkeypatch.setattr(FitSession, "interval", 0.02)
-    model = make_model()
-    x, y = data()
+    model = tiny_dense_model(features=4, hidden=8, activation=None)
+    x, y = regression_data(64, features=4)
     cbs = all_callbacks(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -87,8 +76,8 @@ def test_an_error_after_the_hook_is_attached_detaches_it(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(StepHook, "attach", classmethod(attach_then_fail))
-    model = make_model()
-    x, y = data()
+    model = tiny_dense_model(features=4, hidden=8, activation=None)
+    x, y = regression_data(64, features=4)
     for cb in (InputBoundDetector(log_dir=tmp_path, verbose=0), OOMBatchSizeReducer(log_dir=tmp_path, verbose=0)):
         with pytest.raises(OSError, match="disk full"):
             model.fit(x, y, batch_size=8, verbose=0, callbacks=[cb])
@@ -103,8 +92,8 @@ def test_a_failing_writer_at_begin_leaves_nothing_behind(tmp_path, monkeypatch):
         raise PermissionError("cannot write the event file")
 
     monkeypatch.setattr(gul, "EventWriter", broken)
-    model = make_model()
-    x, y = data()
+    model = tiny_dense_model(features=4, hidden=8, activation=None)
+    x, y = regression_data(64, features=4)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.05)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -128,8 +117,8 @@ class ThreadCensus(keras.callbacks.Callback):
 
 def test_a_fit_with_every_callback_holds_one_thread_of_the_packages(tmp_path):
     """The watchdog and the logger's sampling share the session's thread (each thread costs JAX's step on a VM)."""
-    model = make_model()
-    x, y = data()
+    model = tiny_dense_model(features=4, hidden=8, activation=None)
+    x, y = regression_data(64, features=4)
     cbs = [*all_callbacks(tmp_path), LiveView(), MixedPrecisionCheck()]
     census = ThreadCensus()
     with warnings.catch_warnings():
@@ -142,8 +131,8 @@ def test_a_fit_with_every_callback_holds_one_thread_of_the_packages(tmp_path):
 
 def test_a_fit_that_raises_stops_the_loggers_sampling_and_the_thread(tmp_path, monkeypatch):
     monkeypatch.setattr(FitSession, "interval", 0.02)
-    model = make_model()
-    x, y = data()
+    model = tiny_dense_model(features=4, hidden=8, activation=None)
+    x, y = regression_data(64, features=4)
     logger = GPUUtilizationLogger(log_dir=tmp_path, interval=0.01)
     ticks = []
     real_tick = logger._tick

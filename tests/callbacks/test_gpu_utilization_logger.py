@@ -11,29 +11,18 @@ import time
 import warnings
 
 import keras
-import numpy as np
 import pytest
-from fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGPU, FakeNVML
 
 from keras_gpu_tools import GPUUtilizationLogger
 from keras_gpu_tools.errors import GPUMonitoringWarning
 from keras_gpu_tools.telemetry.nvml import NVML
+from tests.helpers.data import regression_data
+from tests.helpers.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGPU, FakeNVML
+from tests.helpers.models import tiny_dense_model
 
 pytestmark = pytest.mark.multibackend
 
 THREAD_PREFIX = "keras_gpu_tools"
-
-
-def make_model():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    return model
-
-
-def data(n=256):
-    rng = np.random.default_rng(0)
-    return rng.normal(size=(n, 8)).astype("float32"), rng.normal(size=(n, 1)).astype("float32")
 
 
 class SlowSteps(keras.callbacks.Callback):
@@ -78,9 +67,9 @@ def fake_nvml(**gpu_kwargs):
 
 def test_epoch_logs_and_tensorboard_series(tmp_path):
     fake, nvml = fake_nvml()
-    x, y = data()
+    x, y = regression_data(256)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)
-    history = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
+    history = tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
     h = history.history
     # Epoch means of what NVML reported, in the documented units.
     assert h["gpu/0/utilization_percent"] == [87.0, 87.0]
@@ -109,10 +98,10 @@ def test_epoch_logs_and_tensorboard_series(tmp_path):
 
 def test_no_nvml_warns_once_and_logs_host_metrics(tmp_path):
     fake = FakeNVML(init_error=NVML_ERROR_LIBRARY_NOT_FOUND)
-    x, y = data()
+    x, y = regression_data(256)
     cb = GPUUtilizationLogger(log_dir=None, interval=0.02, nvml=NVML(fake))
     with pytest.warns(GPUMonitoringWarning) as record:
-        history = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
+        history = tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
     messages = [str(w.message) for w in record if "NVML" in str(w.message)]
     assert len(messages) == 1 and "host/* metrics" in messages[0]
     keys = set(history.history)
@@ -124,10 +113,10 @@ def test_no_nvml_warns_once_and_logs_host_metrics(tmp_path):
 
 def test_unsupported_field_is_absent_not_zero(tmp_path):
     fake, nvml = fake_nvml(unsupported={"nvmlDeviceGetPowerUsage"}, gpm=False)
-    x, y = data()
+    x, y = regression_data(256)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)
     with pytest.warns(GPUMonitoringWarning):
-        history = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
+        history = tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
     assert "gpu/0/power_watts" not in history.history
     assert "gpu/0/sm_activity_percent" not in history.history
     assert history.history["gpu/0/power_limit_watts"] == [700.0, 700.0]
@@ -140,18 +129,18 @@ def test_unsupported_field_is_absent_not_zero(tmp_path):
 
 def test_epoch_shorter_than_the_first_sample_still_gets_the_keys(tmp_path):
     fake, nvml = fake_nvml(delay=0.3)  # a slow first sample (PCIe, GPM on a real GPU)
-    x, y = data(32)
+    x, y = regression_data(32)
     cb = GPUUtilizationLogger(log_dir=None, interval=0.05, nvml=nvml)
-    history = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb])
+    history = tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb])
     assert history.history["gpu/0/utilization_percent"] == [87.0, 87.0]
 
 
 def test_training_thread_makes_no_per_step_nvml_call(tmp_path):
     def main_thread_calls(steps_per_epoch):
         fake, nvml = fake_nvml()
-        x, y = data(16 * steps_per_epoch)
+        x, y = regression_data(16 * steps_per_epoch)
         cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.01, nvml=nvml)
-        make_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps(0.002)])
+        tiny_dense_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps(0.002)])
         me = threading.get_ident()
         return sum(1 for _, tid in fake.calls if tid == me), len(fake.calls)
 
@@ -165,9 +154,9 @@ def test_training_thread_makes_no_per_step_nvml_call(tmp_path):
 
 def test_two_fits_continue_the_step_axis(tmp_path):
     fake, nvml = fake_nvml()
-    x, y = data()
+    x, y = regression_data(256)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)
-    model = make_model()
+    model = tiny_dense_model()
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps()])
     assert cb.global_step == 16
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps()])
@@ -187,9 +176,9 @@ class RaiseAtEpochEnd(keras.callbacks.Callback):
 
 def test_no_thread_outlives_a_fit_that_raised(tmp_path):
     fake, nvml = fake_nvml()
-    x, y = data()
+    x, y = regression_data(256)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)
-    model = make_model()
+    model = tiny_dense_model()
     with pytest.raises(RuntimeError, match="user callback failed"):
         model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[cb, SlowSteps(), RaiseAtEpochEnd()])
     assert not wait_for_no_threads(), "sampler or guard thread still running after fit() raised"
@@ -207,8 +196,8 @@ def test_no_thread_outlives_a_fit_that_raised(tmp_path):
 
 def test_unknown_device_raises_before_training(tmp_path):
     fake, nvml = fake_nvml()
-    x, y = data()
-    model = make_model()
+    x, y = regression_data(256)
+    model = tiny_dense_model()
     cb = GPUUtilizationLogger(log_dir=tmp_path, devices=[3], nvml=nvml)
     with pytest.raises(ValueError, match=r"devices=\[3\].*GPU index 3 does not exist"):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb])
@@ -218,10 +207,10 @@ def test_unknown_device_raises_before_training(tmp_path):
 
 def test_csv_logger_after_it_sees_the_keys(tmp_path):
     fake, nvml = fake_nvml()
-    x, y = data()
+    x, y = regression_data(256)
     path = tmp_path / "log.csv"
     cb = GPUUtilizationLogger(log_dir=None, interval=0.02, nvml=nvml)
-    make_model().fit(
+    tiny_dense_model().fit(
         x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps(), keras.callbacks.CSVLogger(str(path))]
     )
     rows = list(csv.DictReader(open(path)))
@@ -240,11 +229,11 @@ class RecordEpochKeys(keras.callbacks.Callback):
 def test_short_epochs_all_carry_the_same_keys(tmp_path):
     # Epochs of 2 steps take milliseconds: most see no sample, none a CPU span of 0.1 s.
     fake, nvml = fake_nvml()
-    x, y = data(32)
+    x, y = regression_data(32)
     path = tmp_path / "log.csv"
     cb = GPUUtilizationLogger(log_dir=None, interval=0.05, nvml=nvml)
     rec = RecordEpochKeys()
-    history = make_model().fit(
+    history = tiny_dense_model().fit(
         x, y, batch_size=16, epochs=5, verbose=0, callbacks=[cb, rec, keras.callbacks.CSVLogger(str(path))]
     )
     ours = {k for k in rec.keys[0] if k.startswith(("gpu/", "host/"))}
@@ -275,8 +264,8 @@ def test_short_epochs_all_carry_the_same_keys(tmp_path):
 def test_steps_per_execution_counts_the_steps_run(tmp_path):
     # 15 batches an epoch in executions of 4: Keras reports the last one as ending at batch 16.
     fake, nvml = fake_nvml()
-    x, y = data(15 * 4)
-    model = make_model()
+    x, y = regression_data(15 * 4)
+    model = tiny_dense_model()
     model.compile(optimizer="sgd", loss="mse", steps_per_execution=4)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.01, nvml=nvml)
     model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
@@ -290,10 +279,10 @@ def test_steps_per_execution_counts_the_steps_run(tmp_path):
 def test_constructible_with_defaults_and_works_without_gpu(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cb = GPUUtilizationLogger()  # the real NVML: no GPU on this machine (or CI)
-    x, y = data(64)
+    x, y = regression_data(64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GPUMonitoringWarning)
-        history = make_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb])
+        history = tiny_dense_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb])
     assert "host/rss_mib" in history.history
     assert os.path.isdir(tmp_path / "logs" / "gpu")  # next to Keras's logs/train
     assert not wait_for_no_threads()
@@ -352,11 +341,11 @@ def test_process_of_a_launched_job_names_its_gpu_by_host_and_nvml_index(tmp_path
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", str(rank))
     fake = FakeNVML([FakeGPU(uuid="GPU-a", utilization=11), FakeGPU(uuid="GPU-b", utilization=22)])
-    x, y = data(64)
+    x, y = regression_data(64)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=NVML(fake))
     with warnings.catch_warnings():
         warnings.simplefilter("error", GPUMonitoringWarning)  # no channel is not a failure: nothing to warn of
-        history = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
+        history = tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
     label = f"{socket.gethostname()}:{rank}"  # NVML's index: the other process's GPU is the host's other one
     assert history.history[f"gpu/{label}/utilization_percent"] == [[11.0, 22.0][rank]] * 2
     assert not any(k.startswith("job/") for k in history.history)  # no channel: nothing job-wide
@@ -370,9 +359,9 @@ def test_process_of_a_launched_job_names_its_gpu_by_host_and_nvml_index(tmp_path
 def test_one_process_over_several_gpus_is_the_whole_job(tmp_path):
     """MirroredStrategy or DataParallel in one process: job figures over its own GPUs, nothing exchanged."""
     gpus = [FakeGPU(uuid="GPU-a", utilization=10), FakeGPU(uuid="GPU-b", utilization=40)]
-    x, y = data(64)
+    x, y = regression_data(64)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=NVML(FakeNVML(gpus)))
-    h = make_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()]).history
+    h = tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()]).history
     assert h["gpu/0/utilization_percent"] == [10.0] * 2 and h["gpu/1/utilization_percent"] == [40.0] * 2
     assert h["job/gpu/utilization_percent_min"] == [10.0] * 2
     assert h["job/gpu/utilization_percent_mean"] == [25.0] * 2
@@ -382,7 +371,7 @@ def test_one_process_over_several_gpus_is_the_whole_job(tmp_path):
 
 def test_one_process_one_gpu_has_no_job_keys(tmp_path):
     fake, nvml = fake_nvml()
-    x, y = data(64)
+    x, y = regression_data(64)
     cb = GPUUtilizationLogger(log_dir=None, interval=0.02, nvml=nvml)
-    h = make_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps()]).history
+    h = tiny_dense_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps()]).history
     assert "gpu/0/utilization_percent" in h and not any(k.startswith("job/") for k in h)

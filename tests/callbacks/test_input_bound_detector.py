@@ -10,20 +10,10 @@ import pytest
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 from keras_gpu_tools.input import timing as st
 from keras_gpu_tools.runtime.step_hook import StepHook
+from tests.helpers.data import uniform_regression_data
+from tests.helpers.models import tiny_dense_model
 
 DELAY = 0.02  # seconds per batch: large against the tiny model's ~1 ms step
-
-
-def tiny_model(seed=0):
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(0.01), "mse")
-    return model
-
-
-def data(n=256, seed=1):
-    rng = np.random.default_rng(seed)
-    return rng.random((n, 8), dtype="float32"), rng.random((n, 1), dtype="float32")
 
 
 class SlowSequence(keras.utils.PyDataset):
@@ -90,8 +80,8 @@ def test_defaults():
 # -- verdicts on known pipelines ----------------------------------------------------------
 @pytest.mark.multibackend
 def test_slow_pydataset_is_highly_input_bound(tmp_path, capsys):
-    x, y = data()
-    model = tiny_model()
+    x, y = uniform_regression_data(256)
+    model = tiny_dense_model()
     det = InputBoundDetector(window=8, sample_every=4, log_dir=str(tmp_path), verbose=1)
     hist = model.fit(SlowSequence(x, y), epochs=1, verbose=0, callbacks=[det])
     assert det.verdict.category == st.HIGH
@@ -121,8 +111,8 @@ def test_slow_pydataset_is_highly_input_bound(tmp_path, capsys):
 
 @pytest.mark.multibackend
 def test_generator_is_highly_input_bound_with_generator_advice():
-    x, y = data()
-    model = tiny_model()
+    x, y = uniform_regression_data(256)
+    model = tiny_dense_model()
     det = InputBoundDetector(window=10, sample_every=3, log_dir=None, verbose=0)
     model.fit(slow_generator(x, y), steps_per_epoch=12, epochs=2, verbose=0, callbacks=[det])
     assert [v.category for v in det.epoch_verdicts] == [st.HIGH, st.HIGH]
@@ -154,7 +144,7 @@ def test_heavy_model_on_arrays_is_not_input_bound():
 @pytest.mark.multibackend
 def test_tf_data_pipeline_is_inspected():
     tf = pytest.importorskip("tensorflow")
-    x, y = data()
+    x, y = uniform_regression_data(256)
 
     def slow(a, b):
         def sleep(v):
@@ -170,7 +160,7 @@ def test_tf_data_pipeline_is_inspected():
         .map(lambda a, b: (tf.ensure_shape(a, [None, 8]), b))
     )
     det = InputBoundDetector(window=8, sample_every=3, log_dir=None, verbose=0)
-    tiny_model().fit(ds, epochs=1, verbose=0, callbacks=[det])
+    tiny_dense_model().fit(ds, epochs=1, verbose=0, callbacks=[det])
     assert det.pipeline["kind"] == "tf.data" and det.pipeline["sequential_map"]
     assert det.verdict.category == st.HIGH
     advice = "\n".join(det.verdict.advice)
@@ -188,9 +178,9 @@ def _time_weighted(rows, key):
 def test_windows_epochs_and_fit_add_up(tmp_path):
     import json
 
-    x, y = data(n=192)
+    x, y = uniform_regression_data(192)
     det = InputBoundDetector(window=4, sample_every=2, log_dir=str(tmp_path), verbose=0)
-    hist = tiny_model().fit(SlowSequence(x, y, delay=DELAY / 2), epochs=3, verbose=0, callbacks=[det])
+    hist = tiny_dense_model().fit(SlowSequence(x, y, delay=DELAY / 2), epochs=3, verbose=0, callbacks=[det])
     epochs = [{k: v[i] for k, v in hist.history.items()} for i in range(3)]
     assert [e["input/steps"] for e in epochs] == [12, 12, 12]
     # The fit is its epochs, time-weighted: a reader of the epoch logs gets the headline's whole-fit figure.
@@ -230,7 +220,7 @@ def test_windows_epochs_and_fit_add_up(tmp_path):
 @pytest.mark.multibackend
 def test_a_cache_filling_first_epoch_is_left_out_of_the_verdict():
     tf = pytest.importorskip("tensorflow")
-    x, y = data(n=160)
+    x, y = uniform_regression_data(160)
 
     def slow(a, b):
         def sleep(v):
@@ -241,7 +231,7 @@ def test_a_cache_filling_first_epoch_is_left_out_of_the_verdict():
 
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).map(slow).cache().prefetch(tf.data.AUTOTUNE)
     det = InputBoundDetector(window=5, sample_every=3, log_dir=None, verbose=0)
-    tiny_model().fit(ds, epochs=3, verbose=0, callbacks=[det])
+    tiny_dense_model().fit(ds, epochs=3, verbose=0, callbacks=[det])
     v = det.verdict
     # Epoch 1 is left out for the cache. Epoch 2 (10 steps of about 1 ms) is at times several
     # times slower than epoch 3 on the loaded 2-core machine, and then rightly left out as
@@ -265,9 +255,9 @@ def test_one_epoch_is_split_into_its_windows():
             s = slice(i * self.batch_size, (i + 1) * self.batch_size)
             return self.x[s], self.y[s]
 
-    x, y = data(n=384)
+    x, y = uniform_regression_data(384)
     det = InputBoundDetector(window=8, sample_every=2, log_dir=None, verbose=0)
-    tiny_model().fit(SlowStart(x, y), epochs=1, shuffle=False, verbose=0, callbacks=[det])
+    tiny_dense_model().fit(SlowStart(x, y), epochs=1, shuffle=False, verbose=0, callbacks=[det])
     v = det.verdict
     assert [p.label for p in v.phases] == ["steps 1-8", "steps 9-16", "steps 17-24"]
     # The slow start is left out; a loaded machine may also catch the second window still
@@ -280,10 +270,10 @@ def test_one_epoch_is_split_into_its_windows():
 # -- what is trained does not change --------------------------------------------------------
 @pytest.mark.multibackend
 def test_same_weights_batches_and_steps_with_and_without_detector():
-    x, y = data(n=160)
+    x, y = uniform_regression_data(160)
     results = []
     for with_detector in (False, True):
-        model = tiny_model(seed=3)
+        model = tiny_dense_model(seed=3)
         seen = []
 
         class Count(keras.callbacks.Callback):
@@ -311,8 +301,8 @@ def test_same_weights_batches_and_steps_with_and_without_detector():
 # -- life cycle (contract) -------------------------------------------------------------------
 @pytest.mark.multibackend
 def test_two_fits_in_a_row(tmp_path):
-    x, y = data(n=64)
-    model = tiny_model()
+    x, y = uniform_regression_data(64)
+    model = tiny_dense_model()
     original = None
     det = InputBoundDetector(window=2, sample_every=2, log_dir=str(tmp_path), verbose=0)
     for _ in range(2):
@@ -326,8 +316,8 @@ def test_two_fits_in_a_row(tmp_path):
 
 @pytest.mark.multibackend
 def test_cleans_up_after_a_fit_that_raised():
-    x, y = data(n=64)
-    model = tiny_model()
+    x, y = uniform_regression_data(64)
+    model = tiny_dense_model()
     model.fit(x[:16], y[:16], batch_size=16, verbose=0)
     original = model.train_function
 
@@ -350,8 +340,8 @@ def test_cleans_up_after_a_fit_that_raised():
 
 @pytest.mark.multibackend
 def test_stale_hook_removed_by_the_next_fit_when_the_guard_has_not_run_yet():
-    x, y = data(n=64)
-    model = tiny_model()
+    x, y = uniform_regression_data(64)
+    model = tiny_dense_model()
     model.fit(x[:16], y[:16], batch_size=16, verbose=0)
     original = model.train_function
 
@@ -374,16 +364,16 @@ def test_stale_hook_removed_by_the_next_fit_when_the_guard_has_not_run_yet():
 def test_gpu_logger_found_in_the_same_fit_and_quoted():
     from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
 
-    x, y = data(n=64)
+    x, y = uniform_regression_data(64)
     logger_cb = GPUUtilizationLogger(log_dir=None, interval=0.05)
     det = InputBoundDetector(log_dir=None, verbose=0)
     with pytest.warns(Warning):
-        tiny_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[logger_cb, det])
+        tiny_dense_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[logger_cb, det])
     assert det._gpu_logger is logger_cb
 
     fake = types.SimpleNamespace(timeline=[(time.time() + 1e6, 1, {"gpu/0/utilization_percent": 12.0})])
     det = InputBoundDetector(window=8, sample_every=3, log_dir=None, verbose=0, gpu_logger=fake)
-    tiny_model().fit(SlowSequence(*data()), epochs=1, verbose=0, callbacks=[det])
+    tiny_dense_model().fit(SlowSequence(*uniform_regression_data(256)), epochs=1, verbose=0, callbacks=[det])
     assert det.verdict.category == st.HIGH
     assert any("Confirmed by the GPU: GPU utilization 12%" in e for e in det.verdict.evidence)
 
@@ -404,7 +394,7 @@ def test_torch_dataloader_on_torch(backend):
 
     loader = torch.utils.data.DataLoader(Slow(), batch_size=16)
     det = InputBoundDetector(window=5, sample_every=3, log_dir=None, verbose=0)
-    tiny_model().fit(loader, epochs=1, verbose=0, callbacks=[det])
+    tiny_dense_model().fit(loader, epochs=1, verbose=0, callbacks=[det])
     assert det.pipeline["kind"] == "torch DataLoader" and det.pipeline["num_workers"] == 0
     assert det.verdict.category == st.HIGH
     assert any("Raise `num_workers` to" in a and "(now 0)" in a for a in det.verdict.advice)
@@ -414,7 +404,7 @@ def test_torch_dataloader_on_torch(backend):
 def test_steps_per_execution_on_tensorflow(backend):
     if backend != "tensorflow":
         pytest.skip("steps_per_execution > 1 is measured per execution on TensorFlow")
-    x, y = data()
+    x, y = uniform_regression_data(256)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse", steps_per_execution=4)
     det = InputBoundDetector(window=8, sample_every=2, log_dir=None, verbose=0)
@@ -430,9 +420,9 @@ def test_steps_per_execution_on_tensorflow(backend):
 def test_jax_flops_and_mfu(backend):
     if backend != "jax":
         pytest.skip("XLA cost analysis is read on the JAX backend")
-    x, y = data(n=128)
+    x, y = uniform_regression_data(128)
     det = InputBoundDetector(sample_every=2, log_dir=None, verbose=0, peak_flops=1e12)
-    hist = tiny_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[det])
+    hist = tiny_dense_model().fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[det])
     flops = hist.history["throughput/flops_per_sec"][0]
     steps = hist.history["throughput/steps_per_sec"][0]
     per_step = flops / steps
@@ -458,8 +448,8 @@ def test_a_train_function_replaced_mid_epoch_does_not_stop_the_fit(tmp_path):
             elif batch == 10:  # and ours again
                 self.model.train_function = self.hooked
 
-    model = tiny_model()
-    x, y = data(n=320)
+    model = tiny_dense_model()
+    x, y = uniform_regression_data(320)
     det = InputBoundDetector(log_dir=str(tmp_path), verbose=0, sample_every=1000)
     history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[det, Unhook()])
     assert len(history.history["loss"]) == 2

@@ -1,6 +1,6 @@
 """OOMBatchSizeReducer end to end, with real out-of-memory errors on CPU.
 
-The model has a memory cliff (`oom_models.MemoryCliff`): above `limit` samples
+The model has a memory cliff (`tests.helpers.models.MemoryCliff`): above `limit` samples
 per step one of its layers materialises a tensor of at least 1 TiB per sample,
 which the backend's own CPU allocator refuses. On TensorFlow the real-OOM tests
 of this file and of `test_oom_exact.py` run in one subprocess whose allocator
@@ -22,10 +22,19 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, FAST_OOM, HUGE_COLS, MemoryCliff, SeenCounter, data, held_activations_model, real_oom
 
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
 from keras_gpu_tools.memory.idle import IdlePath
+from tests.helpers.data import numbered_samples
+from tests.helpers.models import (
+    BACKEND,
+    FAST_OOM,
+    HUGE_COLS,
+    MemoryCliff,
+    SeenCounter,
+    held_activations_model,
+    real_oom,
+)
 
 pytestmark = pytest.mark.multibackend
 
@@ -89,7 +98,7 @@ def restored(model):
 @real_oom
 def test_recovers_keeps_every_sample_once_and_the_unsplit_optimisation():
     n, batch, epochs = 48, 16, 2
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=4)
     reference = make_model(n, limit=10**9)  # same seed: same initial weights
     reducer = OOMBatchSizeReducer()
@@ -113,7 +122,7 @@ def test_recovers_keeps_every_sample_once_and_the_unsplit_optimisation():
 @real_oom
 def test_weights_match_keras_gradient_accumulation_at_the_working_split():
     n, batch = 48, 16
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=4, opt="sgd")
     reference = make_model(n, limit=10**9, opt=4)  # SGD with gradient_accumulation_steps=4
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[OOMBatchSizeReducer()])
@@ -125,7 +134,7 @@ def test_weights_match_keras_gradient_accumulation_at_the_working_split():
 @real_oom
 def test_last_smaller_batch_and_split_mode():
     n, batch = 40, 16  # batches of 16, 16, 8
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=8)
     reducer = OOMBatchSizeReducer(mode="split")
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
@@ -137,7 +146,7 @@ def test_last_smaller_batch_and_split_mode():
 @real_oom
 def test_always_oom_ends_with_a_clear_error_of_the_backend_type():
     n = 16
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=0)
     reducer = OOMBatchSizeReducer(min_batch_size=4)
     with pytest.raises(Exception) as info:
@@ -159,7 +168,7 @@ def test_always_oom_ends_with_a_clear_error_of_the_backend_type():
 @real_oom
 def test_min_batch_size_above_the_batch_says_only_the_whole_batch_was_tried():
     n = 16
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=0)
     with pytest.raises(Exception) as info:
         model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer(min_batch_size=32)])
@@ -175,7 +184,7 @@ def test_min_batch_size_above_the_batch_says_only_the_whole_batch_was_tried():
 @real_oom
 def test_regrow_tries_a_smaller_split_again():
     n, batch = 64, 16
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=8)
     reducer = OOMBatchSizeReducer(regrow_after=2)
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
@@ -192,7 +201,7 @@ def test_input_kinds(kind):
     if kind == "tf.data" and BACKEND != "tensorflow":
         pytest.skip("tf.data is tested on TensorFlow")
     n, batch = 40, 16
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=8)
     if kind == "generator":
 
@@ -227,7 +236,7 @@ def test_tf_data_two_epochs_every_sample_once():
     import tensorflow as tf
 
     n = 48
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=4)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, seed=0).batch(16).prefetch(2)
     model.fit(ds, epochs=2, verbose=0, callbacks=[OOMBatchSizeReducer()])
@@ -238,7 +247,7 @@ def test_tf_data_two_epochs_every_sample_once():
 @real_oom
 def test_batchnorm_and_steps_per_execution():
     n, batch = 48, 16
-    x, y = data(n)
+    x, y = numbered_samples(n)
     spe = 1 if BACKEND == "torch" else 2
     model = make_model(n, limit=8, batchnorm=True, steps_per_execution=spe)
     reducer = OOMBatchSizeReducer()
@@ -251,7 +260,7 @@ def test_batchnorm_and_steps_per_execution():
 @real_oom
 def test_mixed_float16_loss_scaling():
     n, batch = 48, 16
-    x, y = data(n)
+    x, y = numbered_samples(n)
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         # A loss scale that overflows in neither run: an overflow is a threshold effect of float16
@@ -271,7 +280,7 @@ def test_mixed_float16_loss_scaling():
 @real_oom
 def test_two_fits_in_a_row_and_tensorboard(tmp_path):
     n = 32
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=8)
     reducer = OOMBatchSizeReducer(log_dir=str(tmp_path))
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
@@ -300,7 +309,7 @@ def assert_boom_unchanged(error):
 
 def test_a_non_oom_error_passes_through_unchanged():
     n = 16
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=10**9, boom=True)
     Boom.armed = True
     try:
@@ -334,7 +343,7 @@ def test_the_idle_path_counts_every_step_and_passes_a_non_oom_error_through_unch
     # Eager steps, so that arming the layer mid-fit takes effect: the error comes from the
     # step on the idle path (a shape that already ran whole), not from its first trace.
     n = 48
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=10**9, boom=True, run_eagerly=True)
     reducer = OOMBatchSizeReducer()
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[reducer])
@@ -358,7 +367,7 @@ def test_an_idle_reducer_trains_exactly_as_a_bare_fit(data_kind):
     if data_kind != "arrays" and BACKEND != "tensorflow":
         pytest.skip("TensorFlow's input (tf.data) and compile option (XLA for the TensorFlow step)")
     n, batch, epochs = 44, 8, 2  # five batches of 8, then one of 4
-    x, y = data(n)
+    x, y = numbered_samples(n)
     sample_weight = np.linspace(0.5, 1.5, n).astype("float32")  # batches of three arrays
 
     def inputs():
@@ -405,7 +414,7 @@ def test_a_shape_that_ran_whole_takes_the_idle_path_whatever_the_batch_structure
     # batch_signature for anything else (a dict of inputs here): either way, only the
     # first batch of a shape takes the guarded path, and the fit is Keras's own.
     n, batch = 48, 8  # six whole batches an epoch: one shape
-    x, y = data(n)
+    x, y = numbered_samples(n)
     x = x[:, 1:]  # the features, without the sample ids
     if structure == "dict":
 
@@ -447,7 +456,7 @@ def test_an_epochs_full_batches_of_arrays_run_unchecked_once_their_shape_ran_who
     from keras_gpu_tools import backends
 
     n, batch, epochs = 50, 8, 3
-    x, y = data(n)
+    x, y = numbered_samples(n)
     x = x[:, 1:]
 
     class Batches(keras.utils.PyDataset):
@@ -561,7 +570,7 @@ def test_the_tensorflow_idle_step_is_the_concrete_function_of_keras_compiled_ste
 
     from keras_gpu_tools.runtime import keras_internals as ki
 
-    x, y = data(16)
+    x, y = numbered_samples(16)
     batch = (tf.constant(x[:8]), tf.constant(y[:8]))
     model = make_model(16, limit=10**9)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
@@ -590,7 +599,7 @@ def test_an_oom_on_the_idle_path_is_refused_with_the_reason():
     from keras_gpu_tools.errors import UnrecoverableOOM
 
     n = 48
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=10**9, run_eagerly=True)
     reducer = OOMBatchSizeReducer()
     with pytest.raises(UnrecoverableOOM) as info:
@@ -671,7 +680,7 @@ def test_probe_predicts_the_split_without_running_out_of_memory(monkeypatch):
         lambda self: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0},
     )
     n = 32
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=4)
     reducer = OOMBatchSizeReducer(probe=True)
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
@@ -686,7 +695,7 @@ def test_probe_warns_where_the_backend_cannot_tell():
     from keras_gpu_tools.errors import OOMWarning
 
     n = 16
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=10**9)
     with pytest.warns(OOMWarning, match="probe=True needs the JAX backend"):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer(probe=True)])
@@ -698,7 +707,7 @@ def test_shares_the_step_hook_with_the_input_bound_detector(reducer_first):
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 
     n = 48
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=4)
     reducer = OOMBatchSizeReducer()
     detector = InputBoundDetector(sample_every=2, log_dir=None, verbose=0)  # sampled steps take the hook's own path
@@ -714,7 +723,7 @@ def test_each_recovery_is_explained_in_the_log_dir_the_summary_and_the_report(tm
     from keras_gpu_tools import report
 
     n = 32
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=4)
     reducer = OOMBatchSizeReducer(log_dir=str(tmp_path))
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
@@ -752,7 +761,7 @@ def test_after_a_real_oom_the_next_split_is_chosen_from_memory_analysis_without_
         lambda self: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0},
     )
     n = 32
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=4)
     reducer = OOMBatchSizeReducer()  # no probe: the first attempt runs and fails for real
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
@@ -773,7 +782,7 @@ def test_headroom_peak_against_capacity_and_the_batch_that_would_fit(tmp_path, m
     # A CPU has no allocator peak or capacity: stand in for one GPU's (what device_peaks reads on a GPU).
     monkeypatch.setattr(backend, "device_peaks", lambda self: {0: (6 * 2**30, 8 * 2**30)})
     n = 16
-    x, y = data(n)
+    x, y = numbered_samples(n)
     model = make_model(n, limit=10**9)
     reducer = OOMBatchSizeReducer(log_dir=str(tmp_path))
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[reducer])

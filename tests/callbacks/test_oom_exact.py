@@ -1,7 +1,7 @@
 """Accumulate mode equals the unsplit batch, or is refused: every reduction, masks, weights, custom steps.
 
 Each test trains a model that runs out of memory above 4 samples per step (a
-real allocator error, `oom_models.MemoryCliff`) on batches of 16, which the
+real allocator error, `tests.helpers.models.MemoryCliff`) on batches of 16, which the
 reducer runs as 4 x 4, and the same model, from the same initial weights, on
 the same batches without the cliff. Weights, the epoch loss and every metric
 of the epoch logs must agree to a relative 1e-5 (the issue's table: the mask,
@@ -16,9 +16,9 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, MemoryCliff, real_oom
 
 from keras_gpu_tools import InexactAccumulationError, OOMBatchSizeReducer
+from tests.helpers.models import BACKEND, MemoryCliff, real_oom
 
 pytestmark = pytest.mark.multibackend
 

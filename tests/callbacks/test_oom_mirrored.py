@@ -9,7 +9,7 @@ micro-batch size (TensorFlow's `ResourceExhaustedError`, naming the replica's
 device).
 
 Logical devices are fixed before TensorFlow initialises its devices, and the
-allocator must refuse at once (`TF_ENABLE_ONEDNN_OPTS=0`, see `oom_models.py`),
+allocator must refuse at once (`TF_ENABLE_ONEDNN_OPTS=0`, see `tests/helpers/models.py`),
 so the tests run in a fresh subprocess (`test_mirrored_strategy_suite`); in
 any other process they are skipped.
 """
@@ -22,9 +22,10 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, MemoryCliff, data
 
 from keras_gpu_tools import OOMBatchSizeReducer
+from tests.helpers.data import numbered_samples
+from tests.helpers.models import BACKEND, MemoryCliff
 
 REPLICAS = 2
 INSIDE = os.environ.get("KGT_MIRRORED_SUITE") == "1"  # the subprocess of test_mirrored_strategy_suite
@@ -103,7 +104,7 @@ def iterations(model):
 
 def both(n, limit, batch=16, epochs=2, mode="accumulate", validation=False, sample_weight=None, **model_kw):
     """(model trained with the reducer, reference trained unsplit, their histories, the reducer)."""
-    x, y = data(n)
+    x, y = numbered_samples(n)
     fit_kw = {"validation_data": (x[:16], y[:16])} if validation else {}
     if sample_weight is not None:
         fit_kw["sample_weight"] = sample_weight
@@ -186,7 +187,7 @@ def test_split_mode_runs_each_micro_batch_over_the_replicas_as_its_own_step():
 @inside
 def test_one_sample_per_replica_is_the_smallest_split():
     n = 8
-    x, y = data(n)
+    x, y = numbered_samples(n)
     with strategy().scope():
         model = make_model(n, limit=0)  # nothing fits
     with pytest.raises(Exception) as info:
@@ -204,7 +205,7 @@ def test_predict_splits_each_replica_share_and_keeps_the_order():
     # replica: 16 runs as 4 x 4, the 8 as 2 x 4. Keras's predict step joins the replicas' outputs
     # replica after replica; the split one gives the same rows in the same order.
     n = 40
-    x, _ = data(n)
+    x, _ = numbered_samples(n)
     with strategy().scope():
         model = make_model(n, limit=2)
         reference = make_model(n, 10**9)  # same seed: same weights

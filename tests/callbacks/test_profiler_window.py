@@ -7,12 +7,14 @@ import sys
 import time
 
 import keras
-import numpy as np
 import pytest
 
 from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
 from keras_gpu_tools.errors import ProfilerWarning
+from tests.helpers.callbacks import InterruptAt
+from tests.helpers.data import regression_data
+from tests.helpers.models import tiny_dense_model
 
 pytestmark = pytest.mark.multibackend
 
@@ -22,20 +24,8 @@ needs_profiler = pytest.mark.skipif(JAX_UNAVAILABLE, reason="Keras disables JAX 
 tf_only = pytest.mark.skipif(BACKEND != "tensorflow", reason="xprof analysis of TensorFlow traces")
 
 
-def make_model():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    return model
-
-
-def data(steps, batch=8):
-    rng = np.random.default_rng(0)
-    return rng.normal(size=(steps * batch, 8)).astype("float32"), rng.normal(size=(steps * batch, 1)).astype("float32")
-
-
 def fit(model, cb, steps=12, epochs=1, extra=()):
-    x, y = data(steps)
+    x, y = regression_data(steps * 8)
     return model.fit(x, y, batch_size=8, epochs=epochs, verbose=0, shuffle=False, callbacks=[cb, *extra])
 
 
@@ -55,7 +45,7 @@ def step_names(capture):
 @needs_profiler
 def test_window_is_captured_with_exactly_its_steps(tmp_path):
     cb = ProfilerWindow(log_dir=tmp_path, start_step=3, num_steps=4, verbose=0)
-    fit(make_model(), cb)
+    fit(tiny_dense_model(), cb)
     cb.wait_for_analysis()
     assert len(cb.captures) == 1
     cap = cb.captures[0]
@@ -70,7 +60,7 @@ def test_window_is_captured_with_exactly_its_steps(tmp_path):
 @needs_profiler
 def test_two_windows_and_one_across_an_epoch_boundary(tmp_path):
     cb = ProfilerWindow(log_dir=tmp_path, windows=[(1, 2), (4, 3)], verbose=0)
-    fit(make_model(), cb, steps=5, epochs=2)  # steps 0-4 in epoch 0, 5-9 in epoch 1
+    fit(tiny_dense_model(), cb, steps=5, epochs=2)  # steps 0-4 in epoch 0, 5-9 in epoch 1
     assert [(c.start_step, c.num_steps) for c in cb.captures] == [(1, 2), (4, 3)]
     assert step_names(cb.captures[0]) == [1, 2]
     assert step_names(cb.captures[1]) == [4, 5, 6]
@@ -79,7 +69,7 @@ def test_two_windows_and_one_across_an_epoch_boundary(tmp_path):
 @needs_profiler
 def test_window_reached_in_a_second_fit_and_one_never_reached(tmp_path, capsys):
     cb = ProfilerWindow(log_dir=tmp_path, windows=[(7, 2), (100, 2)], verbose=1)
-    model = make_model()
+    model = tiny_dense_model()
     fit(model, cb, steps=5)
     assert not cb.captures
     assert "steps [7, 9) were not captured: training ended at step 5" in capsys.readouterr().out
@@ -92,7 +82,7 @@ def test_window_reached_in_a_second_fit_and_one_never_reached(tmp_path, capsys):
 @needs_profiler
 def test_every_n_steps_and_trigger(tmp_path):
     cb = ProfilerWindow(log_dir=tmp_path, start_step=2, num_steps=2, every_n_steps=5, verbose=0)
-    fit(make_model(), cb, steps=12)
+    fit(tiny_dense_model(), cb, steps=12)
     assert [c.start_step for c in cb.captures] == [2, 7]
 
     class TriggerAt(keras.callbacks.Callback):
@@ -101,14 +91,14 @@ def test_every_n_steps_and_trigger(tmp_path):
                 manual.trigger(3)
 
     manual = ProfilerWindow(log_dir=tmp_path / "manual", start_step=1000, verbose=0)
-    fit(make_model(), manual, steps=12, extra=[TriggerAt()])
+    fit(tiny_dense_model(), manual, steps=12, extra=[TriggerAt()])
     assert [(c.start_step, c.num_steps, c.reason) for c in manual.captures] == [(5, 3, "triggered")]
 
 
 @needs_profiler
 def test_every_n_epochs(tmp_path):
     cb = ProfilerWindow(log_dir=tmp_path, start_step=1, num_steps=2, every_n_epochs=2, verbose=0)
-    fit(make_model(), cb, steps=4, epochs=3)
+    fit(tiny_dense_model(), cb, steps=4, epochs=3)
     assert [c.start_step for c in cb.captures] == [1, 9]  # epochs 0 and 2
 
 
@@ -134,7 +124,7 @@ def profiler_can_start_again(tmp_path):
 @needs_profiler
 def test_fit_that_raises_inside_a_window_stops_the_profiler(tmp_path):
     cb = ProfilerWindow(log_dir=tmp_path, start_step=2, num_steps=6, verbose=0)
-    model = make_model()
+    model = tiny_dense_model()
     with pytest.raises(RuntimeError, match="user callback failed"):
         fit(model, cb, extra=[RaiseAt(4)])
     if BACKEND == "torch" and sys.version_info < (3, 12):
@@ -159,7 +149,7 @@ def test_busy_profiler_is_left_alone(tmp_path):
     try:
         cb = ProfilerWindow(log_dir=tmp_path, start_step=1, num_steps=2, verbose=0)
         with pytest.warns(ProfilerWarning, match="another profiler session is already running"):
-            history = fit(make_model(), cb)
+            history = fit(tiny_dense_model(), cb)
         assert not cb.captures and len(history.history["loss"]) == 1
     finally:
         tf.profiler.experimental.stop()  # ours is still running: ProfilerWindow did not stop it
@@ -170,7 +160,7 @@ def test_slow_input_pipeline_is_reported_input_bound(tmp_path):
     import tensorflow as tf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    x, y = data(12)
+    x, y = regression_data(12 * 8)
 
     def slow(a, b):
         def sleep(a):
@@ -183,7 +173,7 @@ def test_slow_input_pipeline_is_reported_input_bound(tmp_path):
 
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).map(slow)
     cb = ProfilerWindow(log_dir=tmp_path, start_step=3, num_steps=5, verbose=0)
-    make_model().fit(ds, epochs=1, verbose=0, callbacks=[cb])
+    tiny_dense_model().fit(ds, epochs=1, verbose=0, callbacks=[cb])
     cb.wait_for_analysis()
     analysis = cb.captures[0].analysis
     assert len(analysis.step_rows) == 5
@@ -201,7 +191,7 @@ def test_jax_on_old_python_says_it_cannot_profile(tmp_path):
         pytest.skip("only where JAX profiling is unavailable")
     cb = ProfilerWindow(log_dir=tmp_path, start_step=1, num_steps=2, verbose=0)
     with pytest.warns(ProfilerWarning, match="Python < 3.12"):
-        history = fit(make_model(), cb)
+        history = fit(tiny_dense_model(), cb)
     assert not cb.captures and len(history.history["loss"]) == 1
 
 
@@ -232,16 +222,6 @@ def test_unwritable_log_dir(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ValueError, match="log_dir"):
         ProfilerWindow(log_dir=blocker / "sub")
-
-
-class InterruptAt(keras.callbacks.Callback):
-    def __init__(self, batch):
-        super().__init__()
-        self.batch = batch
-
-    def on_train_batch_end(self, batch, logs=None):
-        if batch == self.batch:
-            raise KeyboardInterrupt
 
 
 def profiler_is_running() -> bool:
@@ -280,7 +260,7 @@ def test_a_plain_fit_after_an_interrupted_window_is_untouched(tmp_path, monkeypa
     monkeypatch.setattr(FitSession, "interval", 60.0)  # the watchdog must not be what saves us
     kept = []
     for attempt in range(5):
-        model = make_model()
+        model = tiny_dense_model()
         window = ProfilerWindow(log_dir=tmp_path / str(attempt), start_step=2, num_steps=50, verbose=0)
         detector = InputBoundDetector(log_dir=None, verbose=0)
         try:
@@ -288,7 +268,7 @@ def test_a_plain_fit_after_an_interrupted_window_is_untouched(tmp_path, monkeypa
         except KeyboardInterrupt as e:
             kept.append(e)  # keeps the dead fit's frames alive
         steps_counted = detector._global_step
-        model.fit(*data(30), batch_size=8, verbose=0)  # no callbacks
+        model.fit(*regression_data(30 * 8), batch_size=8, verbose=0)  # no callbacks
         assert detector._global_step == steps_counted
         assert not hasattr(model.train_function, "_keras_gpu_tools_step_hook")
         assert [c.reason for c in window.captures] == ["cut short"]
@@ -303,7 +283,7 @@ def test_a_schedule_beyond_the_end_of_training_is_not_silent(tmp_path):
         cb = ProfilerWindow(log_dir=tmp_path, verbose=0, **kwargs)
         steps = 12 if first == 50 else 1
         with pytest.warns(ProfilerWarning, match=r"no window was reached in this fit\(\) \(steps 0 to \d+\)"):
-            fit(make_model(), cb, steps=steps)
+            fit(tiny_dense_model(), cb, steps=steps)
         assert not cb.captures
 
 
@@ -311,12 +291,12 @@ def test_a_schedule_beyond_the_end_of_training_is_not_silent(tmp_path):
 def test_torch_profiler_stops_at_the_next_fit_after_a_failed_one(tmp_path, monkeypatch):
     """Defect 8: after a fit that raised mid-window, torch's profiler ran on through later fits
     (+32 MiB per 300 steps, a trace labelled with the wrong steps)."""
-    model = make_model()
+    model = tiny_dense_model()
     cb = ProfilerWindow(log_dir=tmp_path, start_step=1, num_steps=100, verbose=0)
     with pytest.raises(KeyboardInterrupt):
         fit(model, cb, steps=12, extra=[InterruptAt(3)])
     time.sleep(0.5)  # the watchdog notices; it may not stop torch's profiler from its thread
-    model.fit(*data(30), batch_size=8, verbose=0)  # a plain fit: its first step stops it
+    model.fit(*regression_data(30 * 8), batch_size=8, verbose=0)  # a plain fit: its first step stops it
     assert not profiler_is_running()
     assert [(c.start_step, c.num_steps) for c in cb.captures] == [(1, 3)]
     assert step_names(cb.captures[0]) == [1, 2, 3]

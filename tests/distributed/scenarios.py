@@ -8,6 +8,9 @@ import jax
 import keras
 import numpy as np
 
+from tests.helpers.data import uniform_regression_data
+from tests.helpers.models import tiny_dense_model
+
 
 def data_parallel() -> keras.distribution.DataParallel:
     """Data parallelism over every device of the job; each process feeds its own shard."""
@@ -17,17 +20,9 @@ def data_parallel() -> keras.distribution.DataParallel:
     return dist
 
 
-def tiny_model(seed: int = 0) -> keras.Model:
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(keras.optimizers.SGD(0.01), "mse")
-    return model
-
-
 def shard(index: int, n: int = 128, seed: int = 1):
     """This process's samples: different on every process, as under a real sharded input."""
-    rng = np.random.default_rng(seed + index)
-    return rng.random((n, 8), dtype="float32"), rng.random((n, 1), dtype="float32")
+    return uniform_regression_data(n, seed=seed + index)
 
 
 def weights_sum(model) -> float:
@@ -39,7 +34,7 @@ def topology(index: int, count: int, out: Path) -> dict:
     from keras_gpu_tools import backends
 
     data_parallel()
-    model = tiny_model()
+    model = tiny_dense_model()
     topo = backends.get().topology(model)
     gathered = topo.exchange.gather("test/hello", {"index": index}, timeout_s=30)
     # Epoch after epoch: each gather removes this process's value of the one before.
@@ -68,7 +63,7 @@ def independent(index: int, count: int, out: Path) -> dict:
     """Processes of one jax.distributed job, no distribution set: each trains its own model."""
     from keras_gpu_tools import GPUUtilizationLogger, InputBoundDetector
 
-    model = tiny_model()
+    model = tiny_dense_model()
     x, y = shard(index)
     cbs = [InputBoundDetector(log_dir=str(out / "logs"), verbose=0), GPUUtilizationLogger(log_dir=str(out / "logs"))]
     hist = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=cbs)

@@ -6,18 +6,12 @@ import os
 import time
 from pathlib import Path
 
-import keras
 import numpy as np
-from scenarios import data_parallel
+
+from tests.distributed.scenarios import data_parallel
+from tests.helpers.models import tiny_dense_model
 
 BATCH = 16  # per process
-
-
-def model(seed: int = 0) -> keras.Model:
-    keras.utils.set_random_seed(seed)
-    m = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)])
-    m.compile(keras.optimizers.SGD(0.01), "mse")
-    return m
 
 
 def batches(index: int, delay: float, batch: int = BATCH):
@@ -51,7 +45,7 @@ def fit_job(
 
     if distribute:
         data_parallel()
-    m = model()
+    m = tiny_dense_model(features=32, hidden=64)
     delay = (delays or [0.0] * count)[index]
     peak = (peaks or [1e12] * count)[index]
     det = InputBoundDetector(log_dir=str(out / "logs"), window=10, sample_every=10, verbose=0, peak_flops=peak)

@@ -10,13 +10,12 @@ with one GPU (or ``K``) per process.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import keras
-from scenarios import data_parallel, shard, tiny_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/: fake_nvml
+from tests.distributed.scenarios import data_parallel, shard
+from tests.helpers.models import tiny_dense_model
 
 GIB = 1024**3
 
@@ -31,9 +30,8 @@ def fake_gpu_figures(g: int) -> dict[str, float]:
 
 
 def machine_nvml(gpus: int):
-    from fake_nvml import FakeGPU, FakeNVML
-
     from keras_gpu_tools.telemetry.nvml import NVML
+    from tests.helpers.fake_nvml import FakeGPU, FakeNVML
 
     fakes = []
     for g in range(gpus):
@@ -62,7 +60,7 @@ def logger_fit(
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(index * k + i) for i in range(k))
     nvml = machine_nvml(count * k)
     data_parallel()
-    model = tiny_model()
+    model = tiny_dense_model()
     x, y = shard(index)
     cb = GPUUtilizationLogger(log_dir=str(out / "logs"), interval=0.02, nvml=nvml)
     callbacks = [cb]
@@ -94,7 +92,7 @@ def logger_unanswered(index: int, count: int, out: Path, epochs: int = 3) -> dic
 
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
     data_parallel()
-    model = tiny_model()
+    model = tiny_dense_model()
     x, y = shard(index)
     cb = GPUUtilizationLogger(
         log_dir=str(out / "logs"), interval=0.02, nvml=machine_nvml(count), run_name="gpu" if index == 0 else "gpu_b"

@@ -10,7 +10,6 @@ when one host's GPU has less memory free than the others'.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from pathlib import Path
 
@@ -19,9 +18,8 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "callbacks"))
-from oom_models import SeenCounter  # noqa: E402  (the reducer tests' sample counter)
-from scenarios import data_parallel
+from tests.distributed.scenarios import data_parallel
+from tests.helpers.models import SeenCounter  # the reducer tests' sample counter
 
 HUGE_COLS = 2**38  # float32 columns per row: 1 TiB per row
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scenarios import data_parallel, shard, tiny_model
+from tests.distributed.scenarios import data_parallel, shard
+from tests.helpers.models import tiny_dense_model
 
 
 def profile_window(index: int, count: int, out: Path, start_step: int = 3, num_steps: int = 4, steps: int = 10) -> dict:
@@ -12,7 +13,7 @@ def profile_window(index: int, count: int, out: Path, start_step: int = 3, num_s
     from keras_gpu_tools import ProfilerWindow
 
     data_parallel()
-    model = tiny_model()
+    model = tiny_dense_model()
     x, y = shard(index, n=16 * steps)
     cb = ProfilerWindow(log_dir=str(out / "logs"), start_step=start_step, num_steps=num_steps, verbose=0)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=[cb])

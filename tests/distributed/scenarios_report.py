@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import keras
-import scenarios_detector
-import scenarios_profiler
+
+from tests.distributed import scenarios_detector, scenarios_profiler
 
 
 def _reported(fit_job, index: int, count: int, out: Path, **args) -> dict:
@@ -58,14 +58,14 @@ def late_once(index: int, count: int, out: Path, timeout: float = 1.0, late: flo
     import os
     import time
 
-    from scenarios import data_parallel, shard, tiny_model
-    from scenarios_logger import machine_nvml
-
     from keras_gpu_tools import GPUUtilizationLogger
+    from tests.distributed.scenarios import data_parallel, shard
+    from tests.distributed.scenarios_logger import machine_nvml
+    from tests.helpers.models import tiny_dense_model
 
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
     data_parallel()
-    model = tiny_model()
+    model = tiny_dense_model()
     x, y = shard(index)
     logger = GPUUtilizationLogger(log_dir=str(out / "logs"), interval=0.02, nvml=machine_nvml(count))
     logger.job_timeout_s = timeout

@@ -4,7 +4,8 @@ import json
 import os
 
 import pytest
-from launch import JOB_GPUS, run_job
+
+from tests.distributed.launch import JOB_GPUS, run_job
 
 pytest.importorskip("jax")
 

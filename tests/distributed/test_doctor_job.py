@@ -1,7 +1,8 @@
 """`keras-gpu-tools doctor` inside a real job of two JAX processes (CPU, gloo): it shows the job."""
 
 import pytest
-from launch import run_job
+
+from tests.distributed.launch import run_job
 
 pytest.importorskip("jax")
 

@@ -8,8 +8,9 @@ import sys
 from collections import defaultdict
 
 import pytest
-from conftest import HAS_GPU
-from launch import ROOT
+
+from tests.distributed.launch import ROOT
+from tests.helpers.gpu import HAS_GPU
 
 pytest.importorskip("jax")
 

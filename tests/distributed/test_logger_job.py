@@ -7,10 +7,10 @@ read back with TensorBoard's own reader, and the report is built from them.
 import os
 
 import pytest
-from launch import run_job
-from scenarios_logger import fake_gpu_figures
 
 from keras_gpu_tools.reporting.report import report
+from tests.distributed.launch import run_job
+from tests.distributed.scenarios_logger import fake_gpu_figures
 
 pytest.importorskip("jax")
 

@@ -2,7 +2,8 @@
 
 import numpy as np
 import pytest
-from launch import JOB_GPUS, run_job
+
+from tests.distributed.launch import JOB_GPUS, run_job
 
 pytest.importorskip("jax")
 

@@ -5,9 +5,9 @@ import os
 import sys
 
 import pytest
-from launch import JOB_GPUS, run_job
 
 from keras_gpu_tools.profiling import trace as prof
+from tests.distributed.launch import JOB_GPUS, run_job
 
 pytest.importorskip("jax")
 

@@ -5,10 +5,10 @@ import os
 import sys
 
 import pytest
-from launch import run_job
 
 from keras_gpu_tools import cli
 from keras_gpu_tools.reporting.report import report
+from tests.distributed.launch import run_job
 
 pytest.importorskip("jax")
 

@@ -4,10 +4,10 @@ import json
 import shutil
 
 import pytest
-from launch import run_job
 
 from keras_gpu_tools import cli
 from keras_gpu_tools.reporting.report import report
+from tests.distributed.launch import run_job
 
 pytest.importorskip("jax")
 

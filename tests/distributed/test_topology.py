@@ -1,9 +1,9 @@
 """Who am I, in a real job of two JAX processes on the CPU (gloo), and the job's channel."""
 
 import pytest
-from launch import run_job
 
 from keras_gpu_tools.runtime import topology as topo
+from tests.distributed.launch import run_job
 
 pytest.importorskip("jax")
 

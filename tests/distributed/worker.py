@@ -19,10 +19,11 @@ import keras  # noqa: E402
 
 keras.distribution.initialize(job_addresses=f"localhost:{port}", num_processes=count, process_id=index)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import importlib  # noqa: E402
 
-module, _, function = scenario.rpartition(".")  # "scenarios.topology": module of tests/distributed
+module, _, function = scenario.rpartition(".")  # "scenarios.topology": a module of tests/distributed
 args = json.loads((out / "args.json").read_text())
-result = getattr(importlib.import_module(module or "scenarios"), function)(index, count, out, **args)
+result = getattr(importlib.import_module(f"tests.distributed.{module or 'scenarios'}"), function)(
+    index, count, out, **args
+)
 (out / f"result_{index}.json").write_text(json.dumps(result))

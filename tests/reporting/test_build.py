@@ -535,10 +535,10 @@ def test_json_tags_come_before_the_text_written_for_people(tmp_path):
 
 def test_log_dir_report_holds_the_callbacks_own_records(tmp_path):
     import keras
-    from fake_nvml import FakeGPU, FakeNVML
 
     from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
     from keras_gpu_tools.telemetry.nvml import NVML
+    from tests.helpers.fake_nvml import FakeGPU, FakeNVML
 
     backend = keras.backend.backend()
     logdir = str(tmp_path / "logs")

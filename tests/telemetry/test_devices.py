@@ -1,7 +1,6 @@
 """CUDA_VISIBLE_DEVICES -> NVML mapping and the NVML accessor, with a fake NVML."""
 
 import pytest
-from fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGPU, FakeNVML
 
 from keras_gpu_tools.telemetry.devices import (
     DeviceSelectionError,
@@ -10,6 +9,7 @@ from keras_gpu_tools.telemetry.devices import (
     visible_gpus,
 )
 from keras_gpu_tools.telemetry.nvml import NA, NVML, NVMLUnavailable
+from tests.helpers.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGPU, FakeNVML
 
 
 def four_gpus():

@@ -4,7 +4,6 @@ import time
 import warnings
 
 import pytest
-from fake_nvml import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN, FakeGPU, FakeNVML
 
 from keras_gpu_tools.errors import GPUMonitoringWarning
 from keras_gpu_tools.runtime.warn_once import WarnOnce
@@ -16,6 +15,7 @@ from keras_gpu_tools.telemetry.sampler import (
     HostProbe,
     MetricSampler,
 )
+from tests.helpers.fake_nvml import NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN, FakeGPU, FakeNVML
 
 
 def probe_for(gpu, **kwargs):

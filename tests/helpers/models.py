@@ -1,4 +1,7 @@
-"""Layers and data that produce a real out-of-memory error on CPU, shared by the OOM reducer's tests.
+"""The small Keras models the tests build, and layers that produce a real out-of-memory error on CPU.
+
+`tiny_dense_model` is the model most callback tests fit: two Dense layers, SGD
+and mean squared error, a few hundred weights.
 
 `MemoryCliff` materialises, above `limit` samples per step, a tensor of at
 least 1 TiB per sample, which the backend's own CPU allocator refuses
@@ -6,18 +9,17 @@ least 1 TiB per sample, which the backend's own CPU allocator refuses
 allocating", torch's DefaultCPUAllocator error). Nothing is faked: the errors
 come from the allocators, inside the real step.
 
-TensorFlow's default CPU allocator on this machine (oneDNN's) retries a failed
+TensorFlow's default CPU allocator (oneDNN's) retries a failed
 allocation for 10 s before it raises, and the choice is fixed when TensorFlow
 is imported. So on TensorFlow the real-OOM tests run in a subprocess started
 with `TF_ENABLE_ONEDNN_OPTS=0`, whose allocator refuses at once
-(`test_oom_batch_size_reducer.py::test_tensorflow_real_oom_suite`).
+(`tests/callbacks/test_oom_batch_size_reducer.py::test_tensorflow_real_oom_suite`).
 """
 
 import os
 import warnings
 
 import keras
-import numpy as np
 import pytest
 from keras import ops
 
@@ -26,6 +28,22 @@ FAST_OOM = BACKEND != "tensorflow" or os.environ.get("TF_ENABLE_ONEDNN_OPTS") ==
 real_oom = pytest.mark.skipif(not FAST_OOM, reason="TensorFlow: run in a subprocess by test_tensorflow_real_oom_suite")
 
 HUGE_COLS = 2**38  # float32 columns per sample above the limit: 1 TiB per sample
+
+
+def tiny_dense_model(
+    features: int = 8, hidden: int = 16, activation: str | None = "relu", seed: int | None = 0
+) -> keras.Model:
+    """``features`` inputs, a Dense layer of ``hidden`` units, one output; SGD (learning rate 0.01) on mse.
+
+    ``seed`` seeds Keras's random generators before the weights are made (None leaves them as they are).
+    """
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [keras.Input((features,)), keras.layers.Dense(hidden, activation=activation), keras.layers.Dense(1)]
+    )
+    model.compile(keras.optimizers.SGD(0.01), "mse")
+    return model
 
 
 class MemoryCliff(keras.layers.Layer):
@@ -65,14 +83,6 @@ class MemoryCliff(keras.layers.Layer):
 
     def compute_mask(self, inputs, mask=None):
         return mask
-
-
-def data(num_samples, seed=0):
-    """Samples whose first column is their id (counted by the models' SeenCounter), then 3 features."""
-    r = np.random.RandomState(seed)
-    x = r.randn(num_samples, 3).astype("float32")
-    y = (x.sum(1, keepdims=True) + 0.1 * r.randn(num_samples, 1)).astype("float32")
-    return np.concatenate([np.arange(num_samples, dtype="float32")[:, None], x], 1), y
 
 
 class SeenCounter(keras.layers.Layer):

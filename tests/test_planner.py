@@ -11,9 +11,9 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
-from oom_models import BACKEND, MemoryCliff, held_activations_model, real_oom
 
 from keras_gpu_tools import BatchPlan, OOMBatchSizeReducer, plan_batch_size
+from tests.helpers.models import BACKEND, MemoryCliff, held_activations_model, real_oom
 
 pytestmark = pytest.mark.multibackend
 

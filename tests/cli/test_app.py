@@ -5,12 +5,12 @@ import subprocess
 import sys
 
 import pytest
-from fake_nvml import FakeGPU, FakeNVML
 
 from keras_gpu_tools.cli import doctor
 from keras_gpu_tools.telemetry.nvml import NVML
+from tests.helpers.fake_nvml import FakeGPU, FakeNVML
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_cli(*args, timeout=600):

@@ -10,6 +10,7 @@ from keras_gpu_tools.errors import KerasInternalsError
 from keras_gpu_tools.runtime import keras_internals as compat
 from keras_gpu_tools.runtime.session import FitSession
 from keras_gpu_tools.runtime.step_hook import MARK, StepHook, batch_signature, leading_dim
+from tests.helpers.models import tiny_dense_model
 
 
 def attach(model, observer, clock=time.perf_counter, session=None, backend="jax"):
@@ -272,14 +273,6 @@ def test_the_signature_of_the_backends_tensors_equals_that_of_numpy():
 
 
 # -- real fit() on every backend --------------------------------------------------------
-def _model():
-    import keras
-
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
-    return model
-
-
 class HookObserverCallback:
     """A keras callback that attaches a Recorder through the hook."""
 
@@ -308,7 +301,7 @@ class HookObserverCallback:
 
 @pytest.mark.multibackend
 def test_real_fit_records_every_step_and_restores():
-    model = _model()
+    model = tiny_dense_model(features=4, hidden=8, seed=None)
     x = np.random.rand(64, 4).astype("float32")
     y = np.random.rand(64, 1).astype("float32")
     model.fit(x[:8], y[:8], batch_size=8, verbose=0)  # builds the train function
@@ -331,7 +324,7 @@ def test_real_fit_records_every_step_and_restores():
 def test_real_fit_times_the_fetch_of_light_calls_where_the_backend_can():
     import keras
 
-    model = _model()
+    model = tiny_dense_model(features=4, hidden=8, seed=None)
     x = np.random.rand(64, 4).astype("float32")
     y = np.random.rand(64, 1).astype("float32")
 
@@ -348,7 +341,7 @@ def test_real_fit_times_the_fetch_of_light_calls_where_the_backend_can():
 
 @pytest.mark.multibackend
 def test_restored_after_a_fit_that_raised():
-    model = _model()
+    model = tiny_dense_model(features=4, hidden=8, seed=None)
     x = np.random.rand(64, 4).astype("float32")
     y = np.random.rand(64, 1).astype("float32")
     model.fit(x[:8], y[:8], batch_size=8, verbose=0)
@@ -379,7 +372,7 @@ def test_restored_after_a_fit_that_raised():
 def test_stale_wrapper_left_by_a_dead_fit_is_removed_at_next_fit():
     import keras
 
-    model = _model()
+    model = tiny_dense_model(features=4, hidden=8, seed=None)
     x = np.random.rand(32, 4).astype("float32")
     y = np.random.rand(32, 1).astype("float32")
     model.fit(x[:8], y[:8], batch_size=8, verbose=0)
@@ -413,7 +406,7 @@ def test_compat_finds_fit_locals():
             seen["cbs"] = compat.find_callback_list(self.model)
             seen["pipe"] = compat.describe_pipeline(self.model)
 
-    model = _model()
+    model = tiny_dense_model(features=4, hidden=8, seed=None)
     probe = Probe()
     model.fit(np.zeros((16, 4), "float32"), np.zeros((16, 1), "float32"), batch_size=8, verbose=0, callbacks=[probe])
     assert seen["ei"] is not None
@@ -444,7 +437,7 @@ def test_a_plain_fit_after_a_dead_one_never_runs_through_the_old_hook(monkeypatc
     import keras
 
     monkeypatch.setattr(FitSession, "interval", 60.0)  # the watchdog does not get there first
-    model = _model()
+    model = tiny_dense_model(features=4, hidden=8, seed=None)
     x = np.random.rand(32, 4).astype("float32")
     y = np.random.rand(32, 1).astype("float32")
     model.fit(x[:8], y[:8], batch_size=8, verbose=0)
