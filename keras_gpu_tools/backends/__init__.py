@@ -111,7 +111,7 @@ def oom_error(original: BaseException, message: str) -> BaseException:
         err = OutOfMemoryError(message)
     try:
         # Keras's traceback filtering re-raises ``from None``: keep the original reachable.
-        err.oom_original = original
+        err.oom_original = original  # type: ignore[attr-defined]
     except Exception:
         pass
     return err

@@ -52,6 +52,7 @@ def iter_one(batch):
 class _HostSnapshot:
     """The state of a JAX step put back after a failed attempt: a host copy, since Keras's steps donate it."""
 
+    jax: Any  # the jax module, set by the runner
     state_bytes: int | None = None
     full_snapshot_max_bytes = FULL_SNAPSHOT_MAX_BYTES
 
@@ -128,9 +129,9 @@ class JaxRunner(_HostSnapshot):
         self._micro_jit = jax.jit(self._micro, donate_argnums=(4,))
         self._apply_jit = jax.jit(self._apply, donate_argnums=(0, 1, 2))
         self._measure_jit = jax.jit(self._measure_fn)
-        self._zeros_jit = None
-        self._rehearse_jit = None
-        self._step = ki.jax_step_function(original)
+        self._zeros_jit: Callable | None = None
+        self._rehearse_jit: Callable | None = None
+        self._step: Any = ki.jax_step_function(original)  # a jitted function (lower, trace)
         self.state_bytes = None
         self.routing = LossRouting(model)
         self._memory: dict[tuple, dict[str, int] | None] = {}  # (batch signature, split) -> memory analysis
@@ -166,11 +167,10 @@ class JaxRunner(_HostSnapshot):
         """
         if self._rehearse_jit is None:
             self._rehearse_jit = jit_alone(self._micro)
+        jitted = self._rehearse_jit
         tv, ntv, ov, mv = (local_copies(p) for p in ki.jax_state_parts(state))
         acc = [self.jnp.zeros_like(a) for a in tv]
-        rehearse_alone(
-            self, batch, n, k, lambda part, w, totals: self._rehearse_jit(tv, ntv, ov, mv, acc, part, w, totals)
-        )
+        rehearse_alone(self, batch, n, k, lambda part, w, totals: jitted(tv, ntv, ov, mv, acc, part, w, totals))
 
     def _apply(self, tv, ov, acc):
         tv2, ov2 = self.model.optimizer.stateless_apply(ov, acc, tv)
@@ -332,7 +332,7 @@ class JaxEvalRunner(_HostSnapshot):
         self._micro_jit = jax.jit(self._micro)
         self._plain_jit = jax.jit(lambda state, data: self.model.test_step(state, data))
         self._measure_jit = jax.jit(lambda tv, ntv, data: _measure_losses(self, tv, ntv, data))
-        self._rehearse_jit = None
+        self._rehearse_jit: Callable | None = None
 
     def _micro(self, state, data, w, totals):
         if self.kind == "predict":
@@ -385,8 +385,9 @@ class JaxEvalRunner(_HostSnapshot):
         """The first micro-batch's test or predict step on this process's first device alone (see :func:`rehearse_alone`)."""
         if self._rehearse_jit is None:
             self._rehearse_jit = jit_alone(self._micro)
+        jitted = self._rehearse_jit
         local = tuple(local_copies(p) for p in state)
-        rehearse_alone(self, batch, n, k, lambda part, w, totals: self._rehearse_jit(local, part, w, totals))
+        rehearse_alone(self, batch, n, k, lambda part, w, totals: jitted(local, part, w, totals))
 
 
 def _measure_losses(runner, tv, ntv, data):

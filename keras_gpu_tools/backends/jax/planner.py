@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from keras_gpu_tools.backends.base import Backend
 from keras_gpu_tools.backends.jax.memory import abstract_arrays, analysed_memory, local_gpus
@@ -26,7 +27,7 @@ class JaxPlanner(Backend):
         import jax
 
         model.make_train_function()
-        step = ki.jax_step_function(model.train_function)
+        step: Any = ki.jax_step_function(model.train_function)  # a jitted function (lower)
         if step is None:
             raise ValueError(
                 "plan_batch_size: the JAX train step is not jitted (run_eagerly=True or jit_compile=False); "

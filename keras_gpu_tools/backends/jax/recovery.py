@@ -30,6 +30,8 @@ def _one_execution(iterator, steps: int):
 class JaxRecovery(Backend):
     """The OOM reducer's side of the JAX backend."""
 
+    async_device: Callable[[], bool]  # JaxStep's: the runners ask it (with device_memory) through ``device``
+
     def reducer_problem(self, model) -> str | None:
         return None
 

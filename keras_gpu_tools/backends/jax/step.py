@@ -9,6 +9,7 @@ waits on its outputs before its end is read.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from keras_gpu_tools.backends.base import Backend
 from keras_gpu_tools.runtime import deps
@@ -158,7 +159,7 @@ class JaxStep(Backend):
             return None
 
     def step_flops(self, train_function: Callable, specs) -> tuple[float | None, str]:
-        step = ki.jax_step_function(train_function)
+        step: Any = ki.jax_step_function(train_function)  # a jitted function (lower, trace)
         if step is None or specs is None:
             return None, ""
         # XLA's HLO cost analysis of the un-optimised step, lowered for the CPU

@@ -343,7 +343,7 @@ class TFEvalRunner(StatefulEvalRunner):
             raise
         return logs
 
-    _replica_fn = None
+    _replica_fn: Callable | None = None
 
     def _predict_over_replicas(self, per_replica):
         """Predictions of each replica's share split, in the unsplit step's order.

@@ -62,7 +62,7 @@ class TFMemory(Backend):
         tf = deps.loaded("tensorflow")
         if tf is None:
             return {}
-        out = {}
+        out: dict[int, tuple[float, float | None]] = {}
         for i, _ in enumerate(tf.config.list_logical_devices("GPU")):
             info = tf.config.experimental.get_memory_info(f"GPU:{i}")
             out[i] = (float(info["peak"]), gpu_total_bytes(i))

@@ -109,7 +109,7 @@ def _measure(runner, part) -> list[float]:
     import keras
 
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(part)
-    out = []
+    out: list = []
     with runner.torch.no_grad():
         y_pred = runner.model(x, training=False)
         with runner.routing.measuring(out):

@@ -75,7 +75,7 @@ class TorchMemory(Backend):
         cuda = available_cuda()
         if cuda is None or not cuda.is_initialized():
             return {}
-        out = {}
+        out: dict[int, tuple[float, float | None]] = {}
         for i in range(cuda.device_count()):
             out[i] = (float(cuda.max_memory_allocated(i)), float(cuda.mem_get_info(i)[1]))
         return out
