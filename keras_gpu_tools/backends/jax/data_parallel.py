@@ -44,8 +44,7 @@ def jit_alone(fn: Callable) -> Callable:
 
     On GPUs XLA shares the autotuning of each compilation between the job's
     processes (``xla_gpu_shard_autotuning``): a program that one process
-    compiles alone would wait for the others' share, a hang. Seen on 2 H200s:
-    a program compiled by process 0 only never finished compiling.
+    compiles alone would wait for the others' share and never finish compiling.
     """
     import jax
 

@@ -51,13 +51,11 @@ def analysed_memory(lowered, asynchronous: bool) -> dict[str, int] | None:
     """XLA's memory analysis of ``lowered`` (see :func:`program_memory`), compiled but never run.
 
     On a GPU, compiled without autotuning (autotuning runs candidate kernels on
-    buffers of the real size: 17 s and more at the sizes that run out of
-    memory), twice: XLA's default GEMMs without autotuning are Triton fusions
-    with their epilogue fused, while the autotuner may pick cuBLAS, whose
-    output is a buffer of its own (seen on an H200: Dense(64 -> 65536, relu)
-    at batch 262144, temporaries of 64.1 GiB with Triton, 128.1 GiB with
-    cuBLAS and in the autotuned program that runs). The larger of the two is
-    what the step may ask.
+    buffers of the real size: seconds at the sizes that run out of memory),
+    twice: XLA's default GEMMs without autotuning are Triton fusions with
+    their epilogue fused, while the autotuner may pick cuBLAS, whose output is
+    a buffer of its own (a wide Dense layer's temporaries can double). The
+    larger of the two is what the step may ask.
     """
     if not asynchronous:
         return program_memory(lowered.compile())

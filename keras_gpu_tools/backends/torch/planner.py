@@ -81,8 +81,8 @@ class TorchPlanner(Backend):
 
         The caching allocator keeps what the trial steps (the ones that ran out
         of memory too) reserved; left there, it fragments the memory that the
-        planned batch's own steps then need (seen on an H200: the planned batch
-        ran out of memory in the process that planned it).
+        planned batch's own steps then need: the planned batch could run out
+        of memory in the process that planned it.
         """
         super().plan_restore(model, snapshot)
         cuda = available_cuda()
@@ -94,9 +94,8 @@ class TorchPlanner(Backend):
         x, y = batch
         cuda = available_cuda()
         if cuda is not None and cuda.is_initialized():
-            # Each trial from an empty cache, as the planned fit starts (plan_restore): with the blocks a
-            # larger trial had cached, an H100 planned 65536 in one run and 75776 in another; from an
-            # empty cache, 80896 in both (and it trains).
+            # Each trial from an empty cache, as the planned fit starts (plan_restore): the blocks a
+            # larger trial had cached fragment the memory, and the plan would vary from run to run.
             cuda.empty_cache()
         model.train_on_batch(x, y)
         if cuda is not None and cuda.is_initialized():

@@ -63,7 +63,7 @@ class TorchRecovery(Backend):
                 return logs
             batch = data[0]
             # batch_signature(batch), with its common case inline: a call less on every step,
-            # whose tensors' attributes are out of the caches after Keras's step (3 us here on the CPU).
+            # whose tensors' attributes are out of the caches after Keras's step.
             try:
                 sig = tuple(map(shape_and_dtype, batch)) if type(batch) is tuple else batch_signature(batch)
             except AttributeError:  # a None or a nested leaf
