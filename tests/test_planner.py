@@ -110,6 +110,7 @@ def test_training_at_the_plan_never_runs_out_of_memory_and_regrows_only_to_it():
 def test_torch_hands_the_trial_steps_cached_blocks_back_after_planning(monkeypatch):
     # No GPU here: a stand-in for torch.cuda records the call; the model is put back for real.
     from keras_gpu_tools.backends.torch import backend as torch_backend
+    from keras_gpu_tools.backends.torch import planner as torch_planner
 
     calls = []
 
@@ -129,7 +130,7 @@ def test_torch_hands_the_trial_steps_cached_blocks_back_after_planning(monkeypat
     snapshot = backend.plan_snapshot(model, (x, y))
     before = [np.array(w) for w in model.get_weights()]
     model.train_on_batch(x, y)
-    monkeypatch.setattr(torch_backend, "_cuda", lambda: FakeCuda)
+    monkeypatch.setattr(torch_planner, "available_cuda", lambda: FakeCuda)
     backend.plan_restore(model, snapshot)
     assert calls == ["empty_cache"]
     for a, b in zip(model.get_weights(), before):

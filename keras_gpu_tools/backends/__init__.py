@@ -1,12 +1,23 @@
 """One home per Keras backend: everything that differs between TensorFlow, JAX and torch.
 
-Each module (``tensorflow.py``, ``jax.py``, ``torch.py``) holds one subclass of
-:class:`~keras_gpu_tools.backends.base.Backend` with the same methods: the
-step call and device sync of the step hook, the gradient-accumulation runner
-and batch fetching of the OOM reducer, OOM classification, profiler sessions,
-device and allocator memory, TF32 and FLOP facts, and what ``doctor`` reports.
-No other module of the package compares backend names: it asks :func:`get`
-for the backend object and calls its methods.
+Each framework has a folder (``tensorflow/``, ``jax/``, ``torch/``) with one
+module per concern, named after the feature it serves:
+
+- ``step.py``: the step hook's callers, the device sync, FLOPs and TF32;
+- ``profiler.py``: the profiler session;
+- ``accumulate.py``: the gradient-accumulation runners of the OOM reducer;
+- ``recovery.py``: the train/test/predict functions the OOM reducer runs;
+- ``memory.py``: device and allocator memory, OOM classification and explanation;
+- ``planner.py``: a step's memory for ``plan_batch_size``;
+- ``topology.py``: processes, devices, data parallelism, what ``doctor`` reports;
+- ``data_parallel.py`` (JAX, TensorFlow): splitting a batch spread over devices;
+- ``backend.py``: the class that composes them, and its ``BACKEND`` object.
+
+:mod:`.protocols` states each concern's methods as a ``typing.Protocol``;
+:class:`~keras_gpu_tools.backends.base.Backend` is the backend with no GPU
+support that every framework's backend builds on. No other module of the
+package compares backend names: it asks :func:`get` for the backend object
+and calls its methods.
 
 Importing these modules imports no framework; each method talks to a
 framework the process has already imported (the Keras backend in use), or
@@ -100,7 +111,7 @@ def oom_error(original: BaseException, message: str) -> BaseException:
         err = OutOfMemoryError(message)
     try:
         # Keras's traceback filtering re-raises ``from None``: keep the original reachable.
-        err.oom_original = original
+        err.oom_original = original  # type: ignore[attr-defined]
     except Exception:
         pass
     return err

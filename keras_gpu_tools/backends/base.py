@@ -1,9 +1,10 @@
-"""The interface of a backend module, and the backend with no GPU support.
+"""The backend with no GPU support: the base every framework's backend builds on.
 
-:class:`Backend` lists every method the package calls per backend, with the
-behaviour of a backend that has no GPU, no step hook and no OOM of its own.
-``tensorflow.py``, ``jax.py`` and ``torch.py`` override what their framework
-does differently; keep the signatures identical.
+:class:`Backend` satisfies every protocol of :mod:`~keras_gpu_tools.backends.protocols`
+with the behaviour of a backend that has no GPU, no step hook and no OOM of its
+own (Keras's ``numpy`` or ``openvino``). Each framework's folder overrides, one
+module per concern, what its framework does differently; keep the signatures
+identical to the protocols'.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-Stats = dict[int, tuple[float, float]]  # local GPU index -> (current bytes, peak bytes)
+from keras_gpu_tools.backends.protocols import ProfilerSession, Stats
 
 
 class Backend:
@@ -39,47 +40,7 @@ class Backend:
     def __repr__(self) -> str:
         return f"<keras_gpu_tools backend {self.name!r}>"
 
-    # -- devices and memory ---------------------------------------------------------------
-    def gpu_devices(self) -> list[str]:
-        """Names of the GPUs the framework sees (no framework import)."""
-        return []
-
-    def allocator_memory(self, indices: Iterable[int]) -> Stats:
-        """Current and peak bytes of the framework's allocator per local GPU index."""
-        return {}
-
-    def device_memory(self) -> dict[str, Any]:
-        """The first GPU's ``device``, ``bytes_limit``, ``bytes_in_use``, ``peak_bytes_in_use`` (empty on CPU)."""
-        return {}
-
-    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
-        """Per local GPU: the allocator's peak bytes since the process started, and the device's capacity."""
-        return {}
-
-    def uses_tf32(self) -> bool:
-        """Whether float32 matmuls run as TF32 (their peak FLOP/s is TF32's)."""
-        return False
-
-    def framework_facts(self, facts) -> None:
-        """Fills ``doctor``'s :class:`FrameworkFacts` (version, GPUs, CUDA build) for this framework."""
-        facts.error = f"backend {self.name!r} has no GPU support in this tool"
-
-    # -- the job --------------------------------------------------------------------------------
-    def topology(self, model) -> Any:
-        """This process's :class:`~keras_gpu_tools.runtime.topology.Topology` under the engine in use."""
-        from keras_gpu_tools.runtime import topology
-
-        return topology.single()
-
-    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
-        """What ``doctor`` says of scaling out with this framework: ``(level, text)`` pairs.
-
-        ``topology`` is :meth:`topology` outside any fit (``model=None``),
-        ``gpus`` the GPUs this process can see, ``env`` the environment.
-        """
-        return []
-
-    # -- the training step ----------------------------------------------------------------------
+    # -- the training step (StepBackend) -----------------------------------------------------------
     def sync(self, outputs) -> None:
         """Waits until the device has finished the work that produced ``outputs``."""
 
@@ -110,11 +71,102 @@ class Backend:
         """Shape-only stand-ins of a sampled call's arguments, for :meth:`step_flops`."""
         return None
 
-    # -- planning the batch size (plan_batch_size) ------------------------------------------------
-    def replicas(self, model) -> int:
-        """The devices a batch is split over under data parallelism (1 without)."""
-        return 1
+    def uses_tf32(self) -> bool:
+        """Whether float32 matmuls run as TF32 (their peak FLOP/s is TF32's)."""
+        return False
 
+    # -- profiler (ProfilerBackend) ----------------------------------------------------------------
+    def profiler(self) -> ProfilerSession:
+        """A new profiler session (``available``, ``start``, ``step``, ``stop``); see ``profiling.trace``."""
+        raise ValueError(f"keras_gpu_tools: no profiler for the Keras backend {self.name!r}.")
+
+    # -- out-of-memory recovery (RecoveryBackend) --------------------------------------------------
+    def reducer_problem(self, model) -> str | None:
+        """Why the OOM reducer cannot run on ``model`` here, or None."""
+        return f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported (tensorflow, jax, torch)."
+
+    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
+        """The runner that retries a batch as micro-batches (see ``memory.accumulate``)."""
+        raise ValueError(self.reducer_problem(model))
+
+    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
+        """The train function the reducer runs: fetches the batch(es) and runs each on the idle path or ``one``.
+
+        A batch whose signature is ``idle.signature`` (:class:`~keras_gpu_tools.memory.idle.IdlePath`)
+        runs ``runner.original`` (Keras's step) whole, in a ``try``; any other
+        goes to ``one(batch[, state])``, the reducer's guarded path. Where
+        ``counts_idle_batches``, a batch fetched while ``idle.free`` is set runs
+        unchecked, counted down (see ``IdlePath``).
+
+        ``replicas``: the data-parallel size (:meth:`replicas`); under a ``tf.distribute`` strategy of
+        several replicas the batches are per-replica values.
+        """
+        raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
+
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+        """The runner that retries an evaluation (``kind="test"``) or prediction (``"predict"``) batch, split."""
+        raise ValueError(self.reducer_problem(model))
+
+    def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
+        """The test or predict function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``.
+
+        ``replicas``: as for :meth:`reducer_call`.
+        """
+        raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
+
+    def hand_back_eval_state(self, model, kind: str, state) -> None:
+        """After a failed evaluation or prediction step, puts the state from before it into the model (JAX)."""
+
+    def check_late_error(self, model) -> BaseException | None:
+        """An error of an earlier asynchronous step that surfaces only when results are read (JAX)."""
+        return None
+
+    def hand_back_state(self, model, state) -> None:
+        """After a failed step, gives fit() the state to write back into the model (JAX)."""
+
+    # -- device memory and out of memory (MemoryBackend) -------------------------------------------
+    def allocator_memory(self, indices: Iterable[int]) -> Stats:
+        """Current and peak bytes of the framework's allocator per local GPU index."""
+        return {}
+
+    def device_memory(self) -> dict[str, Any]:
+        """The first GPU's ``device``, ``bytes_limit``, ``bytes_in_use``, ``peak_bytes_in_use`` (empty on CPU)."""
+        return {}
+
+    def device_peaks(self) -> dict[int, tuple[float, float | None]]:
+        """Per local GPU: the allocator's peak bytes since the process started, and the device's capacity."""
+        return {}
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is this framework's out-of-memory error."""
+        return False
+
+    def oom_error(self, original: BaseException, message: str) -> BaseException | None:
+        """An error of ``original``'s type carrying ``message``, or None where it cannot be built."""
+        return None
+
+    def explain_oom(
+        self, error: BaseException | None, context: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, bytes]]:
+        """What the framework can tell about an out-of-memory error, at the moment it happened.
+
+        Returns ``(figures, artifacts)``: :class:`~keras_gpu_tools.memory.explain.OOMExplanation`
+        field values from the allocator (memory in use, peak, limit, the
+        largest buffers, the failing program's memory analysis), and files to
+        write next to the event (name suffix -> bytes) when
+        ``context["files"]`` is set. ``error`` is None for a failure predicted
+        from a memory analysis (``context["predicted_need"]``).
+        """
+        return {}, {}
+
+    def start_memory_history(self) -> str | None:
+        """Starts recording the allocator's history of allocations; returns why it cannot, or None."""
+        return f"the Keras backend {self.name!r} records no allocation history (torch with CUDA does)"
+
+    def stop_memory_history(self) -> None:
+        """Stops what :meth:`start_memory_history` started."""
+
+    # -- planning the batch size (PlannerBackend) --------------------------------------------------
     def device_capacities(self, model, replicas: int) -> list[int | None]:
         """The memory of each of those devices (None where the device reports none, a CPU)."""
         return [None] * replicas
@@ -141,80 +193,29 @@ class Backend:
     def plan_method(self, model) -> str:
         return ""
 
-    # -- profiler ------------------------------------------------------------------------------
-    def profiler(self):
-        """A new profiler session (``available``, ``start``, ``step``, ``stop``); see ``_core.profiler``."""
-        raise ValueError(f"keras_gpu_tools: no profiler for the Keras backend {self.name!r}.")
+    # -- the job and its devices (TopologyBackend) -------------------------------------------------
+    def gpu_devices(self) -> list[str]:
+        """Names of the GPUs the framework sees (no framework import)."""
+        return []
 
-    # -- out of memory -------------------------------------------------------------------------
-    def is_oom(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is this framework's out-of-memory error."""
-        return False
+    def replicas(self, model) -> int:
+        """The devices a batch is split over under data parallelism (1 without)."""
+        return 1
 
-    def oom_error(self, original: BaseException, message: str) -> BaseException | None:
-        """An error of ``original``'s type carrying ``message``, or None where it cannot be built."""
-        return None
+    def topology(self, model) -> Any:
+        """This process's :class:`~keras_gpu_tools.runtime.topology.Topology` under the engine in use."""
+        from keras_gpu_tools.runtime import topology
 
-    def reducer_problem(self, model) -> str | None:
-        """Why the OOM reducer cannot run on ``model`` here, or None."""
-        return f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported (tensorflow, jax, torch)."
+        return topology.single()
 
-    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
-        """The runner that retries a batch as micro-batches (see ``_core.grad_accum``)."""
-        raise ValueError(self.reducer_problem(model))
+    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+        """What ``doctor`` says of scaling out with this framework: ``(level, text)`` pairs.
 
-    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
-        """The train function the reducer runs: fetches the batch(es) and runs each on the idle path or ``one``.
-
-        A batch whose signature is ``idle.signature`` (:class:`~keras_gpu_tools.memory.idle.IdlePath`)
-        runs ``runner.original`` (Keras's step) whole, in a ``try``; any other
-        goes to ``one(batch[, state])``, the reducer's guarded path. Where
-        ``counts_idle_batches``, a batch fetched while ``idle.free`` is set runs
-        unchecked, counted down (see ``IdlePath``).
-
-        ``replicas``: the data-parallel size (:meth:`replicas`); under a ``tf.distribute`` strategy of
-        several replicas the batches are per-replica values.
+        ``topology`` is :meth:`topology` outside any fit (``model=None``),
+        ``gpus`` the GPUs this process can see, ``env`` the environment.
         """
-        raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
+        return []
 
-    def explain_oom(
-        self, error: BaseException | None, context: dict[str, Any]
-    ) -> tuple[dict[str, Any], dict[str, bytes]]:
-        """What the framework can tell about an out-of-memory error, at the moment it happened.
-
-        Returns ``(figures, artifacts)``: :class:`~keras_gpu_tools.memory.explain.OOMExplanation`
-        field values from the allocator (memory in use, peak, limit, the
-        largest buffers, the failing program's memory analysis), and files to
-        write next to the event (name suffix -> bytes) when
-        ``context["files"]`` is set. ``error`` is None for a failure predicted
-        from a memory analysis (``context["predicted_need"]``).
-        """
-        return {}, {}
-
-    def start_memory_history(self) -> str | None:
-        """Starts recording the allocator's history of allocations; returns why it cannot, or None."""
-        return f"the Keras backend {self.name!r} records no allocation history (torch with CUDA does)"
-
-    def stop_memory_history(self) -> None:
-        """Stops what :meth:`start_memory_history` started."""
-
-    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
-        """The runner that retries an evaluation (``kind="test"``) or prediction (``"predict"``) batch, split."""
-        raise ValueError(self.reducer_problem(model))
-
-    def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
-        """The test or predict function the reducer runs: fetches the batch(es) and calls ``one(batch[, state])``.
-
-        ``replicas``: as for :meth:`reducer_call`.
-        """
-        raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
-
-    def hand_back_eval_state(self, model, kind: str, state) -> None:
-        """After a failed evaluation or prediction step, puts the state from before it into the model (JAX)."""
-
-    def check_late_error(self, model) -> BaseException | None:
-        """An error of an earlier asynchronous step that surfaces only when results are read (JAX)."""
-        return None
-
-    def hand_back_state(self, model, state) -> None:
-        """After a failed step, gives fit() the state to write back into the model (JAX)."""
+    def framework_facts(self, facts) -> None:
+        """Fills ``doctor``'s :class:`FrameworkFacts` (version, GPUs, CUDA build) for this framework."""
+        facts.error = f"backend {self.name!r} has no GPU support in this tool"

@@ -1,0 +1,55 @@
+"""Planning the batch size on JAX (``plan_batch_size``): XLA's memory analysis of the compiled step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.backends.jax.memory import abstract_arrays, analysed_memory, local_gpus
+from keras_gpu_tools.runtime import keras_internals as ki
+
+
+class JaxPlanner(Backend):
+    """The planner's side of the JAX backend."""
+
+    async_device: Callable[[], bool]  # JaxStep's
+
+    def device_capacities(self, model, replicas: int) -> list[int | None]:
+        out = []
+        for dev in local_gpus()[:replicas]:
+            limit = (dev.memory_stats() or {}).get("bytes_limit")
+            out.append(int(limit) if limit else None)
+        return out + [None] * (replicas - len(out))
+
+    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
+        """XLA's memory analysis of Keras's compiled train step on ``batch``'s shapes; compiled, not run."""
+        import jax
+
+        model.make_train_function()
+        step: Any = ki.jax_step_function(model.train_function)  # a jitted function (lower)
+        if step is None:
+            raise ValueError(
+                "plan_batch_size: the JAX train step is not jitted (run_eagerly=True or jit_compile=False); "
+                "XLA's memory analysis needs the compiled step."
+            )
+        _, dist = ki.jax_data_parallel()
+
+        def spec(a):
+            if a is None:
+                return None
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=ki.jax_batch_sharding(dist, tuple(a.shape)))
+
+        x, y = batch
+        data = jax.tree_util.tree_map(spec, (x, y) if y is not None else (x,))
+        memory = analysed_memory(step.lower(abstract_arrays(ki.jax_state_of(model)), data), self.async_device())
+        if memory is None:
+            raise ValueError("plan_batch_size: XLA returned no memory analysis for the train step.")
+        peak = memory["arguments"] + memory["temporaries"] + memory["outputs"] - memory["aliased"]
+        return [float(peak)] * replicas, self.plan_method(model)
+
+    def plan_method(self, model) -> str:
+        return (
+            "XLA's memory analysis of the compiled train step, per device (arguments + temporaries + outputs, "
+            "less the outputs that reuse donated arguments); compiled, never run"
+        )

@@ -1,0 +1,61 @@
+"""The torch profiler session (``torch.profiler``), which can only be stopped from the thread that started it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.profiling.trace import ProfilerBusy, TracerOptions
+
+
+class _Torch:
+    name = "torch"
+    owner_thread_only = True  # stop() only from the thread that called start()
+    pattern = "*.pt.trace.json"
+
+    def __init__(self):
+        self._prof = None
+        self._run_dir = None
+
+    def available(self) -> tuple[bool, str]:
+        return True, ""
+
+    def start(self, run_dir: str, options: TracerOptions) -> None:
+        import torch
+
+        if torch.autograd.profiler._is_profiler_enabled:
+            raise ProfilerBusy("another torch profiler session is running")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available() and options.device_tracer_level:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._prof = torch.profiler.profile(activities=activities, with_stack=options.python_tracer)
+        self._prof.start()
+        self._run_dir = run_dir
+
+    def step(self, step_num: int):
+        import torch
+
+        # The name torch.profiler.profile.step() gives its step ranges.
+        return torch.profiler.record_function(f"ProfilerStep#{step_num}")
+
+    def stop(self, outputs=None) -> None:
+        import torch
+
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        prof.stop()
+        folder = os.path.join(self._run_dir, "plugins", "profile", time.strftime("%Y_%m_%d_%H_%M_%S"))
+        os.makedirs(folder, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(folder, f"{socket.gethostname()}.pt.trace.json"))
+
+
+class TorchProfiler(Backend):
+    """The profiler side of the torch backend."""
+
+    def profiler(self):
+        return _Torch()

@@ -1,0 +1,91 @@
+"""The torch step: the step hook's callers, the device sync, and timing fit()'s fetches.
+
+torch's train function is ``f(batches)`` with the batches already fetched by
+fit()'s epoch iterator, so fetch time is measured by wrapping that iterator
+(``keras_internals.time_epoch_iterator``) and falls before the call. A sync is
+``torch.cuda.synchronize()``, on CUDA only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.runtime import deps
+from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime.batches import leading_dim
+
+logger = logging.getLogger("keras_gpu_tools")
+
+
+def _call_torch(hook, data):
+    rec = hook.begin(lambda: hook.sync(True))
+    rec.start = hook.clock()
+    out = hook.around(rec, lambda: hook.inner(data))
+    if rec.sampled:
+        hook.sync(True)
+    rec.end = hook.clock()
+    rec.steps = _steps_of(data)
+    try:
+        n = leading_dim(data[0])
+        rec.samples = n * len(data) if n is not None else None
+    except (TypeError, IndexError):
+        pass
+    if rec.sampled:
+        rec.compute = rec.end - rec.start
+        try:
+            hook.check_signature(rec, data[0])
+        except (TypeError, IndexError):
+            pass
+    return out
+
+
+def _light_torch(hook, data):
+    """The light path: Keras's step; its fetch, timed before the call, goes to the pending record."""
+    seconds = hook.take_fetch()
+    out = hook.inner(data)
+    hook.add_covered_fetch(seconds, _steps_of(data))
+    return out
+
+
+def _steps_of(data) -> int:
+    """The steps of one train-function call: Keras hands torch's a list of batches, one per step."""
+    try:
+        return max(len(data), 1)
+    except TypeError:
+        return 1
+
+
+def _install_fetch_timer(hook) -> None:
+    ei = ki.find_epoch_iterator(hook.model_ref)
+    if ei is None:
+        logger.warning(
+            "keras_gpu_tools: could not find fit()'s epoch iterator (Keras %s); input fetch time is not measured on torch.",
+            ki.keras_version(),
+        )
+        return
+    hook.fetch_known = True
+    hook.undo_fetch_timer = ki.time_epoch_iterator(ei, hook.on_fetch, hook.clock, when=hook.wants_full)
+
+
+class TorchStep(Backend):
+    """The step hook's side of the torch backend (see :class:`~keras_gpu_tools.backends.protocols.StepBackend`)."""
+
+    def uses_tf32(self) -> bool:
+        torch = deps.loaded("torch")
+        return bool(torch is not None and torch.backends.cuda.matmul.allow_tf32)
+
+    def sync(self, outputs) -> None:
+        torch = deps.loaded("torch")
+        if outputs is not None and torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def step_caller(self, hook) -> Callable:
+        return lambda data: _call_torch(hook, data)
+
+    def fetch_caller(self, hook) -> Callable:
+        return lambda data: _light_torch(hook, data)
+
+    def prepare_hook(self, hook) -> None:
+        _install_fetch_timer(hook)
