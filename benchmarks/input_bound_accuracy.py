@@ -55,7 +55,7 @@ def run_backend(args) -> list:
     import numpy as np
 
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
-    from keras_gpu_tools.input import timing as st
+    from keras_gpu_tools.input import categories
 
     backend = keras.backend.backend()
     quick = args.quick
@@ -154,8 +154,8 @@ def run_backend(args) -> list:
             "truth": truth,
             "measured": got,
             "error_pp": 100.0 * (got - truth),
-            "truth_category": st.classify(truth),
-            "measured_category": st.classify(got),
+            "truth_category": categories.classify(truth),
+            "measured_category": categories.classify(got),
             "delay_kind": "busy" if args.busy else "sleep",
             "steps": steps,
             "detector": details,
