@@ -12,11 +12,10 @@ from typing import Any
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import ProfilerWarning
 from keras_gpu_tools.input.timing import StepRecord
-from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.profiling import window as profiled
 from keras_gpu_tools.profiling.analysis import in_background
-from keras_gpu_tools.profiling.capture import WindowCapture
+from keras_gpu_tools.profiling.capture import WindowCapture, write_capture
 from keras_gpu_tools.profiling.job_session import JobSessions
 from keras_gpu_tools.profiling.schedule import WindowSchedule
 from keras_gpu_tools.runtime import validation as check
@@ -31,58 +30,42 @@ _END_OF_DATA = ("StopIteration", "OutOfRangeError")
 class ProfilerWindow(FitCallback):
     """Captures a profiler trace of chosen training steps, with step markers.
 
-    Each profiled step is marked for the profiler (TensorFlow:
-    `tf.profiler.experimental.Trace("train", step_num=..., _r=1)`; JAX:
-    `jax.profiler.StepTraceAnnotation`; torch: a `ProfilerStep#N` range), so
-    TensorBoard's Profile tab gets a per-step breakdown in its Overview and
-    Input-pipeline pages, which Keras's own `TensorBoard(profile_batch=...)`
-    trace lacks ("No step time measured").
+    Each profiled step is marked for the profiler (TensorFlow's `Trace("train",
+    step_num=...)`, JAX's `StepTraceAnnotation`, torch's `ProfilerStep#N`), so
+    TensorBoard's Profile tab gets the per-step breakdown that Keras's own
+    `TensorBoard(profile_batch=...)` trace lacks ("No step time measured").
 
-    Steps are counted globally: across epochs and across `fit()` calls on the
-    same instance, from 0. A "step" is one call of Keras's train function: with
-    `steps_per_execution=N` (TensorFlow, JAX) one profiled step covers N
-    batches.
+    Steps are counted globally (across epochs and `fit()` calls, from 0); a
+    step is one call of Keras's train function (N batches with
+    `steps_per_execution=N`).
 
-    Where traces go: `log_dir/<run_name>/plugins/profile/<timestamp>/`, which
-    `tensorboard --logdir log_dir` shows in its Profile tab (install
-    `tensorboard-plugin-profile`). TensorFlow and JAX write `.xplane.pb`;
-    torch writes a Chrome trace `.pt.trace.json`, which TensorBoard does not
-    read: open it at https://ui.perfetto.dev or in chrome://tracing. JAX
-    profiling needs Python 3.12 or newer (Keras disables it below; a warning
-    says so and nothing is captured).
+    Traces go to `log_dir/<run_name>/plugins/profile/<timestamp>/`, which
+    TensorBoard's Profile tab shows (`tensorboard-plugin-profile`): `.xplane.pb`
+    on TensorFlow and JAX (JAX needs Python 3.12 or newer); torch writes a
+    Chrome trace `.pt.trace.json`: open it at https://ui.perfetto.dev.
 
-    After each window a line gives the trace's path and size and the window's
-    mean step time; with `analyze=True` (TensorFlow and JAX, with xprof
-    installed) the trace is converted with xprof's input-pipeline analyzer in
-    a background thread and its conclusion ("Your program is HIGHLY
-    input-bound because ...") is logged and written to TensorBoard as text
-    (tag `profile/steps_<a>_<b>`, run `log_dir/<run_name>`).
+    After each window a line gives the trace's path, size and mean step time;
+    with `analyze=True` (TensorFlow and JAX, with xprof) xprof's input-pipeline
+    conclusion ("Your program is HIGHLY input-bound because ...") follows, in
+    the background, also as text (tag `profile/steps_<a>_<b>`).
 
-    In a job of several processes (JAX, `keras.distribution.initialize`),
-    steps are the job's: every process traces the same steps, and all of a
-    window's traces form one session of the run `log_dir/<run_name>/job`
-    (`plugins/profile/<session>/<host>_p<i>.xplane.pb`, one host per
-    process), which the Profile tab shows as one multi-host session. Each
-    process writes its own line and conclusion to `log_dir/<run_name>/process_<i>`;
-    process 0 also writes the job's (every process's mean step time, the
-    slowest process, xprof's conclusion over all traces) to
-    `log_dir/<run_name>/job` and `captures[i].job_*`. The processes agree on
-    the session's name at the start of each fit() and meet once at the end of
-    each window, over the JAX distributed client's key-value store; without
-    it (a process started by a launcher but training alone) each process
-    keeps its sessions in its own run. Call `trigger()` on every process.
+    In a job of several processes (JAX, `keras.distribution.initialize`)
+    every process traces the same steps, and a window's traces form one
+    multi-host session of the run `log_dir/<run_name>/job`. Each process
+    writes its own line and conclusion to `log_dir/<run_name>/process_<i>`;
+    process 0 also writes the job's (every process's mean step time, xprof's
+    conclusion over all traces) to the job's run and `captures[i].job_*`.
+    Without the job's key-value store each process keeps its sessions in its
+    own run. Call `trigger()` on every process.
 
-    A profiler session started by someone else (Keras's `profile_batch`, a
-    `tf.profiler.experimental.start` of yours) is left alone: the window is
-    skipped with a warning. A profiler error never stops training. The
-    profiler is always stopped: at the window's end, at the end of training
-    (a window cut short), and when fit() raises.
+    A profiler session started by someone else (Keras's `profile_batch`) is
+    left alone: the window is skipped with a warning. A profiler error never
+    stops training; the profiler is always stopped, also when fit() raises.
 
     Args:
         log_dir: directory of the TensorBoard logs. Defaults to `"logs"`.
-        start_step: first step of the (first) window. The default skips the
-            first steps, where compilation and warm-up happen. Defaults to
-            `10`.
+        start_step: first step of the (first) window, past compilation and
+            warm-up. Defaults to `10`.
         num_steps: steps per window. Defaults to `5`.
         windows: a list of `(start_step, num_steps)` pairs to capture instead
             of one window; they may not overlap. Defaults to `None`.
@@ -91,9 +74,8 @@ class ProfilerWindow(FitCallback):
         every_n_epochs: capture a window in every N-th epoch (epochs 0, N,
             2N, ... of each fit), starting `start_step` steps into the epoch.
             Defaults to `None`.
-        host_tracer_level: 1 (your annotations only), 2 (also the runtime's
-            high-level events) or 3 (verbose). TensorFlow and JAX. Defaults
-            to `2`.
+        host_tracer_level: 1 (your annotations), 2 (also the runtime's
+            events) or 3 (verbose); TensorFlow and JAX. Defaults to `2`.
         python_tracer: also trace Python function calls (slower, bigger
             traces). Defaults to `False`.
         device_tracer: trace GPU activity. Defaults to `True`.
@@ -158,11 +140,9 @@ class ProfilerWindow(FitCallback):
         host_tracer_level = check.check_int("host_tracer_level", host_tracer_level, low=1, high=3)
         self.run_name = check.check_run_name("run_name", run_name)
         check.check_run_dir(self.log_dir, self.run_name)
-        self.options = prof.TracerOptions(
-            host_tracer_level,
-            check.check_bool("python_tracer", python_tracer),
-            int(check.check_bool("device_tracer", device_tracer)),
-        )
+        python_tracer = check.check_bool("python_tracer", python_tracer)
+        device_tracer = int(check.check_bool("device_tracer", device_tracer))
+        self.options = prof.TracerOptions(host_tracer_level, python_tracer, device_tracer)
         self.analyze = check.check_bool("analyze", analyze)
         self.verbose = check.check_verbose("verbose", verbose)
         if self.num_steps > 500:
@@ -178,14 +158,10 @@ class ProfilerWindow(FitCallback):
             self.start_step, self.num_steps, self.windows, self.every_n_steps, self.every_n_epochs
         )
         self._active: prof.Window | None = None
-        self._active_reason = ""
-        self._active_done = 0
-        self._active_wall = 0.0
+        self._active_reason, self._active_done, self._active_wall = "", 0, 0.0  # the active window's
         self._profiler = None  # this fit's profiler session (the backend's)
-        self._index0 = 0
-        self._step0 = 0
-        self._fit_start_step = 0
-        self._fit_captures = 0
+        self._index0 = self._step0 = 0  # the hook's call index of global step `_step0`
+        self._fit_start_step = self._fit_captures = 0  # this fit's first step, and captures before it
         self._attachment = None
         self._analyses: list[threading.Thread] = []
         self._lock = threading.RLock()
@@ -193,7 +169,6 @@ class ProfilerWindow(FitCallback):
         self._sessions_before: set = set()
         self._job: JobSessions | None = None  # this fit's, in a job whose processes agreed on the session names
 
-    # -- public ---------------------------------------------------------------
     def trigger(self, num_steps: int | None = None) -> None:
         """Profiles the next `num_steps` steps (defaults to `num_steps`), unless a window is running."""
         self._schedule.triggered = (
@@ -207,7 +182,6 @@ class ProfilerWindow(FitCallback):
         for t in list(self._analyses):
             t.join(max(0.0, deadline - time.monotonic()))
 
-    # -- Keras hooks ------------------------------------------------------------
     def _start_fit(self, session) -> None:
         self._fit_start_step = self._global_step
         self._fit_captures = len(self.captures)
@@ -230,9 +204,8 @@ class ProfilerWindow(FitCallback):
         self._reschedule()
 
     def _stop_on_training_thread(self) -> bool:
-        # torch's profiler can only be stopped from the thread that started it. While
-        # such a window runs, the hook stays in place after a failed fit: the next
-        # fit()'s first step (plain or not) is then the first chance to stop it.
+        # torch's profiler can only be stopped from the thread that started it: after a failed fit
+        # the hook stays in place while such a window runs, and the next fit()'s first step stops it.
         return self._active is not None and self._profiler is not None and self._profiler.owner_thread_only
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -241,7 +214,6 @@ class ProfilerWindow(FitCallback):
             if self._schedule.epoch_begins(epoch, self._global_step):
                 self._reschedule()
 
-    # -- step hook observer -----------------------------------------------------
     def sample(self, index: int) -> bool:
         return False  # no device sync needed: markers only
 
@@ -259,11 +231,6 @@ class ProfilerWindow(FitCallback):
         step = self._step0 + index - self._index0
         start = self._schedule.next_start(step)
         return None if start is None else index + start - step
-
-    def _leave_job(self, reason: str) -> None:
-        """A window skipped here would leave the others waiting at its end: they are told at once instead."""
-        if self._job is not None:
-            self._job.gather.give_up(f"process {self.topology.process_index} skipped a window: {reason}")
 
     def _reschedule(self) -> None:
         att = self._attachment
@@ -302,7 +269,6 @@ class ProfilerWindow(FitCallback):
             self._stop_window(self._active_reason, outputs=out)
         return out
 
-    # -- internals ------------------------------------------------------------------
     def _say(self, line: str) -> None:
         logger.info(line)
         if self.verbose:
@@ -313,7 +279,8 @@ class ProfilerWindow(FitCallback):
         before, why = profiled.start(self._profiler, self.run_dir, opts, window, bps, warn)
         if before is None:
             self._schedule.skip_until = window.end - 1
-            self._leave_job(why)
+            if self._job is not None:  # the others would wait at the window's end: told at once instead
+                self._job.gather.give_up(f"process {self.topology.process_index} skipped a window: {why}")
             return
         self._sessions_before, self._active = before, window
         if self._profiler.owner_thread_only and self._session is not None:
@@ -337,7 +304,7 @@ class ProfilerWindow(FitCallback):
             if capture.num_steps and capture.size_bytes:
                 self._bytes_per_step = capture.size_bytes / capture.num_steps
             self._say(capture.line())
-            self._write(self._writer, capture, capture.line())
+            write_capture(self._writer, capture, capture.line())
             if job is not None and meet and job.meet(window, capture, session):
                 self._report_job(capture)
             xplanes = [f for f in capture.files if f.endswith(".xplane.pb")]
@@ -345,20 +312,11 @@ class ProfilerWindow(FitCallback):
                 name, isolated = "keras_gpu_tools-ProfilerWindow-xprof", job is not None
                 in_background(self._analyses, capture, xplanes, self._writer, self._say, name=name, isolated=isolated)
 
-    def _write(self, writer, capture: WindowCapture, line: str) -> None:
-        if writer is not None:
-            tag, step = (
-                schema.profile_window(capture.start_step, capture.start_step + capture.num_steps),
-                capture.start_step,
-            )
-            writer.text(tag, line, step=step)
-            writer.json(tag + schema.DATA_SUFFIX, capture, step=step)  # the same, for report()
-
     def _report_job(self, capture: WindowCapture) -> None:
         """Process 0: the job's line for the window, and xprof's conclusion over every process's trace."""
         line = capture.job_line()
         self._say(line)
-        self._write(self._job_writer, capture, line)
+        write_capture(self._job_writer, capture, line)
         if self.analyze and len(capture.job_files) > 1 and prof.xprof_available():
             # In the session's folder: xprof's cache there is then the whole job's, which TensorBoard serves.
             paths = list(capture.job_files)
@@ -374,25 +332,18 @@ class ProfilerWindow(FitCallback):
             if self._active is not None:
                 # After a failure the other processes may be gone: no meeting (it would wait for them).
                 self._stop_window("cut short", meet=not aborted)
-        if not aborted and self._profiler is not None:
-            self._say_what_was_not_reached()
+        if not aborted and self._profiler is not None:  # a schedule past the end is never silent
+            step, captured = self._global_step, len(self.captures) > self._fit_captures
+            lines = self._schedule.unreached_lines(step, captured)
+            for line in lines:
+                self._say(line)
+            if lines and not captured:
+                self.warnings(
+                    ("unreached", self._fit_start_step),
+                    f"ProfilerWindow: no window was reached in this fit() (steps {self._fit_start_step} to {step}); "
+                    "lower `start_step` (or `every_n_steps`) to profile it.",
+                )
         self._profiler = None
         self._job = None
         self.wait_for_analysis()
         self._close_writers()
-
-    def _say_what_was_not_reached(self) -> None:
-        """At the end of a fit(): the windows it did not reach, so a schedule past the end is never silent."""
-        step = self._global_step
-        pending = self._schedule.unreached(step, captured_in_fit=len(self.captures) > self._fit_captures)
-        for w in pending:
-            self._say(
-                f"ProfilerWindow: steps [{w.start}, {w.end}) were not captured: training ended at step {step}. "
-                "A later fit() with this callback continues the count."
-            )
-        if len(self.captures) == self._fit_captures and pending:
-            self.warnings(
-                ("unreached", self._fit_start_step),
-                f"ProfilerWindow: no window was reached in this fit() (steps {self._fit_start_step} to {step}); "
-                "lower `start_step` (or `every_n_steps`) to profile it.",
-            )

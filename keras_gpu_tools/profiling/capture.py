@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.logdir.events import EventWriter
 from keras_gpu_tools.profiling.trace import TraceAnalysis
 
 
@@ -56,3 +58,11 @@ class WindowCapture:
             f"ProfilerWindow: job of {n} processes, steps [{self.start_step}, {self.start_step + self.num_steps}) -> "
             f"{where} ({len(self.job_files)} trace files; mean step per process: {steps} ms{slowest}{missing})"
         )
+
+
+def write_capture(writer: EventWriter | None, capture: WindowCapture, line: str) -> None:
+    """A window's ``line`` as text under ``profile/steps_<a>_<b>``, and the capture as JSON for the report."""
+    if writer is not None:
+        tag = schema.profile_window(capture.start_step, capture.start_step + capture.num_steps)
+        writer.text(tag, line, step=capture.start_step)
+        writer.json(tag + schema.DATA_SUFFIX, capture, step=capture.start_step)

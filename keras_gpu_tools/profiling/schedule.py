@@ -92,3 +92,11 @@ class WindowSchedule:
                     first = self.start_step + k * self.every_n_steps
                 pending.append(Window(first, self.num_steps))
         return pending
+
+    def unreached_lines(self, step: int, captured_in_fit: bool) -> list[str]:
+        """:meth:`unreached` in words, one line a window."""
+        return [
+            f"ProfilerWindow: steps [{w.start}, {w.end}) were not captured: training ended at step {step}. "
+            "A later fit() with this callback continues the count."
+            for w in self.unreached(step, captured_in_fit)
+        ]
