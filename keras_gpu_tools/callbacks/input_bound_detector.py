@@ -27,6 +27,11 @@ logger = logging.getLogger("keras_gpu_tools")
 FETCH_EVERY = 25  # an unsynced call in this many has its fetch timed (JAX, torch)
 
 
+def _of_fit(name: str, doc: str) -> property:
+    """An attribute of the last fit's analysis (:class:`InputFit`), read and set on the detector."""
+    return property(lambda self: getattr(self._fit, name), lambda self, v: setattr(self._fit, name, v), doc=doc)
+
+
 class InputBoundDetector(FitCallback):
     """Measures, while training runs, whether the input pipeline starves the device.
 
@@ -76,10 +81,8 @@ class InputBoundDetector(FitCallback):
     | `throughput/flops_per_sec_per_device` | FLOP/s | the same per device that runs the step |
     | `throughput/mfu` | 0..1 | model FLOPs utilization: against the summed dense peaks of the step's devices |
 
-    FLOPs come from XLA's cost analysis of the global step on JAX
-    (`flops_source`) or `flops_per_step`; the peak from a table of NVIDIA
-    GPUs (or `peak_flops`) times the devices that run the step. MFU is left
-    out where either is unknown (TensorFlow and torch report no FLOPs).
+    FLOPs come from XLA's cost analysis on JAX or `flops_per_step`, the peak
+    from a table of NVIDIA GPUs or `peak_flops` (times the step's devices).
 
     In a job of several processes each writes its own run,
     ``log_dir/<run_name>/process_<i>``; at each epoch end they exchange their
@@ -93,10 +96,8 @@ class InputBoundDetector(FitCallback):
     | `job/input_wait_process` | index | which process that is |
     | `job/samples_per_sec` | 1/s | the job's examples per second (every process's summed) |
 
-    Process 0 also writes them, with the job verdict, to the run
-    `log_dir/<run_name>/job`. `detector.job_verdict` gives every process's
-    figures and names a straggler. A failing channel leaves the job's
-    figures out (a warning, once).
+    Process 0 also writes them, with the job verdict (`detector.job_verdict`,
+    naming a straggler), to the run `log_dir/<run_name>/job`.
 
     On TensorFlow the fetch is timed on sampled steps only (steps under ~3 ms
     may read a few percent high), per execution with `steps_per_execution`.
@@ -194,12 +195,12 @@ class InputBoundDetector(FitCallback):
         self._epoch_last_call = -1
         self._epoch_first_call = -1
 
-    verdict = property(lambda self: self._fit.verdict, doc="The run's verdict: its steady state (None before a fit).")
-    measurement = property(lambda self: self._fit.measurement, doc="The steady state's figures (the verdict's scope).")
-    fit_measurement = property(lambda self: self._fit.fit_measurement, doc="The whole fit's figures, every phase in.")
-    job_verdict = property(lambda self: self._fit.job_verdict, doc="The job's verdict (a job of several processes).")
-    epoch_verdicts = property(lambda self: self._fit.epoch_verdicts, doc="Each epoch's verdict.")
-    window_verdicts = property(lambda self: self._fit.window_verdicts, doc="(global step, verdict) of each window.")
+    verdict = _of_fit("verdict", "The run's verdict: its steady state (None before a fit).")
+    measurement = _of_fit("measurement", "The steady state's figures (the verdict's scope).")
+    fit_measurement = _of_fit("fit_measurement", "The whole fit's figures, every phase in.")
+    job_verdict = _of_fit("job_verdict", "The job's verdict (a job of several processes).")
+    epoch_verdicts = _of_fit("epoch_verdicts", "Each epoch's verdict.")
+    window_verdicts = _of_fit("window_verdicts", "(global step, verdict) of each window.")
 
     def summary(self) -> str:
         """A report of the last fit(): verdict, figures (steady state and whole fit), phases, evidence, advice."""
@@ -254,9 +255,8 @@ class InputBoundDetector(FitCallback):
         context = {"gpu": gpu, "cores": os.cpu_count() or 1, "epochs": (self.params or {}).get("epochs")}
         judge = Judge(self.moderate_threshold, self.high_threshold, self.pipeline, context, self._gpu_logger)
         devices = max(int(self.topology.devices_in_step or 1), 1)
-        compute_dtype = self.model.dtype_policy.compute_dtype
-        peak = self.peak_flops or step_flops.table_peak(self.backend, compute_dtype, self.warnings)
-        gather = self._job_gather()
+        dtype = self.model.dtype_policy.compute_dtype
+        peak, gather = self.peak_flops or step_flops.table_peak(self.backend, dtype, self.warnings), self._job_gather()
         exchange = JobExchange(gather, devices, self._job_events) if gather.active else None
         self._fit = InputFit(judge, self.flops_per_step, peak, devices, exchange, self._job_failed)
         spe = ki.steps_per_execution(self.model)
