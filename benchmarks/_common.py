@@ -213,7 +213,7 @@ def is_oom(exc: BaseException) -> bool:
 
 def verdict(wait_fraction: float | None) -> str:
     """InputBoundDetector's verdict for a wait fraction ("not input-bound", ...)."""
-    from keras_gpu_tools.input.timing import classify
+    from keras_gpu_tools.input.categories import classify
 
     return classify(wait_fraction)
 

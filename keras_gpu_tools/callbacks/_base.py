@@ -24,6 +24,7 @@ import keras
 
 from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks._lean import LeanCallback
+from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import topology as topo
 from keras_gpu_tools.runtime.session import FitSession, run_deferred
@@ -83,9 +84,46 @@ class FitCallback(LeanCallback):
             return None
         return self.topology.job_run_dir(log_dir, self.run_name)
 
-    def _job_gather(self, warn) -> topo.JobGather:
-        """The job's channel for this fit(): keys of this callback and fit, ``warn(message)`` once on failure."""
-        return topo.JobGather(self.topology, f"{self._serial_name()}/fit{self._fit_serial}", warn)
+    def _job_gather(self) -> topo.JobGather:
+        """The job's channel for this fit(): keys of this callback and fit; on failure a warning, once."""
+        name = type(self).__name__
+        return topo.JobGather(
+            self.topology,
+            f"{self._serial_name()}/fit{self._fit_serial}",
+            lambda message: self.warnings("job", f"{name}: {message}"),
+        )
+
+    def _job_failed(self, gather: topo.JobGather | None, error: Exception) -> None:
+        """This process's job figures failed: the job's are left out for the rest of the fit, the others told."""
+        if gather is not None:
+            gather.give_up(f"process {self.topology.process_index}'s figures failed ({type(error).__name__}: {error})")
+        self.warnings(
+            "job", f"{type(self).__name__}: job-wide figures are left out for the rest of this fit(): {error}"
+        )
+
+    # -- event files: this process's run, and the job's run (process 0 of a job) ---------------
+    _writer: EventWriter | None = None
+    _job_writer: EventWriter | None = None
+    _job_writer_dir: str | None = None
+
+    def _open_writers(self, job: bool) -> None:
+        """This fit's writer of its own run (None without a log_dir); ``job``: the job's run, opened at its first figures."""
+        self._writer = EventWriter(self.run_dir) if getattr(self, "log_dir", None) else None
+        self._job_writer = None
+        self._job_writer_dir = self.job_run_dir if job else None
+
+    def _job_events(self) -> EventWriter | None:
+        """The job run's writer (process 0 of a job; else None), opened on first use."""
+        if self._job_writer is None and self._job_writer_dir:
+            self._job_writer = EventWriter(self._job_writer_dir)
+        return self._job_writer
+
+    def _close_writers(self) -> None:
+        for name in ("_writer", "_job_writer"):
+            writer = getattr(self, name)
+            setattr(self, name, None)
+            if writer is not None:
+                writer.close()
 
     def _serial_name(self) -> str:
         return getattr(self, "run_name", type(self).__name__)

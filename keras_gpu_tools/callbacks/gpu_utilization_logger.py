@@ -11,9 +11,8 @@ from typing import Any
 
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.runtime.ticker import Job
-from keras_gpu_tools.runtime.topology import JobGather, spread
+from keras_gpu_tools.runtime.topology import JobGather
 from keras_gpu_tools.runtime.validation import (
     check_bool,
     check_devices,
@@ -22,9 +21,9 @@ from keras_gpu_tools.runtime.validation import (
     check_run_dir,
     check_run_name,
 )
-from keras_gpu_tools.runtime.warn_once import WarnOnce
-from keras_gpu_tools.telemetry.devices import DeviceSelectionError, select_devices, visible_gpus
-from keras_gpu_tools.telemetry.nvml import NVML, GPUInfo, NVMLUnavailable, default_nvml
+from keras_gpu_tools.telemetry import gpus as monitored
+from keras_gpu_tools.telemetry.job import JOB_METRICS, job_gpu_figures
+from keras_gpu_tools.telemetry.nvml import NVML, default_nvml
 from keras_gpu_tools.telemetry.sampler import (
     GPU_FIELDS,
     HOST_FIELDS,
@@ -32,11 +31,10 @@ from keras_gpu_tools.telemetry.sampler import (
     GPUProbe,
     HostProbe,
     MetricSampler,
+    WarnOnce,
 )
 
 MAX_INTERVAL = 3600.0  # seconds: one sample an hour is already no monitoring
-# The per-GPU epoch means whose spread over every GPU of a job is logged as `job/gpu/<metric>_min|_mean|_max`.
-JOB_METRICS = ("utilization_percent", "sm_activity_percent", "memory_used_mib")
 
 
 def _key_table() -> str:
@@ -178,7 +176,6 @@ class GPUUtilizationLogger(FitCallback):
         self._steps_cap = 1 << 62  # the fit's steps per epoch, where Keras knows them
         self._running = False
         self._job: Job | None = None  # the sampling, on the fit session's thread
-        self._writer: EventWriter | None = None
         self._sampler: MetricSampler | None = None
         self._point = Aggregate()
         self._epoch = Aggregate()
@@ -187,8 +184,6 @@ class GPUUtilizationLogger(FitCallback):
         self._first_sample = threading.Event()
         self._labels: dict[int, str] = {}  # framework index -> the GPU's name in the keys
         self._gather: JobGather | None = None
-        self._job_writer: EventWriter | None = None
-        self._job_run_dir: str | None = None
 
     __doc__ = __doc__.replace("{keys}", _key_table())
 
@@ -203,20 +198,18 @@ class GPUUtilizationLogger(FitCallback):
         self._count_on()  # from the last fit's steps (under that fit's cap)
         steps = self.params.get("steps") if self.params else None
         self._steps_cap = int(steps) if steps else 1 << 62
-        self.gpus = self._resolve_devices()
-        warn = self.warnings
-        nvml = self._nvml or default_nvml()
-        self._labels = {i: self._device_label(i, g) for i, g in self.gpus}
+        warn, nvml = self.warnings, self._nvml or default_nvml()
+        self.gpus = monitored.resolve_devices(nvml, self.devices, warn)
+        self._labels = {i: monitored.device_label(self.topology, i, g) for i, g in self.gpus}
         probes = [GPUProbe(nvml, i, g, warn, pcie=self.pcie, gpm=self.gpm, label=self._labels[i]) for i, g in self.gpus]
         allocator = self.backend.allocator_memory if self.gpus else None
         self._sampler = MetricSampler(probes, HostProbe(warn), allocator, warn)
-        self._gather = self._job_gather(lambda message: warn("job", f"GPUUtilizationLogger: {message}"))
+        self._gather = self._job_gather()
         self._gather.timeout_s = float(self.job_timeout_s)
-        self._writer = EventWriter(self.run_dir) if self.log_dir else None
-        job_run_dir = self.job_run_dir
-        self._job_run_dir = job_run_dir if self._gather.active else None  # opened at its first figures
+        self._open_writers(job=self._gather.active)
         if self._writer is not None and self.gpus:
-            self._writer.text(schema.GPU_DEVICES, self._device_table(), step=self._global_step)
+            table = monitored.device_table(self.topology, self.gpus, self._labels)
+            self._writer.text(schema.GPU_DEVICES, table, step=self._global_step)
             self._writer.json(schema.GPU_DEVICES_DATA, self.device_records(), step=self._global_step)  # for report()
         with self._lock:
             self._point = Aggregate()
@@ -262,103 +255,17 @@ class GPUUtilizationLogger(FitCallback):
         sampler = self._sampler
         values = sampler.epoch_summary(agg) if sampler is not None else agg.summary()
         try:
-            values.update(self._job_figures(epoch, values))
+            job = job_gpu_figures(epoch, values, list(self._labels.values()), self.topology, self._gather)
+            if job and self._job_events() is not None:
+                self._job_writer.scalars(job, step=self._global_step)
+            values.update(job)
         except Exception as e:  # monitoring never stops training: the job figures stop instead
-            if self._gather is not None:
-                self._gather.give_up(f"process {self.topology.process_index}'s figures failed: {e}")
-            self.warnings("job", f"GPUUtilizationLogger: job-wide figures are left out for the rest of this fit(): {e}")
+            self._job_failed(self._gather, e)
         self.epoch_history.append(values)
         if self.epoch_logs and logs is not None:
             logs.update(values)
 
     # -- internals ------------------------------------------------------------
-    def _device_label(self, index: int, gpu: GPUInfo) -> str:
-        """The GPU's name in the keys: its index alone, or one no other process of the job uses."""
-        topo = self.topology
-        if topo.multi_process and topo.device_ids is None:
-            # Processes started by a launcher on one host each see their own GPU
-            # as GPU:0; NVML's index is the machine's, so it tells them apart.
-            return f"{topo.host}:{gpu.nvml_index}" + (f".{gpu.mig_index}" if gpu.is_mig else "")
-        return topo.device_label(index)
-
-    def _job_figures(self, epoch: int, values: dict[str, float]) -> dict[str, float]:
-        """`job/gpu/<metric>_min|_mean|_max` over every GPU of the job: one exchange per epoch.
-
-        One process over several GPUs (MirroredStrategy, DataParallel) is the
-        whole job: its own GPUs, nothing exchanged. One process, one GPU: none.
-        """
-        gather = self._gather
-        labels = list(self._labels.values())
-        mine = {
-            m: [values[k] for k in (schema.gpu_key(label, m) for label in labels) if k in values] for m in JOB_METRICS
-        }
-        if not self.topology.multi_process:
-            if len(labels) < 2:
-                return {}
-            everyone = [mine]
-        elif gather is None or not gather.active:
-            return {}
-        else:
-            everyone = gather.gather(f"epoch{epoch}", mine)
-            if everyone is None:
-                return {}  # JobGather warned once and gave up for this fit
-        out: dict[str, float] = {}
-        try:
-            for m in JOB_METRICS:
-                figures = spread([v for theirs in everyone for v in theirs.get(m) or ()])
-                for stat, value in (figures or {}).items():
-                    out[schema.job_gpu_key(m, stat)] = value
-        except (AttributeError, TypeError, ValueError) as e:  # a process of another version of the package
-            raise ValueError(f"a process sent figures of another shape ({e})") from None
-        if out and self._job_run_dir:
-            if self._job_writer is None:
-                self._job_writer = EventWriter(self._job_run_dir)
-            self._job_writer.scalars(out, step=self._global_step)
-        return out
-
-    def _resolve_devices(self):
-        nvml = self._nvml or default_nvml()
-        try:
-            visible = visible_gpus(nvml)
-        except NVMLUnavailable as e:
-            self.warnings(
-                "nvml",
-                f"GPUUtilizationLogger: {e}. GPU metrics are not logged; host/* metrics are. "
-                "Run `keras-gpu-tools doctor` to see what the process can use.",
-            )
-            return []
-        except Exception as e:  # a broken driver must not stop training
-            self.warnings(
-                "nvml", f"GPUUtilizationLogger: reading the GPU list from NVML failed ({e}); host/* metrics only."
-            )
-            return []
-        try:
-            chosen = select_devices(visible, self.devices)
-        except DeviceSelectionError as e:
-            raise ValueError(str(e)) from None
-        if not chosen:
-            self.warnings(
-                "nogpu",
-                "GPUUtilizationLogger: NVML works but this process sees no GPU "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); host/* metrics only.",
-            )
-        return chosen
-
-    def _device_table(self) -> str:
-        topo = self.topology
-        job = topo.multi_process
-        lines = [f"Process {topo.process_index} of {topo.process_count} on {topo.host}.", ""] if job else []
-        lines += [
-            "| index | GPU | UUID | memory (MiB) | compute capability |" + (" label |" if job else ""),
-            "|---|---|---|---|---|" + ("---|" if job else ""),
-        ]
-        for i, g in self.gpus:
-            mem = f"{g.memory_total_bytes / 2**20:.0f}" if g.memory_total_bytes else "?"
-            cc = ".".join(map(str, g.compute_capability)) if g.compute_capability else "?"
-            label = f" {self._labels.get(i, i)} |" if job else ""
-            lines.append(f"| {i} | {g.name}{' (MIG)' if g.is_mig else ''} | {g.uuid} | {mem} | {cc} |{label}")
-        return "\n".join(lines)
-
     def _tick(self) -> None:
         sample = self._sampler.sample()
         now = time.time()
@@ -397,12 +304,7 @@ class GPUUtilizationLogger(FitCallback):
         finally:
             if self._sampler is not None:
                 self._sampler.close()
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-            if self._job_writer is not None:
-                self._job_writer.close()
-                self._job_writer = None
+            self._close_writers()
 
     def device_records(self) -> list[dict[str, Any]]:
         """The GPUs monitored in the last fit as JSON-ready dicts, as written to `gpu/devices/data`.
@@ -411,19 +313,4 @@ class GPUUtilizationLogger(FitCallback):
         (`gpu/<label>/...`); `process_index`, `process_count` and `host` say
         which process of the job monitored it.
         """
-        topo = self.topology
-        return [
-            {
-                "index": i,
-                "label": self._labels.get(i, str(i)),
-                schema.PROCESS_INDEX: topo.process_index,
-                schema.PROCESS_COUNT: topo.process_count,
-                schema.HOST: topo.host,
-                "name": g.name,
-                "uuid": g.uuid,
-                "memory_total_bytes": g.memory_total_bytes,
-                "compute_capability": list(g.compute_capability) if g.compute_capability else None,
-                "is_mig": g.is_mig,
-            }
-            for i, g in self.gpus
-        ]
+        return monitored.device_records(self.topology, self.gpus, self._labels)

@@ -25,10 +25,8 @@ class LiveView(LeanCallback):
 
     A redraw is an HTML table with inline SVG sparklines, drawn on the
     training thread (no matplotlib, no device sync: the loss is read every
-    `interval` seconds, not every step). Measured on a 2-core CPU in a real
-    Jupyter kernel (`benchmarks/live_view_overhead.py`): about 0.2 ms to draw
-    and 3 ms to draw and send, so 0.15% of the time at the default 2 s; the
-    per-step cost is one clock read (about 0.1 us).
+    `interval` seconds, not every step): a redraw costs a few milliseconds
+    (`benchmarks/live_view_overhead.py`), the per-step cost is one clock read.
 
     Args:
         interval: seconds between redraws. Defaults to `2.0`.

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.runtime.units import format_milliseconds
+from keras_gpu_tools.runtime.units import format_milliseconds, format_percent
 
 WAIT_POINTS = 0.10
 WAIT_RATIO = 2.0
@@ -161,17 +161,13 @@ class JobVerdict:
             mark = " (straggler)" if p["process"] in self.straggler_processes else ""
             lines.append(
                 f"| {p['process']}{mark} | {p.get('host') or '?'} | {p.get('scope') or '?'} | "
-                f"{_num(p.get('steps'), '.0f')} | {_pct(p.get('wait_fraction'))} | {format_milliseconds(p.get('step_ms'))} | "
+                f"{_num(p.get('steps'), '.0f')} | {format_percent(p.get('wait_fraction'))} | {format_milliseconds(p.get('step_ms'))} | "
                 f"{_num(p.get('samples_per_sec'), '.0f')} | {p.get('category') or '?'} |"
             )
         lines += ["", self.message]
         if self.advice:
             lines += ["", "What to change:"] + [f"- {a}" for a in self.advice]
         return "\n".join(lines)
-
-
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def _num(x, fmt: str) -> str:
@@ -198,7 +194,7 @@ def job_verdict(rows: Sequence[dict[str, Any]]) -> JobVerdict:
     if not found:
         waits = [p.get("wait_fraction") for p in procs]
         message = (
-            f"No process stands out: over the {n} processes the input wait is {_range(waits, _pct)} of the step "
+            f"No process stands out: over the {n} processes the input wait is {_range(waits, format_percent)} of the step "
             f"and the step {_range([p.get('step_ms') for p in procs], format_milliseconds)}."
         )
         if all(p.get("category") in ("highly input-bound", "moderately input-bound") for p in procs):
@@ -211,9 +207,9 @@ def job_verdict(rows: Sequence[dict[str, Any]]) -> JobVerdict:
         others_step = _range([p.get("step_ms") for p in others], format_milliseconds)
         if s.kind == "input wait":
             sentences.append(
-                f"Process {s.process} holds the job back: it waits for input {_pct(s.value)} of its step time "
+                f"Process {s.process} holds the job back: it waits for input {format_percent(s.value)} of its step time "
                 f"({format_milliseconds(own.get('wait_ms'))} of a {format_milliseconds(own.get('step_ms'))} step) where the other processes wait "
-                f"{_pct(s.others_median)} (median). Under synchronous data parallelism the others wait for it in the "
+                f"{format_percent(s.others_median)} (median). Under synchronous data parallelism the others wait for it in the "
                 f"gradient all-reduce, so their step time ({others_step}) is inflated too: their wait sits in the "
                 f"collective, not in their input, and the whole job runs at process {s.process}'s input rate."
             )
@@ -228,7 +224,7 @@ def job_verdict(rows: Sequence[dict[str, Any]]) -> JobVerdict:
         else:
             sentences.append(
                 f"Process {s.process} is slower: its steps take {format_milliseconds(s.value)} where the other processes take "
-                f"{format_milliseconds(s.others_median)} (median), and its input wait ({_pct(own.get('wait_fraction'))}) is not what "
+                f"{format_milliseconds(s.others_median)} (median), and its input wait ({format_percent(own.get('wait_fraction'))}) is not what "
                 "stands out. If the processes train in step (synchronous data parallelism), the others wait for it "
                 "and their step time is inflated too."
             )

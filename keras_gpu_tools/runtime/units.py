@@ -36,3 +36,8 @@ def format_ms(seconds: float | None, digits: int = 2) -> str:
 def format_seconds(seconds: float | None, digits: int = 2) -> str:
     """A duration in seconds: ``"3.21 s"``, or ``"n/a"``."""
     return MISSING if seconds is None else f"{seconds:.{digits}f} s"
+
+
+def format_percent(fraction: float | None, digits: int = 1) -> str:
+    """A fraction as a percentage: ``0.123`` -> ``"12.3%"``, or ``"n/a"``."""
+    return MISSING if fraction is None else f"{100 * fraction:.{digits}f}%"

@@ -86,12 +86,12 @@ def test_an_error_after_the_hook_is_attached_detaches_it(tmp_path, monkeypatch):
 
 
 def test_a_failing_writer_at_begin_leaves_nothing_behind(tmp_path, monkeypatch):
-    import keras_gpu_tools.callbacks.gpu_utilization_logger as gul
+    import keras_gpu_tools.callbacks._base as base
 
     def broken(*a, **k):
         raise PermissionError("cannot write the event file")
 
-    monkeypatch.setattr(gul, "EventWriter", broken)
+    monkeypatch.setattr(base, "EventWriter", broken)
     model = tiny_dense_model(features=4, hidden=8, activation=None)
     x, y = regression_data(64, features=4)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.05)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
-from keras_gpu_tools.input import timing as st
+from keras_gpu_tools.input import categories
 
 N_IMAGES = 384  # 12 batches per epoch
 BATCH = 32
@@ -145,7 +145,7 @@ def test_tf_data_image_files_advice_applied_step_by_step(tmp_path, backend):
     AUTOTUNE = tf.data.AUTOTUNE
 
     naive = train(files.map(load).map(augment).batch(BATCH), backend, "naive")
-    assert naive.verdict.category == st.HIGH and naive.verdict.wait_fraction > 0.4, naive.summary()
+    assert naive.verdict.category == categories.HIGH and naive.verdict.wait_fraction > 0.4, naive.summary()
     advice = "\n".join(naive.verdict.advice)
     assert "`num_parallel_calls=tf.data.AUTOTUNE` to each `.map(...)`" in advice
     assert "`.prefetch(tf.data.AUTOTUNE)`" in advice
@@ -181,7 +181,7 @@ def test_tf_data_image_files_advice_applied_step_by_step(tmp_path, backend):
     assert_pays_off(parallel, cached, "+ cache")
     assert_pays_off(naive, cached, "all the advice")
     v = cached.verdict
-    assert v.category in (st.MODERATE, st.NOT), cached.summary()
+    assert v.category in (categories.MODERATE, categories.NOT), cached.summary()
     # The cache fills in epoch 1: a phase named and left out, not the run's character.
     assert v.scope == "epochs 2-3" and [p.steady for p in v.phases] == [False, True, True], cached.summary()
     assert "Left out: epoch 1, which waited" in v.message and "while the cache filled" in v.message
@@ -220,14 +220,14 @@ def test_pydataset_slow_getitem_advice_applied(tmp_path, backend):
     per_image = 4 * step_compute(backend) / BATCH
 
     naive = train(ImageFiles(paths, labels, per_image), backend, "PyDataset workers=1")
-    assert naive.verdict.category == st.HIGH and naive.verdict.wait_fraction > 0.4, naive.summary()
+    assert naive.verdict.category == categories.HIGH and naive.verdict.wait_fraction > 0.4, naive.summary()
     (tip,) = [t for t in naive.verdict.advice if "Raise `workers` to" in t]
     workers = int(re.search(r"Raise `workers` to (\d+)", tip).group(1))
     assert workers >= 2 and "Addresses the loading part of the wait" in tip
     # `__getitem__` waits on storage and PIL, not on pure-Python work: threads, as the tip says for that case.
     advised = train(ImageFiles(paths, labels, per_image, workers=workers), backend, f"PyDataset workers={workers}")
     assert_pays_off(naive, advised, f"workers={workers}")
-    assert advised.verdict.category in (st.MODERATE, st.NOT), advised.summary()
+    assert advised.verdict.category in (categories.MODERATE, categories.NOT), advised.summary()
 
 
 @pytest.fixture
@@ -263,7 +263,7 @@ def test_torch_dataloader_advice_applied(tmp_path, backend, request):
             return torch.from_numpy(read_png(paths[i])), int(labels[i])
 
     naive = train(torch.utils.data.DataLoader(Images(), batch_size=BATCH), backend, "DataLoader num_workers=0")
-    assert naive.verdict.category == st.HIGH and naive.verdict.wait_fraction > 0.4, naive.summary()
+    assert naive.verdict.category == categories.HIGH and naive.verdict.wait_fraction > 0.4, naive.summary()
     assert not any("pin_memory" in t for t in naive.verdict.advice)  # no GPU here: nothing to pin for
     (tip,) = [t for t in naive.verdict.advice if "Raise `num_workers` to" in t]
     workers = int(re.search(r"Raise `num_workers` to (\d+)", tip).group(1))
@@ -271,4 +271,4 @@ def test_torch_dataloader_advice_applied(tmp_path, backend, request):
     loader = torch.utils.data.DataLoader(Images(), batch_size=BATCH, num_workers=workers, persistent_workers=True)
     advised = train(loader, backend, f"DataLoader num_workers={workers}")
     assert_pays_off(naive, advised, f"num_workers={workers}")
-    assert advised.verdict.category in (st.MODERATE, st.NOT), advised.summary()
+    assert advised.verdict.category in (categories.MODERATE, categories.NOT), advised.summary()

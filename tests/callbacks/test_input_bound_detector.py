@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
-from keras_gpu_tools.input import timing as st
+from keras_gpu_tools.input import categories
 from keras_gpu_tools.runtime.step_hook import StepHook
 from tests.helpers.data import uniform_regression_data
 from tests.helpers.models import tiny_dense_model
@@ -84,7 +84,7 @@ def test_slow_pydataset_is_highly_input_bound(tmp_path, capsys):
     model = tiny_dense_model()
     det = InputBoundDetector(window=8, sample_every=4, log_dir=str(tmp_path), verbose=1)
     hist = model.fit(SlowSequence(x, y), epochs=1, verbose=0, callbacks=[det])
-    assert det.verdict.category == st.HIGH
+    assert det.verdict.category == categories.HIGH
     logs = hist.history
     assert logs["input/wait_fraction"][0] > 0.75
     assert logs["input/wait_ms"][0] == pytest.approx(1e3 * DELAY, rel=0.4)
@@ -115,7 +115,7 @@ def test_generator_is_highly_input_bound_with_generator_advice():
     model = tiny_dense_model()
     det = InputBoundDetector(window=10, sample_every=3, log_dir=None, verbose=0)
     model.fit(slow_generator(x, y), steps_per_epoch=12, epochs=2, verbose=0, callbacks=[det])
-    assert [v.category for v in det.epoch_verdicts] == [st.HIGH, st.HIGH]
+    assert [v.category for v in det.epoch_verdicts] == [categories.HIGH, categories.HIGH]
     assert det.global_step == 24
     assert any("PyDataset" in a for a in det.verdict.advice)
 
@@ -137,8 +137,8 @@ def test_heavy_model_on_arrays_is_not_input_bound():
     # Slicing in-memory arrays costs well under a millisecond against a
     # compute of several; the margin is for a loaded 2-core CI machine.
     assert m.wait_fraction < 0.12, det.summary()
-    assert det.verdict.category in (st.NOT, st.MODERATE)
-    assert det.verdict.category == st.NOT or m.wait < 0.1 * m.compute
+    assert det.verdict.category in (categories.NOT, categories.MODERATE)
+    assert det.verdict.category == categories.NOT or m.wait < 0.1 * m.compute
 
 
 @pytest.mark.multibackend
@@ -162,7 +162,7 @@ def test_tf_data_pipeline_is_inspected():
     det = InputBoundDetector(window=8, sample_every=3, log_dir=None, verbose=0)
     tiny_dense_model().fit(ds, epochs=1, verbose=0, callbacks=[det])
     assert det.pipeline["kind"] == "tf.data" and det.pipeline["sequential_map"]
-    assert det.verdict.category == st.HIGH
+    assert det.verdict.category == categories.HIGH
     advice = "\n".join(det.verdict.advice)
     assert "num_parallel_calls=tf.data.AUTOTUNE" in advice and ".prefetch(tf.data.AUTOTUNE)" in advice
 
@@ -374,7 +374,7 @@ def test_gpu_logger_found_in_the_same_fit_and_quoted():
     fake = types.SimpleNamespace(timeline=[(time.time() + 1e6, 1, {"gpu/0/utilization_percent": 12.0})])
     det = InputBoundDetector(window=8, sample_every=3, log_dir=None, verbose=0, gpu_logger=fake)
     tiny_dense_model().fit(SlowSequence(*uniform_regression_data(256)), epochs=1, verbose=0, callbacks=[det])
-    assert det.verdict.category == st.HIGH
+    assert det.verdict.category == categories.HIGH
     assert any("Confirmed by the GPU: GPU utilization 12%" in e for e in det.verdict.evidence)
 
 
@@ -396,7 +396,7 @@ def test_torch_dataloader_on_torch(backend):
     det = InputBoundDetector(window=5, sample_every=3, log_dir=None, verbose=0)
     tiny_dense_model().fit(loader, epochs=1, verbose=0, callbacks=[det])
     assert det.pipeline["kind"] == "torch DataLoader" and det.pipeline["num_workers"] == 0
-    assert det.verdict.category == st.HIGH
+    assert det.verdict.category == categories.HIGH
     assert any("Raise `num_workers` to" in a and "(now 0)" in a for a in det.verdict.advice)
 
 
@@ -411,7 +411,7 @@ def test_steps_per_execution_on_tensorflow(backend):
     model.fit(slow_generator(x, y), steps_per_epoch=16, epochs=1, verbose=0, callbacks=[det])
     assert det.global_step == 16
     assert int(model.optimizer.iterations) == 16
-    assert det.verdict.category == st.HIGH
+    assert det.verdict.category == categories.HIGH
     assert det.measurement.wait == pytest.approx(DELAY, rel=0.4)  # per step, not per execution
     assert any("steps_per_execution=4" in n for n in det.notes)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
-from keras_gpu_tools.input import timing as st
+from keras_gpu_tools.input import categories
 from keras_gpu_tools.telemetry import peaks as gpu_peaks
 
 pytestmark = pytest.mark.gpu
@@ -52,7 +52,7 @@ def test_slow_input_is_highly_input_bound_and_the_gpu_confirms(backend):
     gpu_log = GPUUtilizationLogger(log_dir=None, interval=0.05, pcie=False)
     det = InputBoundDetector(window=20, sample_every=5, log_dir=None, verbose=0)
     gpu_model().fit(Slow(x, y, 0.02, 60), epochs=1, verbose=0, callbacks=[gpu_log, det])
-    assert det.verdict.category == st.HIGH, det.summary()
+    assert det.verdict.category == categories.HIGH, det.summary()
     assert det.measurement.wait_fraction > 0.7
     assert det.measurement.compute < 0.01
     assert det._gpu_logger is gpu_log
@@ -67,7 +67,7 @@ def test_fast_input_is_not_input_bound(backend):
     model.fit(x, y, batch_size=2048, epochs=2, verbose=0, shuffle=False, callbacks=[det])
     m = det.measurement
     assert m.compute > 0 and m.steps_per_sec > 0
-    assert det.verdict.category in (st.NOT, st.MODERATE), det.summary()
+    assert det.verdict.category in (categories.NOT, categories.MODERATE), det.summary()
     assert m.wait_fraction < 0.2
 
 

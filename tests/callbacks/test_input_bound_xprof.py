@@ -16,11 +16,16 @@ import pytest
 
 from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
-from keras_gpu_tools.input import timing as st
+from keras_gpu_tools.input import categories
 from keras_gpu_tools.runtime.session import FitSession
 from keras_gpu_tools.runtime.step_hook import StepHook
 
-XPROF_CATEGORY = {"HIGHLY": st.HIGH, "MODERATELY": st.MODERATE, "NOT": st.NOT, "POTENTIALLY": st.NOT}
+XPROF_CATEGORY = {
+    "HIGHLY": categories.HIGH,
+    "MODERATELY": categories.MODERATE,
+    "NOT": categories.NOT,
+    "POTENTIALLY": categories.NOT,
+}
 
 
 @pytest.fixture
@@ -89,7 +94,7 @@ def test_slow_pipeline_agrees_with_xprof(tf, tmp_path):
 
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).map(slow).repeat()
     det, xprof_category, xprof_fraction = profiled_fit(tf, tmp_path, ds, dense_model(256, 2), steps=16)
-    assert xprof_category == st.HIGH
+    assert xprof_category == categories.HIGH
     assert det.verdict.category == xprof_category, (det.summary(), xprof_fraction)
 
 
@@ -103,5 +108,5 @@ def test_fast_pipeline_heavy_model_agrees_with_xprof(tf, tmp_path):
     y = np.random.rand(128 * 8, 1).astype("float32")
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(512).cache().repeat().prefetch(tf.data.AUTOTUNE)
     det, xprof_category, xprof_fraction = profiled_fit(tf, tmp_path, ds, dense_model(1024, 3, inputs=512), steps=16)
-    assert xprof_category == st.NOT
+    assert xprof_category == categories.NOT
     assert det.verdict.category == xprof_category, (det.summary(), xprof_fraction)

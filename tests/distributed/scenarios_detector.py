@@ -54,7 +54,7 @@ def fit_job(
     return {
         "pid": os.getpid(),
         "history": {k: v for k, v in hist.history.items() if k.startswith(("job/", "input/", "throughput/"))},
-        "flops_per_step": det._flops,
+        "flops_per_step": det._fit.flops,
         "flops_source": det.flops_source,
         "devices_in_step": det.topology.devices_in_step,
         "category": det.verdict.category,

@@ -2,7 +2,8 @@
 
 import pytest
 
-from keras_gpu_tools.input import timing as st
+from keras_gpu_tools.input import advice, categories, measure, summary, verdict
+from keras_gpu_tools.input.steady import span_label, steady_start, warmup_reason
 from keras_gpu_tools.input.timing import StepStats
 from keras_gpu_tools.runtime.step_record import StepRecord
 
@@ -88,7 +89,7 @@ def test_overlap_with_device_hides_the_fetch():
     assert m.overlapped
     assert m.wait == pytest.approx(0.0)
     assert m.wait_fraction == pytest.approx(0.0)
-    assert st.classify(m.wait_fraction) == st.NOT
+    assert categories.classify(m.wait_fraction) == categories.NOT
 
 
 def test_overlap_partial_wait_is_the_excess():
@@ -157,8 +158,8 @@ def test_no_sampled_step_yet_uses_rate_and_fetch():
 def test_nothing_measured():
     m = StepStats().measurement()
     assert m.wait_fraction is None and m.logs() == {}
-    v = st.verdict_for(m)
-    assert v.category == st.UNKNOWN and not v.input_bound
+    v = verdict.verdict_for(m)
+    assert v.category == categories.UNKNOWN and not v.input_bound
 
 
 def test_steps_per_execution_counts_steps():
@@ -211,61 +212,61 @@ def test_mfu_over_the_devices_of_the_step():
     assert logs["throughput/flops_per_sec_per_device"] == pytest.approx(5e11)
     assert logs["throughput/mfu"] == pytest.approx(0.5)
     # Aggregates carry the same arithmetic.
-    m = st.aggregate([two, two], flops_per_step=1e10, peak_flops=4e12, devices=4)
+    m = measure.aggregate([two, two], flops_per_step=1e10, peak_flops=4e12, devices=4)
     assert m.flops_per_sec == pytest.approx(1e12) and m.flops_per_sec_per_device == pytest.approx(2.5e11)
     assert m.mfu == pytest.approx(0.25)
-    assert st.aggregate([two], flops_per_step=1e10, devices=2).mfu is None  # no peak: left out
+    assert measure.aggregate([two], flops_per_step=1e10, devices=2).mfu is None  # no peak: left out
     assert "throughput/flops_per_sec_per_device" not in stats.measurement().logs()
 
 
 @pytest.mark.parametrize(
     "fraction, expected",
     [
-        (0.0, st.NOT),
-        (0.049, st.NOT),
-        (0.05, st.MODERATE),
-        (0.199, st.MODERATE),
-        (0.2, st.HIGH),
-        (1.0, st.HIGH),
-        (None, st.UNKNOWN),
+        (0.0, categories.NOT),
+        (0.049, categories.NOT),
+        (0.05, categories.MODERATE),
+        (0.199, categories.MODERATE),
+        (0.2, categories.HIGH),
+        (1.0, categories.HIGH),
+        (None, categories.UNKNOWN),
     ],
 )
 def test_classify_uses_xprof_thresholds(fraction, expected):
-    assert st.classify(fraction) == expected
+    assert categories.classify(fraction) == expected
 
 
 def test_custom_thresholds():
-    assert st.classify(0.15, moderate=0.1, high=0.3) == st.MODERATE
-    assert st.classify(0.35, moderate=0.1, high=0.3) == st.HIGH
+    assert categories.classify(0.15, moderate=0.1, high=0.3) == categories.MODERATE
+    assert categories.classify(0.35, moderate=0.1, high=0.3) == categories.HIGH
 
 
 @pytest.mark.parametrize("moderate, high", [(0.2, 0.05), (0.1, 0.1), (0.0, 0.2), (0.05, 1.0), ("a", 0.2), (True, 0.2)])
 def test_bad_thresholds(moderate, high):
     with pytest.raises(ValueError, match="Invalid value for argument"):
-        st.validate_thresholds(moderate, high)
+        verdict.validate_thresholds(moderate, high)
 
 
 def _input_bound_measurement():
-    return st.Measurement(
+    return measure.Measurement(
         steps=10, sampled_steps=5, fetch=0.008, compute=0.002, other=0.0, step=0.010, wait=0.008, wait_fraction=0.8
     )
 
 
 def test_verdict_message_and_gpu_evidence():
-    v = st.verdict_for(
+    v = verdict.verdict_for(
         _input_bound_measurement(), gpu_means={"gpu/0/utilization_percent": 15.0, "gpu/0/memory_used_mib": 100.0}
     )
-    assert v.category == st.HIGH and v.input_bound
+    assert v.category == categories.HIGH and v.input_bound
     assert "HIGHLY input-bound because 80.0%" in v.message
     assert any("Confirmed by the GPU" in e and "15%" in e for e in v.evidence)
-    busy = st.verdict_for(_input_bound_measurement(), gpu_means={"gpu/0/utilization_percent": 97.0})
+    busy = verdict.verdict_for(_input_bound_measurement(), gpu_means={"gpu/0/utilization_percent": 97.0})
     assert not any("Confirmed" in e for e in busy.evidence)
 
 
 def test_advice_for_tf_data_reads_the_pipeline():
     m = _input_bound_measurement()
-    bare = st.advise(
-        st.HIGH,
+    bare = advice.advise(
+        categories.HIGH,
         m,
         {"kind": "tf.data", "ends_with_prefetch": False, "sequential_map": True, "parallel_map": False, "cache": False},
         {},
@@ -274,8 +275,8 @@ def test_advice_for_tf_data_reads_the_pipeline():
     assert "prefetch(tf.data.AUTOTUNE)" in text and "num_parallel_calls" in text and ".cache()" in text
     assert all("Addresses" in tip for tip in bare)  # each tip says which part of the wait it removes
     assert "up to 2.0 ms of the 8.0 ms wait per step (at most 1.25x faster)" in text  # prefetch hides <= compute
-    tuned = st.advise(
-        st.HIGH,
+    tuned = advice.advise(
+        categories.HIGH,
         m,
         {"kind": "tf.data", "ends_with_prefetch": True, "sequential_map": False, "parallel_map": True, "cache": True},
         {},
@@ -299,13 +300,13 @@ CACHED = {
 
 def test_advice_for_a_pipeline_served_from_its_cache_names_the_work_after_it():
     m = _input_bound_measurement()
-    tips = st.advise(st.HIGH, m, CACHED, {}, {"cache_serves": True, "scope": "epochs 2-3", "gpu": True})
+    tips = advice.advise(categories.HIGH, m, CACHED, {}, {"cache_serves": True, "scope": "epochs 2-3", "gpu": True})
     text = "\n".join(tips)
     assert "interleave" not in text and "source is the limit" not in text  # nothing is read once the cache serves
     assert "Over epochs 2-3 every batch comes from the cache" in text and "(.map (parallel), .batch)" in text
     assert "Addresses all of the 8.0 ms wait" in text
     assert "Move random augmentation into the model" in text  # a map runs after the cache, on a GPU machine
-    cpu_only = st.advise(st.HIGH, m, CACHED, {}, {"cache_serves": True, "gpu": False})
+    cpu_only = advice.advise(categories.HIGH, m, CACHED, {}, {"cache_serves": True, "gpu": False})
     assert not any("into the model" in t and "on the GPU" in t for t in cpu_only)
 
 
@@ -320,10 +321,12 @@ def test_advice_to_interleave_only_where_files_are_read_in_the_measured_span():
         "cache": False,
         "interleave": False,
     }
-    assert any("interleave(" in t for t in st.advise(st.HIGH, m, records, {}))
-    assert not any("interleave(" in t for t in st.advise(st.HIGH, m, dict(records, interleave=True), {}))
+    assert any("interleave(" in t for t in advice.advise(categories.HIGH, m, records, {}))
+    assert not any("interleave(" in t for t in advice.advise(categories.HIGH, m, dict(records, interleave=True), {}))
     cached_records = dict(records, cache=True, ops=["prefetch", "batch", "cache", "tfrecord"], after_cache=["batch"])
-    assert not any("interleave(" in t for t in st.advise(st.HIGH, m, cached_records, {}, {"cache_serves": True}))
+    assert not any(
+        "interleave(" in t for t in advice.advise(categories.HIGH, m, cached_records, {}, {"cache_serves": True})
+    )
 
 
 def test_sequential_map_before_a_serving_cache_is_not_advised():
@@ -331,59 +334,67 @@ def test_sequential_map_before_a_serving_cache_is_not_advised():
     pipe = dict(
         CACHED, sequential_map=True, ops=["prefetch", "batch", "cache", "map"], after_cache=["prefetch", "batch"]
     )
-    served = st.advise(st.HIGH, m, pipe, {}, {"cache_serves": True})
+    served = advice.advise(categories.HIGH, m, pipe, {}, {"cache_serves": True})
     assert not any("num_parallel_calls" in t for t in served)  # that map does not run once the cache is full
-    filling = st.advise(st.HIGH, m, pipe, {}, {"cache_serves": False})
+    filling = advice.advise(categories.HIGH, m, pipe, {}, {"cache_serves": False})
     assert any("num_parallel_calls" in t for t in filling)
 
 
 def test_cache_advice_says_one_epoch_never_reads_it():
     m = _input_bound_measurement()
     bare = {"kind": "tf.data", "ends_with_prefetch": True, "parallel_map": True, "cache": False}
-    (tip,) = [t for t in st.advise(st.HIGH, m, bare, {}, {"epochs": 1}) if ".cache()" in t]
+    (tip,) = [t for t in advice.advise(categories.HIGH, m, bare, {}, {"epochs": 1}) if ".cache()" in t]
     assert "one epoch" in tip
 
 
 def test_workers_needed_keeps_up_with_the_device():
-    m = st.Measurement(step=0.060, compute=0.020)
+    m = measure.Measurement(step=0.060, compute=0.020)
     # 1 worker delivers a batch every 60 ms; 20 ms of compute: 3 keep up, a quarter more absorb uneven loads.
-    assert st.workers_needed(1, m, cores=2) == 4
-    assert st.workers_needed(0, m, cores=2) == 4  # loading in the training loop counts as one
-    assert st.workers_needed(4, st.Measurement(step=0.021, compute=0.020), cores=2) == 6  # at least one more
-    assert st.workers_needed(1, st.Measurement(), cores=8) == 8  # unknown compute: the cores
-    assert st.workers_needed(1, st.Measurement(step=10.0, compute=0.001), cores=2) == 32
+    assert advice.workers_needed(1, m, cores=2) == 4
+    assert advice.workers_needed(0, m, cores=2) == 4  # loading in the training loop counts as one
+    assert advice.workers_needed(4, measure.Measurement(step=0.021, compute=0.020), cores=2) == 6  # at least one more
+    assert advice.workers_needed(1, measure.Measurement(), cores=8) == 8  # unknown compute: the cores
+    assert advice.workers_needed(1, measure.Measurement(step=10.0, compute=0.001), cores=2) == 32
 
 
 def test_advice_per_pipeline_kind_and_cpu():
     m = _input_bound_measurement()
-    (tip,) = st.advise(st.HIGH, m, {"kind": "PyDataset", "workers": 1, "use_multiprocessing": False}, {})
+    (tip,) = advice.advise(categories.HIGH, m, {"kind": "PyDataset", "workers": 1, "use_multiprocessing": False}, {})
     assert "Raise `workers` to 7 (now workers=1" in tip and "use_multiprocessing=True" in tip
-    assert "steps_per_execution" in st.advise(st.MODERATE, m, {"kind": "arrays"}, {})[0]
-    loader = st.advise(st.HIGH, m, {"kind": "torch DataLoader", "num_workers": 0}, {}, {"epochs": 3, "gpu": True})
+    assert "steps_per_execution" in advice.advise(categories.MODERATE, m, {"kind": "arrays"}, {})[0]
+    loader = advice.advise(
+        categories.HIGH, m, {"kind": "torch DataLoader", "num_workers": 0}, {}, {"epochs": 3, "gpu": True}
+    )
     assert "Raise `num_workers` to 7 (now 0)" in loader[0] and "persistent_workers=True" in loader[0]
     assert any("pin_memory=True" in t for t in loader)
-    cpu_only = st.advise(st.HIGH, m, {"kind": "torch DataLoader", "num_workers": 0}, {}, {"epochs": 1, "gpu": False})
+    cpu_only = advice.advise(
+        categories.HIGH, m, {"kind": "torch DataLoader", "num_workers": 0}, {}, {"epochs": 1, "gpu": False}
+    )
     assert not any("pin_memory" in t or "persistent_workers" in t for t in cpu_only)
-    assert "PyDataset" in st.advise(st.HIGH, m, {"kind": "generator"}, {})[0]
+    assert "PyDataset" in advice.advise(categories.HIGH, m, {"kind": "generator"}, {})[0]
     for pipeline in ({"kind": "PyDataset", "workers": 1}, {"kind": "generator"}, {"kind": "arrays"}, {"kind": "?"}):
-        assert all("Addresses" in t for t in st.advise(st.HIGH, m, pipeline, {}, {"epochs": 2})), pipeline
+        assert all("Addresses" in t for t in advice.advise(categories.HIGH, m, pipeline, {}, {"epochs": 2})), pipeline
     # This process keeps the CPU busy: more workers will not help.
-    cpu = st.advise(st.HIGH, m, {"kind": "PyDataset", "workers": 8}, {"process_cpu_percent": 97.0, "cpu_count": 8})
+    cpu = advice.advise(
+        categories.HIGH, m, {"kind": "PyDataset", "workers": 8}, {"process_cpu_percent": 97.0, "cpu_count": 8}
+    )
     assert cpu[0].startswith("The host CPU is the limit: this process kept 97% of the 8 cores busy")
     # Other processes keep it busy: not this pipeline's limit, and said so as evidence.
     busy = {"system_cpu_percent": 99.0, "process_cpu_percent": 20.0, "cpu_count": 2}
-    assert not st.advise(st.HIGH, m, {"kind": "PyDataset", "workers": 1}, busy)[0].startswith("The host CPU")
+    assert not advice.advise(categories.HIGH, m, {"kind": "PyDataset", "workers": 1}, busy)[0].startswith(
+        "The host CPU"
+    )
     assert (
         "Other processes kept the host CPU busy (99% in all, 20% for this one)"
-        in st.verdict_for(m, host=busy).evidence[0]
+        in verdict.verdict_for(m, host=busy).evidence[0]
     )
-    assert st.advise(st.NOT, m, {"kind": "arrays"}, {}) == []
+    assert advice.advise(categories.NOT, m, {"kind": "arrays"}, {}) == []
 
 
 def test_summary_text_is_a_table():
     m = _input_bound_measurement()
-    v = st.verdict_for(m, pipeline={"kind": "generator"})
-    text = st.summary_text("Run", m, v, notes=["a note"])
+    v = verdict.verdict_for(m, pipeline={"kind": "generator"})
+    text = summary.summary_text("Run", m, v, notes=["a note"])
     assert text.startswith("Run: highly input-bound")
     assert "| wait for input / step | 80.0% |" in text and "What to change:" in text and "a note" in text
 
@@ -467,7 +478,7 @@ def test_jaxpr_flops_counts_matmuls_convs_and_scans():
 def _epoch(wait_fraction, step, steps=48, compute=None):
     wait = wait_fraction * step
     compute = step - wait if compute is None else compute
-    return st.Measurement(
+    return measure.Measurement(
         steps=steps,
         sampled_steps=2,
         fetch=wait,
@@ -483,7 +494,7 @@ def _epoch(wait_fraction, step, steps=48, compute=None):
 
 def test_aggregate_is_time_weighted_over_the_steps_covered():
     parts = [_epoch(0.305, 0.040), _epoch(0.069, 0.020), _epoch(0.145, 0.022, steps=24)]
-    m = st.aggregate(parts, flops_per_step=1e9, peak_flops=1e12)
+    m = measure.aggregate(parts, flops_per_step=1e9, peak_flops=1e12)
     seconds = [p.steps * p.step for p in parts]
     assert m.steps == 120 and m.sampled_steps == 6
     # wait share = sum(steps x wait) / sum(steps x step): each part counts by the time it took
@@ -496,23 +507,23 @@ def test_aggregate_is_time_weighted_over_the_steps_covered():
     assert m.speedup_bound == pytest.approx(1 / (1 - m.wait_fraction))
     # Aggregating is associative: epochs of windows give the same fit as the windows.
     windows = [_epoch(0.5, 0.030, steps=10), _epoch(0.1, 0.010, steps=30), _epoch(0.2, 0.020, steps=20)]
-    by_epoch = st.aggregate([st.aggregate(windows[:2]), st.aggregate(windows[2:])])
-    assert by_epoch.wait_fraction == pytest.approx(st.aggregate(windows).wait_fraction)
-    assert by_epoch.step == pytest.approx(st.aggregate(windows).step)
+    by_epoch = measure.aggregate([measure.aggregate(windows[:2]), measure.aggregate(windows[2:])])
+    assert by_epoch.wait_fraction == pytest.approx(measure.aggregate(windows).wait_fraction)
+    assert by_epoch.step == pytest.approx(measure.aggregate(windows).step)
 
 
 def test_aggregate_leaves_unknown_figures_out_never_zero():
-    unknown = st.Measurement(steps=10, steps_per_sec=50.0, step=0.02)  # a window with no synced step
-    m = st.aggregate([_epoch(0.5, 0.040, steps=10), unknown])
+    unknown = measure.Measurement(steps=10, steps_per_sec=50.0, step=0.02)  # a window with no synced step
+    m = measure.aggregate([_epoch(0.5, 0.040, steps=10), unknown])
     assert m.wait_fraction == pytest.approx(0.5) and m.compute == pytest.approx(0.020)
     assert m.step == pytest.approx(0.030) and m.steps == 20
-    assert st.aggregate([]).wait_fraction is None and st.aggregate([unknown]).wait is None
+    assert measure.aggregate([]).wait_fraction is None and measure.aggregate([unknown]).wait is None
 
 
 def test_logs_carry_the_steps_that_weigh_them():
     logs = _epoch(0.25, 0.040, steps=12).logs()
     assert logs["input/steps"] == 12 and logs["input/wait_ms"] == pytest.approx(10.0)
-    assert "input/steps" not in st.Measurement().logs()
+    assert "input/steps" not in measure.Measurement().logs()
 
 
 # -- the steady state ----------------------------------------------------------------------------
@@ -534,43 +545,43 @@ def test_logs_carry_the_steps_that_weigh_them():
 )
 def test_steady_start(steps, first):
     parts = [
-        st.Measurement(steps=10, step=s[0], wait=s[0] * s[1], wait_fraction=s[1])
+        measure.Measurement(steps=10, step=s[0], wait=s[0] * s[1], wait_fraction=s[1])
         if isinstance(s, tuple)
-        else st.Measurement(steps=10, step=s)
+        else measure.Measurement(steps=10, step=s)
         for s in steps
     ]
-    assert st.steady_start(parts) == first
+    assert steady_start(parts) == first
 
 
 def test_warmup_reasons_follow_the_pipeline():
-    assert st.warmup_reason(0, True, {"kind": "tf.data", "cache": True}) == "while the cache filled"
-    assert st.warmup_reason(0, True, {"kind": "PyDataset", "workers": 4}) == "while the workers started"
-    assert st.warmup_reason(0, True, {"kind": "torch DataLoader", "num_workers": 2}) == "while the workers started"
-    assert st.warmup_reason(0, True, {"kind": "arrays"}).startswith("during warm-up")
-    assert st.warmup_reason(1, True, {"kind": "tf.data", "cache": True}).startswith("during warm-up")
+    assert warmup_reason(0, True, {"kind": "tf.data", "cache": True}) == "while the cache filled"
+    assert warmup_reason(0, True, {"kind": "PyDataset", "workers": 4}) == "while the workers started"
+    assert warmup_reason(0, True, {"kind": "torch DataLoader", "num_workers": 2}) == "while the workers started"
+    assert warmup_reason(0, True, {"kind": "arrays"}).startswith("during warm-up")
+    assert warmup_reason(1, True, {"kind": "tf.data", "cache": True}).startswith("during warm-up")
 
 
 def test_span_labels():
-    assert st.span_label(["epoch 2", "epoch 3"]) == "epochs 2-3"
-    assert st.span_label(["epoch 3"]) == "epoch 3"
-    assert st.span_label(["steps 1-100", "steps 101-200"]) == "steps 1-200"
+    assert span_label(["epoch 2", "epoch 3"]) == "epochs 2-3"
+    assert span_label(["epoch 3"]) == "epoch 3"
+    assert span_label(["steps 1-100", "steps 101-200"]) == "steps 1-200"
 
 
 def test_the_issue_example_verdict_is_the_steady_state_and_adds_up():
     """After the advice: epoch 1 waits 30.5% while the cache fills, then 6.9% and 14.5%."""
     epochs = [_epoch(0.305, 0.035, steps=48), _epoch(0.069, 0.020, steps=48), _epoch(0.145, 0.022, steps=48)]
-    k = st.steady_start(epochs)
+    k = steady_start(epochs)
     assert k == 1
-    steady, fit = st.aggregate(epochs[k:]), st.aggregate(epochs)
-    reason = st.warmup_reason(0, True, CACHED)
+    steady, fit = measure.aggregate(epochs[k:]), measure.aggregate(epochs)
+    reason = warmup_reason(0, True, CACHED)
     phases = [
-        st.Phase(f"epoch {i + 1}", e.steps, e.wait_fraction, e.step, i >= k, None if i >= k else reason)
+        verdict.Phase(f"epoch {i + 1}", e.steps, e.wait_fraction, e.step, i >= k, None if i >= k else reason)
         for i, e in enumerate(epochs)
     ]
-    v = st.verdict_for(
+    v = verdict.verdict_for(
         steady, scope="epochs 2-3", phases=phases, fit=fit, pipeline=CACHED, context={"cache_serves": True}
     )
-    assert v.category == st.MODERATE and v.scope == "epochs 2-3"
+    assert v.category == categories.MODERATE and v.scope == "epochs 2-3"
     assert v.wait_fraction == pytest.approx((0.069 * 0.020 + 0.145 * 0.022) / (0.020 + 0.022))  # ~10.9%
     assert "MODERATELY input-bound because 10.9% of the step time" in v.message and "over epochs 2-3" in v.message
     assert "Left out: epoch 1, which waited 30.5% while the cache filled; since then 6.9-14.5% per epoch." in v.message
@@ -580,7 +591,7 @@ def test_the_issue_example_verdict_is_the_steady_state_and_adds_up():
     assert [p.label for p in v.left_out] == ["epoch 1"]
     advice = "\n".join(v.advice)
     assert "interleave" not in advice and "comes from the cache" in advice
-    text = st.summary_text("InputBoundDetector", steady, v, fit=fit)
+    text = summary.summary_text("InputBoundDetector", steady, v, fit=fit)
     assert text.startswith("InputBoundDetector: moderately input-bound (epochs 2-3)")
     assert "| figure | epochs 2-3 | whole fit |" in text and "| wait for input / step | 10.9% | 19.8% |" in text
     assert "| epoch 1 | 48 | 30.5% | 35.00 ms | no: while the cache filled |" in text
@@ -589,10 +600,10 @@ def test_the_issue_example_verdict_is_the_steady_state_and_adds_up():
 
 
 def test_verdict_of_a_span_without_phases_has_no_left_out_text():
-    v = st.verdict_for(_input_bound_measurement(), scope="epoch 2")
+    v = verdict.verdict_for(_input_bound_measurement(), scope="epoch 2")
     assert v.message.endswith(
         "of a 10.00 ms step), over epoch 2. Without the wait, training would be at most 5.00x faster (2.00 ms per step instead of 10.00 ms)."
     )
     assert "Left out" not in v.message and v.phases == [] and v.fit_wait_fraction == pytest.approx(0.8)
-    none = st.verdict_for(st.Measurement())
-    assert none.category == st.UNKNOWN and none.speedup_bound is None
+    none = verdict.verdict_for(measure.Measurement())
+    assert none.category == categories.UNKNOWN and none.speedup_bound is None

@@ -15,7 +15,8 @@ from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogge
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
-from keras_gpu_tools.input.timing import Measurement, Verdict
+from keras_gpu_tools.input.measure import Measurement
+from keras_gpu_tools.input.verdict import Verdict
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.memory.events import OOMEvent
 from keras_gpu_tools.mixed_precision.check import MixedPrecisionFinding

@@ -1,0 +1,112 @@
+"""One fit()'s input analysis: windows into epochs, the steady state's verdict, FLOP rates, the job's figures.
+
+Nothing here knows about Keras: the detector feeds it each closed window's
+:class:`~keras_gpu_tools.input.timing.StepStats` and each epoch end, and reads
+the verdicts and figures back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from keras_gpu_tools.input import stragglers
+from keras_gpu_tools.input.job import JobExchange
+from keras_gpu_tools.input.measure import Measurement, aggregate
+from keras_gpu_tools.input.steady import FitSpans
+from keras_gpu_tools.input.timing import StepStats
+from keras_gpu_tools.input.verdict import Judge, Verdict
+from keras_gpu_tools.runtime.topology import JobGather
+
+
+@dataclasses.dataclass
+class EpochEnd:
+    """What an epoch end gave: the epoch's figures and verdict, and its logged keys (job-wide ones included)."""
+
+    measurement: Measurement
+    verdict: Verdict
+    logs: dict[str, float]
+
+
+class InputFit:
+    """The analysis of one fit(): only windows are measured; epochs, the steady state and the fit are their sums.
+
+    ``peak_device`` is one device's peak FLOP/s; MFU divides by it times
+    ``devices`` (the devices that run one step) until the job's first exchange
+    says that its processes drive different GPUs (then by the sum of theirs).
+    ``job_failed(gather, error)`` is called where the job's figures fail.
+    """
+
+    def __init__(
+        self,
+        judge: Judge | None = None,
+        flops: float | None = None,
+        peak_device: float | None = None,
+        devices: int = 1,
+        exchange: JobExchange | None = None,
+        job_failed: Callable[[JobGather, Exception], None] | None = None,
+    ):
+        self.judge = judge
+        self.flops = flops  # of one (global) step
+        self.peak_device = peak_device
+        self.devices = devices
+        self.peak = peak_device * devices if peak_device else None  # the summed peak of the step's devices
+        self.exchange = exchange
+        self.job_failed = job_failed
+        self.spans = FitSpans()
+        self.verdict: Verdict | None = None
+        self.measurement: Measurement | None = None  # the steady state's figures (the verdict's scope)
+        self.fit_measurement: Measurement | None = None  # the whole fit's, every phase included
+        self.job_verdict: stragglers.JobVerdict | None = None
+        self.epoch_verdicts: list[Verdict] = []
+        self.window_verdicts: list[tuple[int, Verdict]] = []  # (global step, verdict)
+
+    def aggregate(self, parts: Sequence[Measurement]) -> Measurement:
+        return aggregate(parts, self.flops, self.peak, self.devices)
+
+    def close_window(self, stats: StepStats, t0: float, step: int) -> Measurement | None:
+        """Adds the window of ``stats`` that ends at global ``step``; its figures where they make a verdict."""
+        m = stats.measurement(self.flops, self.peak, self.devices)
+        self.spans.add_window(f"steps {step - stats.steps + 1}-{step}", m, t0)
+        if m.wait_fraction is None and m.steps_per_sec is None:
+            return None
+        v = self.judge(m, t0, with_advice=False)
+        v.advice = []
+        self.window_verdicts.append((step, v))
+        return m
+
+    def end_epoch(self, epoch: int, t0: float, step: int) -> EpochEnd:
+        """Closes epoch ``epoch`` (0-based, begun at wall time ``t0``) of the windows so far."""
+        scope = f"epoch {epoch + 1}"
+        m = self.spans.end_epoch(scope, t0, self.aggregate)
+        # From this fit's second epoch on, a cache is filled (with `initial_epoch`, Keras's index is no guide).
+        v = self.judge(m, t0, scope=scope, cache_serves=len(self.spans.epochs) > 1)
+        self.epoch_verdicts.append(v)
+        self.update()
+        job = None
+        try:  # once per epoch, every process at the same point
+            if self.exchange is not None:
+                job = self.exchange.epoch(epoch, m, self.measurement, self.verdict, self.peak_device, step)
+        except Exception as e:  # another process's row of another shape: the job's figures, never the training
+            if self.job_failed is not None:
+                self.job_failed(self.exchange.gather, e)
+        if job is None:
+            return EpochEnd(m, v, m.logs())
+        self.job_verdict = job.verdict
+        if job.first and job.peak != self.peak:  # MFU against the job's summed peak
+            self.peak = job.peak
+            m = self.spans.remeasure_last_epoch(self.aggregate)
+            self.update()
+        return EpochEnd(m, v, dict(m.logs(), **job.logs))
+
+    def update(self, final: bool = False) -> None:
+        """The run's verdict: its steady state, the phases left out, the whole fit's figures.
+
+        ``final``: fit() ended, perhaps inside an epoch (its windows so far count).
+        """
+        s = self.spans.steady_state(self.aggregate, self.judge.pipeline, final)
+        if s is not None:
+            self.measurement, self.fit_measurement = s.measurement, s.fit
+            self.verdict = self.judge(
+                s.measurement, s.since, scope=s.scope, phases=s.phases, fit=s.fit, cache_serves=s.cache_serves
+            )

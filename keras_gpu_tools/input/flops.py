@@ -1,0 +1,64 @@
+"""MFU's two inputs: the FLOPs of the training step and the peak FLOP/s of the devices that run it.
+
+FLOPs come from XLA's cost analysis of the step on JAX (its HLO, computed once
+per fit; where the installed JAX offers no such analysis, the matmul and
+convolution FLOPs of the step's jaxpr), or from the user; the peak from a
+table of NVIDIA GPUs by NVML name and compute dtype (:mod:`keras_gpu_tools.telemetry.peaks`).
+Either unknown leaves MFU out, with a warning once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from keras_gpu_tools.telemetry import peaks as gpu_peaks
+
+Warn = Callable[[Any, str], None]  # WarnOnce: (key, message)
+
+
+def trains_on_gpu(backend: Any) -> bool | None:
+    """Whether the backend computes on a GPU (None: unknown)."""
+    try:
+        return bool(backend.gpu_devices())
+    except Exception:
+        return None
+
+
+def table_peak(backend: Any, compute_dtype: str, warn: Warn) -> float | None:
+    """One of this process's GPUs' peak FLOP/s in the model's compute dtype (None: no GPU, or unknown)."""
+    try:
+        if not backend.gpu_devices():
+            return None
+        from keras_gpu_tools.telemetry.devices import visible_gpus
+        from keras_gpu_tools.telemetry.nvml import default_nvml
+
+        gpus = visible_gpus(default_nvml())
+        if not gpus:
+            return None
+        dtype = gpu_peaks.matmul_dtype(compute_dtype, backend.uses_tf32())
+        peak = gpu_peaks.peak_flops(gpus[0].name, dtype)
+        if peak is None:
+            warn(
+                ("peak", gpus[0].name, dtype),
+                f"InputBoundDetector: no peak FLOP/s known for {gpus[0].name} in {dtype}; MFU is left out (pass `peak_flops=` to set it).",
+            )
+        return peak
+    except Exception:
+        return None
+
+
+def step_flops(backend: Any, step_function: Any, specs: Any, warn: Warn) -> tuple[float | None, str | None]:
+    """The FLOPs of one training step by XLA's cost analysis, and which analysis gave them (None, None: unknown)."""
+    try:
+        flops, source = backend.step_flops(step_function, specs)
+    except Exception as e:
+        warn(
+            "flops",
+            f"InputBoundDetector: XLA cost analysis failed ({type(e).__name__}: {e}); FLOP/s and MFU are left out.",
+        )
+        return None, None
+    if not flops:
+        warn("flops", "InputBoundDetector: XLA's cost analysis reported no FLOP count; FLOP/s and MFU are left out.")
+        return flops, None
+    return flops, source

@@ -1,0 +1,125 @@
+"""A span's figures: :class:`Measurement`, and one time-weighted aggregation for every longer span.
+
+Only the smallest spans (the detector's windows) are measured from step
+records (:mod:`keras_gpu_tools.input.timing`); an epoch, the steady state and
+the whole fit are sums of their parts, time-weighted over the steps the parts
+cover (:func:`aggregate`). A part of ``n`` steps counts ``n * step`` seconds:
+``wait_fraction = sum(n * wait) / sum(n * step)``, a per-step time is
+``sum(n * x) / sum(n)``, a rate is ``sum(count) / sum(seconds)``. A part where
+a figure is unknown is left out of that figure. So the epoch figures, weighted
+by their steps (``input/steps``), add up to the whole fit's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from keras_gpu_tools.logdir import schema
+
+
+@dataclasses.dataclass
+class Measurement:
+    """Per-step figures over a window or an epoch (times in seconds)."""
+
+    steps: int = 0
+    sampled_steps: int = 0
+    fetch: float | None = None
+    compute: float | None = None
+    other: float | None = None
+    step: float | None = None
+    wait: float | None = None
+    wait_fraction: float | None = None
+    steps_per_sec: float | None = None
+    samples_per_sec: float | None = None
+    flops_per_sec: float | None = None  # the step's, over every device that runs it
+    flops_per_sec_per_device: float | None = None
+    mfu: float | None = None
+    overlapped: bool = False  # the real step was shorter than the serialized one
+
+    @property
+    def speedup_bound(self) -> float | None:
+        """How much faster training would be without the wait: ``1 / (1 - wait_fraction)``, an upper bound."""
+        if self.wait_fraction is None or self.wait_fraction >= 1.0:
+            return None
+        return 1.0 / (1.0 - self.wait_fraction)
+
+    def logs(self) -> dict[str, float]:
+        """The logged keys (units in the names); unknown figures are left out."""
+        out: dict[str, float] = {}
+
+        def put(key, value, scale=1.0):
+            if value is not None and math.isfinite(value):
+                out[key] = float(value) * scale
+
+        if self.steps:
+            put(schema.INPUT_STEPS, self.steps)
+        put(schema.INPUT_WAIT_FRACTION, self.wait_fraction)
+        put(schema.INPUT_WAIT_MS, self.wait, 1e3)
+        put(schema.INPUT_FETCH_MS, self.fetch, 1e3)
+        put(schema.INPUT_COMPUTE_MS, self.compute, 1e3)
+        put(schema.INPUT_OTHER_MS, self.other, 1e3)
+        put(schema.INPUT_STEP_MS, self.step, 1e3)
+        put(schema.STEPS_PER_SEC, self.steps_per_sec)
+        put(schema.SAMPLES_PER_SEC, self.samples_per_sec)
+        put(schema.FLOPS_PER_SEC, self.flops_per_sec)
+        put(schema.FLOPS_PER_SEC_PER_DEVICE, self.flops_per_sec_per_device)
+        put(schema.MFU, self.mfu)
+        return out
+
+
+def set_flops(m: Measurement, flops_per_step: float | None, peak_flops: float | None, devices: int = 1) -> None:
+    """FLOP/s and MFU of ``m`` from its step rate.
+
+    ``flops_per_step`` is the whole step's work, every device's together (XLA's
+    cost analysis of the global, un-partitioned step); ``peak_flops`` the sum
+    of the peaks of the ``devices`` that run it. So a step spread over two
+    GPUs reads the MFU of one GPU doing half the work, not twice it.
+    """
+    if flops_per_step and m.steps_per_sec:
+        m.flops_per_sec = flops_per_step * m.steps_per_sec
+        m.flops_per_sec_per_device = m.flops_per_sec / max(int(devices), 1)
+        m.mfu = m.flops_per_sec / peak_flops if peak_flops else None
+
+
+# -- spans of several parts: one aggregation for epochs, the steady state, the fit --------------
+def aggregate(
+    parts: Sequence[Measurement],
+    flops_per_step: float | None = None,
+    peak_flops: float | None = None,
+    devices: int = 1,
+) -> Measurement:
+    """The figures of the span made of ``parts``, time-weighted over the steps each covers.
+
+    A part of ``n`` steps weighs ``n * step`` seconds: per-step times are
+    ``sum(n * x) / sum(n)``, ``wait_fraction`` is ``sum(n * wait) / sum(n * step)``
+    and rates are counts over seconds (``sum(n) / sum(n / steps_per_sec)``). A
+    part where a figure is unknown is left out of that figure, never counted as 0.
+    """
+    m = Measurement(steps=sum(p.steps for p in parts), sampled_steps=sum(p.sampled_steps for p in parts))
+
+    def mean(attr: str) -> float | None:
+        known = [(p.steps, getattr(p, attr)) for p in parts if p.steps and getattr(p, attr) is not None]
+        n = sum(k for k, _ in known)
+        return sum(k * x for k, x in known) / n if n else None
+
+    m.fetch, m.compute, m.other, m.step = mean("fetch"), mean("compute"), mean("other"), mean("step")
+    timed = [p for p in parts if p.steps and p.wait is not None and p.step]
+    if timed:
+        n = sum(p.steps for p in timed)
+        waited = sum(p.steps * p.wait for p in timed)
+        m.wait = waited / n
+        m.wait_fraction = min(max(waited / sum(p.steps * p.step for p in timed), 0.0), 1.0)
+    rated = [p for p in parts if p.steps and p.steps_per_sec]
+    if rated:
+        seconds = sum(p.steps / p.steps_per_sec for p in rated)
+        m.steps_per_sec = sum(p.steps for p in rated) / seconds
+        with_samples = [p for p in rated if p.samples_per_sec is not None]
+        if with_samples:
+            m.samples_per_sec = sum(p.samples_per_sec * p.steps / p.steps_per_sec for p in with_samples) / sum(
+                p.steps / p.steps_per_sec for p in with_samples
+            )
+    set_flops(m, flops_per_step, peak_flops, devices)
+    m.overlapped = any(p.overlapped for p in parts)
+    return m

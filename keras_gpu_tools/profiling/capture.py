@@ -1,0 +1,68 @@
+"""What a profiled window produced: its trace files, size, mean step time, xprof's conclusion."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.logdir.writer import EventWriter
+from keras_gpu_tools.profiling.trace import TraceAnalysis
+
+
+@dataclass
+class WindowCapture:
+    """What one profiled window produced."""
+
+    start_step: int
+    num_steps: int  # steps actually captured
+    files: list[str] = field(default_factory=list)
+    size_bytes: int = 0
+    mean_step_ms: float | None = None
+    reason: str = "scheduled"  # scheduled, triggered, cut short, failed
+    analysis: TraceAnalysis | None = None
+    #: process 0 of a job of several: every process's trace file of the window's session
+    job_files: list[str] = field(default_factory=list)
+    #: process 0 of a job: each process's mean step time in the window (by process index)
+    job_mean_step_ms: list[float | None] = field(default_factory=list)
+    #: process 0 of a job: xprof's conclusion over every process's trace
+    job_analysis: TraceAnalysis | None = None
+
+    @property
+    def trace_dir(self) -> str | None:
+        return os.path.dirname(self.files[0]) if self.files else None
+
+    def line(self) -> str:
+        where = self.trace_dir or "no trace file"
+        mean = f", mean step {self.mean_step_ms:.2f} ms" if self.mean_step_ms is not None else ""
+        return (
+            f"ProfilerWindow: steps [{self.start_step}, {self.start_step + self.num_steps}) "
+            f"({self.reason}) -> {where} ({self.size_bytes / 2**20:.1f} MiB{mean})"
+        )
+
+    def job_line(self) -> str:
+        """Process 0's line for the whole job's window (empty outside a job)."""
+        if not self.job_mean_step_ms:
+            return ""
+        n = len(self.job_mean_step_ms)
+        where = os.path.dirname(self.job_files[0]) if self.job_files else "no trace file"
+        known = [(ms, i) for i, ms in enumerate(self.job_mean_step_ms) if ms is not None]
+        steps = ", ".join("?" if ms is None else f"{ms:.2f}" for ms in self.job_mean_step_ms)
+        slowest = f"; slowest: process {max(known)[1]}" if len(known) > 1 else ""
+        missing = (
+            f"; only {len(self.job_files)} of {n} processes' traces are there (is log_dir shared by every host?)"
+            if len(self.job_files) < n
+            else ""
+        )
+        return (
+            f"ProfilerWindow: job of {n} processes, steps [{self.start_step}, {self.start_step + self.num_steps}) -> "
+            f"{where} ({len(self.job_files)} trace files; mean step per process: {steps} ms{slowest}{missing})"
+        )
+
+
+def write_capture(writer: EventWriter | None, capture: WindowCapture, line: str) -> None:
+    """A window's ``line`` as text under ``profile/steps_<a>_<b>``, and the capture as JSON for the report."""
+    if writer is not None:
+        tag = schema.profile_window(capture.start_step, capture.start_step + capture.num_steps)
+        writer.text(tag, line, step=capture.start_step)
+        writer.json(tag + schema.DATA_SUFFIX, capture, step=capture.start_step)

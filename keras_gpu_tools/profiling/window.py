@@ -1,0 +1,111 @@
+"""One profiled window: starting the profiler, stopping it, and collecting its trace into a WindowCapture.
+
+A profiler error never stops training: it is warned about (``warn(key,
+message)``, once per key) and the window is skipped or marked failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from keras_gpu_tools.profiling import trace as prof
+from keras_gpu_tools.profiling.capture import WindowCapture
+from keras_gpu_tools.profiling.job_session import JobSessions
+
+logger = logging.getLogger("keras_gpu_tools")
+
+Warn = Callable[[Any, str], None]
+
+
+def start(
+    profiler: Any,
+    run_dir: str,
+    options: prof.TracerOptions,
+    window: prof.Window,
+    bytes_per_step: float | None,
+    warn: Warn,
+) -> tuple[set | None, str]:
+    """Starts ``profiler`` for ``window``: the session folders before it, or None and why it could not start."""
+    if bytes_per_step and bytes_per_step * window.steps > prof.LARGE_TRACE_BYTES:
+        warn(
+            ("size", window.steps),
+            f"ProfilerWindow: a {window.steps}-step window will write about "
+            f"{bytes_per_step * window.steps / 2**30:.1f} GiB, judging by the last trace; TensorBoard is "
+            "known to crash loading traces over 1 GB. Profile fewer steps.",
+        )
+    try:
+        before = prof.session_dirs(run_dir)
+        profiler.start(run_dir, options)
+        return before, ""
+    except prof.ProfilerBusy as e:
+        warn(
+            "busy",
+            f"ProfilerWindow: another profiler session is already running ({e}); steps "
+            f"[{window.start}, {window.end}) are not captured. Remove `profile_batch` from keras.callbacks.TensorBoard "
+            "or stop your own profiler to use ProfilerWindow.",
+        )
+        return None, "its profiler was busy"
+    except Exception as e:
+        logger.exception("ProfilerWindow: the profiler could not start")
+        warn(
+            ("start", type(e).__name__),
+            f"ProfilerWindow: the profiler could not start ({type(e).__name__}: {e}); window skipped, training goes on.",
+        )
+        return None, "its profiler could not start"
+
+
+def stop(
+    profiler: Any,
+    run_dir: str,
+    before: set,
+    window: prof.Window,
+    done: int,
+    wall: float,
+    reason: str,
+    outputs: Any,
+    job: JobSessions | None,
+    warn: Warn,
+) -> tuple[WindowCapture, str | None]:
+    """Stops ``profiler`` after ``done`` steps of ``window`` (``wall`` seconds); the capture and its job session.
+
+    The trace is claimed under its own session name in ``run_dir``, or, in a
+    job, moved into the job's session for the window (returned; else None).
+    """
+    failed = False
+    try:
+        profiler.stop(outputs)
+    except Exception as e:
+        failed = True
+        logger.exception("ProfilerWindow: stopping the profiler failed")
+        warn(
+            ("stop", type(e).__name__),
+            f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.",
+        )
+    label = f"steps_{window.start}_{window.start + done}"
+    session = None
+    if job is None:
+        files = prof.claim_session(run_dir, before, profiler.pattern, label)
+    else:
+        session = job.session(label)
+        try:
+            files = job.move_in(run_dir, before, profiler.pattern, label)
+        except OSError as e:  # the trace stays in this process's own run; training goes on
+            warn(("move", type(e).__name__), f"ProfilerWindow: moving the trace to {session} failed ({e}).")
+            files = []
+    capture = WindowCapture(
+        start_step=window.start,
+        num_steps=done,
+        files=files,
+        size_bytes=sum(os.path.getsize(f) for f in files),
+        mean_step_ms=1000 * wall / done if done else None,
+        reason="failed" if failed else reason,
+    )
+    if capture.size_bytes > prof.LARGE_TRACE_BYTES:
+        warn(
+            ("big", window.start),
+            f"ProfilerWindow: the trace of steps [{window.start}, {window.end}) is {capture.size_bytes / 2**30:.1f} GiB; TensorBoard may fail to load it.",
+        )
+    return capture, session
