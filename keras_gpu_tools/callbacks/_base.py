@@ -7,7 +7,7 @@ class guarantees, for every fit():
 - the Keras version is checked (a warning once when outside the tested range);
 - what an earlier fit() that died left behind is released first;
 - ``_start_fit`` runs inside a try: if it raises, ``_stop_fit`` runs at once
-  and nothing stays attached (issue 10, defect 2);
+  and nothing stays attached;
 - ``_stop_fit`` runs exactly once per fit, under one lock, whether fit()
   returned (``on_train_end``), raised (the shared
   :class:`~keras_gpu_tools.runtime.session.FitSession` notices), or the user

@@ -25,8 +25,8 @@ class LiveView(LeanCallback):
 
     A redraw is an HTML table with inline SVG sparklines, drawn on the
     training thread (no matplotlib, no device sync: the loss is read every
-    `interval` seconds, not every step): a redraw costs a few milliseconds
-    (`benchmarks/live_view_overhead.py`), the per-step cost is one clock read.
+    `interval` seconds, not every step): a redraw costs a few milliseconds,
+    the per-step cost is one clock read.
 
     Args:
         interval: seconds between redraws. Defaults to `2.0`.

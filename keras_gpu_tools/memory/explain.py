@@ -285,10 +285,9 @@ def explanation_of(error: BaseException | None, **figures: Any) -> OOMExplanatio
 def fragmentation_note(requested: int | None, free: int | None, reserved: int | None, expandable: bool) -> str | None:
     """What to do when torch's caching allocator held enough memory for the request, but not in one piece.
 
-    Seen on an H100 (while the reducer emptied the cache before each retry): a
-    micro-batch of 65536 ran out of memory asking 16 GiB with 14.3 GiB free and
-    32 GiB reserved but unallocated, so a batch that fits as 4 micro-batches ran
-    as 8; with ``expandable_segments:True`` it ran as 4.
+    A request can fail with more memory reserved but unallocated than it asks
+    for, when no block is large enough; ``expandable_segments:True`` lets the
+    allocator grow a segment instead, so the batch then runs in fewer micro-batches.
     """
     if expandable or requested is None or free is None or not reserved or free >= requested:
         return None

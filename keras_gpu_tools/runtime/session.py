@@ -20,8 +20,8 @@ teardowns its callbacks registered, once, when that fit ends:
 
 The session keeps a strong reference to fit()'s frame until it closes. That is
 what makes "is this the same fit?" exact: CPython reuses the address of a dead
-frame for the next call, so ``id(frame)`` alone mistook a new fit() for the
-one that had died (issue 10, defect 1).
+frame for the next call, so ``id(frame)`` alone would mistake a new fit() for
+one that had died.
 
 Teardowns that must run on the training thread (torch's profiler can only be
 stopped there) are deferred when the watchdog notices first, and run at the

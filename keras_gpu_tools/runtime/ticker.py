@@ -3,12 +3,9 @@
 A fit() with the package's callbacks needs two periodic jobs off the training
 thread: the fit session's watchdog (is fit() still running?) and, with
 ``GPUUtilizationLogger``, the sampling of the GPUs. They share one thread.
-On a machine whose idle CPUs halt (a virtual machine, such as the 2-core CI
-machine), each thread a process holds during fit() can cost the training
-thread time even while it sleeps: there, with Keras's batch-end pool, sharing
-the thread took about 6 us a step off JAX's training thread with the logger
-alone, and about 2 with all six callbacks (``benchmarks/RESULTS.md``, "One
-package thread").
+On a machine whose idle CPUs halt (a virtual machine), each thread a process
+holds during fit() can cost the training thread time even while it sleeps,
+so the package keeps one (docs/decisions/0001-per-step-cost.md).
 
 A job that raises is reported through its ``on_error`` and runs again at its
 next time; a slow job delays the others rather than piling up, so a job must be

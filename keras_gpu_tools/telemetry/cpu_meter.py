@@ -62,9 +62,8 @@ def descendants(pid: int) -> list[int] | None:
     """The live descendants of process ``pid``, from Linux's ``/proc/<pid>/task/<tid>/children``.
 
     psutil finds children by reading the parent of every process on the
-    machine (all of ``/proc``): 0.6 ms a call on a quiet 2-core machine, and
-    the detector reads them twice an epoch (its epoch begin took 3.1 ms on a
-    lent GPU machine, mostly this). These files list each thread's own
+    machine (all of ``/proc``), milliseconds a call where many processes run,
+    and the detector reads them twice an epoch. These files list each thread's own
     children, so the cost follows this process's threads instead. None where
     the kernel has no such files (psutil's way then).
     """

@@ -316,8 +316,8 @@ class HostProbe:
         psutil.cpu_percent(None)
         self._cpu_since = time.monotonic()
 
-    # Over a shorter span cpu_percent is mostly rounding noise (one sample
-    # right after priming read 680% on a 2-core machine).
+    # Over a shorter span cpu_percent is mostly rounding noise (a sample right
+    # after priming can read several times the machine's capacity).
     MIN_CPU_SPAN = FIRST_SPAN
 
     def read(self) -> dict[str, float]:
