@@ -196,7 +196,7 @@ def part_recovery(args, variant: str) -> dict:
         }
     reducer = OOMBatchSizeReducer(probe=variant == "probe")
     if variant == "before":
-        reducer._recovery.predict_after_oom = False  # each failing split compiled and run, as before
+        reducer._state.recovery.predict_after_oom = False  # each failing split compiled and run, as before
     model = _model(args)
     profile = None
     if args.profile:

@@ -88,14 +88,16 @@ def plan_batch_size(
         )
     backend = backends.get()
     replicas = backend.replicas(model)
-    capacities = backend.device_capacities(model, replicas)
+    reported = backend.device_capacities(model, replicas)
     if memory_limit_mib is not None:
-        capacities = [memory_limit_mib * 2**20] * replicas
-    elif any(c is None for c in capacities):
+        capacities: list[float] = [memory_limit_mib * 2**20] * replicas
+    elif any(c is None for c in reported):
         raise ValueError(
             "Invalid value for argument `memory_limit_mib`. Received: memory_limit_mib=None, but this device reports "
             "no memory capacity (a CPU). Expected the memory to plan for, in MiB (e.g. memory_limit_mib=16384)."
         )
+    else:
+        capacities = [c for c in reported if c is not None]
     limits = [(1.0 - margin) * c for c in capacities]
     per_device_max = None if max_batch_size is None else max(1, max_batch_size // replicas)
     n_samples = _num_samples(x)

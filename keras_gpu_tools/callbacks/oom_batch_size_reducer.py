@@ -1,8 +1,4 @@
-"""OOMBatchSizeReducer: a training step that runs out of memory is retried as micro-batches.
-
-A thin Keras adapter: the arguments, the hooks and the wiring; the logic is in ``keras_gpu_tools/memory/``
-(``reducer.py`` wires it).
-"""
+"""OOMBatchSizeReducer: a Keras adapter over ``keras_gpu_tools/memory/`` (``memory/reducer.py`` wires it)."""
 
 from __future__ import annotations
 
@@ -15,16 +11,14 @@ from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import OOMWarning, UnrecoverableOOM
 from keras_gpu_tools.input.timing import StepRecord
-from keras_gpu_tools.logdir.events import EventWriter
 from keras_gpu_tools.memory import checks
-from keras_gpu_tools.memory.accumulate import accumulation_problem, refusal
 from keras_gpu_tools.memory.recovery import IdlePath, OOMEvent
 from keras_gpu_tools.memory.reducer import ReducerState
 from keras_gpu_tools.memory.search import plan_limit
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import validation as check
 from keras_gpu_tools.runtime.batches import batch_signature, leading_dim
-from keras_gpu_tools.runtime.step_hook import StepHook
+from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
 from keras_gpu_tools.runtime.topology import single as topology_single
 from keras_gpu_tools.telemetry.sampler import WarnOnce
 
@@ -47,20 +41,16 @@ class OOMBatchSizeReducer(FitCallback):
     Modes:
 
     - `"accumulate"` (default): the model's own `train_step` runs on each
-      micro-batch with each compiled loss weighted by what it really
-      averages over in the whole batch (its samples, its mask's valid
-      entries, its sample and class weights, or nothing for `"sum"`); the
-      gradients are accumulated and the optimizer applies once. The update,
-      the number of updates and the learning-rate schedule, the loss and
-      the metrics are those of the unsplit batch, up to floating-point
-      rounding, for every built-in reduction, masked losses, sample and
-      class weights, several outputs and Keras's regularizers; loss scaling
-      (`mixed_float16`) is applied once. What cannot be made exact raises
-      `InexactAccumulationError` before anything is applied (in
-      `on_train_begin` where the model tells, else at the first split, with
-      the state put back): a second optimizer, a loss with a custom
-      reduction or `reduction=None`, an overridden `compute_loss`, a
-      `train_step` that computes its own loss, a layer's own `add_loss`.
+      micro-batch with each compiled loss weighted by what it averages over
+      in the whole batch; the gradients are accumulated and the optimizer
+      applies once. The update, the learning-rate schedule, the loss and the
+      metrics are those of the unsplit batch, up to floating-point rounding,
+      for every built-in reduction, masks, sample and class weights, several
+      outputs, Keras's regularizers and loss scaling. What cannot be made
+      exact raises `InexactAccumulationError` before anything is applied: a
+      second optimizer, a loss with a custom reduction or `reduction=None`,
+      an overridden `compute_loss`, a `train_step` that computes its own
+      loss, a layer's own `add_loss`.
     - `"split"`: the micro-batches run as separate training steps: k
       optimizer updates per original batch (`optimizer.iterations` and
       learning-rate schedules advance k times as fast), noisier gradients;
@@ -68,56 +58,45 @@ class OOMBatchSizeReducer(FitCallback):
 
     Either way, `BatchNormalization` normalises each micro-batch by its own
     statistics and updates its moving averages once per micro-batch (a
-    warning says so; `GroupNormalization`/`LayerNormalization` are not
-    affected), and random layers (`Dropout`) draw other numbers.
+    warning says so), and random layers (`Dropout`) draw other numbers.
 
     Each out-of-memory error is explained (`OOMEvent.explanation`, `why()`):
-    what the failing allocation asked for and what was free (from the
-    error's message), the allocator's current and peak memory, the largest
-    buffers (JAX: live arrays, XLA's memory analysis of the failing program,
-    the device memory profile; torch: `torch.cuda.memory_snapshot()`;
-    TensorFlow: `get_memory_info` and the op the error names). It goes to the
-    log, `summary()`, the report and, with `log_dir`, to TensorBoard
-    (`oom/explanation`) and a file per event in `log_dir/<run_name>/oom_events`.
-    On JAX, after a real out-of-memory error the next splits are chosen from
-    XLA's memory analysis of their compiled steps (never run), so a split
-    that cannot fit is not run.
+    what the failing allocation asked for and what was free, the allocator's
+    current and peak memory and the largest buffers, as far as the backend
+    tells. It goes to the log, `summary()`, the report and, with `log_dir`, to
+    TensorBoard (`oom/explanation`) and a file per event in
+    `log_dir/<run_name>/oom_events`. On JAX, after a real out-of-memory error
+    the next splits are chosen from XLA's memory analysis of their compiled
+    steps (never run), so a split that cannot fit is not run.
 
     Nothing is lost or repeated: the failed batch is retried (on TensorFlow
     it is fetched in Python first, so the error cannot consume it), and the
     weights, the optimizer state, the non-trainable variables and the
-    metrics are put back as they were before the failed attempt (from a
-    host copy of the state, at most 4 GiB, at the first attempt at each
-    batch shape and split; else a device copy of the small state). A batch
+    metrics are put back as they were before the failed attempt. A batch
     shape that already ran whole runs Keras's own step inside a `try`, with
-    no copy, at next to no cost: an out-of-memory error there raises
-    `UnrecoverableOOM` with the reason (`late_recovery=True` keeps the small
-    copy there too, on TensorFlow and torch). On JAX, Keras's step donates
-    the state, so such an error cannot be retried either way; `probe=True`
-    avoids running steps predicted not to fit.
+    no copy of the state, at next to no cost: an out-of-memory error there
+    raises `UnrecoverableOOM` with the reason (see `late_recovery`). On JAX,
+    Keras's step donates the state, so such an error cannot be retried
+    either way; `probe=True` avoids running steps predicted not to fit.
 
     Data parallelism (`keras.distribution.DataParallel` on JAX,
     `tf.distribute.MirroredStrategy`): each device's share of the batch is
-    split where it lies, so every micro-batch spans all devices with at
-    least one sample each, and no sample moves; gradients are accumulated
-    per device and applied once. On JAX a batch must hold a multiple of the
-    process's data-parallel devices (a last batch that does not is refused
-    in `on_train_begin`). In a job of several processes
-    (`keras.distribution.initialize`) each new batch shape and split is
-    first rehearsed by every process on one of its own devices, and the
-    outcomes are agreed through the job's coordination service: a split
-    that runs out of memory on any process runs on none, and all move to
-    the same next split. Steps of the job in `evaluate()` and `predict()`
-    are agreed the same way (every process must call them with the
-    callback); a `predict()` on one process's own data is retried there
-    alone. An out-of-memory error in the job's step after the rehearsals
-    fitted cannot be retried (the others may wait in its collective) and
-    raises `UnrecoverableOOM`. Under `MirroredStrategy`, `predict()` returns
-    the rows in the unsplit order.
+    split where it lies, so every micro-batch spans all devices, and
+    gradients are accumulated per device and applied once. On JAX a batch
+    must hold a multiple of the process's data-parallel devices (checked in
+    `on_train_begin`). In a job of several processes
+    (`keras.distribution.initialize`) each new batch shape and split is first
+    rehearsed by every process on one of its own devices and agreed through
+    the job's coordination service: a split that runs out of memory on any
+    process runs on none. `evaluate()` and `predict()` steps of the job are
+    agreed the same way (every process must call them with the callback).
+    An out-of-memory error in the job's step after the rehearsals fitted
+    cannot be retried (the others may wait in its collective) and raises
+    `UnrecoverableOOM`.
 
-    When the split reaches `min_batch_size` and still does not fit, the
-    out-of-memory error is raised (same type) with the batch sizes tried,
-    the device's memory figures where known, and what to do next.
+    When the split reaches `min_batch_size` and still does not fit, the out-of-memory
+    error is raised (same type) with the batch sizes tried, the memory figures
+    where known, and what to do next.
 
     Logged keys (per epoch into `logs`; to TensorBoard in the run
     `log_dir/<run_name>` when `log_dir` is given, on the step axis):
@@ -131,29 +110,24 @@ class OOMBatchSizeReducer(FitCallback):
         min_batch_size: the smallest micro-batch to try. Defaults to `1`.
         regrow_after: after this many good steps at a split, try half as many
             micro-batches again, so one spike does not slow a whole run (a
-            failed trial doubles the wait). `None` keeps the split. Defaults
-            to `None`.
-        mode: `"accumulate"` or `"split"` (see above). Defaults to
-            `"accumulate"`.
+            failed trial doubles the wait); `None` keeps the split. Defaults to `None`.
+        mode: `"accumulate"` or `"split"` (see above). Defaults to `"accumulate"`.
         probe: before a batch shape first runs, predict whether the step fits
             from the compiled step's memory analysis against the device's
             memory limit, and start at the split that fits (JAX on GPU; other
             backends warn once). Defaults to `False`.
-        log_dir: TensorBoard log directory, or `None` for none. Defaults to
-            `None`.
+        log_dir: TensorBoard log directory, or `None` for none. Defaults to `None`.
         run_name: TensorBoard run of the scalars. Defaults to `"oom"`.
         verbose: print each recovery (it is always logged to the
             `keras_gpu_tools` logger). Defaults to `0`.
-        late_recovery: keep a copy of the small state (non-trainable and
-            metric variables, the optimizer's counters) before every step at a
-            batch shape that already ran whole too, so that an out-of-memory
-            error there can be retried exactly (TensorFlow and torch).
-            Defaults to `False`.
-        record_memory_history: record the allocator's history of allocations
-            (torch on CUDA) and write with each event the snapshot file that
-            PyTorch's memory visualizer (https://pytorch.org/memory_viz)
-            opens (needs `log_dir`). Other backends warn once. Defaults to
-            `False`.
+        late_recovery: keep a copy of the small state (non-trainable and metric
+            variables, the optimizer's counters) before every step at a batch
+            shape that already ran whole too, so that an out-of-memory error
+            there can be retried exactly (TensorFlow, torch). Defaults to `False`.
+        record_memory_history: record the allocator's history (torch on CUDA)
+            and write with each event the snapshot file that PyTorch's memory
+            visualizer (https://pytorch.org/memory_viz) opens (needs `log_dir`).
+            Other backends warn once. Defaults to `False`.
         plan: a `BatchPlan` from `keras_gpu_tools.plan_batch_size` (or the
             largest micro-batch size as an int): batches above it start split
             at it, and regrowing never goes past it. Defaults to `None`.
@@ -217,25 +191,19 @@ class OOMBatchSizeReducer(FitCallback):
             abort=lambda: self._end_fit(aborted=True),
         )
         self.controller = self._state.controller
+        self.events: list[OOMEvent] = self._state.log.events  # every out-of-memory error met, in order
         self._micro_batches = 1
-        self._attachment = None
+        self._attachment: Attachment | None = None  # the step hook's place, while a fit runs
         self._spe = self._replicas = 1  # steps per execution; data-parallel devices (replicas) of a step
 
     @property
     def _global_step(self) -> int:
-        # Kept by the idle path (the backend's train function counts there), so that an idle step
-        # costs one attribute increment and no frame of this callback's.
+        # Counted by the idle path (in the backend's train function): an idle step costs one increment, no frame.
         return self._idle.steps
 
     @_global_step.setter
     def _global_step(self, value: int) -> None:
         self._idle.steps = value
-
-    # -- public ---------------------------------------------------------------
-    @property
-    def events(self) -> list[OOMEvent]:
-        """Every out-of-memory error met, recovered from or not."""
-        return self._state.log.events
 
     @property
     def recovery_seconds(self) -> float:
@@ -253,12 +221,7 @@ class OOMBatchSizeReducer(FitCallback):
         return (self.controller.micro_size or self.controller.max_micro_size) if self._micro_batches > 1 else None
 
     def headroom(self) -> list[dict[str, Any]]:
-        """Per device: the allocator's peak in this run, the capacity, and the batch that would fit.
-
-        ``fits_batch`` is the plan's batch size where a plan was given, else a
-        linear estimate from the peak at the micro-batch size in use (the
-        memory grows with the batch; the state does not), marked ``estimate``.
-        """
+        """Per device: the allocator's peak in this run, the capacity, and the batch that would fit (`Headroom`)."""
         return self._state.headroom_rows()
 
     def summary(self) -> str:
@@ -268,34 +231,22 @@ class OOMBatchSizeReducer(FitCallback):
     # -- Keras hooks ------------------------------------------------------------
     def _start_fit(self, session) -> None:
         model, backend, st = self.model, self.backend, self._state
-        problem = backend.reducer_problem(model)
-        if problem:
-            raise ValueError(problem)
-        inexact = accumulation_problem(model) if self.mode == "accumulate" else None
-        if inexact:
-            raise refusal(inexact)
+        checks.refuse_fit(model, backend, self.mode)
         self._spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
         # Each device's (replica's) share of a batch is split: a micro-batch holds a sample per device at least.
         self._replicas = self.controller.granule = max(1, int(backend.replicas(model) or 1))
-        scope = f"fit{self._fit_serial}"
-        st.agreement = st.new_agreement(self.topology.exchange, scope, "test", self._replicas, self.agreement_timeout_s)
-        st.recovery.agree = st.agreement
-        if self._replicas > 1 and backend.even_shares:
-            uneven = checks.uneven_share(model, self._replicas // max(1, self.topology.process_count))
-            if uneven:
-                raise ValueError(uneven)
-        warning = checks.probe_warning(backend) if self.probe else None
-        if warning:
-            self.warnings(*warning)
-        why = backend.start_memory_history() if self.record_memory_history else None
-        if why:
-            self.warnings("history", f"OOMBatchSizeReducer: record_memory_history=True: {why}; recording nothing.")
-        st.model = model
+        checks.refuse_uneven(model, backend, self._replicas, self.topology.process_count)
+        scope, timeout = f"fit{self._fit_serial}", self.agreement_timeout_s
+        st.recovery.agree = st.agreement = st.new_agreement(
+            self.topology.exchange, scope, "test", self._replicas, timeout
+        )
+        if self.probe:
+            checks.warn_probe(backend, self.warnings)
+        if self.record_memory_history:
+            checks.start_memory_history(backend, self.warnings)
         # Array inputs: an epoch's full batches need no check once their shape ran whole (IdlePath.free).
         self._idle.reset(ki.array_epoch_batches(model) if backend.counts_idle_batches else None)
-        st.log.writer = EventWriter(self.run_dir) if self.log_dir is not None else None
-        st.log.run_dir = self.run_dir
-        st.explainer.files = st.log.writer is not None
+        st.start_fit(model, self.run_dir)  # None without a log_dir
         self._attachment = StepHook.attach(model, self, backend, session)  # last; calls self.inner(fn)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -334,10 +285,8 @@ class OOMBatchSizeReducer(FitCallback):
             except Exception as e:  # monitoring never stops the work: one process it is
                 logger.warning("keras_gpu_tools: reading the distribution failed (%s); taken as one process", e)
                 self.topology = topology_single()
-            # Numbered at its first agreement: a call on one process alone has none.
-            st.agreement = st.new_agreement(
-                self.topology.exchange, None, kind, self._replicas, self.agreement_timeout_s
-            )
+            timeout = self.agreement_timeout_s  # keys numbered at its first agreement (none on one process alone)
+            st.agreement = st.new_agreement(self.topology.exchange, None, kind, self._replicas, timeout)
         st.evals.attach(kind, model, self.backend, st.agreement)  # a job's steps are agreed as training's are
 
     # -- step hook observer: the retrying runs in `inner`, on the hook's fast path too ----------
@@ -367,8 +316,7 @@ class OOMBatchSizeReducer(FitCallback):
         try:
             result, k = st.recovery.run(st.runner, batch, n, sig, state, step=self._global_step)
         except BaseException:
-            # An error inside the step ends fit() (Keras catches only the end of data, which never comes from
-            # here): clean up now rather than when the fit session notices, and re-raise it unchanged.
+            # An error inside the step ends fit(): clean up now, not when the fit session notices; re-raise it.
             if st.recovery.restored_state is not None:
                 self.backend.hand_back_state(self.model, st.recovery.restored_state)
             self._end_fit(aborted=True)
@@ -389,21 +337,12 @@ class OOMBatchSizeReducer(FitCallback):
         self._end_fit(aborted=True)
 
     def _stop_fit(self, aborted: bool) -> None:
-        st = self._state
-        st.evals.detach_all()  # validation that raised never reached on_test_end
         if self.record_memory_history:
             self.backend.stop_memory_history()
-        try:
-            headroom = self.headroom()
-        except Exception:  # the teardown never fails for a figure
-            logger.debug("keras_gpu_tools: headroom failed", exc_info=True)
-            headroom = []
         attachment, self._attachment = self._attachment, None
         if attachment is not None:
             attachment.detach()
-        st.log.close(headroom, self._global_step)
-        st.explainer.files = False
-        st.runner = None
+        self._state.end_fit(self._global_step)
         self._idle.reset(None)
 
 

@@ -1,11 +1,14 @@
 """What the reducer checks of a fit before and while it runs, and the advice it gives.
 
+- :func:`refuse_fit`, :func:`refuse_uneven`: what makes a fit impossible to
+  retry, raised before it starts.
 - :func:`uneven_share`: fit()'s batches that cannot be spread evenly over the
   process's data-parallel devices (every batch, and every micro-batch, holds
   an equal share per device), with the batch sizes that would work.
 - :func:`uses_batch_statistics`: whether the model normalises by batch
   statistics, which a split changes (each micro-batch by its own).
-- :func:`probe_warning`: why ``probe=True`` can predict nothing here.
+- :func:`warn_probe`: why ``probe=True`` can predict nothing here;
+  :func:`start_memory_history` starts the allocator's record, or says why not.
 - :func:`late_oom_refusal` and :data:`ASYNC_OOM_REFUSAL`: why an out-of-memory
   error at a step that kept no copy of its state cannot be retried, and what
   to do instead.
@@ -15,6 +18,9 @@ Keras is read through ``runtime.keras_internals``; no framework import.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from keras_gpu_tools.memory.accumulate import accumulation_problem, refusal
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import leading_dim
 
@@ -44,21 +50,44 @@ def late_oom_refusal(signature) -> str:
     )
 
 
-def probe_warning(backend) -> tuple[str, str] | None:
-    """``(key, message)`` where ``probe=True`` can predict nothing on ``backend`` (a ``Backend``), else None."""
+def refuse_fit(model, backend, mode: str) -> None:
+    """Raises before a fit what makes its steps impossible to retry on ``backend`` (or, to accumulate, inexact)."""
+    problem = backend.reducer_problem(model)
+    if problem:
+        raise ValueError(problem)
+    inexact = accumulation_problem(model) if mode == "accumulate" else None
+    if inexact:
+        raise refusal(inexact)
+
+
+def refuse_uneven(model, backend, replicas: int, processes: int) -> None:
+    """Raises where ``backend`` needs even shares and fit()'s batches cannot be spread over the process's devices."""
+    uneven = uneven_share(model, replicas // max(1, processes)) if replicas > 1 and backend.even_shares else None
+    if uneven:
+        raise ValueError(uneven)
+
+
+def warn_probe(backend, warn: Callable[[str, str], None]) -> None:
+    """Warns (``warn(key, message)``) where ``probe=True`` can predict nothing on ``backend`` (a ``Backend``)."""
     if not backend.predicts_memory:
-        return (
+        warn(
             "probe",
             f"OOMBatchSizeReducer: probe=True needs the JAX backend (XLA's memory analysis); "
             f"{backend.name} cannot tell before running, so the first step is simply retried if it runs out of memory.",
         )
-    if not backend.device_memory().get("bytes_limit"):
-        return (
+    elif not backend.device_memory().get("bytes_limit"):
+        warn(
             "probe-device",
             "OOMBatchSizeReducer: probe=True: this device reports no memory limit "
             "(CPU); nothing is predicted, out-of-memory errors are retried.",
         )
-    return None
+
+
+def start_memory_history(backend, warn: Callable[[str, str], None]) -> None:
+    """Starts ``backend``'s record of the allocator's history; warns where it records nothing."""
+    why = backend.start_memory_history()
+    if why:
+        warn("history", f"OOMBatchSizeReducer: record_memory_history=True: {why}; recording nothing.")
 
 
 def uneven_share(model, devices: int) -> str | None:
@@ -112,7 +141,10 @@ __all__ = [
     "ASYNC_OOM_REFUSAL",
     "BATCH_STATISTICS_WARNING",
     "late_oom_refusal",
-    "probe_warning",
+    "refuse_fit",
+    "refuse_uneven",
+    "start_memory_history",
     "uneven_share",
     "uses_batch_statistics",
+    "warn_probe",
 ]

@@ -107,10 +107,10 @@ class EvalRetries:
         if ev is None or not ev.active:
             return
         ev.active = False
-        model = ev.model
+        model, original = ev.model, ev.original
         fn = ki.eval_function(model, kind) if model is not None else None
-        if fn is not None and getattr(fn, EVAL_MARK, None) is ev.original:
-            ki.set_eval_function(model, kind, ev.original)
+        if fn is not None and getattr(fn, EVAL_MARK, None) is original and original is not None:
+            ki.set_eval_function(model, kind, original)
         ev.runner = ev.model = ev.backend = None
 
     def detach_all(self) -> None:

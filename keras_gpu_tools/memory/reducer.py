@@ -14,9 +14,11 @@ through ``backend()`` (the callback's, read anew each fit); no framework import.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
+from keras_gpu_tools.logdir.events import EventWriter
 from keras_gpu_tools.memory import checks
 from keras_gpu_tools.memory.agreement import Exchange, JobAgreement
 from keras_gpu_tools.memory.eval_retry import EvalRetries
@@ -24,6 +26,8 @@ from keras_gpu_tools.memory.event_log import EventLog, unrecoverable_event
 from keras_gpu_tools.memory.explain import Explainer
 from keras_gpu_tools.memory.headroom import Headroom
 from keras_gpu_tools.memory.recovery import OOMEvent, Recovery, SplitController
+
+logger = logging.getLogger("keras_gpu_tools")
 
 
 class ReducerState:
@@ -109,6 +113,11 @@ class ReducerState:
             abort=self.abort,
         )
 
+    @property
+    def agreements(self) -> int:
+        """Rounds of agreement of the current scope (this fit, or the last evaluate()/predict() outside fit)."""
+        return self.agreement.rounds if self.agreement is not None else 0
+
     def on_event(self, event: OOMEvent) -> None:
         """Records ``event``; warns where a split changes what batch statistics see."""
         self.log.record(event, self.explainer.take_artifacts())
@@ -124,6 +133,25 @@ class ReducerState:
             explanation = None
         step = self.step() if step is None else step
         self.on_event(unrecoverable_event(error, signature, phase, step, self.classify(error), explanation))
+
+    def start_fit(self, model, run_dir: str | None) -> None:
+        """A fit of ``model`` starts: its events go to TensorBoard and files in ``run_dir`` (None: nowhere)."""
+        self.model = model
+        self.log.writer = EventWriter(run_dir) if run_dir is not None else None
+        self.log.run_dir = run_dir
+        self.explainer.files = self.log.writer is not None
+
+    def end_fit(self, step: int) -> None:
+        """The fit ends: its headroom for the report (never failing the teardown), the writer closed."""
+        self.evals.detach_all()  # validation that raised never reached on_test_end
+        try:
+            headroom = self.headroom_rows()
+        except Exception:
+            logger.debug("keras_gpu_tools: headroom failed", exc_info=True)
+            headroom = []
+        self.log.close(headroom, step)
+        self.explainer.files = False
+        self.runner = None
 
     def headroom_rows(self) -> list[dict[str, Any]]:
         """Per device: the allocator's peak, the capacity and the batch that would fit (see Headroom)."""
