@@ -184,6 +184,7 @@ class OOMBatchSizeReducer(FitCallback):
             verbose=self.verbose,
             run_name=self.run_name,
             backend=lambda: self.backend,
+            run_dir=lambda: self.run_dir,
             step=lambda: self._global_step,
             classify=backends.oom_kind,
             rebuild=backends.oom_error,
@@ -246,7 +247,7 @@ class OOMBatchSizeReducer(FitCallback):
             checks.start_memory_history(backend, self.warnings)
         # Array inputs: an epoch's full batches need no check once their shape ran whole (IdlePath.free).
         self._idle.reset(ki.array_epoch_batches(model) if backend.counts_idle_batches else None)
-        st.start_fit(model, self.run_dir)  # None without a log_dir
+        st.start_fit(model)
         self._attachment = StepHook.attach(model, self, backend, session)  # last; calls self.inner(fn)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:

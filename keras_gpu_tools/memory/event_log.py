@@ -32,16 +32,20 @@ class EventLog:
     Args:
         warn: ``warn(key, message)``, once per key (a folder that cannot be written).
         verbose: print each event too. Defaults to `0`.
+        run_dir: returns the run's folder for the event files (None: no files).
+            Defaults to none.
     """
 
-    def __init__(self, warn: Callable[[str, str], None], verbose: int = 0):
+    def __init__(
+        self, warn: Callable[[str, str], None], verbose: int = 0, run_dir: Callable[[], str | None] = lambda: None
+    ):
         self.warn = warn
         self.verbose = verbose
+        self.run_dir = run_dir
         self.events: list[OOMEvent] = []
         self.recovery_seconds = 0.0  # in failed attempts
         self.epoch_events = 0
         self.writer: EventWriter | None = None  # the run's TensorBoard events, while a fit with a log dir runs
-        self.run_dir: str | None = None  # where the event files go (None: no files)
 
     def record(self, event: OOMEvent, artifacts: dict[str, bytes]) -> None:
         """Keeps, logs and writes ``event``; ``artifacts`` are the backend's files of its explanation."""
@@ -67,9 +71,10 @@ class EventLog:
 
     def _write_files(self, event: OOMEvent, artifacts: dict[str, bytes]) -> None:
         """A file per event under ``run_dir/oom_events``: the explanation (text and JSON) and the backend's files."""
-        if self.run_dir is None or event.explanation is None:
+        run_dir = self.run_dir()
+        if run_dir is None or event.explanation is None:
             return
-        folder = os.path.join(self.run_dir, schema.OOM_EVENTS_DIR)
+        folder = os.path.join(run_dir, schema.OOM_EVENTS_DIR)
         try:
             os.makedirs(folder, exist_ok=True)
             base = os.path.join(folder, f"{event.phase}_step{event.step}_{len(self.events)}")

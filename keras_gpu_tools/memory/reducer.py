@@ -38,6 +38,7 @@ class ReducerState:
             run_name: the reducer's arguments.
         plan_size: the largest micro-batch of its plan, or None.
         backend: returns the backend object of the fit.
+        run_dir: returns the reducer's run folder (None without a log dir).
         step: returns the reducer's global step (training batches run).
         classify: the backend's kind of an out-of-memory error (None for any other error).
         rebuild: ``rebuild(error, message)``: an error of the original type with ``message``.
@@ -57,6 +58,7 @@ class ReducerState:
         verbose: int,
         run_name: str,
         backend: Callable[[], Any],
+        run_dir: Callable[[], str | None],
         step: Callable[[], int],
         classify: Callable[[BaseException], str | None],
         rebuild: Callable[[BaseException, str], BaseException],
@@ -73,7 +75,8 @@ class ReducerState:
         self.abort = abort
         self.controller = SplitController(min_batch_size, regrow_after, plan_size)
         self.explainer = Explainer(lambda error, context: backend().explain_oom(error, context))
-        self.log = EventLog(warn, verbose)  # each event to the log, TensorBoard and files
+        self.run_dir = run_dir
+        self.log = EventLog(warn, verbose, run_dir)  # each event to the log, TensorBoard and files
         self.headroom = Headroom(plan_size)
         self.recovery = self.new_recovery(self.controller, probe)
         self.evals = EvalRetries(min_batch_size, mode, late_recovery, self.new_recovery, classify, self.unrecoverable)
@@ -134,11 +137,11 @@ class ReducerState:
         step = self.step() if step is None else step
         self.on_event(unrecoverable_event(error, signature, phase, step, self.classify(error), explanation))
 
-    def start_fit(self, model, run_dir: str | None) -> None:
-        """A fit of ``model`` starts: its events go to TensorBoard and files in ``run_dir`` (None: nowhere)."""
+    def start_fit(self, model) -> None:
+        """A fit of ``model`` starts: its events go to TensorBoard in the run folder, where there is one."""
         self.model = model
+        run_dir = self.run_dir()
         self.log.writer = EventWriter(run_dir) if run_dir is not None else None
-        self.log.run_dir = run_dir
         self.explainer.files = self.log.writer is not None
 
     def end_fit(self, step: int) -> None:
