@@ -6,19 +6,16 @@ the compiled train step (compiled, never run); on TensorFlow and torch from a
 few real trial steps and the allocator's peak (torch on a CPU: the peak of
 tensor storage alive at once, counted op by op, since its CPU allocator
 keeps no statistics). :func:`~keras_gpu_tools.memory.search.search_batch_size`
-searches with it, exponentially then by halving.
+searches with it, exponentially then by halving. This module validates the
+arguments and wires the backend to the search (``memory/search.py``).
 """
 
 from __future__ import annotations
 
-import logging
-
 from keras_gpu_tools import backends
-from keras_gpu_tools.memory.freeing import free_failed_step, held_since, in_use
-from keras_gpu_tools.memory.search import BatchPlan, search_batch_size
+from keras_gpu_tools.memory.search import BatchPlan, StepPeaks, sample_batch, search_batch_size
+from keras_gpu_tools.runtime.batches import leading_dim
 from keras_gpu_tools.runtime.validation import check_int, check_number
-
-logger = logging.getLogger("keras_gpu_tools")
 
 
 def plan_batch_size(
@@ -91,38 +88,27 @@ def plan_batch_size(
         )
     backend = backends.get()
     replicas = backend.replicas(model)
-    capacities = backend.device_capacities(model, replicas)
+    reported = backend.device_capacities(model, replicas)
     if memory_limit_mib is not None:
-        capacities = [memory_limit_mib * 2**20] * replicas
-    elif any(c is None for c in capacities):
+        capacities: list[float] = [memory_limit_mib * 2**20] * replicas
+    elif any(c is None for c in reported):
         raise ValueError(
             "Invalid value for argument `memory_limit_mib`. Received: memory_limit_mib=None, but this device reports "
             "no memory capacity (a CPU). Expected the memory to plan for, in MiB (e.g. memory_limit_mib=16384)."
         )
+    else:
+        capacities = [c for c in reported if c is not None]
     limits = [(1.0 - margin) * c for c in capacities]
     per_device_max = None if max_batch_size is None else max(1, max_batch_size // replicas)
     n_samples = _num_samples(x)
-    method = ""
     # Trial steps train the model: everything is built first, copied, and put back after.
-    snapshot = backend.plan_snapshot(model, _sample_batch(x, y, replicas, n_samples))
-
-    def measure(per_device: int) -> list[float] | None:
-        nonlocal method
-        batch = _sample_batch(x, y, per_device * replicas, n_samples)
-        before = in_use(backend.device_memory)
-        try:
-            peaks, method = backend.step_memory(model, batch, replicas)
-        except Exception as e:
-            if not backends.is_oom(e):
-                raise
-            failure = e
-        else:
-            return peaks
-        logger.info("keras_gpu_tools: plan_batch_size: batch %d ran out of memory", per_device * replicas)
-        # Left held, the failed trial's tensors would count in every later trial's peak.
-        free_failed_step(failure, held_since(backend.device_memory, before))
-        return None
-
+    snapshot = backend.plan_snapshot(model, sample_batch(x, y, replicas, n_samples))
+    measure = StepPeaks(
+        lambda per_device: backend.step_memory(model, sample_batch(x, y, per_device * replicas, n_samples), replicas),
+        backends.is_oom,
+        backend.device_memory,
+        replicas,
+    )
     try:
         best, trials = search_batch_size(measure, limits, start=1, maximum=per_device_max)
     finally:
@@ -135,14 +121,12 @@ def plan_batch_size(
         peak_mib=[p / 2**20 for p in (peak or [])],
         capacity_mib=[c / 2**20 for c in capacities],
         margin=margin,
-        method=method or backend.plan_method(model),
+        method=measure.method or backend.plan_method(model),
         trials=trials,
     )
 
 
 def _num_samples(x) -> int:
-    from keras_gpu_tools.runtime.batches import leading_dim
-
     n = leading_dim(x)
     if not n:
         raise ValueError(
@@ -150,27 +134,6 @@ def _num_samples(x) -> int:
             "list/dict of arrays, with at least one sample."
         )
     return n
-
-
-def _sample_batch(x, y, b: int, n: int):
-    """``(x, y)`` of ``b`` samples: the first ``b``, repeated where there are fewer (only the shapes matter)."""
-    import numpy as np
-
-    index = np.arange(b) % n
-
-    def take(a):
-        if a is None:
-            return None
-        if isinstance(a, dict):
-            return {k: take(v) for k, v in a.items()}
-        if isinstance(a, (list, tuple)):
-            return type(a)(take(v) for v in a)
-        a = np.asarray(a)
-        if a.dtype == np.float64:  # Keras's data adapters train on floatx
-            a = a.astype("float32")
-        return a[index]
-
-    return take(x), take(y)
 
 
 __all__ = ["BatchPlan", "plan_batch_size"]

@@ -1,6 +1,6 @@
 """Why memory ran out: the figures of one out-of-memory error, read from its message and the allocator.
 
-Framework-free. The backends (``keras_gpu_tools/_backends``) fill an
+Framework-free. The backends (``keras_gpu_tools/backends/<framework>``) fill an
 :class:`OOMExplanation` from what their framework can tell at the moment of
 the error (allocator statistics, live buffers, the failing program's memory
 analysis, a memory snapshot); :func:`parse_message` reads what the error's own
@@ -21,7 +21,9 @@ message says, for every backend's wording:
 
 :meth:`OOMExplanation.lines` says it in a few readable lines:
 ``asked 32.0 GiB for dense/MatMul (262144 x 65536 float32); 12.1 GiB free of
-139.8 GiB; the largest temporaries: ...``.
+139.8 GiB; the largest temporaries: ...``. :class:`Explainer` is what the
+reducer calls with each error (through the backend's ``explain_oom``), and
+:func:`headroom_lines` says the peak per device against its capacity.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.runtime.units import format_bytes
@@ -285,9 +288,9 @@ def explanation_of(error: BaseException | None, **figures: Any) -> OOMExplanatio
 def fragmentation_note(requested: int | None, free: int | None, reserved: int | None, expandable: bool) -> str | None:
     """What to do when torch's caching allocator held enough memory for the request, but not in one piece.
 
-    A request can fail with more memory reserved but unallocated than it asks
-    for, when no block is large enough; ``expandable_segments:True`` lets the
-    allocator grow a segment instead, so the batch then runs in fewer micro-batches.
+    Reserved but unallocated memory that is fragmented makes a split that fits
+    run out of memory (so the batch runs as more micro-batches than it needs);
+    ``expandable_segments:True`` lets the allocator grow a segment instead.
     """
     if expandable or requested is None or free is None or not reserved or free >= requested:
         return None
@@ -298,6 +301,36 @@ def fragmentation_note(requested: int | None, free: int | None, reserved: int | 
         f"than the {format_bytes(requested)} asked, but not in one piece; set "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch starts CUDA"
     )
+
+
+class Explainer:
+    """Explains each out-of-memory error (or predicted failure) while its memory is still held.
+
+    ``explain_oom(error, context)`` is the backend's (``Backend.explain_oom``):
+    it returns the figures of an :class:`OOMExplanation` and the files it made
+    (name suffix -> bytes), which are kept until the event is recorded
+    (:meth:`take_artifacts`). ``files``: whether the run writes files (it has a
+    log dir), so that the backend makes them.
+    """
+
+    def __init__(
+        self,
+        explain_oom: Callable[[BaseException | None, dict[str, Any]], tuple[dict[str, Any], dict[str, bytes]]],
+    ):
+        self.explain_oom = explain_oom
+        self.files = False
+        self.artifacts: dict[str, bytes] = {}
+
+    def __call__(self, error: BaseException | None, context: dict[str, Any]) -> dict[str, Any]:
+        figures, artifacts = self.explain_oom(error, dict(context, files=self.files))
+        explanation = explanation_of(error, **figures)
+        self.artifacts = artifacts
+        return explanation.as_dict()
+
+    def take_artifacts(self) -> dict[str, bytes]:
+        """The files of the explanation being recorded, handed over once."""
+        artifacts, self.artifacts = self.artifacts, {}
+        return artifacts
 
 
 def headroom_lines(rows: list[dict[str, Any]] | None) -> list[str]:
@@ -314,4 +347,4 @@ def headroom_lines(rows: list[dict[str, Any]] | None) -> list[str]:
     return out
 
 
-__all__ = ["OOMExplanation", "explanation_of", "headroom_lines", "parse_message", "tensor_bytes"]
+__all__ = ["Explainer", "OOMExplanation", "explanation_of", "headroom_lines", "parse_message", "tensor_bytes"]

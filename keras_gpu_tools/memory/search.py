@@ -5,15 +5,24 @@ Like Lightning's ``BatchSizeFinder`` (``mode="binsearch"``) and Accelerate's
 by a measurement (:func:`search_batch_size`'s ``measure``: a predicted or
 measured peak per device), compared with each device's capacity less a
 margin, so a batch that would run out of memory is usually never run.
+:class:`StepPeaks` is such a ``measure`` over a backend's trial steps (an
+out-of-memory error counts as not fitting), :func:`sample_batch` builds the
+trial batches, :class:`BatchPlan` is what was found and :func:`plan_limit`
+the largest micro-batch a plan allows.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from keras_gpu_tools.memory.freeing import free_failed_step, held_since, in_use
 from keras_gpu_tools.runtime.units import format_bytes
+from keras_gpu_tools.runtime.validation import check_int
+
+logger = logging.getLogger("keras_gpu_tools")
 
 
 @dataclasses.dataclass
@@ -70,6 +79,66 @@ def search_batch_size(
     return low, trials
 
 
+class StepPeaks:
+    """``measure`` for :func:`search_batch_size` from trial steps: the peak per device, None where one ran out of memory.
+
+    ``step_memory(per_device)`` returns the peaks of one step at that batch
+    size per device and how they were obtained (kept in ``method``). A trial
+    that runs out of memory (``is_oom``) has its memory freed before the next
+    one, whose peak it would otherwise count in; any other error passes through.
+    ``device_memory`` is the backend's (see :func:`~keras_gpu_tools.memory.recovery.in_use`).
+    """
+
+    def __init__(
+        self,
+        step_memory: Callable[[int], tuple[list[float], str]],
+        is_oom: Callable[[BaseException], bool],
+        device_memory: Callable[[], dict[str, Any]],
+        replicas: int = 1,
+    ):
+        self.step_memory = step_memory
+        self.is_oom = is_oom
+        self.device_memory = device_memory
+        self.replicas = replicas
+        self.method = ""
+
+    def __call__(self, per_device: int) -> list[float] | None:
+        before = in_use(self.device_memory)
+        try:
+            peaks, self.method = self.step_memory(per_device)
+        except Exception as e:
+            if not self.is_oom(e):
+                raise
+            failure = e
+        else:
+            return peaks
+        logger.info("keras_gpu_tools: plan_batch_size: batch %d ran out of memory", per_device * self.replicas)
+        # Left held, the failed trial's tensors would count in every later trial's peak.
+        free_failed_step(failure, held_since(self.device_memory, before))
+        return None
+
+
+def sample_batch(x, y, b: int, n: int):
+    """``(x, y)`` of ``b`` samples of ``n``: the first ``b``, repeated where there are fewer (only the shapes matter)."""
+    import numpy as np
+
+    index = np.arange(b) % n
+
+    def take(a):
+        if a is None:
+            return None
+        if isinstance(a, dict):
+            return {k: take(v) for k, v in a.items()}
+        if isinstance(a, (list, tuple)):
+            return type(a)(take(v) for v in a)
+        a = np.asarray(a)
+        if a.dtype == np.float64:  # Keras's data adapters train on floatx
+            a = a.astype("float32")
+        return a[index]
+
+    return take(x), take(y)
+
+
 @dataclasses.dataclass
 class BatchPlan:
     """What :func:`keras_gpu_tools.plan_batch_size` found.
@@ -120,4 +189,13 @@ class BatchPlan:
         return dataclasses.asdict(self)
 
 
-__all__ = ["BatchPlan", "Trial", "search_batch_size"]
+def plan_limit(plan: BatchPlan | int | None) -> int | None:
+    """The largest micro-batch a plan allows: a `BatchPlan`'s `batch_size`, or an int (validated)."""
+    if plan is None:
+        return None
+    if hasattr(plan, "batch_size"):
+        return check_int("plan.batch_size", plan.batch_size, low=1)
+    return check_int("plan", plan, low=1)
+
+
+__all__ = ["BatchPlan", "StepPeaks", "Trial", "plan_limit", "sample_batch", "search_batch_size"]

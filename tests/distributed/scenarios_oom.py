@@ -93,7 +93,7 @@ def one_process_oom(index: int, count: int, out: Path, n: int = 40, batch: int =
         "events": [[e.batch_size, e.failed_split, e.next_split, e.kind] for e in reducer.events],
         "why": [e.why() for e in reducer.events],
         "micro_batches": reducer.micro_batches,
-        "agreements": reducer._agreements,
+        "agreements": reducer._state.agreements,
         "granule": reducer.controller.granule,
         "seen": np.asarray(m.layers[1].seen.value).tolist(),
         "iterations": int(np.asarray(m.optimizer.iterations.value)),
@@ -124,7 +124,7 @@ def one_process_data_parallel(index: int, count: int, out: Path, n: int = 40, ba
         "events": [[e.batch_size, e.failed_split, e.next_split, e.kind] for e in reducer.events],
         "lines": [e.line() for e in reducer.events],
         "micro_batches": reducer.micro_batches,
-        "agreements": reducer._agreements,
+        "agreements": reducer._state.agreements,
         "seen": np.asarray(m.layers[1].seen.value).tolist(),
         "iterations": int(np.asarray(m.optimizer.iterations.value)),
         "weights": trainable(m),
@@ -169,7 +169,7 @@ def evaluation_oom(index: int, count: int, out: Path, n: int = 40, batch: int = 
     result = {
         "fit_events": events_of(reducer),
         "fit_why": [e.why() for e in reducer.events],
-        "fit_agreements": reducer._agreements,
+        "fit_agreements": reducer._state.agreements,
         "val_loss": history["val_loss"],
         "ref_val_loss": ref_history["val_loss"],
         "loss": history["loss"],
@@ -182,7 +182,7 @@ def evaluation_oom(index: int, count: int, out: Path, n: int = 40, batch: int = 
     result["evaluate"] = m.evaluate(xv, yv, batch_size=batch, verbose=0, callbacks=[alone])
     result["ref_evaluate"] = reference.evaluate(xv, yv, batch_size=batch, verbose=0)
     result["evaluate_events"] = events_of(alone)
-    result["evaluate_agreements"] = alone._agreements
+    result["evaluate_agreements"] = alone._state.agreements
     # predict() over the job: agreed the same way; then Keras itself cannot gather its outputs,
     # which span the other process's devices (its own error, on both processes: no hang).
     spread = OOMBatchSizeReducer()
@@ -191,7 +191,7 @@ def evaluation_oom(index: int, count: int, out: Path, n: int = 40, batch: int = 
     except RuntimeError as e:
         result["job_predict_error"] = str(e)[:300]
     result["job_predict_events"] = events_of(spread)
-    result["job_predict_agreements"] = spread._agreements
+    result["job_predict_agreements"] = spread._state.agreements
     # predict() on process 0 alone, on its own data (no distribution): split there, with nobody to agree with.
     # Not on GPUs: there XLA shares each compilation's autotuning between the job's processes, and
     # Keras's predict step, compiled by process 0 alone, waits for process 1 for ever (seen on H200s).
@@ -202,5 +202,5 @@ def evaluation_oom(index: int, count: int, out: Path, n: int = 40, batch: int = 
         result["local_predict"] = np.asarray(predicted).ravel().tolist()
         result["ref_local_predict"] = np.asarray(reference.predict(xv, batch_size=batch, verbose=0)).ravel().tolist()
         result["local_events"] = events_of(local)
-        result["local_agreements"] = local._agreements
+        result["local_agreements"] = local._state.agreements
     return result
