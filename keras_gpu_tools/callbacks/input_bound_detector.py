@@ -46,10 +46,9 @@ class InputBoundDetector(FitCallback):
     What is trained never changes: the same batches, in the same order.
 
     The verdict uses the thresholds of TensorBoard's input-pipeline analyzer
-    (xprof): waiting for input at least 20% of step time is "highly
-    input-bound", at least 5% "moderately", else "not input-bound". It is
-    given per window of `window` steps, per epoch and for the run
-    (`detector.verdict`, `detector.summary()`, printed at the end).
+    (xprof): waiting for input at least 20% of step time is "highly input-bound",
+    at least 5% "moderately", else "not input-bound". It is given per window of
+    `window` steps, per epoch and for the run (`detector.verdict`, `summary()`).
 
     The run's verdict describes its steady state: leading epochs (or, in a
     fit of one epoch, windows) unlike the ones after them (warm-up, a

@@ -29,15 +29,14 @@ logger = logging.getLogger("keras_gpu_tools")
 class OOMBatchSizeReducer(FitCallback):
     """Recovers from out-of-memory errors by retrying the batch as micro-batches.
 
-    When a training step runs out of device memory, the same batch is run
-    again as 2, then 4, 8, ... micro-batches until it fits (none below
-    `min_batch_size`); later batches start at the micro-batch size that
-    worked. Validation steps, `evaluate()` and `predict()` (given the
-    callback) are retried the same way, with the results of the unsplit
-    step. Out-of-memory errors are recognised by type: TensorFlow
-    `ResourceExhaustedError`, JAX/XLA `RESOURCE_EXHAUSTED` runtime errors,
-    torch `OutOfMemoryError` (and its CPU allocator's error). Every other
-    exception passes through unchanged.
+    When a training step runs out of device memory, the same batch is run again
+    as 2, then 4, 8, ... micro-batches until it fits (none below `min_batch_size`);
+    later batches start at the micro-batch size that worked. Validation steps,
+    `evaluate()` and `predict()` (given the callback) are retried the same way,
+    with the results of the unsplit step. Out-of-memory errors are recognised by
+    type: TensorFlow `ResourceExhaustedError`, JAX/XLA `RESOURCE_EXHAUSTED`
+    runtime errors, torch `OutOfMemoryError` (and its CPU allocator's error).
+    Every other exception passes through unchanged.
 
     Modes:
 
@@ -291,7 +290,7 @@ class OOMBatchSizeReducer(FitCallback):
             st.agreement = st.new_agreement(self.topology.exchange, None, kind, self._replicas, timeout)
         st.evals.attach(kind, model, self.backend, st.agreement)  # a job's steps are agreed as training's are
 
-    # -- step hook observer: the retrying runs in `inner`, on the hook's fast path too ----------
+    # -- step hook observer: the retrying runs in `inner`, on the hook's fast path too --------------
     def sample(self, index: int) -> bool:
         return False
 

@@ -108,11 +108,11 @@ class FakeDetector(InputBoundDetector):
 class FakeOOMReducer(OOMBatchSizeReducer):
     """An OOMBatchSizeReducer after one recovery; its epoch figures went to History."""
 
-    micro_batches = 4  # a property of the real one
+    micro_batches = 4  # properties of the real one
+    recovery_seconds = 0.5
 
     def __init__(self):
         super().__init__()
-        self.recovery_seconds = 0.5
         self.events = [OOMEvent(step=57, batch_size=256, failed_split=1, next_split=4, kind="tensorflow")]
 
 
