@@ -77,6 +77,11 @@ class FitCallback(LeanCallback):
         return self.topology.run_dir(log_dir, self.run_name) if log_dir else None
 
     @property
+    def _required_run_dir(self) -> str:
+        """``run_dir`` of a callback whose ``log_dir`` is required (a non-empty path, checked when it was made)."""
+        return self.topology.run_dir(self.log_dir, self.run_name)
+
+    @property
     def job_run_dir(self) -> str | None:
         """The run of the job-wide figures, written by process 0 of a job of several (else None)."""
         log_dir = getattr(self, "log_dir", None)
@@ -108,7 +113,8 @@ class FitCallback(LeanCallback):
 
     def _open_writers(self, job: bool) -> None:
         """This fit's writer of its own run (None without a log_dir); ``job``: the job's run, opened at its first figures."""
-        self._writer = EventWriter(self.run_dir) if getattr(self, "log_dir", None) else None
+        run_dir = self.run_dir  # None without a log_dir
+        self._writer = EventWriter(run_dir) if run_dir is not None else None
         self._job_writer = None
         self._job_writer_dir = self.job_run_dir if job else None
 

@@ -170,7 +170,8 @@ class GPUUtilizationLogger(FitCallback):
 
         self.gpus: list[Any] = []  # (index, GPUInfo) monitored in the last fit
         self.epoch_history: list[dict[str, float]] = []
-        self.timeline = collections.deque(maxlen=100_000)  # (wall_time, step, means)
+        # (wall_time, step, means) of each point
+        self.timeline: collections.deque[tuple[float, int, dict[str, float]]] = collections.deque(maxlen=100_000)
         self.warnings = WarnOnce()
         self._lock = threading.Lock()
         self._steps_cap = 1 << 62  # the fit's steps per epoch, where Keras knows them
@@ -256,8 +257,8 @@ class GPUUtilizationLogger(FitCallback):
         values = sampler.epoch_summary(agg) if sampler is not None else agg.summary()
         try:
             job = job_gpu_figures(epoch, values, list(self._labels.values()), self.topology, self._gather)
-            if job and self._job_events() is not None:
-                self._job_writer.scalars(job, step=self._global_step)
+            if job and (job_writer := self._job_events()) is not None:
+                job_writer.scalars(job, step=self._global_step)
             values.update(job)
         except Exception as e:  # monitoring never stops training: the job figures stop instead
             self._job_failed(self._gather, e)
@@ -267,6 +268,7 @@ class GPUUtilizationLogger(FitCallback):
 
     # -- internals ------------------------------------------------------------
     def _tick(self) -> None:
+        assert self._sampler is not None  # made before the sampling job that calls here starts
         sample = self._sampler.sample()
         now = time.time()
         with self._lock:

@@ -130,6 +130,7 @@ class LiveView(LeanCallback):
         t0 = time.perf_counter()
         try:
             self._state.note_redraw(now)
+            assert self._out is not None  # set whenever the view is active, the only time it redraws
             self._out(render(self._state, now))
         except Exception as e:  # a display problem must never stop training
             logger.warning("LiveView: redraw failed (%s: %s); the view is off for this fit().", type(e).__name__, e)

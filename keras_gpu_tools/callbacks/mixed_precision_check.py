@@ -59,7 +59,7 @@ class MixedPrecisionCheck(LeanCallback):
         self.ignore = sorted(validate_ignore(ignore))
         self.compute_capabilities = validate_compute_capabilities(compute_capabilities)
         self.findings: list[MixedPrecisionFinding] = []
-        self._warned = set()
+        self._warned: set[MixedPrecisionFinding] = set()
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         try:

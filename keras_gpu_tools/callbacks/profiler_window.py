@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from keras_gpu_tools.backends.protocols import ProfilerSession
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import ProfilerWarning
 from keras_gpu_tools.profiling import trace as prof
@@ -18,7 +19,7 @@ from keras_gpu_tools.profiling.capture import WindowCapture, write_capture
 from keras_gpu_tools.profiling.job_session import JobSessions
 from keras_gpu_tools.profiling.schedule import WindowSchedule
 from keras_gpu_tools.runtime import validation as check
-from keras_gpu_tools.runtime.step_hook import StepHook
+from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
 from keras_gpu_tools.runtime.step_record import StepRecord
 from keras_gpu_tools.runtime.warn_once import WarnOnce
 
@@ -141,8 +142,8 @@ class ProfilerWindow(FitCallback):
         self.run_name = check.check_run_name("run_name", run_name)
         check.check_run_dir(self.log_dir, self.run_name)
         python_tracer = check.check_bool("python_tracer", python_tracer)
-        device_tracer = int(check.check_bool("device_tracer", device_tracer))
-        self.options = prof.TracerOptions(host_tracer_level, python_tracer, device_tracer)
+        device_tracer_level = int(check.check_bool("device_tracer", device_tracer))
+        self.options = prof.TracerOptions(host_tracer_level, python_tracer, device_tracer_level)
         self.analyze = check.check_bool("analyze", analyze)
         self.verbose = check.check_verbose("verbose", verbose)
         if self.num_steps > 500:
@@ -159,10 +160,10 @@ class ProfilerWindow(FitCallback):
         )
         self._active: prof.Window | None = None
         self._active_reason, self._active_done, self._active_wall = "", 0, 0.0  # the active window's
-        self._profiler = None  # this fit's profiler session (the backend's)
+        self._profiler: ProfilerSession | None = None  # this fit's profiler session (the backend's)
         self._index0 = self._step0 = 0  # the hook's call index of global step `_step0`
         self._fit_start_step = self._fit_captures = 0  # this fit's first step, and captures before it
-        self._attachment = None
+        self._attachment: Attachment | None = None
         self._analyses: list[threading.Thread] = []
         self._lock = threading.RLock()
         self._bytes_per_step: float | None = None
@@ -191,7 +192,7 @@ class ProfilerWindow(FitCallback):
             self.warnings("unavailable", f"ProfilerWindow: {why}. No trace will be captured in this run.")
             return
         self._profiler = profiler
-        os.makedirs(self.run_dir, exist_ok=True)
+        os.makedirs(self._required_run_dir, exist_ok=True)
         self._job = None
         if self.topology.multi_process:  # one session name for every process, from process 0's clock
             job_dir = self.topology.job_run_dir(self.log_dir, self.run_name)
@@ -256,7 +257,7 @@ class ProfilerWindow(FitCallback):
             return out
         t0 = time.perf_counter()
         try:
-            with self._profiler.step(step):
+            with self._profiler.step(step):  # type: ignore[union-attr]  # set in any window; no assert per step
                 out = call()
         except BaseException as e:
             if type(e).__name__ not in _END_OF_DATA:
@@ -276,14 +277,14 @@ class ProfilerWindow(FitCallback):
 
     def _start_window(self, window: prof.Window, reason: str) -> None:
         opts, bps, warn = self.options, self._bytes_per_step, self.warnings
-        before, why = profiled.start(self._profiler, self.run_dir, opts, window, bps, warn)
+        before, why = profiled.start(self._profiler, self._required_run_dir, opts, window, bps, warn)
         if before is None:
             self._schedule.skip_until = window.end - 1
             if self._job is not None:  # the others would wait at the window's end: told at once instead
                 self._job.gather.give_up(f"process {self.topology.process_index} skipped a window: {why}")
             return
         self._sessions_before, self._active = before, window
-        if self._profiler.owner_thread_only and self._session is not None:
+        if self._stop_on_training_thread() and self._session is not None:
             self._session.watch_unwind(True)  # stop it on the training thread the moment fit() raises
         self._active_reason, self._active_done, self._active_wall = reason, 0, 0.0
 
@@ -298,14 +299,14 @@ class ProfilerWindow(FitCallback):
             job = self._job if self._job is not None and self._job.active else None
             done, wall, before = self._active_done, self._active_wall, self._sessions_before
             capture, session = profiled.stop(
-                self._profiler, self.run_dir, before, window, done, wall, reason, outputs, job, self.warnings
+                self._profiler, self._required_run_dir, before, window, done, wall, reason, outputs, job, self.warnings
             )
             self.captures.append(capture)
             if capture.num_steps and capture.size_bytes:
                 self._bytes_per_step = capture.size_bytes / capture.num_steps
             self._say(capture.line())
             write_capture(self._writer, capture, capture.line())
-            if job is not None and meet and job.meet(window, capture, session):
+            if job is not None and session is not None and meet and job.meet(window, capture, session):
                 self._report_job(capture)
             xplanes = [f for f in capture.files if f.endswith(".xplane.pb")]
             if self.analyze and xplanes and prof.xprof_available():

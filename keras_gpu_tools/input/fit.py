@@ -46,7 +46,7 @@ class InputFit:
         exchange: JobExchange | None = None,
         job_failed: Callable[[JobGather, Exception], None] | None = None,
     ):
-        self.judge = judge
+        self._judge = judge  # None only in the placeholder before a fit
         self.flops = flops  # of one (global) step
         self.peak_device = peak_device
         self.devices = devices
@@ -60,6 +60,13 @@ class InputFit:
         self.job_verdict: stragglers.JobVerdict | None = None
         self.epoch_verdicts: list[Verdict] = []
         self.window_verdicts: list[tuple[int, Verdict]] = []  # (global step, verdict)
+
+    @property
+    def judge(self) -> Judge:
+        """This fit's judge; the placeholder made before any fit has none."""
+        if self._judge is None:
+            raise AttributeError("InputFit: no judge before a fit has started")
+        return self._judge
 
     def aggregate(self, parts: Sequence[Measurement]) -> Measurement:
         return aggregate(parts, self.flops, self.peak, self.devices)
@@ -84,12 +91,12 @@ class InputFit:
         self.epoch_verdicts.append(v)
         self.update()
         job = None
-        try:  # once per epoch, every process at the same point
-            if self.exchange is not None:
+        if self.exchange is not None:
+            try:  # once per epoch, every process at the same point
                 job = self.exchange.epoch(epoch, m, self.measurement, self.verdict, self.peak_device, step)
-        except Exception as e:  # another process's row of another shape: the job's figures, never the training
-            if self.job_failed is not None:
-                self.job_failed(self.exchange.gather, e)
+            except Exception as e:  # another process's row of another shape: the job's figures, never the training
+                if self.job_failed is not None:
+                    self.job_failed(self.exchange.gather, e)
         if job is None:
             return EpochEnd(m, v, m.logs())
         self.job_verdict = job.verdict

@@ -105,20 +105,20 @@ def aggregate(
         return sum(k * x for k, x in known) / n if n else None
 
     m.fetch, m.compute, m.other, m.step = mean("fetch"), mean("compute"), mean("other"), mean("step")
-    timed = [p for p in parts if p.steps and p.wait is not None and p.step]
+    timed = [(p.steps, p.wait, p.step) for p in parts if p.steps and p.wait is not None and p.step]
     if timed:
-        n = sum(p.steps for p in timed)
-        waited = sum(p.steps * p.wait for p in timed)
+        n = sum(k for k, _, _ in timed)
+        waited = sum(k * wait for k, wait, _ in timed)
         m.wait = waited / n
-        m.wait_fraction = min(max(waited / sum(p.steps * p.step for p in timed), 0.0), 1.0)
-    rated = [p for p in parts if p.steps and p.steps_per_sec]
+        m.wait_fraction = min(max(waited / sum(k * step for k, _, step in timed), 0.0), 1.0)
+    rated = [(p.steps, p.steps_per_sec, p.samples_per_sec) for p in parts if p.steps and p.steps_per_sec]
     if rated:
-        seconds = sum(p.steps / p.steps_per_sec for p in rated)
-        m.steps_per_sec = sum(p.steps for p in rated) / seconds
-        with_samples = [p for p in rated if p.samples_per_sec is not None]
+        seconds = sum(k / rate for k, rate, _ in rated)
+        m.steps_per_sec = sum(k for k, _, _ in rated) / seconds
+        with_samples = [(k, rate, samples) for k, rate, samples in rated if samples is not None]
         if with_samples:
-            m.samples_per_sec = sum(p.samples_per_sec * p.steps / p.steps_per_sec for p in with_samples) / sum(
-                p.steps / p.steps_per_sec for p in with_samples
+            m.samples_per_sec = sum(samples * k / rate for k, rate, samples in with_samples) / sum(
+                k / rate for k, rate, _ in with_samples
             )
     set_flops(m, flops_per_step, peak_flops, devices)
     m.overlapped = any(p.overlapped for p in parts)

@@ -242,7 +242,7 @@ def job_peak(rows: Sequence[dict[str, Any]], devices_in_step: int) -> float | No
     Each process drives ``devices_in_step / processes`` of the step's devices.
     None if a process does not know its peak (MFU is then left out everywhere).
     """
-    peaks = [r.get("peak_flops") for r in rows]
+    peaks: list[Any] = [r.get("peak_flops") for r in rows]  # what each process sent
     if not peaks or any(p is None for p in peaks):
         return None
     share = max(int(devices_in_step), 1) / len(peaks)

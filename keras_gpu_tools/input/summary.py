@@ -59,8 +59,7 @@ def summary_text(
     """
     head = f"{title}: {v.category}" + (f" ({v.scope})" if v.scope else "")
     lines = [head, "", v.message, ""]
-    both = fit is not None and v.left_out
-    if both:
+    if fit is not None and v.left_out:
         lines.append(f"| figure | {v.scope} | whole fit |")
         lines.append("|---|---|---|")
         lines += [f"| {a} | {b} | {c} |" for (a, b), (_, c) in zip(_rows(m), _rows(fit))]
@@ -111,6 +110,7 @@ def write_fit(writer: EventWriter, fit: InputFit, notes: Sequence[str], step: in
     """The run's verdict: the summary as text, and as JSON for the report (the job's as of the last epoch end)."""
     m = fit.measurement
     writer.text(schema.INPUT_VERDICT, run_summary(fit, notes), step=step)
+    assert m is not None, "written once the fit has a verdict, which comes with its measurement"
     record: dict[str, Any] = {
         "scope": "fit",
         "verdict": fit.verdict,  # with its scope, phases and speedup bound

@@ -152,7 +152,8 @@ def verdict_for(
     category = classify(m.wait_fraction, moderate, high)
     if category == UNKNOWN:
         message = "Input-bound: unknown (no timed training step yet)."
-    else:
+    else:  # a known wait_fraction comes with the wait and the step it was computed from
+        assert m.wait_fraction is not None and m.wait is not None and m.step is not None
         pct = 100.0 * m.wait_fraction
         word = {HIGH: "HIGHLY", MODERATE: "MODERATELY", NOT: "NOT"}[category]
         message = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import keras
 from keras import ops
@@ -132,7 +132,10 @@ class MixedPrecisionOutput(keras.layers.Layer):
             )
         super().__init__(dtype="float32", **kwargs)
         self.activation = fn
-        self.axis = int(axis) if isinstance(axis, numbers.Integral) else tuple(int(a) for a in axis)
+        # Checked above: an Integral or a tuple/list of them (typeshed's int is no numbers.Integral).
+        self.axis = (
+            int(axis) if isinstance(axis, numbers.Integral) else tuple(int(a) for a in cast(Sequence[int], axis))
+        )
         self.supports_masking = True
         self._build_at_init()  # no weights to create
 

@@ -151,8 +151,8 @@ def check_mixed_precision(
     if model is None:
         policy = keras.config.dtype_policy()
         dtypes = {policy.compute_dtype} & set(LOW_PRECISION_DTYPES)
-        findings = _gpu_findings(dtypes, capabilities, f"The global dtype policy `{policy.name}`")
-        return [f for f in findings if f.kind not in ignored]
+        policy_findings = _gpu_findings(dtypes, capabilities, f"The global dtype policy `{policy.name}`")
+        return [f for f in policy_findings if f.kind not in ignored]
 
     layers = _all_layers(model)
     dtypes = {_compute_dtype(layer) for layer in layers} & set(LOW_PRECISION_DTYPES)

@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from keras_gpu_tools.runtime.validation import check_pairs
 
@@ -212,7 +213,7 @@ def analyze_input_pipeline(paths: Sequence[str], isolated: bool = False) -> Trac
         out.error = f"{type(e).__name__}: {e}"
         return out
     for table in tables:
-        props = table.get("p", {}) if isinstance(table, dict) else {}
+        props: Any = table.get("p", {}) if isinstance(table, dict) else {}  # xprof's JSON
         if "input_conclusion" not in props:
             continue
         out.conclusion = props.get("input_conclusion", "")

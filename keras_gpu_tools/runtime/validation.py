@@ -20,7 +20,7 @@ import math
 import numbers
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 # Paths on remote file systems: not checked here, the writer reports problems.
 REMOTE_PREFIXES = ("gs://", "s3://", "hdfs://")
@@ -152,6 +152,10 @@ def check_callable(name: str, value: Any, *, allow_none: bool = True, what: str 
 
 
 # -- paths -------------------------------------------------------------------------------
+@overload
+def check_log_dir(name: str, value: Any, *, allow_none: Literal[False]) -> str: ...
+@overload
+def check_log_dir(name: str, value: Any, *, allow_none: bool = True) -> str | None: ...
 def check_log_dir(name: str, value: Any, *, allow_none: bool = True) -> str | None:
     """A log directory, existing or to be created; returns it as a ``str``. Creates nothing.
 
@@ -256,6 +260,26 @@ def check_run_dir(
 
 
 # -- collections -------------------------------------------------------------------------
+@overload
+def check_pairs(
+    name: str,
+    value: Any,
+    *,
+    fields: tuple[str, str] = ...,
+    lows: tuple[int, int] = ...,
+    non_empty: bool = ...,
+    allow_none: Literal[False] = ...,
+) -> list[tuple[int, int]]: ...
+@overload
+def check_pairs(
+    name: str,
+    value: Any,
+    *,
+    fields: tuple[str, str] = ...,
+    lows: tuple[int, int] = ...,
+    non_empty: bool = ...,
+    allow_none: bool,
+) -> list[tuple[int, int]] | None: ...
 def check_pairs(
     name: str,
     value: Any,

@@ -11,7 +11,7 @@ allowed as CUDA allows them) and by NVML index where it is a number.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from keras_gpu_tools.telemetry.nvml import NVML, GPUInfo
 
@@ -28,7 +28,7 @@ def parse_visible_devices(value: str | None) -> list | None:
     """
     if value is None:
         return None
-    entries = []
+    entries: list[int | str] = []
     for raw in value.split(","):
         entry = raw.strip()
         if not entry:
@@ -62,7 +62,7 @@ def _match_legacy_mig(entry: str, gpus: Sequence[GPUInfo]) -> GPUInfo | None:
     return migs[0] if len(migs) == 1 else None
 
 
-def visible_gpus(nvml: NVML, env: dict | None = None) -> list:
+def visible_gpus(nvml: NVML, env: Mapping[str, str] | None = None) -> list:
     """The GPUs the process can use, in the frameworks' order (``GPU:0`` first)."""
     env = os.environ if env is None else env
     entries = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))

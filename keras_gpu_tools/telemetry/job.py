@@ -9,6 +9,7 @@ over the job's channel; every process computes the same keys.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime.topology import JobGather, Topology, spread
@@ -25,6 +26,7 @@ def job_gpu_figures(
     Raises ``ValueError`` where a process sent figures of another shape.
     """
     mine = {m: [values[k] for k in (schema.gpu_key(label, m) for label in labels) if k in values] for m in JOB_METRICS}
+    everyone: list[Any] | None  # every process's figures: another version's may differ in shape
     if not topology.multi_process:
         if len(labels) < 2:
             return {}

@@ -112,7 +112,7 @@ class _GPM:
         self.nvml = nvml
         self.gpu = gpu
         self.prev = None
-        self.supported = None  # unknown until first tick
+        self.supported: bool | None = None  # unknown until first tick
         self.reason = ""
         self._parent = None
         self._gi = None
@@ -458,9 +458,9 @@ class Aggregate:
         means = self.means()
         if keys is None:
             out = means
-            for key, value in self.maxs.items():
+            for key, peak in self.maxs.items():
                 if key.rsplit("/", 1)[-1] in max_keys:
-                    out[key + "_max"] = value
+                    out[key + "_max"] = peak
             return out
         latest = latest or {}
         out = {}
