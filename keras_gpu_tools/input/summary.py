@@ -37,7 +37,7 @@ def _rows(m: Measurement) -> list[tuple[str, str]]:
         ("samples/s", "n/a" if m.samples_per_sec is None else f"{m.samples_per_sec:.0f}"),
         ("achieved FLOP/s", _flops(m.flops_per_sec)),
         ("achieved FLOP/s per device", _flops(m.flops_per_sec_per_device)),
-        ("MFU", "n/a" if m.mfu is None else f"{100 * m.mfu:.1f}%"),
+        ("MFU", format_percent(m.mfu)),
         ("without the wait, at most", "n/a" if m.speedup_bound is None else f"{m.speedup_bound:.2f}x faster"),
         ("steps (timed with a sync)", f"{m.steps} ({m.sampled_steps})"),
     ]

@@ -15,6 +15,7 @@ from typing import Any
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.reporting import text
 from keras_gpu_tools.reporting.model import ReportData
+from keras_gpu_tools.runtime.units import format_milliseconds, format_percent
 
 e = html.escape
 
@@ -250,8 +251,8 @@ def _input_pipeline(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
                     (
                         p["label"],
                         p["steps"],
-                        "n/a" if p["wait_fraction"] is None else f"{100 * p['wait_fraction']:.1f}%",
-                        "n/a" if p["step_ms"] is None else f"{p['step_ms']:.2f} ms",
+                        format_percent(p["wait_fraction"]),
+                        format_milliseconds(p["step_ms"]),
                         "yes" if p["steady"] else f"no: {p['reason'] or 'warm-up'}",
                     )
                     for p in v["phases"]

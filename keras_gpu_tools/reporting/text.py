@@ -13,6 +13,7 @@ from typing import Any
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.reporting.model import SPLIT_AND_STEP_KEYS, SPLIT_KEYS, ReportData
+from keras_gpu_tools.runtime.units import format_milliseconds, format_percent
 
 NO_FINDING = "No mixed-precision finding."
 UNREADABLE = "Event files that could not be read"
@@ -104,8 +105,8 @@ def own_verdict_note(data: ReportData) -> str:
 
 def phase_line(p: dict[str, Any]) -> str:
     """A phase as a line: ``epoch 1: 12 steps, 30.5% waiting, 34.72 ms a step; left out while the cache filled``."""
-    wait = "n/a" if p["wait_fraction"] is None else f"{100 * p['wait_fraction']:.1f}%"
-    step = "n/a" if p["step_ms"] is None else f"{p['step_ms']:.2f} ms"
+    wait = format_percent(p["wait_fraction"])
+    step = format_milliseconds(p["step_ms"])
     where = "in the verdict" if p["steady"] else f"left out {p['reason'] or ''}".rstrip()
     return f"{p['label']}: {p['steps']} steps, {wait} waiting, {step} a step; {where}"
 
