@@ -15,27 +15,32 @@ def module_name(path: pathlib.Path) -> str:
     return ".".join(parts)
 
 
+def imported(path: pathlib.Path, nodes, with_base: bool = True) -> set:
+    """Modules of the package that `nodes` import: `module.name` for each name taken from a module
+    (a submodule, or a name of it), and the module itself unless `with_base` is False."""
+    pkg = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    out = set()
+    for n in nodes:
+        if isinstance(n, ast.Import):
+            out |= {a.name for a in n.names if a.name.startswith("keras_gpu_tools")}
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - n.level + 1] + ([base] if base else []))
+            if base.startswith("keras_gpu_tools"):
+                out |= ({base} if with_base else set()) | {f"{base}.{a.name}" for a in n.names}
+    return out
+
+
 def top_level_imports(path: pathlib.Path) -> set:
     """Modules of the package imported when `path` is imported (not inside functions)."""
-    tree = ast.parse(path.read_text())
-    out = set()
-    pkg = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
-    for node in tree.body:
-        nodes = [node]
+    nodes = []
+    for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.If):  # `if TYPE_CHECKING:` blocks do not run
-            test = ast.unparse(node.test)
-            nodes = [] if "TYPE_CHECKING" in test else node.body + node.orelse
-        for n in nodes:
-            if isinstance(n, ast.Import):
-                out |= {a.name for a in n.names if a.name.startswith("keras_gpu_tools")}
-            elif isinstance(n, ast.ImportFrom):
-                base = n.module or ""
-                if n.level:
-                    base = ".".join(pkg.split(".")[: len(pkg.split(".")) - n.level + 1] + ([base] if base else []))
-                if base.startswith("keras_gpu_tools"):
-                    out.add(base)
-                    out |= {f"{base}.{a.name}" for a in n.names}
-    return out
+            nodes += [] if "TYPE_CHECKING" in ast.unparse(node.test) else node.body + node.orelse
+        else:
+            nodes.append(node)
+    return imported(path, nodes)
 
 
 def graph() -> dict:
@@ -98,20 +103,7 @@ def all_imports(path: pathlib.Path) -> set:
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skip |= {id(n) for b in node.body for n in ast.walk(b)}
-    pkg = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
-    out = set()
-    for n in ast.walk(tree):
-        if id(n) in skip:
-            continue
-        if isinstance(n, ast.Import):
-            out |= {a.name for a in n.names if a.name.startswith("keras_gpu_tools")}
-        elif isinstance(n, ast.ImportFrom):
-            base = n.module or ""
-            if n.level:
-                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - n.level + 1] + ([base] if base else []))
-            if base.startswith("keras_gpu_tools"):
-                out |= {f"{base}.{a.name}" for a in n.names}  # a submodule, or a name of `base`
-    return out
+    return imported(path, [n for n in ast.walk(tree) if id(n) not in skip], with_base=False)
 
 
 def test_every_import_points_down_the_layers():
