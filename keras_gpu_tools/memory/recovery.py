@@ -108,7 +108,7 @@ class Recovery:
     ``runner`` has ``run(batch, n, k, state, guarded)``, ``protect(state,
     guarded)``, ``restore(snapshot, state)`` and, optionally,
     ``predict(batch, n, k, state) -> (fits, bytes_needed)`` (see
-    ``grad_accum``). An attempt is *guarded* the first time a split runs at a
+    ``memory/accumulate.py``). An attempt is *guarded* the first time a split runs at a
     batch shape, and for regrow trials: then the runner keeps a full copy of
     the state and (JAX) waits for the step to finish inside the attempt.
 

@@ -1,6 +1,6 @@
-"""Profiler windows and their schedules, trace folders, and reading traces back.
+"""Trace folders and sessions, window validation, and reading traces back with xprof.
 
-The sessions themselves live with their backend (``keras_gpu_tools/_backends``,
+The sessions themselves live with their backend (``backends/<framework>/profiler.py``,
 ``Backend.profiler()``); each has the same four operations: ``available()``
 (and why not), ``start(run_dir, options)``, ``step(step_num)`` (a context manager
 that marks one training step for the profiler) and ``stop(outputs)``, plus

@@ -1,4 +1,4 @@
-"""The argument checks every callback uses (keras_gpu_tools/_core/validation.py)."""
+"""The argument checks every callback uses (keras_gpu_tools/runtime/validation.py)."""
 
 import math
 import os
