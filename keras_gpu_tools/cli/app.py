@@ -4,11 +4,7 @@ keras-gpu-tools doctor             # is my GPU used? if not, why?
 keras-gpu-tools demo --logdir DIR  # a small training run with every tool attached
 keras-gpu-tools report DIR         # the training report, from a TensorBoard log directory
 
-`report` exits with 0 once the report is written, also when some event files
-could not be read: they are named in the report and in a warning on stderr.
-It exits with 2, writing nothing, when no event file could be read at all (as
-when the directory holds none): an HTML report of an earlier run is kept
-rather than replaced by an empty one.
+`report`'s exit codes are in `REPORT_EXIT_CODES`, shown by `keras-gpu-tools report --help`.
 """
 
 from __future__ import annotations
@@ -19,8 +15,21 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from keras_gpu_tools.logdir.reader import printable  # light: no Keras, no TensorBoard
+
 if TYPE_CHECKING:
     from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+
+REPORT_EXIT_CODES = """\
+exit codes:
+  0  the report is written, also when some event files could not be read:
+     they are named in the report and in a warning on stderr.
+  2  nothing is written, and an earlier report is kept: no event file could
+     be read at all (the directory holds none, or only empty or unreadable
+     ones), or an output path cannot be written (--output a directory, --png
+     a file; both are checked before anything is written). A report that is
+     written replaces the earlier one whole, never in part.
+"""
 
 # Keras, its backend and matplotlib take seconds to import: every subcommand
 # imports what it needs itself, so `--help` and argument errors answer at once.
@@ -150,18 +159,49 @@ def _oom_reducer(logdir: str) -> OOMBatchSizeReducer | None:
 def _report(args: argparse.Namespace) -> int:
     from keras_gpu_tools.reporting.report import report
 
+    out = args.output or os.path.join(args.log_dir, "report.html")
+    _check_output(out, "--output" if args.output else "LOG_DIR", directory=False)
+    if args.png:
+        _check_output(args.png, "--png", directory=True)
     rep = report(log_dir=args.log_dir)  # raises ValueError when no event file could be read at all
     for path, why in rep.data.unreadable:  # some could: the report is still worth writing
-        print(f"keras-gpu-tools report: warning: {os.path.join(args.log_dir, path)} {why}", file=sys.stderr)
+        print(f"keras-gpu-tools report: warning: {printable(os.path.join(args.log_dir, path))} {why}", file=sys.stderr)
     if not args.quiet:
         print(rep.text())
-    out = args.output or os.path.join(args.log_dir, "report.html")
-    path = rep.save(out)
-    print(f"\nHTML report: {os.path.abspath(path)}")
-    if args.png:
-        pngs = rep.save_figures(args.png)
-        print(f"PNG plots:   {len(pngs)} in {os.path.abspath(args.png)}")
+    try:
+        path = rep.save(out)
+        print(f"\nHTML report: {printable(os.path.abspath(path))}")
+        if args.png:
+            pngs = rep.save_figures(args.png)
+            print(f"PNG plots:   {len(pngs)} in {printable(os.path.abspath(args.png))}")
+    except OSError as e:  # a full disk, no permission: the earlier report is kept (written whole or not at all)
+        raise ValueError(
+            f"could not write {printable(e.filename or out)!r} ({type(e).__name__}: {e.strerror or e})"
+        ) from e
     return 0
+
+
+def _check_output(path: str, flag: str, directory: bool) -> None:
+    """ValueError unless `path` can become the file (or, with `directory`, the folder) to write; writes nothing.
+
+    The path itself must be a file (or a folder) or not exist yet, and its first existing ancestor a folder.
+    """
+    what = "the folder to write the PNG files into" if directory else "the path of the HTML file to write"
+    problem = None
+    if directory and os.path.exists(path) and not os.path.isdir(path):
+        problem = "which exists and is not a directory"
+    elif not directory and os.path.isdir(path):
+        problem = "which is a directory"
+    else:
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            problem = f"under {printable(parent)!r}, which is not a directory"
+    if problem is not None:
+        raise ValueError(
+            f"Invalid value for argument `{flag}`. Received: {printable(path)!r}, {problem}. Expected {what}."
+        )
 
 
 def _importable(module: str) -> bool:
@@ -185,7 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--verbose", action="store_true", help="show Keras's per-epoch lines")
     demo.set_defaults(func=_demo)
     rep = sub.add_parser(
-        "report", help="build the training report (text and HTML with plots) from a TensorBoard log directory"
+        "report",
+        help="build the training report (text and HTML with plots) from a TensorBoard log directory",
+        description="Build the training report (text and HTML with plots) from a TensorBoard log directory.",
+        epilog=REPORT_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     rep.add_argument("log_dir", help="the log_dir given to the callbacks (e.g. logs/keras-gpu-tools-demo)")
     rep.add_argument(

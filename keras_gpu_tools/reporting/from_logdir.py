@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.logdir.reader import Point, RunValues, find_runs, read_run
+from keras_gpu_tools.logdir.reader import Point, RunValues, find_runs, printable, read_run
 from keras_gpu_tools.logdir.writer import check_log_dir
 from keras_gpu_tools.memory.explain import headroom_lines
 from keras_gpu_tools.reporting import legacy, rows
@@ -50,7 +50,7 @@ class _Scan:
 def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     """Reads every run under a TensorBoard log directory into a `ReportData`."""
     log_dir, runs = _runs_of(log_dir)
-    data = ReportData(title=title or f"Training report: {log_dir}")
+    data = ReportData(title=title or f"Training report: {printable(log_dir)}")
     scan = _layout(runs)
     data.processes = sorted(set(scan.process_of.values()))
     first = data.processes[0] if data.processes else None
@@ -66,8 +66,8 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
             _read_other_process_run(data, scan, run, values)
         else:
             _read_run(data, scan, run, values)
-    n_files = sum(len(files) for _, _, files in runs)
-    if not read and len(data.unreadable) == n_files:
+    if not read:  # not one event (files unreadable, or empty): no report to replace an earlier one with
+        n_files = sum(len(files) for _, _, files in runs)
         raise ValueError(
             f"Invalid value for argument `log_dir`. Received: log_dir={log_dir!r}, but none of its "
             f"{n_files} event file(s) could be read: "

@@ -8,6 +8,7 @@ the `ReportData` and renders it as text (`text`), as HTML (`html`) and as plots 
 from __future__ import annotations
 
 import os
+import secrets
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
@@ -59,8 +60,7 @@ class TrainingReport:
         paths = []
         for name, data in self.pngs().items():
             path = os.path.join(directory, f"{name}.png")
-            with open(path, "wb") as f:
-                f.write(data)
+            write_whole(path, data)
             paths.append(path)
         return paths
 
@@ -84,12 +84,16 @@ class TrainingReport:
         return self.html()
 
     def save(self, path: str | os.PathLike[str]) -> str:
-        """Writes the report as one HTML file with the plots embedded; returns the path."""
+        """Writes the report as one HTML file with the plots embedded; returns the path.
+
+        The page is rendered first, then replaces `path` whole (`write_whole`): a failure leaves an
+        earlier file as it was.
+        """
         path = os.fspath(path)
-        parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.html(full_page=True))
+        # Names decoded from bytes that are not UTF-8 hold lone surrogates: written as escapes.
+        page = self.html(full_page=True).encode("utf-8", "backslashreplace")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        write_whole(path, page)
         return path
 
     def write_to_tensorboard(self, log_dir: str | os.PathLike[str], run_name: str = "report") -> str:
@@ -111,6 +115,28 @@ class TrainingReport:
         finally:
             writer.close()
         return run_dir
+
+
+def write_whole(path: str, data: bytes) -> None:
+    """Writes `path` atomically: a temporary file next to it, then renamed over it.
+
+    A failure (a full disk, an interrupt) leaves the earlier file as it was, never a part of the
+    new one; the temporary file is removed.
+    """
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)  # umask applies
+    try:
+        with open(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before it replaces the earlier file
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def report(*sources: Any, log_dir: Any | None = None, title: str | None = None) -> TrainingReport:

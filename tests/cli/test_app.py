@@ -230,3 +230,133 @@ def test_doctor_warns_that_launcher_processes_train_alone():
     report = doctor.render(doctor.FrameworkFacts("torch"), doctor.NVMLFacts(False, "none"), [finding], env, d)
     assert "process 1 of 4 (SLURM_PROCID/SLURM_STEP_NUM_TASKS)" in report and "store): no" in report
     assert "launcher variables: SLURM_PROCID=1, SLURM_STEP_NUM_TASKS=4" in report
+
+
+# -- report on hostile log dirs: never less than there was, never a traceback ------------------
+def _good_run(log_dir, run="gpu"):
+    from keras_gpu_tools.logdir.writer import EventWriter
+
+    w = EventWriter(os.path.join(os.fsdecode(log_dir), run))
+    w.scalars({"host/cpu_percent": 50.0}, step=1, wall_time=10.0)
+    w.close()
+
+
+EARLIER = "earlier report " * 1000
+
+
+def test_report_with_a_run_directory_that_is_not_utf8_replaces_the_earlier_report(tmp_path, capsys):
+    from keras_gpu_tools import cli
+
+    (tmp_path / "report.html").write_text(EARLIER)
+    _good_run(tmp_path)
+    _good_run(os.fsencode(tmp_path) + b"/run_\xff")
+    assert cli.main(["report", str(tmp_path)]) == 0, capsys.readouterr().err
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "run_\\xff" in page and "run_\\xff" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [b"run_\xff".decode("utf-8", "surrogateescape"), "gpu", "report.html"]
+    )
+
+
+def test_report_of_only_empty_event_files_exits_2_and_keeps_the_earlier_report(tmp_path, capsys):
+    from keras_gpu_tools import cli
+
+    (tmp_path / "report.html").write_text(EARLIER)
+    for run in ("gpu", "input"):  # writers killed before their first flush
+        (tmp_path / run).mkdir()
+        (tmp_path / run / "events.out.tfevents.1700000000.host.1.v2").write_bytes(b"")
+    assert cli.main(["report", str(tmp_path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "could be read" in err and "gpu/events.out" in err and "is empty" in err
+    assert (tmp_path / "report.html").read_text() == EARLIER
+    assert "2 nothing is written, and an earlier report is kept: no event file could be read" in build_report_help()
+
+
+def build_report_help():
+    from keras_gpu_tools.cli.app import build_parser
+
+    sub = next(a for a in build_parser()._subparsers._group_actions if a.choices)
+    return " ".join(sub.choices["report"].format_help().split())
+
+
+@pytest.mark.slow
+def test_report_command_of_only_empty_event_files_exits_2_in_a_process_of_its_own(tmp_path):
+    (tmp_path / "report.html").write_text(EARLIER)
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "events.out.tfevents.1700000000.host.1.v2").write_bytes(b"")
+    proc = run_cli("report", str(tmp_path), "--quiet", timeout=300)
+    assert proc.returncode == 2 and "is empty" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert (tmp_path / "report.html").read_text() == EARLIER
+
+
+def test_report_never_opens_a_fifo_and_names_it(tmp_path, capsys):
+    import threading
+
+    from keras_gpu_tools import cli
+    from tests.logdir.test_reader import released_after
+
+    _good_run(tmp_path)
+    (tmp_path / "input").mkdir()
+    fifo = tmp_path / "input" / "events.out.tfevents.1700000000.host.1.v2"
+    os.mkfifo(fifo)
+    result = {}
+    with released_after(fifo, seconds=30.0):
+        t = threading.Thread(target=lambda: result.update(rc=cli.main(["report", str(tmp_path), "--quiet"])))
+        t.start()
+        t.join(timeout=25.0)
+        blocked = t.is_alive()
+        t.join()
+    assert not blocked, "report blocked in open() on a FIFO"
+    assert result["rc"] == 0
+    err = capsys.readouterr().err
+    assert f"input/{fifo.name} is not a regular file" in err
+    assert f"input/{fifo.name}" in (tmp_path / "report.html").read_text()
+
+
+def test_report_names_crafted_event_files_with_their_reason(tmp_path, capsys):
+    import struct
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    from keras_gpu_tools import cli
+    from keras_gpu_tools.logdir.writer import EventWriter
+
+    _good_run(tmp_path)
+    header = struct.pack("<Q", 2**40)  # a valid length checksum announcing 1 TiB
+    (tmp_path / "oom").mkdir()
+    huge = tmp_path / "oom" / "events.out.tfevents.1700000000.host.1.v2"
+    huge.write_bytes(header + struct.pack("<I", masked_crc32c(header)) + b"\x00" * 16)
+    w = EventWriter(str(tmp_path / "input"))
+    w.text("input/verdict/data", "[" * 200_000 + "]" * 200_000, step=1)
+    w.close()
+    (deep,) = (tmp_path / "input").iterdir()
+    assert cli.main(["report", str(tmp_path), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"oom/{huge.name} is not a TensorBoard event file" in err or f"oom/{huge.name} is corrupt" in err, err
+    assert f"input/{deep.name}" in err and "nested deeper than" in err
+    page = (tmp_path / "report.html").read_text()
+    assert "Event files that could not be read" in page or "could not be read" in page
+    assert f"oom/{huge.name}" in page and f"input/{deep.name}" in page
+
+
+def test_report_checks_its_output_paths_before_writing_anything(tmp_path, capsys):
+    from keras_gpu_tools import cli
+
+    _good_run(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    assert cli.main(["report", str(tmp_path), "--quiet", "-o", str(out_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "--output" in err and "is a directory" in err and "Traceback" not in err
+    assert list(out_dir.iterdir()) == [] and not (tmp_path / "report.html").exists()
+
+    blocker = tmp_path / "plots"
+    blocker.write_text("a file")
+    assert cli.main(["report", str(tmp_path), "--quiet", "--png", str(blocker)]) == 2
+    err = capsys.readouterr().err
+    assert "--png" in err and "not a directory" in err
+    assert not (tmp_path / "report.html").exists() and blocker.read_text() == "a file"
+
+    assert cli.main(["report", str(tmp_path), "--quiet", "-o", str(blocker / "report.html")]) == 2
+    assert "--output" in capsys.readouterr().err and not (tmp_path / "report.html").exists()

@@ -722,3 +722,23 @@ def test_a_job_window_missing_a_trace_says_so(tmp_path):
     assert "steps 3-7: 1 trace file of 2 processes in" in text
     assert "only 1 of 2 processes' traces are there (is log_dir shared by every host?)" in text
     assert "process 1: mean step 5.50 ms (slowest)" in text
+
+
+# -- saving: the whole file or the earlier one ----------------------------------------------------
+def test_save_replaces_the_earlier_file_whole_or_leaves_it(tmp_path, monkeypatch):
+    path = tmp_path / "report.html"
+    path.write_text("earlier report")
+    r = TrainingReport(ReportData(title="run_\udcff"))  # a name decoded with surrogateescape
+    assert r.save(path) == str(path)
+    page = path.read_text(encoding="utf-8")
+    assert "run_\\udcff" in page or "run_\\xff" in page
+
+    path.write_text("earlier report")
+
+    def broken(self, full_page=False):
+        raise RuntimeError("rendering failed")
+
+    monkeypatch.setattr(TrainingReport, "html", broken)
+    with pytest.raises(RuntimeError, match="rendering failed"):
+        r.save(path)
+    assert path.read_text() == "earlier report" and os.listdir(tmp_path) == ["report.html"]
