@@ -293,7 +293,7 @@ def test_report_never_opens_a_fifo_and_names_it(tmp_path, capsys):
     import threading
 
     from keras_gpu_tools import cli
-    from tests.logdir.test_reader import released_after
+    from tests.helpers.files import released_after
 
     _good_run(tmp_path)
     (tmp_path / "input").mkdir()

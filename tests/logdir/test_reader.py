@@ -1,6 +1,5 @@
 """The event file reader on hostile log directories: FIFOs, crafted lengths, deep JSON, odd names."""
 
-import contextlib
 import os
 import struct
 import threading
@@ -9,6 +8,7 @@ from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from keras_gpu_tools.logdir.reader import find_runs, read_event_file, read_run
 from keras_gpu_tools.logdir.writer import EventWriter
+from tests.helpers.files import released_after
 
 
 def _one_event_file(run_dir) -> str:
@@ -17,22 +17,6 @@ def _one_event_file(run_dir) -> str:
     w.close()
     (name,) = os.listdir(run_dir)
     return os.path.join(run_dir, name)
-
-
-@contextlib.contextmanager
-def released_after(fifo, seconds=5.0):
-    """Opens `fifo` for writing after `seconds`, so that a reader blocked in open() returns (the test fails, not hangs)."""
-
-    def release():
-        with contextlib.suppress(OSError):
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-
-    timer = threading.Timer(seconds, release)
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
 
 
 def test_a_fifo_named_like_an_event_file_is_never_opened(tmp_path):
