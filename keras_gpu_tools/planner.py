@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from keras_gpu_tools import backends
 from keras_gpu_tools.memory.search import BatchPlan, StepPeaks, sample_batch, search_batch_size
-from keras_gpu_tools.runtime.batches import leading_dim
+from keras_gpu_tools.runtime.batches import leading_dim, leaves
 from keras_gpu_tools.runtime.validation import check_int, check_number
 
 
@@ -53,9 +53,12 @@ def plan_batch_size(
     Args:
         model: a compiled Keras model.
         x: input data: an array, or a list/dict of arrays (a batch's structure).
-        y: target data, or None for a model without targets.
+        y: target data with as many samples as `x`; None only for a model
+            compiled without a loss.
         max_batch_size: the largest global batch size to consider, or None
-            for no limit. Defaults to `None`.
+            for no limit. Under data parallelism the plan is a multiple of
+            the device count, so at least one sample per device: a smaller
+            value is refused. Defaults to `None`.
         memory_limit_mib: the memory of each device to plan for, in MiB;
             defaults to each device's capacity. Set it to plan for a smaller
             card, or on a CPU (which reports none). Defaults to `None`.
@@ -86,8 +89,16 @@ def plan_batch_size(
         raise ValueError(
             "plan_batch_size needs a compiled model (`model.compile(optimizer, loss)`): it plans a training step."
         )
+    from keras import ops
+
+    n_samples = _num_samples(model, x, y)
     backend = backends.get()
     replicas = backend.replicas(model)
+    if max_batch_size is not None and max_batch_size < replicas:
+        raise ValueError(
+            f"Invalid value for argument `max_batch_size`. Received: max_batch_size={max_batch_size}, but the batch "
+            f"is split over {replicas} devices (data parallelism). Expected at least {replicas}: one sample per device."
+        )
     reported = backend.device_capacities(model, replicas)
     if memory_limit_mib is not None:
         capacities: list[float] = [memory_limit_mib * 2**20] * replicas
@@ -99,10 +110,11 @@ def plan_batch_size(
     else:
         capacities = [c for c in reported if c is not None]
     limits = [(1.0 - margin) * c for c in capacities]
-    per_device_max = None if max_batch_size is None else max(1, max_batch_size // replicas)
-    n_samples = _num_samples(x)
-    # Trial steps train the model: everything is built first, copied, and put back after.
+    per_device_max = None if max_batch_size is None else max_batch_size // replicas
+    # Trial steps train the model: everything is built first, copied, and put back after; the
+    # backend's restore resets the metrics, whose state (a fit's last results) is put back after it.
     snapshot = backend.plan_snapshot(model, sample_batch(x, y, replicas, n_samples))
+    metrics = [(v, ops.convert_to_numpy(v.value)) for v in model.metrics_variables]
     measure = StepPeaks(
         lambda per_device: backend.step_memory(model, sample_batch(x, y, per_device * replicas, n_samples), replicas),
         backends.is_oom,
@@ -113,6 +125,8 @@ def plan_batch_size(
         best, trials = search_batch_size(measure, limits, start=1, maximum=per_device_max)
     finally:
         backend.plan_restore(model, snapshot)
+        for v, value in metrics:
+            v.assign(value)
     peak = next((t.peak_bytes for t in reversed(trials) if t.fits and t.batch_size == best), None)
     return BatchPlan(
         batch_size=best * replicas,
@@ -126,14 +140,39 @@ def plan_batch_size(
     )
 
 
-def _num_samples(x) -> int:
+def _num_samples(model, x, y) -> int:
+    """The samples of ``x``, once ``x`` and ``y`` are known to make a training step (checked before anything is built)."""
     n = leading_dim(x)
     if not n:
         raise ValueError(
             f"Invalid value for argument `x`. Received: x of type {type(x).__name__}. Expected an array, or a "
             "list/dict of arrays, with at least one sample."
         )
+    if y is None:
+        if getattr(model, "loss", None) is not None:
+            raise ValueError(
+                f"Invalid value for argument `y`. Received: y=None, but the model was compiled with a loss "
+                f"(loss={model.loss!r}). Expected the targets of `x`, as `model.fit(x, y)` takes them: the planned "
+                "training step computes the loss."
+            )
+        return n
+    x_sizes, y_sizes = _sizes(x), _sizes(y)
+    if len(set(x_sizes + y_sizes)) > 1:
+        raise ValueError(
+            "Data cardinality is ambiguous: `x` and `y` must hold the same number of samples. Received: "
+            f"x sizes: {', '.join(map(str, x_sizes))}; y sizes: {', '.join(map(str, y_sizes))}."
+        )
     return n
+
+
+def _sizes(data) -> list[int]:
+    """The first dimension of every array in ``data`` (arrays without one are left out)."""
+    out = []
+    for a in leaves(data):
+        shape = getattr(a, "shape", None)
+        if shape is not None and len(shape) > 0 and shape[0] is not None:
+            out.append(int(shape[0]))
+    return out
 
 
 __all__ = ["BatchPlan", "plan_batch_size"]

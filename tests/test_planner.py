@@ -148,3 +148,76 @@ def test_a_failed_trials_tensors_are_freed_before_the_next_trial():
     plan = plan_batch_size(model, x, y, memory_limit_mib=1024)
     assert plan.batch_size == 24 and len(act.failed) >= 2  # 32 failed, then the search between 16 and 32
     assert act.alive and max(act.alive) == 0
+
+
+def test_planning_puts_the_compiled_metrics_state_back():
+    model = wide_model()
+    r = np.random.RandomState(4)
+    x, y = r.rand(10, 64).astype("float32"), r.rand(10, 1).astype("float32")
+    model.fit(x, y, batch_size=5, epochs=1, shuffle=False, verbose=0)
+    before = {k: float(ops.convert_to_numpy(v)) for k, v in model.get_metrics_result().items()}
+    assert set(before) == {"loss", "mae"} and all(v > 0 for v in before.values())
+    plan_batch_size(model, x, y, memory_limit_mib=48, max_batch_size=8)
+    after = {k: float(ops.convert_to_numpy(v)) for k, v in model.get_metrics_result().items()}
+    assert after == pytest.approx(before, rel=1e-6)
+
+
+def test_data_that_cannot_train_is_refused_before_anything_is_touched():
+    model = wide_model()
+    x, y = np.zeros((10, 64), "float32"), np.zeros((7, 1), "float32")
+    with pytest.raises(ValueError, match=r"`x`.*`y`.*10.*7"):
+        plan_batch_size(model, x, y, memory_limit_mib=48)
+    with pytest.raises(ValueError, match=r"`x`.*`y`.*10.*7"):
+        plan_batch_size(model, {"a": x}, [y], memory_limit_mib=48)
+    with pytest.raises(ValueError, match=r"Received: y=None.*loss"):
+        plan_batch_size(model, x, None, memory_limit_mib=48)
+    assert not model.optimizer.built  # nothing was built for training
+    model.fit(x, np.zeros((10, 1), "float32"), epochs=1, verbose=0)
+
+
+def test_max_batch_size_below_the_device_count_is_refused(monkeypatch):
+    from keras_gpu_tools import backends
+
+    monkeypatch.setattr(type(backends.get()), "replicas", lambda self, model: 2)
+    model = wide_model()
+    x, y = np.zeros((10, 64), "float32"), np.zeros((10, 1), "float32")
+    with pytest.raises(ValueError, match=r"Received: max_batch_size=1.*2 devices"):
+        plan_batch_size(model, x, y, memory_limit_mib=48, max_batch_size=1)
+    assert not model.optimizer.built
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.DataParallel is JAX's; the test starts its own")
+def test_max_batch_size_is_respected_under_data_parallelism(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import keras, numpy as np
+from keras_gpu_tools import plan_batch_size
+keras.distribution.set_distribution(keras.distribution.DataParallel(devices=keras.distribution.list_devices()))
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+model.compile("adam", "mse")
+x, y = np.zeros((10, 8), "float32"), np.zeros((10, 1), "float32")
+try:
+    plan_batch_size(model, x, y, memory_limit_mib=64, max_batch_size=1)
+except ValueError as e:
+    print("REFUSED", e)
+for m in (2, 5, 6):
+    plan = plan_batch_size(model, x, y, memory_limit_mib=64, max_batch_size=m)
+    print("PLAN", m, plan.batch_size, plan.per_device_batch_size, plan.devices)
+"""
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+        PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+    )
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    refused = [ln for ln in lines if ln.startswith("REFUSED")]
+    assert refused and "max_batch_size=1" in refused[0] and "2 devices" in refused[0], out.stdout
+    plans = [ln.split()[1:] for ln in lines if ln.startswith("PLAN")]
+    assert plans == [["2", "2", "1", "2"], ["5", "4", "2", "2"], ["6", "6", "3", "2"]], out.stdout
