@@ -44,6 +44,8 @@ def plan_batch_size(
     - TensorFlow: trial steps and `tf.config.experimental.get_memory_info`'s
       peak per device. On a CPU, TensorFlow's allocator keeps statistics only
       with `TF_CPU_ALLOCATOR_USE_BFC=true` set before TensorFlow is imported.
+      A model under a `tf.distribute` strategy is refused (plan it built
+      outside the strategy, on one device).
     - torch: trial steps and `torch.cuda.max_memory_allocated` per device; on
       a CPU the peak of tensor storage alive at once during the step (counted
       op by op), plus the model's state.

@@ -221,3 +221,47 @@ for m in (2, 5, 6):
     assert refused and "max_batch_size=1" in refused[0] and "2 devices" in refused[0], out.stdout
     plans = [ln.split()[1:] for ln in lines if ln.startswith("PLAN")]
     assert plans == [["2", "2", "1", "2"], ["5", "4", "2", "2"], ["6", "6", "3", "2"]], out.stdout
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is TensorFlow's; the test starts its own")
+def test_a_tf_distribute_strategy_is_refused_before_anything_is_touched():
+    import os
+    import subprocess
+    import sys
+
+    # Logical devices are fixed before TensorFlow initialises its devices: a fresh process.
+    script = """
+import keras, numpy as np, tensorflow as tf
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
+)
+from keras_gpu_tools import plan_batch_size
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+x, y = np.ones((8, 4), "float32"), np.ones((8, 1), "float32")
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("adam", "mse", metrics=["mae"])
+for inside in (True, False):
+    try:
+        if inside:
+            with strategy.scope():
+                plan_batch_size(model, x, y, memory_limit_mib=64)
+        else:
+            plan_batch_size(model, x, y, memory_limit_mib=64)
+    except ValueError as e:
+        print("REFUSED", inside, model.optimizer.built, str(e).replace(chr(10), " "))
+h = model.fit(x, y, batch_size=4, epochs=1, verbose=0).history
+print("FIT", int(model.optimizer.iterations.numpy()), sorted(h))
+"""
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="tensorflow",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+    )
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    refused = [ln.split(" ", 3) for ln in out.stdout.splitlines() if ln.startswith("REFUSED")]
+    assert [r[1:3] for r in refused] == [["True", "False"], ["False", "False"]], out.stdout
+    assert all("MirroredStrategy over 2 replicas" in r[3] for r in refused), out.stdout
+    assert "FIT 2 ['loss', 'mae']" in out.stdout, out.stdout + out.stderr[-3000:]

@@ -16,6 +16,7 @@ class TFPlanner(Backend):
         return [f"GPU:{i}" for i in range(min(replicas, len(gpus)))] if gpus else ["CPU:0"]
 
     def device_capacities(self, model, replicas: int) -> list[int | None]:
+        _refuse_strategy(model)
         devices = self._plan_devices(replicas)
         if devices == ["CPU:0"]:
             return [None] * replicas
@@ -48,3 +49,28 @@ class TFPlanner(Backend):
             "trial steps (one to trace and compile, one measured): tf.config.experimental.get_memory_info's "
             "peak per device"
         )
+
+
+def _refuse_strategy(model) -> None:
+    """Refuses a model under a ``tf.distribute`` strategy, before anything is built or trained.
+
+    The trial steps and the snapshot that puts the model back would meet the
+    strategy's per-replica variables (a metric's ``SyncOnReadVariable`` has no
+    single host value), and a failure halfway would leave the optimizer
+    half-built for the next ``fit()``.
+    """
+    tf = deps.loaded("tensorflow")
+    if tf is None:
+        return
+    strategy = getattr(model, "distribute_strategy", None)
+    if not tf.distribute.has_strategy() and (
+        strategy is None or type(strategy).__name__ == "_DefaultDistributionStrategy"
+    ):
+        return
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else strategy
+    n = int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+    raise ValueError(
+        f"plan_batch_size does not support a tf.distribute strategy (this model's: {type(strategy).__name__} over "
+        f"{n} replicas). Plan the same model built and compiled outside any strategy scope, on one of the "
+        "devices: its `per_device_batch_size` times the replicas is the global batch size to train with."
+    )
