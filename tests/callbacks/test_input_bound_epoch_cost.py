@@ -4,14 +4,18 @@ Work is counted, not timed: each epoch's figures are a spy that records which
 past epochs an epoch end reads.
 """
 
+import collections.abc
 import dataclasses
 import random
+import types
 
 import keras
 
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
-from keras_gpu_tools.input.measure import Measurement, aggregate
-from keras_gpu_tools.input.steady import FitSpans, Sums, span_label, steady_start
+from keras_gpu_tools.input.measure import Measurement, Sums, aggregate
+from keras_gpu_tools.input.steady import FitSpans, span_label, steady_start
+from keras_gpu_tools.input.verdict import gpu_means
+from keras_gpu_tools.live import render
 from tests.helpers.data import uniform_regression_data
 from tests.helpers.models import tiny_dense_model
 
@@ -73,3 +77,27 @@ def test_kept_sums_give_the_figures_of_a_full_rescan():
         assert s.scope == (span_label([f"epoch {j + 1}" for j in range(k, i + 1)]) if k else "the whole fit")
         assert [p.steady for p in s.phases] == [j >= k for j in range(i + 1)]
     assert Sums(parts).measurement() == aggregate(parts)
+
+
+class _CountingTimeline(collections.abc.Sequence):
+    """A GPU logger's points that count how many are read."""
+
+    def __init__(self, points):
+        self.points, self.reads = points, 0
+
+    def __len__(self):
+        return len(self.points)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return self.points[i]
+
+
+def test_gpu_means_and_the_live_view_read_only_the_newest_points():
+    points = [(float(t), t, {"gpu/0/utilization_percent": float(t % 7)}) for t in range(5000)]
+    timeline = _CountingTimeline(points)
+    means = gpu_means(types.SimpleNamespace(timeline=timeline), since=4990.0)
+    assert means == {"gpu/0/utilization_percent": sum(t % 7 for t in range(4990, 5000)) / 10}
+    assert timeline.reads <= 11
+    timeline.reads = 0
+    assert render._tail(timeline, 3) == points[-3:] and timeline.reads == 3
