@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from keras_gpu_tools.input import stragglers
 from keras_gpu_tools.input.job import JobExchange
-from keras_gpu_tools.input.measure import Measurement, aggregate
+from keras_gpu_tools.input.measure import Measurement, Sums, aggregate
 from keras_gpu_tools.input.steady import FitSpans
 from keras_gpu_tools.input.timing import StepStats
 from keras_gpu_tools.input.verdict import Judge, Verdict
@@ -54,9 +54,10 @@ class InputFit:
         self.exchange = exchange
         self.job_failed = job_failed
         self.spans = FitSpans()
-        self.verdict: Verdict | None = None
-        self.measurement: Measurement | None = None  # the steady state's figures (the verdict's scope)
-        self.fit_measurement: Measurement | None = None  # the whole fit's, every phase included
+        self._verdict: Verdict | None = None
+        self._measurement: Measurement | None = None  # the steady state's figures (the verdict's scope)
+        self._fit_measurement: Measurement | None = None  # the whole fit's, every phase included
+        self._stale = False  # an epoch ended since they were made: made again when next read
         self.job_verdict: stragglers.JobVerdict | None = None
         self.epoch_verdicts: list[Verdict] = []
         self.window_verdicts: list[tuple[int, Verdict]] = []  # (global step, verdict)
@@ -67,6 +68,36 @@ class InputFit:
         if self._judge is None:
             raise AttributeError("InputFit: no judge before a fit has started")
         return self._judge
+
+    verdict = property(
+        lambda self: self._current("_verdict"),
+        lambda self, v: self._set("_verdict", v),
+        doc="The run's verdict: its steady state (None before an epoch ends).",
+    )
+    measurement = property(
+        lambda self: self._current("_measurement"),
+        lambda self, v: self._set("_measurement", v),
+        doc="The steady state's figures (the verdict's scope).",
+    )
+    fit_measurement = property(
+        lambda self: self._current("_fit_measurement"),
+        lambda self, v: self._set("_fit_measurement", v),
+        doc="The whole fit's figures, every phase included.",
+    )
+
+    def _current(self, name: str):
+        if self._stale:
+            self._stale = False
+            self._judge_steady_state(final=False)
+        return getattr(self, name)
+
+    def _set(self, name: str, value) -> None:
+        self._current(name)
+        setattr(self, name, value)
+
+    def figures(self, sums: Sums) -> Measurement:
+        """A span's figures from its running sums, with this fit's FLOP rates."""
+        return sums.measurement(self.flops, self.peak, self.devices)
 
     def aggregate(self, parts: Sequence[Measurement]) -> Measurement:
         return aggregate(parts, self.flops, self.peak, self.devices)
@@ -109,11 +140,19 @@ class InputFit:
     def update(self, final: bool = False) -> None:
         """The run's verdict: its steady state, the phases left out, the whole fit's figures.
 
-        ``final``: fit() ended, perhaps inside an epoch (its windows so far count).
+        After an epoch the verdict is made when first read (it lists every
+        epoch, so making it at each epoch end would cost more each epoch);
+        ``final`` (fit() ended, perhaps inside an epoch: its windows so far
+        count) makes it now.
         """
-        s = self.spans.steady_state(self.aggregate, self.judge.pipeline, final)
+        self._stale = not final
+        if final:
+            self._judge_steady_state(final=True)
+
+    def _judge_steady_state(self, final: bool) -> None:
+        s = self.spans.steady_state(self.figures, self.judge.pipeline, final)
         if s is not None:
-            self.measurement, self.fit_measurement = s.measurement, s.fit
-            self.verdict = self.judge(
+            self._measurement, self._fit_measurement = s.measurement, s.fit
+            self._verdict = self.judge(
                 s.measurement, s.since, scope=s.scope, phases=s.phases, fit=s.fit, cache_serves=s.cache_serves
             )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from keras_gpu_tools.logdir import schema
 
@@ -84,6 +84,81 @@ def set_flops(m: Measurement, flops_per_step: float | None, peak_flops: float | 
 
 
 # -- spans of several parts: one aggregation for epochs, the steady state, the fit --------------
+class Sums:
+    """The running sums that :func:`aggregate` reduces its parts to; parts are added one at a time.
+
+    A span kept as ``Sums`` grows by a part in constant time, and its figures
+    are the same as ``aggregate`` of all its parts (the same additions, in the same order).
+    """
+
+    _MEANS = ("fetch", "compute", "other", "step")
+    __slots__ = (
+        "steps",
+        "sampled_steps",
+        "means",
+        "timed",
+        "waited",
+        "stepped",
+        "rated",
+        "seconds",
+        "samples",
+        "seconds_s",
+        "overlapped",
+    )
+
+    def __init__(self, parts: Iterable[Measurement] = ()) -> None:
+        self.steps = self.sampled_steps = 0
+        self.means: dict[str, list[float]] = {a: [0, 0] for a in self._MEANS}  # attr: [sum(n * x), sum(n)]
+        self.timed: int = 0  # steps of the parts with a wait and a step
+        self.waited = self.stepped = 0.0  # sum(n * wait), sum(n * step) over them
+        self.rated: int = 0  # steps of the parts with a rate
+        self.seconds = 0.0  # sum(n / rate) over them
+        self.samples: float | None = None  # sum(samples * n / rate) over the parts with a sample rate
+        self.seconds_s = 0.0  # sum(n / rate) over those
+        self.overlapped = False
+        for p in parts:
+            self.add(p)
+
+    def add(self, p: Measurement) -> None:
+        self.steps += p.steps
+        self.sampled_steps += p.sampled_steps
+        self.overlapped = self.overlapped or p.overlapped
+        if not p.steps:
+            return
+        k = p.steps
+        for attr, acc in self.means.items():
+            x = getattr(p, attr)
+            if x is not None:
+                acc[0] += k * x
+                acc[1] += k
+        if p.wait is not None and p.step:
+            self.timed += k
+            self.waited += k * p.wait
+            self.stepped += k * p.step
+        if p.steps_per_sec:
+            self.rated += k
+            self.seconds += k / p.steps_per_sec
+            if p.samples_per_sec is not None:
+                self.samples = (self.samples or 0) + p.samples_per_sec * k / p.steps_per_sec
+                self.seconds_s += k / p.steps_per_sec
+
+    def measurement(
+        self, flops_per_step: float | None = None, peak_flops: float | None = None, devices: int = 1
+    ) -> Measurement:
+        """The span's figures; FLOP arguments as in :func:`set_flops`."""
+        m = Measurement(steps=self.steps, sampled_steps=self.sampled_steps, overlapped=self.overlapped)
+        m.fetch, m.compute, m.other, m.step = (s / n if n else None for s, n in self.means.values())
+        if self.timed:
+            m.wait = self.waited / self.timed
+            m.wait_fraction = min(max(self.waited / self.stepped, 0.0), 1.0)
+        if self.rated:
+            m.steps_per_sec = self.rated / self.seconds
+            if self.samples is not None:
+                m.samples_per_sec = self.samples / self.seconds_s
+        set_flops(m, flops_per_step, peak_flops, devices)
+        return m
+
+
 def aggregate(
     parts: Sequence[Measurement],
     flops_per_step: float | None = None,
@@ -97,29 +172,4 @@ def aggregate(
     and rates are counts over seconds (``sum(n) / sum(n / steps_per_sec)``). A
     part where a figure is unknown is left out of that figure, never counted as 0.
     """
-    m = Measurement(steps=sum(p.steps for p in parts), sampled_steps=sum(p.sampled_steps for p in parts))
-
-    def mean(attr: str) -> float | None:
-        known = [(p.steps, getattr(p, attr)) for p in parts if p.steps and getattr(p, attr) is not None]
-        n = sum(k for k, _ in known)
-        return sum(k * x for k, x in known) / n if n else None
-
-    m.fetch, m.compute, m.other, m.step = mean("fetch"), mean("compute"), mean("other"), mean("step")
-    timed = [(p.steps, p.wait, p.step) for p in parts if p.steps and p.wait is not None and p.step]
-    if timed:
-        n = sum(k for k, _, _ in timed)
-        waited = sum(k * wait for k, wait, _ in timed)
-        m.wait = waited / n
-        m.wait_fraction = min(max(waited / sum(k * step for k, _, step in timed), 0.0), 1.0)
-    rated = [(p.steps, p.steps_per_sec, p.samples_per_sec) for p in parts if p.steps and p.steps_per_sec]
-    if rated:
-        seconds = sum(k / rate for k, rate, _ in rated)
-        m.steps_per_sec = sum(k for k, _, _ in rated) / seconds
-        with_samples = [(k, rate, samples) for k, rate, samples in rated if samples is not None]
-        if with_samples:
-            m.samples_per_sec = sum(samples * k / rate for k, rate, samples in with_samples) / sum(
-                k / rate for k, rate, _ in with_samples
-            )
-    set_flops(m, flops_per_step, peak_flops, devices)
-    m.overlapped = any(p.overlapped for p in parts)
-    return m
+    return Sums(parts).measurement(flops_per_step, peak_flops, devices)

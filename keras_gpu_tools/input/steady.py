@@ -11,12 +11,12 @@ fit of one epoch is split into its windows.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from keras_gpu_tools.input.measure import Measurement, aggregate
+from keras_gpu_tools.input.measure import Measurement, Sums
 from keras_gpu_tools.input.verdict import Phase
 
 # A leading epoch (or window) whose step time is this much above the median of
@@ -41,17 +41,44 @@ def steady_start(parts: Sequence[Measurement], slower: float = SLOWER, different
     twice that median; either way by at least ``AT_LEAST`` seconds per step.
     The last part is always kept.
     """
+    return _steady_start(parts, lambda j: Suffix(parts[j:]), slower, different)
+
+
+class Suffix:
+    """The parts from some index on: their sums and their step times, sorted; one more part in O(log n)."""
+
+    __slots__ = ("sums", "steps")
+
+    def __init__(self, parts: Sequence[Measurement] = ()) -> None:
+        self.sums, self.steps = Sums(), list[float]()
+        for p in parts:
+            self.add(p)
+
+    def add(self, p: Measurement) -> None:
+        self.sums.add(p)
+        if p.step:
+            bisect.insort(self.steps, p.step)
+
+    def median(self) -> float:
+        """The median step time (as :func:`statistics.median`); there must be one."""
+        n, s = len(self.steps), self.steps
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _steady_start(
+    parts: Sequence[Measurement], suffix: Callable[[int], Suffix], slower: float = SLOWER, different: float = DIFFERENT
+) -> int:
+    """:func:`steady_start`, with ``suffix(j)`` giving the parts from ``j`` on (kept or built)."""
     k = 0
     while k < len(parts) - 1:
-        part, rest = parts[k], parts[k + 1 :]
-        steps = [p.step for p in rest if p.step]
-        if not steps or not part.step:
+        part, rest = parts[k], suffix(k + 1)
+        if not rest.steps or not part.step:
             break
-        median = statistics.median(steps)
+        median = rest.median()
         if part.step - median < AT_LEAST:
             break
         ratio = part.step / median
-        after = aggregate(rest).wait_fraction
+        after = rest.sums.measurement().wait_fraction
         unlike = part.wait_fraction is None or after is None or abs(part.wait_fraction - after) >= different
         if not (ratio > 2.0 or (ratio > 1.0 + slower and unlike)):
             break
@@ -110,14 +137,22 @@ class SteadyState:
 
 
 Aggregate = Callable[[Sequence[Measurement]], Measurement]
+Figures = Callable[[Sums], Measurement]
 
 
 class FitSpans:
-    """The windows and epochs of one fit(): only windows are measured; an epoch is made of its windows."""
+    """The windows and epochs of one fit(): only windows are measured; an epoch is made of its windows.
+
+    The epochs' figures are also kept as running sums from each index the
+    steady-state search has looked at (:class:`Suffix`), so an epoch end costs
+    the same at epoch 3,000 as at epoch 10: nothing rescans the past epochs.
+    """
 
     def __init__(self) -> None:
         self.windows: list[Span] = []  # the current epoch's
         self.epochs: list[Span] = []
+        self._figures: list[Measurement] = []  # each epoch's
+        self._suffixes: dict[int, Suffix] = {0: Suffix()}  # the epochs from index j on
 
     def add_window(self, label: str, m: Measurement, t0: float) -> None:
         self.windows.append(Span(label, m, t0))
@@ -126,44 +161,63 @@ class FitSpans:
         """Closes the epoch of the windows so far; its figures."""
         m = agg([w.measurement for w in self.windows])
         self.epochs.append(Span(label, m, t0, self.windows))
+        self._figures.append(m)
+        for suffix in self._suffixes.values():
+            suffix.add(m)
         self.windows = []
         return m
 
     def remeasure_last_epoch(self, agg: Aggregate) -> Measurement:
-        """The last epoch's figures again from its windows (after the FLOP figures changed)."""
+        """The last epoch's figures again from its windows (after the FLOP figures changed).
+
+        Only the FLOP rates change, which the running sums do not hold.
+        """
         last = self.epochs[-1]
-        last.measurement = agg([w.measurement for w in last.parts])
+        last.measurement = self._figures[-1] = agg([w.measurement for w in last.parts])
         return last.measurement
 
-    def steady_state(self, agg: Aggregate, pipeline: dict[str, Any], final: bool = False) -> SteadyState | None:
-        """The steady state of the epochs so far (``final``: with the windows of an epoch cut short); None before any."""
-        spans = list(self.epochs)
+    def _suffix(self, j: int) -> Suffix:
+        """The epochs from index ``j`` on, kept from now on (built once, then one epoch at a time)."""
+        if j not in self._suffixes:
+            self._suffixes[j] = Suffix(self._figures[j:])
+        return self._suffixes[j]
+
+    def steady_state(self, figures: Figures, pipeline: dict[str, Any], final: bool = False) -> SteadyState | None:
+        """The steady state of the epochs so far (``final``: with the windows of an epoch cut short); None before any.
+
+        ``figures`` turns running sums into a span's figures (with the fit's FLOP rates).
+        """
+        spans, units, by_epoch = self.epochs, self.epochs, True
         if final and self.windows:  # fit() ended inside an epoch: its windows so far
-            m = agg([w.measurement for w in self.windows])
-            spans.append(Span(f"epoch {len(spans) + 1} (part)", m, self.windows[0].t0, list(self.windows)))
+            m = figures(Sums(w.measurement for w in self.windows))
+            spans = spans + [Span(f"epoch {len(spans) + 1} (part)", m, self.windows[0].t0, list(self.windows))]
+            units = spans
         if not spans:
             return None
-        units, by_epoch = spans, True
         if len(spans) == 1 and len(spans[0].parts) > 1:  # a fit of one epoch: its windows
             units, by_epoch = spans[0].parts, False
-        k = steady_start([u.measurement for u in units])
-        steady = units[k:]
-        phases = [
-            Phase(
-                u.label,
-                u.measurement.steps,
-                u.measurement.wait_fraction,
-                u.measurement.step,
-                steady=i >= k,
-                reason=None if i >= k else warmup_reason(i, by_epoch, pipeline),
-            )
-            for i, u in enumerate(units)
-        ]
+        if units is self.epochs:  # kept sums: nothing here scans the past epochs
+            k = _steady_start(self._figures, self._suffix)
+            steady, whole = self._suffix(k).sums, self._suffix(0).sums
+        else:  # once, at the end of a fit, or over one epoch's windows
+            parts = [u.measurement for u in units]
+            k = steady_start(parts)
+            steady, whole = Sums(parts[k:]), Sums(s.measurement for s in spans)
         return SteadyState(
-            measurement=agg([u.measurement for u in steady]),
-            fit=agg([s.measurement for s in spans]),
-            phases=phases,
-            scope=span_label([u.label for u in steady]) if k else "the whole fit",
-            since=steady[0].t0,
+            measurement=figures(steady),
+            fit=figures(whole),
+            phases=[
+                Phase(
+                    u.label,
+                    u.measurement.steps,
+                    u.measurement.wait_fraction,
+                    u.measurement.step,
+                    steady=i >= k,
+                    reason=None if i >= k else warmup_reason(i, by_epoch, pipeline),
+                )
+                for i, u in enumerate(units)
+            ],
+            scope=span_label([u.label for u in (units[k], units[-1])][: len(units) - k]) if k else "the whole fit",
+            since=units[k].t0,
             cache_serves=by_epoch and k > 0,
         )

@@ -9,7 +9,8 @@ thresholds, the pipeline, the host, the GPU logger whose figures are quoted).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Iterable, Reversible, Sequence
 from typing import Any, Protocol
 
 from keras_gpu_tools.input.advice import advise
@@ -187,19 +188,28 @@ class GPUTimeline(Protocol):
     timeline: Iterable[tuple[float, int, dict[str, float]]]
 
 
+def _points_since(timeline: Iterable[tuple[float, int, dict[str, float]]], since: float | None) -> list:
+    """The points from wall time ``since`` on, oldest first, read back from the newest (not the whole timeline)."""
+    if since is None or not isinstance(timeline, Reversible):
+        return [p for p in list(timeline) if since is None or p[0] >= since]
+    try:
+        newest = list(itertools.takewhile(lambda p: p[0] >= since, reversed(timeline)))
+    except RuntimeError:  # the sampling thread added a point meanwhile: a copy instead
+        return [p for p in list(timeline) if p[0] >= since]
+    return newest[::-1]
+
+
 def gpu_means(logger: GPUTimeline | None, since: float | None) -> dict[str, float]:
     """The mean of each ``gpu/...`` figure of ``logger``'s points from wall time ``since`` on."""
     if logger is None:
         return {}
     try:
-        points = list(logger.timeline)
+        points = _points_since(logger.timeline, since)
     except Exception:
         return {}
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for wall, _step, means in points:
-        if since is not None and wall < since:
-            continue
+    for _wall, _step, means in points:
         for k, v in means.items():
             if k.startswith(schema.GPU_PREFIX):
                 sums[k] = sums.get(k, 0.0) + v

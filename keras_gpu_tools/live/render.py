@@ -9,6 +9,7 @@ every few seconds without slowing training, and it needs no plotting library.
 from __future__ import annotations
 
 import html
+import itertools
 import math
 import sys
 from collections.abc import Sequence
@@ -123,6 +124,14 @@ class LiveState:
         return None
 
 
+def _tail(points: Sequence[Any], n: int) -> list[Any]:
+    """The last ``n`` of ``points`` (a list or deque), without copying the rest."""
+    try:
+        return list(itertools.islice(reversed(points), n))[::-1]
+    except RuntimeError:  # a deque the sampling thread added to meanwhile: a copy instead
+        return list(points)[-n:]
+
+
 def step_times(points: Sequence[tuple[float, int, dict[str, float]]]) -> list[float]:
     """Milliseconds per step between consecutive (wall time, step, ...) points."""
     out = []
@@ -147,7 +156,7 @@ def render(state: LiveState, now: float) -> str:
     points = []
     if lg is not None:
         try:
-            points = list(lg.timeline)[-SPARK_POINTS:]
+            points = _tail(lg.timeline, SPARK_POINTS)
         except Exception:
             points = []
     # Step time: from the GPU logger's points (one per sampling interval) where
@@ -202,8 +211,8 @@ def render(state: LiveState, now: float) -> str:
 
     det = state.detector
     if det is not None:
-        wv = list(getattr(det, "window_verdicts", []) or [])
-        hist = list(getattr(det, "epoch_history", []) or [])
+        wv = _tail(getattr(det, "window_verdicts", []) or [], SPARK_POINTS)
+        hist = _tail(getattr(det, "epoch_history", []) or [], 1)
         if wv:
             step, v = wv[-1]
             frac = v.wait_fraction
