@@ -43,6 +43,15 @@ def printable(name: str) -> str:
     return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
+def written_order(name: str) -> list:
+    """A sort key that puts event files in the order they were written.
+
+    Their names end in numbers (``events.out.tfevents.<time>.<host>.<pid>.<counter>``): compared as
+    numbers, not text, so that a process's tenth file in one second comes after its ninth.
+    """
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+
+
 def find_runs(log_dir: str) -> list[tuple[str, str, list[str]]]:
     """(run name, directory, event files) of every folder under `log_dir` holding event files.
 
@@ -53,7 +62,7 @@ def find_runs(log_dir: str) -> list[tuple[str, str, list[str]]]:
     runs = []
     for root, dirs, files in os.walk(log_dir):
         dirs[:] = sorted(d for d in dirs if d != "plugins")
-        events = sorted(f for f in files if ".tfevents." in f)
+        events = sorted((f for f in files if ".tfevents." in f), key=written_order)
         if events:
             rel = os.path.relpath(root, log_dir)
             runs.append(("." if rel == "." else printable(rel.replace(os.sep, "/")), root, events))

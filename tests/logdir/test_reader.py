@@ -71,3 +71,18 @@ def test_names_that_are_not_utf8_are_shown_with_their_escapes(tmp_path):
     assert run == "run_\\xff" and run.encode("utf-8")  # printable
     assert os.path.isdir(directory)  # the directory itself still opens
     assert len(read_event_file(os.path.join(directory, files[0]))[0]) == 2
+
+
+def test_event_files_are_read_in_the_order_they_were_written(tmp_path):
+    """A process's tenth file of one second comes after its ninth (names compared as numbers)."""
+    for counter, value in ((9, 1.0), (10, 2.0)):
+        name = f"events.out.tfevents.1700000000.host.42.{counter}"
+        w = EventWriter(str(tmp_path))
+        w.scalars({"host/cpu_percent": value}, step=int(value), wall_time=10.0)
+        w.close()
+        (written,) = [f for f in os.listdir(tmp_path) if not f.startswith("events.out.tfevents.1700000000")]
+        os.rename(tmp_path / written, tmp_path / name)
+    ((_, _, files),) = find_runs(str(tmp_path))
+    assert files == ["events.out.tfevents.1700000000.host.42.9", "events.out.tfevents.1700000000.host.42.10"]
+    values = read_run(".", str(tmp_path), files, [])
+    assert [p.step for p in values.scalars["host/cpu_percent"]] == [1, 2]
