@@ -13,9 +13,13 @@ import pytest
 from keras import ops
 
 from keras_gpu_tools import BatchPlan, OOMBatchSizeReducer, plan_batch_size
+from tests.helpers.gpu import HAS_GPU
 from tests.helpers.models import BACKEND, MemoryCliff, held_activations_model, real_oom
 
 pytestmark = pytest.mark.multibackend
+# These plan against the CPU's allocator figures (a device with no memory limit of its own, tensor
+# storage counted op by op); on a GPU the device's own capacity and allocator apply instead.
+cpu_only = pytest.mark.skipif(HAS_GPU, reason="plans against the CPU's allocator; a GPU machine plans against its GPU")
 
 
 def wide_model(seed=0):
@@ -25,6 +29,7 @@ def wide_model(seed=0):
     return model
 
 
+@cpu_only
 def test_the_plan_fits_the_limit_a_larger_batch_does_not_and_the_model_is_unchanged():
     model = wide_model()
     x = np.random.RandomState(0).rand(10, 64).astype("float32")
@@ -51,6 +56,7 @@ def test_the_plan_fits_the_limit_a_larger_batch_does_not_and_the_model_is_unchan
     assert capped.batch_size == 100 and max(t.batch_size for t in capped.trials) == 100
 
 
+@cpu_only
 def test_bad_arguments_are_refused_with_keras_style_messages():
     model = wide_model()
     x = np.zeros((4, 64), "float32")
@@ -77,6 +83,7 @@ def test_the_reducer_starts_split_at_the_plan_and_regrows_only_to_it():
         OOMBatchSizeReducer(plan=0)
 
 
+@cpu_only
 @real_oom
 @pytest.mark.skipif(BACKEND == "tensorflow", reason="TensorFlow's CPU allocator that fails at once keeps no statistics")
 def test_training_at_the_plan_never_runs_out_of_memory_and_regrows_only_to_it():
