@@ -18,6 +18,7 @@ class guarantees, for every fit():
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 
 import keras
@@ -27,6 +28,7 @@ from keras_gpu_tools.callbacks._lean import LeanCallback
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import topology as topo
+from keras_gpu_tools.runtime.job_channel import JobChannel
 from keras_gpu_tools.runtime.session import FitSession, run_deferred
 from keras_gpu_tools.runtime.step_hook import StepHook
 
@@ -39,7 +41,7 @@ _FIT_SERIAL: collections.Counter = collections.Counter()
 class FitCallback(LeanCallback):
     """Base class of the package's callbacks that run during fit() (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self._teardown_lock = threading.RLock()
         self._session: FitSession | None = None
@@ -47,6 +49,12 @@ class FitCallback(LeanCallback):
         self._global_step = 0  # training steps seen by this instance, across fit() calls
         self._fit_serial = 0  # this fit()'s number among the process's fits with this run name
         self.topology = topo.Topology()  # this process's place in the job, read at each fit()
+        self._job_left_out: str | None = None  # why this fit's job-wide figures are left out from its start
+
+    #: Whether every process of a job must run this callback (it agrees with the others on what each step does).
+    _needs_every_process = False
+    #: How long an epoch end waits for the other processes of a job (once for all callbacks; a dead one ends it).
+    job_timeout_s: float = 60.0
 
     # -- for subclasses ---------------------------------------------------------------------
     def _start_fit(self, session: FitSession) -> None:
@@ -92,11 +100,31 @@ class FitCallback(LeanCallback):
     def _job_gather(self) -> topo.JobGather:
         """The job's channel for this fit(): keys of this callback and fit; on failure a warning, once."""
         name = type(self).__name__
-        return topo.JobGather(
+        gather = topo.JobGather(
             self.topology,
             f"{self._serial_name()}/fit{self._fit_serial}",
             lambda message: self.warnings("job", f"{name}: {message}"),
+            float(self.job_timeout_s),
         )
+        if self._job_left_out is not None and gather.active:
+            gather.failed = True
+            self.warnings("job", f"{name}: job-wide figures are left out for this fit(): {self._job_left_out}")
+        return gather
+
+    def _job_role(self) -> tuple[str, str, bool]:
+        """What the processes of a job compare at fit start: (class name, run name, needs every process)."""
+        return type(self).__name__, self._serial_name(), self._needs_every_process
+
+    def _join_job(self, session: FitSession) -> None:
+        """Joins the fit's job channel: the processes compare their callbacks (refusing what cannot run)."""
+        self._job_left_out = None
+        channel = JobChannel.of(session, self.topology.exchange) if self.topology.multi_process else None
+        if channel is None:
+            return
+        siblings = [c for c in ki.find_callback_list(self.model) if hasattr(c, "_job_role")]
+        channel.compare(siblings if self in siblings else [*siblings, self])
+        self.topology = dataclasses.replace(self.topology, exchange=channel)
+        self._job_left_out = channel.check(self)  # raises where the job cannot run as configured
 
     def _job_failed(self, gather: topo.JobGather | None, error: Exception) -> None:
         """This process's job figures failed: the job's are left out for the rest of the fit, the others told."""
@@ -161,6 +189,7 @@ class FitCallback(LeanCallback):
             self._session = session
         session.add(self, lambda aborted: self._end_fit(aborted, session), self._stop_on_training_thread)
         try:
+            self._join_job(session)
             self._start_fit(session)
         except BaseException:
             try:

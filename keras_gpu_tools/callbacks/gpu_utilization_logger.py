@@ -138,10 +138,6 @@ class GPUUtilizationLogger(FitCallback):
         ```
     """
 
-    #: seconds an epoch end waits for the other processes' figures before the
-    #: job-wide keys are left out for the rest of the fit (a warning says so)
-    job_timeout_s: float = 60.0
-
     def __init__(
         self,
         log_dir: str | os.PathLike | None = "logs",
@@ -206,7 +202,6 @@ class GPUUtilizationLogger(FitCallback):
         allocator = self.backend.allocator_memory if self.gpus else None
         self._sampler = MetricSampler(probes, HostProbe(warn), allocator, warn)
         self._gather = self._job_gather()
-        self._gather.timeout_s = float(self.job_timeout_s)
         self._open_writers(job=self._gather.active)
         if self._writer is not None and self.gpus:
             table = monitored.device_table(self.topology, self.gpus, self._labels)

@@ -142,8 +142,8 @@ class OOMBatchSizeReducer(FitCallback):
     ```
     """
 
-    #: How long a process waits for the others' rehearsals (their first compile included) in a job.
-    agreement_timeout_s = 600.0
+    agreement_timeout_s = 600.0  # a job's wait for the others' rehearsals (their first compile included)
+    _needs_every_process = True  # every process of a job agrees on each batch's split
 
     def __init__(
         self,

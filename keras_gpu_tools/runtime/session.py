@@ -87,6 +87,8 @@ class FitSession:
         self.closed = False
         self.aborted = False
         self.unwind_hook = False
+        self.shared: dict[str, Any] = {}  # what the fit's callbacks share (the job's channel), by name
+        self._on_close: list[Callable[[], None]] = []
 
     # -- finding the session of this fit -------------------------------------------------------
     @classmethod
@@ -144,6 +146,13 @@ class FitSession:
             if self.closed:
                 raise RuntimeError("keras_gpu_tools: this fit() session has ended")
             return self._ticker.every(interval, fn, on_error)
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Runs ``fn()`` once when the session closes (after every teardown), however the fit ended."""
+        with self._lock:
+            if self.closed:
+                raise RuntimeError("keras_gpu_tools: this fit() session has ended")
+            self._on_close.append(fn)
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -235,7 +244,10 @@ class FitSession:
                 return
             self.closed = True
             self.frame = None  # let fit()'s locals go
+            on_close, self._on_close = self._on_close, []
         _unwatch_unwind(self)
+        for fn in on_close:
+            _call_safely(fn)
         with _registry_lock:
             if _sessions.get(self.model_id) is self:
                 del _sessions[self.model_id]

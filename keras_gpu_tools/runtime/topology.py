@@ -17,10 +17,8 @@ and is used once per epoch or once per OOM, never per step.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import socket
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -125,83 +123,6 @@ def single(engine: str = "one device", devices_in_step: int = 1, device_ids=None
     )
 
 
-class KVExchange:
-    """Gathers one JSON value from every process through a key-value store.
-
-    ``client`` has JAX's distributed client methods ``key_value_set(key,
-    value)`` and ``blocking_key_value_get(key, timeout_ms)``. Each process
-    writes its value under ``<prefix>/<key>/<index>`` and reads the others';
-    every process gets the same list, ordered by process index.
-    """
-
-    def __init__(self, client: Any, process_index: int, process_count: int):
-        self.client = client
-        self.process_index = process_index
-        self.process_count = process_count
-
-    def _key(self, key: str, index: int) -> str:
-        return f"{KEY_PREFIX}/{key}/{index}"
-
-    def gather(self, key: str, value: Any, timeout_s: float) -> list[Any]:
-        """Every process's ``value`` for ``key``; raises :class:`ExchangeError` after ``timeout_s``."""
-        try:
-            self.client.key_value_set(self._key(key, self.process_index), json.dumps(value))
-        except Exception as e:
-            raise ExchangeError(f"writing {key!r} to the job's key-value store failed ({e})") from None
-        deadline = time.monotonic() + timeout_s
-        out: list[Any] = []
-        for i in range(self.process_count):
-            if i == self.process_index:
-                out.append(value)
-                continue
-            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
-            try:
-                raw = self.client.blocking_key_value_get(self._key(key, i), left_ms)
-            except Exception as e:
-                raise ExchangeError(
-                    f"process {i} gave no {key!r} within {timeout_s:g} s ({type(e).__name__})"
-                ) from None
-            try:
-                out.append(json.loads(raw))
-            except ValueError as e:
-                raise ExchangeError(f"process {i}'s {key!r} is not JSON ({e})") from None
-        return out
-
-    def delete(self, key: str) -> None:
-        """Removes this process's value of ``key`` (best effort)."""
-        try:
-            self.client.key_value_delete(self._key(key, self.process_index))
-        except Exception:
-            pass
-
-    def give_up(self, key: str, reason: str) -> None:
-        """Tells the other processes that this one stops exchanging under ``key`` (best effort)."""
-        try:
-            self.client.key_value_set(self._key(f"{key}/gave_up", self.process_index), json.dumps(reason))
-        except Exception:
-            pass  # they will time out once instead
-
-    def gave_up(self, key: str) -> dict[int, str]:
-        """The other processes that gave up under ``key``, with their reason: one look-up, no wait."""
-        dir_get = getattr(self.client, "key_value_dir_get", None)
-        if dir_get is None:
-            return {}
-        try:
-            entries = dir_get(f"{KEY_PREFIX}/{key}/gave_up")
-        except Exception:
-            return {}
-        out: dict[int, str] = {}
-        for name, raw in entries:
-            try:
-                index = int(str(name).rsplit("/", 1)[1])
-                reason = json.loads(raw)
-            except (IndexError, ValueError):
-                continue
-            if index != self.process_index:
-                out[index] = str(reason)
-        return out
-
-
 class JobGather:
     """A callback's per-fit use of the channel: keys of its own, a warning once when it fails.
 
@@ -248,7 +169,10 @@ class JobGather:
             return None
         key = f"{self.namespace}/{tag}"
         try:
-            out = exchange.gather(key, value, self.timeout_s)
+            if hasattr(exchange, "gather_round"):  # the fit's JobChannel: one deadline per tag for all callbacks
+                out = exchange.gather_round(key, value, self.timeout_s, tag)
+            else:
+                out = exchange.gather(key, value, self.timeout_s)
         except ExchangeError as e:
             self.give_up(str(e))
             self.warn(f"job-wide figures are left out for the rest of this fit(): {e}")

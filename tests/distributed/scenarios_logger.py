@@ -97,7 +97,7 @@ def logger_unanswered(index: int, count: int, out: Path, epochs: int = 3) -> dic
     cb = GPUUtilizationLogger(
         log_dir=str(out / "logs"), interval=0.02, nvml=machine_nvml(count), run_name="gpu" if index == 0 else "gpu_b"
     )
-    cb.job_timeout_s = 1.0
+    cb.job_timeout_s = 30.0  # what an epoch end would wait, were the processes not compared at fit start
     ends = []
 
     class EpochEnds(keras.callbacks.Callback):

@@ -125,13 +125,14 @@ def test_two_processes_log_apart_and_share_job_figures(tmp_path, devices_per_pro
 
 
 @pytest.mark.slow
-def test_a_process_that_does_not_answer_costs_one_wait_and_one_warning(tmp_path):
+def test_a_logger_missing_on_the_other_process_costs_no_wait_and_one_warning(tmp_path):
+    # Each process's logger has a run name the other lacks: the processes see it when they compare their
+    # callbacks at fit start, so no epoch end waits (the first would wait job_timeout_s = 30 s otherwise).
     results = run_job("scenarios_logger.logger_unanswered", tmp_path)
     for i, r in enumerate(results):
         assert len(r["history"]["loss"]) == 3  # training went on
         assert not any(key.startswith("job/") for key in r["history"])
         assert any(key.endswith("/utilization_percent") for key in r["history"])  # its own figures stay
         job_warnings = [w for w in r["warnings"] if "job-wide figures are left out" in w]
-        assert len(job_warnings) == 1 and f"process {1 - i} gave no" in job_warnings[0], r["warnings"]
-        first, *rest = r["epoch_seconds"]
-        assert first >= 1.0 and all(s < 1.0 for s in rest), r["epoch_seconds"]  # gave up: no wait after the first
+        assert len(job_warnings) == 1 and f"does not run on process(es) [{1 - i}]" in job_warnings[0], r["warnings"]
+        assert all(s < 30.0 for s in r["epoch_seconds"]), r["epoch_seconds"]

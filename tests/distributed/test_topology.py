@@ -3,6 +3,7 @@
 import pytest
 
 from keras_gpu_tools.runtime import topology as topo
+from keras_gpu_tools.runtime.kv_exchange import KVExchange
 from tests.distributed.launch import run_job
 
 pytest.importorskip("jax")
@@ -71,7 +72,7 @@ def test_job_gather_of_one_process_is_none_and_a_failing_channel_warns_once():
             raise TimeoutError("deadline exceeded")
 
     warned = []
-    t = topo.Topology(process_index=0, process_count=2, exchange=topo.KVExchange(Silent(), 0, 2))
+    t = topo.Topology(process_index=0, process_count=2, exchange=KVExchange(Silent(), 0, 2))
     g = topo.JobGather(t, "det/fit1", warned.append, timeout_s=0.01)
     assert g.gather("epoch0", {"a": 1}) is None and g.gather("epoch1", {"a": 1}) is None
     assert len(warned) == 1 and "process 1 gave no 'det/fit1/epoch0'" in warned[0]

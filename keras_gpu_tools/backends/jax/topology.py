@@ -31,6 +31,7 @@ class JaxTopology(Backend):
 
     def topology(self, model):
         from keras_gpu_tools.runtime import topology
+        from keras_gpu_tools.runtime.kv_exchange import KVExchange
 
         jax = deps.loaded("jax")
         if jax is None:
@@ -63,7 +64,7 @@ class JaxTopology(Backend):
             devices_in_step=in_step,
             engine=engine if spans else f"{engine}: each of the {count} processes trains its own model",
             source="jax.distributed",
-            exchange=topology.KVExchange(client, index, count) if client is not None else None,
+            exchange=KVExchange(client, index, count) if client is not None else None,
         )
 
     def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:

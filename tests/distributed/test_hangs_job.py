@@ -1,0 +1,55 @@
+"""A job never hangs on us: a dead process, and processes that run different callbacks (real JAX jobs, gloo)."""
+
+import pytest
+
+from tests.distributed.launch import run_job
+
+pytest.importorskip("jax")
+
+
+@pytest.mark.slow
+def test_a_dead_process_makes_the_survivors_fit_raise_within_seconds(tmp_path):
+    # Without the package the survivor's next step raises (gloo: the peer closed the connection) 0.1 s after the
+    # death. Our callbacks wait for every process at each epoch end, here for up to 600 s; the dead process must
+    # end the wait at once, so that the same error reaches the user's except/finally.
+    r0, r1 = run_job("scenarios_hangs.peer_dies", tmp_path, killed=(1,), timeout=200)
+    assert r1 is None
+    assert r0["raised"] is not None and r0["finally_ran"], r0
+    assert "gloo" in r0["message"].lower() or "connection" in r0["message"].lower(), r0["message"]
+    assert r0["ended_at"] - r0["died_at"] < 30.0, r0  # the store's own heartbeat would take 100 s, then abort
+    det, log = r0["warnings"]
+    assert det.startswith("InputBoundDetector:") and "process 1 stopped answering" in det, det
+    # The logger did not wait on its own key: it learned of the detector's ended wait.
+    assert log.startswith("GPUUtilizationLogger:") and "'input/fit1/epoch0'" in log and "'gpu/" not in log, log
+    assert len(r0["warnings"]) == 2
+
+
+@pytest.mark.slow
+def test_a_reducer_missing_on_a_process_is_refused_on_every_process(tmp_path):
+    r0, r1 = run_job("scenarios_hangs.reducer_on_one_process", tmp_path, timeout=200)
+    for r in (r0, r1):
+        assert r["raised"] == "ValueError", r
+        assert "OOMBatchSizeReducer (run 'oom') runs on process(es) [0] but not on process(es) [1]" in r["message"]
+        assert r["steps_trained"] == 0  # refused at fit start, before any step
+        assert r["seconds"] < 60.0  # not the agreement's 600 s
+
+
+@pytest.mark.slow
+def test_a_reducer_with_a_process_that_runs_none_of_ours_is_refused_after_the_short_deadline(tmp_path):
+    r0, r1 = run_job("scenarios_hangs.reducer_on_one_process", tmp_path, timeout=200, args={"other": None})
+    assert r0["raised"] == "ValueError" and r0["steps_trained"] == 0, r0
+    assert "OOMBatchSizeReducer: every process of the job must run it" in r0["message"]
+    assert "process 1 gave no" in r0["message"] and "runs none of keras_gpu_tools's callbacks" in r0["message"]
+    # Process 1 (none of ours) was left in the first step's collective; process 0's exit ends it, as with Keras alone.
+    assert r1["raised"] is not None and r1["finally_ran"], r1
+
+
+@pytest.mark.slow
+def test_an_epoch_end_waits_once_for_all_callbacks(tmp_path):
+    r0, r1 = run_job("scenarios_hangs.one_wait_per_epoch_end", tmp_path, timeout=200)
+    for r in (r0, r1):
+        assert r["epochs"] == 3  # training went on
+    det, log = r0["warnings"]["InputBoundDetector"], r0["warnings"]["GPUUtilizationLogger"]
+    assert len(det) == 1 and "process 1 gave no 'input/fit1/epoch0'" in det[0], det
+    # The logger did not wait on its own key: it learned of the detector's failed wait.
+    assert len(log) == 1 and "'input/fit1/epoch0'" in log[0] and "'gpu/" not in log[0], log
