@@ -30,10 +30,11 @@ def plan_batch_size(
     """Finds the largest batch size that fits every device, with headroom.
 
     The model must be compiled. Only the shapes and dtypes of one sample of
-    `x` (and `y`) matter on JAX; TensorFlow and torch train on real batches
-    built from them (repeated where `x` has fewer samples than the batch),
-    and the weights, the optimizer state and the metrics are put back
-    afterwards.
+    `x` (and `y`) matter on JAX: no batch of a trial's size is built on the
+    host, so planning for a large card takes no more host memory than for a
+    small one. TensorFlow and torch train on real batches built from them
+    (repeated where `x` has fewer samples than the batch), and the weights,
+    the optimizer state and the metrics are put back afterwards.
 
     How the peak memory of a step is obtained (the plan's `method`):
 
@@ -117,8 +118,14 @@ def plan_batch_size(
     # backend's restore resets the metrics, whose state (a fit's last results) is put back after it.
     snapshot = backend.plan_snapshot(model, sample_batch(x, y, replicas, n_samples))
     metrics = [(v, ops.convert_to_numpy(v.value)) for v in model.metrics_variables]
+
+    def step_memory(per_device: int) -> tuple[list[float], str]:
+        # A step compiled, never run (JAX), needs the trial batch's shapes only: no host batch of its size.
+        batch = sample_batch(x, y, per_device * replicas, n_samples, shapes_only=backend.plans_on_shapes)
+        return backend.step_memory(model, batch, replicas)
+
     measure = StepPeaks(
-        lambda per_device: backend.step_memory(model, sample_batch(x, y, per_device * replicas, n_samples), replicas),
+        step_memory,
         backends.is_oom,
         backend.device_memory,
         replicas,

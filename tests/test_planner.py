@@ -7,6 +7,8 @@ out as it went in, and `OOMBatchSizeReducer(plan=...)` must start training
 split at the plan's size, with no out-of-memory error at all.
 """
 
+import tracemalloc
+
 import keras
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.multibackend
 # These plan against the CPU's allocator figures (a device with no memory limit of its own, tensor
 # storage counted op by op); on a GPU the device's own capacity and allocator apply instead.
 cpu_only = pytest.mark.skipif(HAS_GPU, reason="plans against the CPU's allocator; a GPU machine plans against its GPU")
+jax_only = pytest.mark.skipif(BACKEND != "jax", reason="JAX plans from shapes; TensorFlow and torch run trial steps")
 
 
 def wide_model(seed=0):
@@ -111,6 +114,46 @@ def test_training_at_the_plan_never_runs_out_of_memory_and_regrows_only_to_it():
     reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[OOMBatchSizeReducer()])
     for a, b in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # the same training as recovering would give
+
+
+@jax_only
+def test_jax_plans_from_shapes_and_builds_no_host_batch_of_the_trial_size():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4096,)), keras.layers.Dense(1)])  # wide input: the batch is the peak
+    model.compile("sgd", "mse")
+    x, y = np.random.RandomState(0).rand(8, 4096), np.zeros((8, 1), "float32")  # float64: trained on as float32
+    tracemalloc.start()
+    try:
+        plan = plan_batch_size(model, x, y, memory_limit_mib=256)
+        host_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    largest_trial = max(t.batch_size for t in plan.trials)
+    assert plan.batch_size * 4096 * 4 > 128 * 2**20  # a host batch at the plan's size: over 128 MiB of float32
+    assert largest_trial > plan.batch_size
+    assert host_peak < 16 * 2**20, f"{host_peak / 2**20:.0f} MiB on the host planning up to batch {largest_trial}"
+
+
+@jax_only
+def test_jax_predicts_the_same_peak_from_shapes_as_from_real_batches():
+    from keras_gpu_tools import backends
+    from keras_gpu_tools.memory.search import sample_batch
+
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((16,), name="a"), keras.Input((8,), name="b", dtype="int32")
+    hidden = keras.layers.Concatenate()([keras.layers.Dense(256)(a), keras.layers.Embedding(50, 32)(b)[:, 0]])
+    model = keras.Model({"a": a, "b": b}, [keras.layers.Dense(1)(hidden), keras.layers.Dense(3)(hidden)])
+    model.compile("adam", ["mse", "sparse_categorical_crossentropy"])
+    r = np.random.RandomState(0)
+    x = {"a": r.rand(5, 16), "b": r.randint(0, 50, (5, 8))}  # float64 and int64, as users pass them
+    y = [r.rand(5, 1), r.randint(0, 3, (5,))]
+    plan = plan_batch_size(model, x, y, memory_limit_mib=8)  # builds the model and its optimizer
+    backend = backends.get()
+    for size in (1, 5, 300, plan.batch_size):
+        real = backend.step_memory(model, sample_batch(x, y, size, 5), 1)
+        assert backend.step_memory(model, sample_batch(x, y, size, 5, shapes_only=True), 1) == real
+    fitting = [t for t in plan.trials if t.fits and t.batch_size == plan.batch_size]
+    assert fitting and fitting[0].peak_bytes == real[0]  # the plan's peak is a real batch's
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="the CUDA caching allocator is torch's")

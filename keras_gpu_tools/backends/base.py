@@ -25,6 +25,9 @@ class Backend:
     traced_flops = False
     #: Whether the memory a step needs can be predicted before running it (JAX).
     predicts_memory = False
+    #: Whether ``plan_batch_size``'s trial steps need only the batch's shapes and dtypes (JAX: compiled,
+    #: never run), so that no host batch of a trial's size is built.
+    plans_on_shapes = False
     #: Whether data parallelism needs every device's share of a batch to be equal
     #: (JAX: a global array is split evenly; tf.distribute splits unevenly).
     even_shares = False
@@ -187,7 +190,12 @@ class Backend:
         model.reset_metrics()
 
     def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
-        """The peak bytes of one training step on ``batch`` per device, and how they were obtained."""
+        """The peak bytes of one training step on ``batch`` per device, and how they were obtained.
+
+        ``batch`` is ``(x, y)`` of arrays, or of their shapes and dtypes only
+        (:class:`~keras_gpu_tools.memory.search.ArraySpec`) where the backend
+        ``plans_on_shapes``.
+        """
         raise ValueError(f"plan_batch_size does not support the Keras backend {self.name!r} (tensorflow, jax, torch).")
 
     def plan_method(self, model) -> str:

@@ -134,6 +134,9 @@ class MemoryBackend(Protocol):
 class PlannerBackend(Protocol):
     """Measuring a training step's memory for ``plan_batch_size`` (``planner.py``)."""
 
+    #: Whether ``step_memory`` needs only the batch's shapes and dtypes (JAX: compiled, never run).
+    plans_on_shapes: bool
+
     def device_capacities(self, model: Any, replicas: int) -> list[int | None]: ...
 
     def plan_snapshot(self, model: Any, batch: Any) -> Any: ...

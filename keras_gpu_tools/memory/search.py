@@ -7,8 +7,8 @@ measured peak per device), compared with each device's capacity less a
 margin, so a batch that would run out of memory is usually never run.
 :class:`StepPeaks` is such a ``measure`` over a backend's trial steps (an
 out-of-memory error counts as not fitting), :func:`sample_batch` builds the
-trial batches, :class:`BatchPlan` is what was found and :func:`plan_limit`
-the largest micro-batch a plan allows.
+trial batches (or only their shapes, :class:`ArraySpec`), :class:`BatchPlan`
+is what was found and :func:`plan_limit` the largest micro-batch a plan allows.
 """
 
 from __future__ import annotations
@@ -118,11 +118,24 @@ class StepPeaks:
         return None
 
 
-def sample_batch(x, y, b: int, n: int):
-    """``(x, y)`` of ``b`` samples of ``n``: the first ``b``, repeated where there are fewer (only the shapes matter)."""
+@dataclasses.dataclass(frozen=True)
+class ArraySpec:
+    """An array's shape and dtype, with no data: a trial batch for a backend that compiles the step, never runs it."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+
+def sample_batch(x, y, b: int, n: int, *, shapes_only: bool = False):
+    """``(x, y)`` of ``b`` samples of ``n``: the first ``b``, repeated where there are fewer.
+
+    With ``shapes_only``, each array's :class:`ArraySpec` at ``b`` samples
+    instead: no host array of the trial size is built (gigabytes at the sizes
+    a large card fits), only one sample's shape and dtype are read.
+    """
     import numpy as np
 
-    index = np.arange(b) % n
+    index = None if shapes_only else np.arange(b) % n
 
     def take(a):
         if a is None:
@@ -132,9 +145,10 @@ def sample_batch(x, y, b: int, n: int):
         if isinstance(a, (list, tuple)):
             return type(a)(take(v) for v in a)
         a = np.asarray(a)
-        if a.dtype == np.float64:  # Keras's data adapters train on floatx
-            a = a.astype("float32")
-        return a[index]
+        float64 = a.dtype == np.float64  # Keras's data adapters train on floatx
+        if shapes_only:
+            return ArraySpec((b, *a.shape[1:]), np.dtype("float32") if float64 else a.dtype)
+        return (a.astype("float32") if float64 else a)[index]
 
     return take(x), take(y)
 
@@ -198,4 +212,4 @@ def plan_limit(plan: BatchPlan | int | None) -> int | None:
     return check_int("plan", plan, low=1)
 
 
-__all__ = ["BatchPlan", "StepPeaks", "Trial", "plan_limit", "sample_batch", "search_batch_size"]
+__all__ = ["ArraySpec", "BatchPlan", "StepPeaks", "Trial", "plan_limit", "sample_batch", "search_batch_size"]

@@ -1,6 +1,8 @@
 """The batch-size search, with a made-up memory model: exponential, then binary, like Lightning's binsearch."""
 
-from keras_gpu_tools.memory.search import BatchPlan, Trial, search_batch_size
+import numpy as np
+
+from keras_gpu_tools.memory.search import ArraySpec, BatchPlan, Trial, sample_batch, search_batch_size
 
 MiB = 2**20
 
@@ -49,3 +51,17 @@ def test_the_plan_in_words():
     plan = BatchPlan(4096, 1024, 4, [70.8 * 1024] * 4, [79.1 * 1024] * 4, 0.1, "XLA", [])
     assert str(plan).startswith("batch size 4096 (1024 per device on 4 devices): predicted peak 70.8 GiB of 79.1 GiB")
     assert not BatchPlan(0, 0, 1, [], [100.0], 0.1, "trial steps").fits
+
+
+def test_trial_batches_repeat_the_samples_and_shapes_only_gives_their_shapes_and_dtypes():
+    r = np.random.RandomState(0)
+    x = {"a": r.rand(3, 4), "b": r.randint(0, 9, (3, 2)).astype("int32")}  # float64: trained on as float32
+    y = [r.rand(3, 1).astype("float32"), np.arange(3)]
+    bx, by = sample_batch(x, y, 7, 3)
+    assert bx["a"].dtype == np.float32 and bx["a"].shape == (7, 4)
+    np.testing.assert_array_equal(bx["b"], x["b"][[0, 1, 2, 0, 1, 2, 0]])
+    assert isinstance(by, list) and by[1].tolist() == [0, 1, 2, 0, 1, 2, 0]
+    sx, sy = sample_batch(x, y, 10**9, 3, shapes_only=True)  # 4 GB of float32 were it built
+    assert sx == {"a": ArraySpec((10**9, 4), np.dtype("float32")), "b": ArraySpec((10**9, 2), np.dtype("int32"))}
+    assert sy == [ArraySpec((10**9, 1), np.dtype("float32")), ArraySpec((10**9,), by[1].dtype)]
+    assert sample_batch((x["a"],), None, 5, 3, shapes_only=True) == ((ArraySpec((5, 4), np.dtype("float32")),), None)

@@ -13,6 +13,8 @@ from keras_gpu_tools.runtime import keras_internals as ki
 class JaxPlanner(Backend):
     """The planner's side of the JAX backend."""
 
+    #: XLA's memory analysis needs the batch's shapes and dtypes only: no host batch of a trial's size is built.
+    plans_on_shapes = True
     async_device: Callable[[], bool]  # JaxStep's
 
     def device_capacities(self, model, replicas: int) -> list[int | None]:
@@ -23,7 +25,11 @@ class JaxPlanner(Backend):
         return out + [None] * (replicas - len(out))
 
     def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
-        """XLA's memory analysis of Keras's compiled train step on ``batch``'s shapes; compiled, not run."""
+        """XLA's memory analysis of Keras's compiled train step on ``batch``'s shapes; compiled, not run.
+
+        ``batch`` holds arrays or :class:`~keras_gpu_tools.memory.search.ArraySpec` stand-ins: only each
+        leaf's ``shape`` and ``dtype`` are read.
+        """
         import jax
 
         model.make_train_function()
