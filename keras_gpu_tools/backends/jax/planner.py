@@ -44,7 +44,8 @@ class JaxPlanner(Backend):
         def spec(a):
             if a is None:
                 return None
-            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=ki.jax_batch_sharding(dist, tuple(a.shape)))
+            dtype = jax.dtypes.canonicalize_dtype(a.dtype)  # int64 is int32 without x64, as JAX converts arrays
+            return jax.ShapeDtypeStruct(a.shape, dtype, sharding=ki.jax_batch_sharding(dist, tuple(a.shape)))
 
         x, y = batch
         data = jax.tree_util.tree_map(spec, (x, y) if y is not None else (x,))
