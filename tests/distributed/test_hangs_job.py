@@ -8,7 +8,9 @@ pytest.importorskip("jax")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(JOB_GPUS, reason="NCCL, unlike gloo, does not notice a dead peer: the next step waits as without us")
+@pytest.mark.skipif(
+    JOB_GPUS, reason="NCCL, unlike gloo, does not notice a dead peer: the next step waits as without us"
+)
 def test_a_dead_process_makes_the_survivors_fit_raise_within_seconds(tmp_path):
     # Without the package the survivor's next step raises (gloo: the peer closed the connection) 0.1 s after the
     # death. Our callbacks wait for every process at each epoch end, here for up to 600 s; the dead process must
