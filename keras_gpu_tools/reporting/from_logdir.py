@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.logdir.reader import Point, RunValues, find_runs, printable, read_run
+from keras_gpu_tools.logdir.reader import RunValues, find_runs, printable, read_run
+from keras_gpu_tools.logdir.series import Series
 from keras_gpu_tools.logdir.writer import check_log_dir
 from keras_gpu_tools.memory.explain import headroom_lines
 from keras_gpu_tools.reporting import legacy, rows
@@ -56,13 +57,14 @@ def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
     first = data.processes[0] if data.processes else None
     read = 0
     for run, path, files in runs:
-        values = read_run(run, path, files, data.unreadable)
+        other = run not in scan.job_runs and scan.process_of.get(run, first) != first
+        values = read_run(run, path, files, data.unreadable, wanted=_other_process_tag if other else None)
         read += values.events
         if values.events:
             data.sources.append(run)
         if run in scan.job_runs:
             _read_job_run(data, scan, values)
-        elif scan.process_of.get(run, first) != first:
+        elif other:
             _read_other_process_run(data, scan, run, values)
         else:
             _read_run(data, scan, run, values)
@@ -107,23 +109,29 @@ def _layout(runs: Iterable[tuple[str, str, list[str]]]) -> _Scan:
     return _Scan(process_of=process_of, job_runs=job_runs)
 
 
-def _add_series(data: ReportData, tag: str, points: list[Point]) -> None:
+def _other_process_tag(tag: str) -> bool:
+    """What is read of a process other than the lowest: its GPUs."""
+    return tag.startswith(schema.GPU_PREFIX) or tag == schema.GPU_DEVICES_DATA
+
+
+def _add_series(data: ReportData, tag: str, points: Series) -> None:
     """A GPU or host series, and the first wall time of them all."""
     extend(data.series, tag, points)
-    for e in points:
-        data.t0 = e.wall_time if data.t0 is None else min(data.t0, e.wall_time)
+    if points.wall:
+        first = min(points.wall)
+        data.t0 = first if data.t0 is None else min(data.t0, first)
 
 
 def _read_job_run(data: ReportData, scan: _Scan, values: RunValues) -> None:
     """Process 0's job-wide figures, its job verdict's text and the profiler's job windows."""
     for tag, points in values.scalars.items():
         extend(data.job, tag, points)
-    points = values.texts.get(schema.INPUT_JOB_VERDICT, [])
-    if points:  # the last one: as of the last epoch end
-        scan.job_text = max(points, key=lambda e: (e.wall_time, e.step)).text
-    for tag, points in values.texts.items():  # ProfilerWindow's job windows (process 0's)
+    texts = values.texts.get(schema.INPUT_JOB_VERDICT, [])
+    if texts:  # the last one: as of the last epoch end
+        scan.job_text = max(texts, key=lambda e: (e.wall_time, e.step)).text
+    for tag, texts in values.texts.items():  # ProfilerWindow's job windows (process 0's)
         if tag.startswith(schema.PROFILE_PREFIX) and tag.endswith(schema.DATA_SUFFIX):
-            for e in points:
+            for e in texts:
                 if tag not in scan.job_records or (e.wall_time, e.step) >= scan.job_records[tag][:2]:
                     scan.job_records[tag] = (e.wall_time, e.step, e.text)
 
@@ -133,8 +141,8 @@ def _read_other_process_run(data: ReportData, scan: _Scan, run: str, values: Run
     for tag, points in values.scalars.items():
         if tag.startswith(schema.GPU_PREFIX):
             _add_series(data, tag, points)
-    points = values.texts.get(schema.GPU_DEVICES_DATA, [])
-    scan.texts += [(run, schema.GPU_DEVICES_DATA, e.step, e.wall_time, e.text) for e in points]
+    texts = values.texts.get(schema.GPU_DEVICES_DATA, [])
+    scan.texts += [(run, schema.GPU_DEVICES_DATA, e.step, e.wall_time, e.text) for e in texts]
 
 
 def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> None:
@@ -143,8 +151,8 @@ def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> Non
         if tag.startswith((schema.GPU_PREFIX, schema.HOST_PREFIX)):
             _add_series(data, tag, points)
         elif tag.startswith((schema.INPUT_PREFIX, schema.THROUGHPUT_PREFIX)):
-            for e in points:
-                scan.window_points.setdefault(e.step, {})[tag] = e.value
+            for step, value in zip(points.steps, points.values):
+                scan.window_points.setdefault(step, {})[tag] = value
         elif tag.startswith(schema.OOM_PREFIX):
             data.oom_seen = True
             extend(data.oom_series, tag, points)
@@ -153,8 +161,8 @@ def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> Non
             if not name.startswith(schema.OWN_PREFIXES):
                 # (our own epoch logs, which Keras's TensorBoard copies, are read from our runs)
                 extend(data.training, _training_key(run, name), points, step_offset=1)
-    for tag, points in values.texts.items():
-        scan.texts += [(run, tag, e.step, e.wall_time, e.text) for e in points]
+    for tag, texts in values.texts.items():
+        scan.texts += [(run, tag, e.step, e.wall_time, e.text) for e in texts]
 
 
 def _training_key(run: str, name: str) -> str:
