@@ -48,10 +48,26 @@ class _Scan:
     job_records: dict[str, tuple[float, int, str]] = dataclasses.field(default_factory=dict)  # last JSON of a tag
 
 
-def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
-    """Reads every run under a TensorBoard log directory into a `ReportData`."""
+#: Which runs a report of a log directory covers where it holds both a single process's runs and a job's.
+LAYOUTS = ("latest", "single", "job")
+
+
+def gather_log_dir(log_dir: str, title: str | None = None, layout: str = "latest") -> ReportData:
+    """Reads the runs under a TensorBoard log directory into a `ReportData`.
+
+    A log directory reused by a single-process fit (runs ``gpu``, ``input``, ...) and a job of
+    several processes (``gpu/process_<p>``, ``gpu/job``, ...) holds two runs of training: the report
+    covers one, never a mix. `layout`: ``"latest"`` the one whose event files were written last,
+    ``"single"`` the single process's, ``"job"`` the job's. The runs left out are named in a note.
+    Keras's own runs (``train``, ``validation``) belong to neither and are always read.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(
+            f"Invalid value for argument `layout`. Received: layout={layout!r}. Expected one of {LAYOUTS}."
+        )
     log_dir, runs = _runs_of(log_dir)
     data = ReportData(title=title or f"Training report: {printable(log_dir)}")
+    runs = _one_layout(data, log_dir, runs, layout)
     scan = _layout(runs)
     data.processes = sorted(set(scan.process_of.values()))
     first = data.processes[0] if data.processes else None
@@ -97,6 +113,49 @@ def _runs_of(log_dir: str) -> tuple[str, list[tuple[str, str, list[str]]]]:
             "TensorBoard event file. Expected the `log_dir` given to the callbacks."
         )
     return checked, runs
+
+
+def _one_layout(
+    data: ReportData, log_dir: str, runs: list[tuple[str, str, list[str]]], layout: str
+) -> list[tuple[str, str, list[str]]]:
+    """The runs of one layout (see `gather_log_dir`); a note names the runs of the other one."""
+    scan = _layout(runs)
+    keras_runs = {schema.KERAS_TRAIN_RUN, schema.KERAS_VALIDATION_RUN, "."}
+    job = [r for r in runs if r[0] in scan.process_of or r[0] in scan.job_runs]
+    single = [r for r in runs if r not in job and r[0] not in keras_runs]
+    if layout == "job" and not job or layout == "single" and not single:
+        raise ValueError(
+            f"Invalid value for argument `layout`. Received: layout={layout!r}, but the log directory "
+            f"{printable(log_dir)!r} holds no run of "
+            + ("a job" if layout == "job" else "a single process")
+            + f". Expected a layout it holds: {'job' if job else 'single'} (or 'latest')."
+        )
+    if not job or not single:
+        return runs
+    if layout == "latest":
+        layout = "job" if _last_written(job) >= _last_written(single) else "single"
+    kept, left = (job, single) if layout == "job" else (single, job)
+    other = "job" if layout == "single" else "single"
+    what = "a job of several processes" if other == "job" else "a single process"
+    data.notes.append(
+        f"This log directory also holds the runs of {what} ({', '.join(r[0] for r in left)}), "
+        f"{'written earlier' if _last_written(left) <= _last_written(kept) else 'written later'}: "
+        f"this report leaves them out. Report them with report(log_dir, layout={other!r}) "
+        f"(keras-gpu-tools report LOG_DIR --layout {other})."
+    )
+    return [r for r in runs if r not in left]
+
+
+def _last_written(runs: list[tuple[str, str, list[str]]]) -> float:
+    """When the last event file of `runs` was last written (0: none could be looked at)."""
+    times = [0.0]
+    for _, directory, files in runs:
+        for name in files:
+            try:
+                times.append(os.stat(os.path.join(directory, name)).st_mtime)
+            except OSError:
+                pass
+    return max(times)
 
 
 def _layout(runs: Iterable[tuple[str, str, list[str]]]) -> _Scan:

@@ -97,14 +97,9 @@ class ReportData:
         return 0 if self.oom_seen else None
 
     def gpu_indices(self) -> list[str]:
-        seen = []
-        for key in self.series:
-            m = schema.GPU_KEY_RE.match(key)
-            if m and m.group(1) not in seen:
-                seen.append(m.group(1))
-        for g in self.gpus:
-            if g.get("index") not in seen:
-                seen.append(g.get("index"))
+        """The GPUs' labels, in order: those of the series and those of the GPU table (linear in both)."""
+        seen = {m.group(1) for key in self.series if (m := schema.GPU_KEY_RE.match(key))}
+        seen.update(str(g.get("index")) for g in self.gpus)
         return sorted(seen, key=lambda s: (len(s), s))
 
     def is_job(self) -> bool:
