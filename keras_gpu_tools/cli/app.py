@@ -27,7 +27,8 @@ exit codes:
   2  nothing is written, and an earlier report is kept: no event file could
      be read at all (the directory holds none, or only empty or unreadable
      ones), or an output path cannot be written (--output a directory, --png
-     a file; both are checked before anything is written). A report that is
+     a file; both are checked before anything is written), or --layout names
+     runs the directory does not hold. A report that is
      written replaces the earlier one whole, never in part.
 """
 
@@ -163,7 +164,7 @@ def _report(args: argparse.Namespace) -> int:
     _check_output(out, "--output" if args.output else "LOG_DIR", directory=False)
     if args.png:
         _check_output(args.png, "--png", directory=True)
-    rep = report(log_dir=args.log_dir)  # raises ValueError when no event file could be read at all
+    rep = report(log_dir=args.log_dir, layout=args.layout)  # raises ValueError when no event file could be read at all
     for path, why in rep.data.unreadable:  # some could: the report is still worth writing
         print(f"keras-gpu-tools report: warning: {printable(os.path.join(args.log_dir, path))} {why}", file=sys.stderr)
     if not args.quiet:
@@ -237,6 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--png", default=None, metavar="DIR", help="also write each plot as a PNG file into DIR")
     rep.add_argument("--quiet", "-q", action="store_true", help="do not print the text report")
+    rep.add_argument(
+        "--layout",
+        default="latest",
+        help="a log directory reused by a single-process fit and a job of several processes: report the runs "
+        "written last (latest, the default), the single process's (single) or the job's (job); "
+        "the report names the runs it leaves out",
+    )
     rep.set_defaults(func=_report)
     return p
 

@@ -14,9 +14,11 @@ import os
 import re
 import stat
 import struct
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.logdir.series import Series
 
 _RECORD_HEADER = struct.Struct("<QI")  # payload length, masked CRC32C of the length
 _RECORD_FOOTER = 4  # the masked CRC32C of the payload
@@ -72,68 +74,126 @@ def find_runs(log_dir: str) -> list[tuple[str, str, list[str]]]:
 def read_event_file(path: str) -> tuple[list[Any], str | None]:
     """The events of one TensorBoard event file, and why reading stopped early (None: it did not).
 
+    All of them in a list: for a small file (the report streams them, see `EventFile`).
+    """
+    stream = EventFile(path)
+    events = list(stream)
+    return events, stream.problem
+
+
+class EventFile:
+    """The events of one TensorBoard event file, one at a time; `problem`: why reading stopped early.
+
     Only a regular file is read: it is opened without blocking (a FIFO would block `open()`) and
     refused unless `fstat` says it is one. Each record's length must pass its checksum and fit in
     what is left of the file (a crafted length never becomes an allocation), and its payload must
     parse as an `Event`. The payload checksum is not verified (TensorBoard's pure-Python CRC32C
     reads about 2 MB/s); the length checksum and the parse catch a file that is not an event file,
     garbage, and a file cut short. A file of 0 bytes (a writer stopped before its first flush) is
-    named as empty.
+    named as empty. The file is read in chunks of `CHUNK_BYTES`: memory holds one chunk (or one
+    record, when larger) and the event being read, whatever the file's size.
     """
-    from google.protobuf.message import DecodeError
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-    from keras_gpu_tools.runtime import deps
+    CHUNK_BYTES = 1 << 22
 
-    _, event_pb2 = deps.tensorboard_protos()
-    events: list[Any] = []
+    def __init__(self, path: str):
+        self.path = path
+        self.problem: str | None = None  # set once iterated: None where every record was read
+        self.count = 0  # events read
 
-    def stopped(what: str) -> str:
-        return f"{what} ({len(events)} event(s) read before it)" if events else what
+    def _stopped(self, what: str) -> None:
+        self.problem = f"{what} ({self.count} event(s) read before it)" if self.count else what
 
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    except OSError as e:
-        return events, f"could not be opened ({type(e).__name__}: {e.strerror or e})"
-    try:
-        with open(fd, "rb", closefd=True) as f:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                kind = next((what for test, what in _FILE_TYPES if test(info.st_mode)), "a special file")
-                return events, f"is not a regular file ({kind}); it is not opened for reading"
-            size = info.st_size
-            if size == 0:
-                return events, "is empty (0 bytes: its writer stopped before writing anything)"
-            offset = 0
-            while True:
-                header = f.read(_RECORD_HEADER.size)
-                if not header:
-                    return events, None
-                if len(header) < _RECORD_HEADER.size:
-                    return events, stopped(f"is truncated: the record at byte {offset} is cut short")
-                length, crc = _RECORD_HEADER.unpack(header)
-                if masked_crc32c(header[:8]) != crc:
-                    what = "is corrupt" if events else "is not a TensorBoard event file"
-                    return events, stopped(f"{what}: bad record header at byte {offset}")
-                left = size - offset - _RECORD_HEADER.size
-                if length + _RECORD_FOOTER > left:
-                    what = "is truncated or corrupt" if events else "is not a TensorBoard event file"
-                    return events, stopped(
-                        f"{what}: the record at byte {offset} announces {length} bytes, "
-                        f"but only {max(left, 0)} bytes follow its header"
-                    )
-                payload = f.read(length + _RECORD_FOOTER)  # the payload and its checksum
-                if len(payload) < length + _RECORD_FOOTER:  # the file shrank while read
-                    return events, stopped(f"is truncated: the record at byte {offset} is cut short")
-                event = event_pb2.Event()
-                try:
-                    event.ParseFromString(payload[:length])
-                except DecodeError:
-                    return events, stopped(f"is corrupt: the record at byte {offset} is not an event")
-                events.append(event)
-                offset += _RECORD_HEADER.size + length + _RECORD_FOOTER
-    except OSError as e:
-        return events, stopped(f"could not be read ({type(e).__name__}: {e.strerror or e})")
+    def __iter__(self) -> Iterator[Any]:
+        from google.protobuf.message import DecodeError
+
+        from keras_gpu_tools.runtime import deps
+
+        parse = deps.tensorboard_protos()[1].Event.FromString
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        except OSError as e:
+            self.problem = f"could not be opened ({type(e).__name__}: {e.strerror or e})"
+            return
+        try:
+            with open(fd, "rb", closefd=True) as f:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    kind = next((what for test, what in _FILE_TYPES if test(info.st_mode)), "a special file")
+                    self.problem = f"is not a regular file ({kind}); it is not opened for reading"
+                    return
+                size = info.st_size
+                if size == 0:
+                    self.problem = "is empty (0 bytes: its writer stopped before writing anything)"
+                    return
+                buf, pos, offset = b"", 0, 0  # the chunk, where in it the next record starts, and in the file
+                header_size, unpack = _RECORD_HEADER.size, _RECORD_HEADER.unpack_from
+                crcs: dict[int, int] = {}  # a few thousand lengths at most: their sum is at most the file's size
+                while True:
+                    if len(buf) - pos < header_size:
+                        buf, pos = buf[pos:] + f.read(self.CHUNK_BYTES), 0
+                        if len(buf) == 0:
+                            return
+                        if len(buf) < header_size:
+                            self._stopped(f"is truncated: the record at byte {offset} is cut short")
+                            return
+                    length, crc = unpack(buf, pos)
+                    expected = crcs.get(length)  # the checksum of the length alone: one per length seen
+                    if expected is None:
+                        expected = crcs[length] = _masked_crc32c(buf, pos)
+                    if expected != crc:
+                        what = "is corrupt" if self.count else "is not a TensorBoard event file"
+                        self._stopped(f"{what}: bad record header at byte {offset}")
+                        return
+                    left = size - offset - header_size
+                    if length + _RECORD_FOOTER > left:
+                        what = "is truncated or corrupt" if self.count else "is not a TensorBoard event file"
+                        self._stopped(
+                            f"{what}: the record at byte {offset} announces {length} bytes, "
+                            f"but only {max(left, 0)} bytes follow its header"
+                        )
+                        return
+                    need = header_size + length + _RECORD_FOOTER  # the header, the payload and its checksum
+                    if pos + need > len(buf):
+                        rest = buf[pos:]
+                        buf, pos = rest + f.read(max(self.CHUNK_BYTES, need - len(rest))), 0
+                        if need > len(buf):  # the file shrank while read
+                            self._stopped(f"is truncated: the record at byte {offset} is cut short")
+                            return
+                    end = pos + need
+                    try:
+                        event = parse(buf[pos + header_size : end - _RECORD_FOOTER])
+                    except DecodeError:
+                        self._stopped(f"is corrupt: the record at byte {offset} is not an event")
+                        return
+                    self.count += 1
+                    yield event
+                    offset += end - pos
+                    pos = end
+        except OSError as e:
+            self._stopped(f"could not be read ({type(e).__name__}: {e.strerror or e})")
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+        table.append(crc)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def _masked_crc32c(buf: bytes, pos: int) -> int:
+    """The masked CRC32C (TFRecord's) of the 8 bytes of `buf` at `pos`: a record's length."""
+    crc, table = 0xFFFFFFFF, _CRC32C
+    for b in buf[pos : pos + 8]:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def json_depth(text: str) -> int:
@@ -149,62 +209,124 @@ def json_depth(text: str) -> int:
 
 @dataclasses.dataclass
 class Point:
-    """One summary value of an event file: a number or a text."""
+    """One text of an event file."""
 
     wall_time: float
     step: int
-    value: float = math.nan
     text: str = ""
 
 
 @dataclasses.dataclass
 class RunValues:
-    """The values of one run by tag: its scalars, its texts, and how many events were read."""
+    """The values of one run by tag: its scalars, its texts, and how many events were read.
 
-    scalars: dict[str, list[Point]] = dataclasses.field(default_factory=dict)
+    A scalar tag is a bounded `Series` (exact figures, a sample of its points); a text tag keeps
+    its last text (by wall time, then step), except the tags of `read_run`'s ``all_texts``.
+    """
+
+    scalars: dict[str, Series] = dataclasses.field(default_factory=dict)
     texts: dict[str, list[Point]] = dataclasses.field(default_factory=dict)
     events: int = 0
 
 
-def read_run(run: str, directory: str, files: list[str], unreadable: list[tuple[str, str]]) -> RunValues:
+_PENDING = 1 << 18  # scalar points held before they go into their series
+
+
+def read_run(
+    run: str,
+    directory: str,
+    files: list[str],
+    unreadable: list[tuple[str, str]],
+    wanted: Callable[[str], bool] | None = None,
+    all_texts: Collection[str] = (schema.OOM_EVENTS_DATA,),
+) -> RunValues:
     """The scalars and the texts of one run by tag, and how many events were read.
 
     Scalars are both `simple_value`s (this package's writer) and one-number
-    tensors (Keras's TensorBoard callback). Each file that could not be read,
+    tensors (Keras's TensorBoard callback). Only the tags for which
+    `wanted(tag)` is true are kept (all by default). Events are read one at a
+    time (see `EventFile`) and only what the report draws is kept: a
+    bounded `Series` per scalar tag, the last text of each text tag (every
+    text of the tags in `all_texts`). Each file that could not be read,
     whole or in part, is added to `unreadable` as (path relative to the log
     directory, `printable`, what went wrong); so is a file whose JSON text (a
     tag ending in ``/data``) nests deeper than `MAX_JSON_DEPTH`, that text
     left out.
     """
     out = RunValues()
+    pending: dict[str, list] = {}  # scalar tag -> its (wall, step, value) not yet in its series
+    held = 0
+
+    skipped: list = []  # the points of the tags not wanted: dropped at each flush
+
+    def flush() -> None:
+        skipped.clear()
+        for tag, points in pending.items():
+            if points:
+                if not math.isfinite(sum(p[2] for p in points)):  # NaN or infinities among them: left out
+                    points[:] = [p for p in points if math.isfinite(p[2])]
+                if points:
+                    wall, steps, values = zip(*points)
+                    out.scalars.setdefault(tag, Series(tag)).extend(wall, steps, values)
+                points.clear()
+
+    def points_of(tag: str) -> list:
+        points = pending[tag] = [] if wanted is None or wanted(tag) else skipped
+        return points
+
     for name in files:
         shown = printable(name) if run == "." else f"{run}/{printable(name)}"
-        events, problem = read_event_file(os.path.join(directory, name))
-        if problem is not None:
-            unreadable.append((shown, problem))
-        out.events += len(events)
-        for e in events:
-            for v in e.summary.value:
-                if v.HasField("simple_value"):
-                    if math.isfinite(v.simple_value):
-                        out.scalars.setdefault(v.tag, []).append(Point(e.wall_time, e.step, value=v.simple_value))
-                elif v.HasField("tensor") and v.tensor.dtype == _DT_STRING:
-                    text = _text_of(v.tensor)
-                    if v.tag.endswith(schema.DATA_SUFFIX) and json_depth(text) > MAX_JSON_DEPTH:
-                        unreadable.append(
-                            (
-                                shown,
-                                f"holds a JSON text (tag {v.tag!r}, step {e.step}) nested deeper than "
-                                f"{MAX_JSON_DEPTH} levels; that text is left out",
-                            )
-                        )
-                        continue
-                    out.texts.setdefault(v.tag, []).append(Point(e.wall_time, e.step, text=text))
-                elif v.HasField("tensor"):
-                    value = _scalar_of(v.tensor)
-                    if value is not None:
-                        out.scalars.setdefault(v.tag, []).append(Point(e.wall_time, e.step, value=value))
+        stream = EventFile(os.path.join(directory, name))
+        for e in stream:
+            wall, step, values = e.wall_time, e.step, e.summary.value
+            held += len(values)
+            for v in values:
+                # The hot path: a GPU's figure (a simple value), written many times a second. A simple
+                # value of 0 and every other kind of value take the slow path, which asks the kind.
+                value = v.simple_value
+                if value or v.WhichOneof("value") == "simple_value":
+                    tag = v.tag
+                    points = pending.get(tag)
+                    if points is None:
+                        points = points_of(tag)
+                    points.append((wall, step, value))
+                elif v.WhichOneof("value") == "tensor" and (wanted is None or wanted(v.tag)):
+                    _read_tensor(out, shown, e, v, all_texts, unreadable)
+            if held >= _PENDING:
+                flush()
+                held = 0
+        out.events += stream.count
+        if stream.problem is not None:
+            unreadable.append((shown, stream.problem))
+    flush()
     return out
+
+
+def _read_tensor(
+    out: RunValues, shown: str, e: Any, v: Any, all_texts: Collection[str], unreadable: list[tuple[str, str]]
+) -> None:
+    """A tensor value: a text (the last of its tag kept), or a one-number scalar (Keras's)."""
+    if v.tensor.dtype == _DT_STRING:
+        text = _text_of(v.tensor)
+        if v.tag.endswith(schema.DATA_SUFFIX) and json_depth(text) > MAX_JSON_DEPTH:
+            unreadable.append(
+                (
+                    shown,
+                    f"holds a JSON text (tag {v.tag!r}, step {e.step}) nested deeper than "
+                    f"{MAX_JSON_DEPTH} levels; that text is left out",
+                )
+            )
+            return
+        point = Point(e.wall_time, e.step, text=text)
+        kept = out.texts.setdefault(v.tag, [])
+        if v.tag in all_texts or not kept:
+            kept.append(point)
+        elif (point.wall_time, point.step) >= (kept[-1].wall_time, kept[-1].step):  # a later one
+            kept[-1] = point
+        return
+    value = _scalar_of(v.tensor)
+    if value is not None:
+        out.scalars.setdefault(v.tag, Series(v.tag)).add(e.wall_time, e.step, value)
 
 
 def _text_of(proto) -> str:

@@ -31,6 +31,12 @@ What is read (a missing one leaves its part of the report out):
 An event file that cannot be read (not an event file, corrupt, cut short) is named in the report;
 when none can be read, `report()` raises `ValueError`.
 
+A log directory reused by a single-process fit and a job of several processes holds two trainings:
+the report covers one (`layout`: the one written last by default, or `"single"`, `"job"`) and a
+note names the runs it leaves out. Event files are streamed: each scalar tag is a bounded `Series`
+(exact min, mean, max and last; at most `MAX_POINTS` evenly spaced points plotted, the plot says
+so), so memory does not grow with the length of a run.
+
 A log directory written by a job of several processes holds, per callback, one run per process
 (`<run>/process_<p>`) and process 0's job-wide figures (`<run>/job`). The report shows the GPUs of
 every process, everything else from the lowest process (0) alone, so nothing is counted twice, and

@@ -36,8 +36,9 @@ def draw(data: ReportData) -> dict[str, Figure]:
     A plot is drawn only where the run has data for it.
     """
     figs: dict[str, Figure] = {}
+    plotted = {m.group(1) for k in data.series if (m := schema.GPU_KEY_RE.match(k))}
     for index in data.gpu_indices():
-        if any(k.startswith(schema.gpu_key(index, "")) for k in data.series):
+        if index in plotted:
             figs[f"gpu_{index}"] = _gpu_figure(data, index)
     if any(k.startswith(schema.HOST_PREFIX) for k in data.series):
         figs["host"] = _host_figure(data)
@@ -52,6 +53,22 @@ def draw(data: ReportData) -> dict[str, Figure]:
     for fig in figs.values():
         _literal(fig)
     return figs
+
+
+def sampled_note(series: list[Series | None]) -> str:
+    """What a plot leaves out of long series ("": nothing): evenly spaced points of each, the last one too."""
+    long = [s for s in series if s is not None and s.sampled]
+    if not long:
+        return ""
+    n = max(s.n for s in long)
+    shown = max(len(s.values) for s in long)
+    return f"{shown} of {n} points shown (evenly spaced); the table's figures cover every point"
+
+
+def _note_sampled(fig: Figure, series: list[Series | None]) -> None:
+    note = sampled_note(series)
+    if note:
+        fig.text(0.01, 0.0, note, fontsize=7, color="#777", ha="left", va="bottom")
 
 
 def png(fig: Figure) -> bytes:
@@ -126,6 +143,7 @@ def _gpu_figure(data: ReportData, index: str) -> Figure:
     ax_m.set_title("memory", fontsize=9, loc="left")
     if plotted:
         _legend_right(ax_m)
+    _note_sampled(fig, [data.series.get(schema.gpu_key(index, f)) for f in UTIL_FIELDS + MEMORY_FIELDS])
     return fig
 
 
@@ -146,6 +164,10 @@ def _host_figure(data: ReportData) -> Figure:
     ax_m.set_ylabel("MiB")
     ax_m.set_xlabel("seconds since the first sample")
     ax_m.set_title("resident memory", fontsize=9, loc="left")
+    _note_sampled(
+        fig,
+        [data.series.get(k) for k in (schema.HOST_CPU_PERCENT, schema.HOST_SYSTEM_CPU_PERCENT, schema.HOST_RSS_MIB)],
+    )
     return fig
 
 

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.logdir.reader import Point, RunValues, find_runs, printable, read_run
+from keras_gpu_tools.logdir.reader import RunValues, find_runs, printable, read_run
+from keras_gpu_tools.logdir.series import Series
 from keras_gpu_tools.logdir.writer import check_log_dir
 from keras_gpu_tools.memory.explain import headroom_lines
 from keras_gpu_tools.reporting import legacy, rows
@@ -47,22 +48,39 @@ class _Scan:
     job_records: dict[str, tuple[float, int, str]] = dataclasses.field(default_factory=dict)  # last JSON of a tag
 
 
-def gather_log_dir(log_dir: str, title: str | None = None) -> ReportData:
-    """Reads every run under a TensorBoard log directory into a `ReportData`."""
+#: Which runs a report of a log directory covers where it holds both a single process's runs and a job's.
+LAYOUTS = ("latest", "single", "job")
+
+
+def gather_log_dir(log_dir: str, title: str | None = None, layout: str = "latest") -> ReportData:
+    """Reads the runs under a TensorBoard log directory into a `ReportData`.
+
+    A log directory reused by a single-process fit (runs ``gpu``, ``input``, ...) and a job of
+    several processes (``gpu/process_<p>``, ``gpu/job``, ...) holds two runs of training: the report
+    covers one, never a mix. `layout`: ``"latest"`` the one whose event files were written last,
+    ``"single"`` the single process's, ``"job"`` the job's. The runs left out are named in a note.
+    Keras's own runs (``train``, ``validation``) belong to neither and are always read.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(
+            f"Invalid value for argument `layout`. Received: layout={layout!r}. Expected one of {LAYOUTS}."
+        )
     log_dir, runs = _runs_of(log_dir)
     data = ReportData(title=title or f"Training report: {printable(log_dir)}")
+    runs = _one_layout(data, log_dir, runs, layout)
     scan = _layout(runs)
     data.processes = sorted(set(scan.process_of.values()))
     first = data.processes[0] if data.processes else None
     read = 0
     for run, path, files in runs:
-        values = read_run(run, path, files, data.unreadable)
+        other = run not in scan.job_runs and scan.process_of.get(run, first) != first
+        values = read_run(run, path, files, data.unreadable, wanted=_other_process_tag if other else None)
         read += values.events
         if values.events:
             data.sources.append(run)
         if run in scan.job_runs:
             _read_job_run(data, scan, values)
-        elif scan.process_of.get(run, first) != first:
+        elif other:
             _read_other_process_run(data, scan, run, values)
         else:
             _read_run(data, scan, run, values)
@@ -97,6 +115,49 @@ def _runs_of(log_dir: str) -> tuple[str, list[tuple[str, str, list[str]]]]:
     return checked, runs
 
 
+def _one_layout(
+    data: ReportData, log_dir: str, runs: list[tuple[str, str, list[str]]], layout: str
+) -> list[tuple[str, str, list[str]]]:
+    """The runs of one layout (see `gather_log_dir`); a note names the runs of the other one."""
+    scan = _layout(runs)
+    keras_runs = {schema.KERAS_TRAIN_RUN, schema.KERAS_VALIDATION_RUN, "."}
+    job = [r for r in runs if r[0] in scan.process_of or r[0] in scan.job_runs]
+    single = [r for r in runs if r not in job and r[0] not in keras_runs]
+    if layout == "job" and not job or layout == "single" and not single:
+        raise ValueError(
+            f"Invalid value for argument `layout`. Received: layout={layout!r}, but the log directory "
+            f"{printable(log_dir)!r} holds no run of "
+            + ("a job" if layout == "job" else "a single process")
+            + f". Expected a layout it holds: {'job' if job else 'single'} (or 'latest')."
+        )
+    if not job or not single:
+        return runs
+    if layout == "latest":
+        layout = "job" if _last_written(job) >= _last_written(single) else "single"
+    kept, left = (job, single) if layout == "job" else (single, job)
+    other = "job" if layout == "single" else "single"
+    what = "a job of several processes" if other == "job" else "a single process"
+    data.notes.append(
+        f"This log directory also holds the runs of {what} ({', '.join(r[0] for r in left)}), "
+        f"{'written earlier' if _last_written(left) <= _last_written(kept) else 'written later'}: "
+        f"this report leaves them out. Report them with report(log_dir, layout={other!r}) "
+        f"(keras-gpu-tools report LOG_DIR --layout {other})."
+    )
+    return [r for r in runs if r not in left]
+
+
+def _last_written(runs: list[tuple[str, str, list[str]]]) -> float:
+    """When the last event file of `runs` was last written (0: none could be looked at)."""
+    times = [0.0]
+    for _, directory, files in runs:
+        for name in files:
+            try:
+                times.append(os.stat(os.path.join(directory, name)).st_mtime)
+            except OSError:
+                pass
+    return max(times)
+
+
 def _layout(runs: Iterable[tuple[str, str, list[str]]]) -> _Scan:
     """Which runs are a process's of a job, and which are a job run."""
     names = [run for run, _, _ in runs]
@@ -107,23 +168,29 @@ def _layout(runs: Iterable[tuple[str, str, list[str]]]) -> _Scan:
     return _Scan(process_of=process_of, job_runs=job_runs)
 
 
-def _add_series(data: ReportData, tag: str, points: list[Point]) -> None:
+def _other_process_tag(tag: str) -> bool:
+    """What is read of a process other than the lowest: its GPUs."""
+    return tag.startswith(schema.GPU_PREFIX) or tag == schema.GPU_DEVICES_DATA
+
+
+def _add_series(data: ReportData, tag: str, points: Series) -> None:
     """A GPU or host series, and the first wall time of them all."""
     extend(data.series, tag, points)
-    for e in points:
-        data.t0 = e.wall_time if data.t0 is None else min(data.t0, e.wall_time)
+    if points.wall:
+        first = min(points.wall)
+        data.t0 = first if data.t0 is None else min(data.t0, first)
 
 
 def _read_job_run(data: ReportData, scan: _Scan, values: RunValues) -> None:
     """Process 0's job-wide figures, its job verdict's text and the profiler's job windows."""
     for tag, points in values.scalars.items():
         extend(data.job, tag, points)
-    points = values.texts.get(schema.INPUT_JOB_VERDICT, [])
-    if points:  # the last one: as of the last epoch end
-        scan.job_text = max(points, key=lambda e: (e.wall_time, e.step)).text
-    for tag, points in values.texts.items():  # ProfilerWindow's job windows (process 0's)
+    texts = values.texts.get(schema.INPUT_JOB_VERDICT, [])
+    if texts:  # the last one: as of the last epoch end
+        scan.job_text = max(texts, key=lambda e: (e.wall_time, e.step)).text
+    for tag, texts in values.texts.items():  # ProfilerWindow's job windows (process 0's)
         if tag.startswith(schema.PROFILE_PREFIX) and tag.endswith(schema.DATA_SUFFIX):
-            for e in points:
+            for e in texts:
                 if tag not in scan.job_records or (e.wall_time, e.step) >= scan.job_records[tag][:2]:
                     scan.job_records[tag] = (e.wall_time, e.step, e.text)
 
@@ -133,8 +200,8 @@ def _read_other_process_run(data: ReportData, scan: _Scan, run: str, values: Run
     for tag, points in values.scalars.items():
         if tag.startswith(schema.GPU_PREFIX):
             _add_series(data, tag, points)
-    points = values.texts.get(schema.GPU_DEVICES_DATA, [])
-    scan.texts += [(run, schema.GPU_DEVICES_DATA, e.step, e.wall_time, e.text) for e in points]
+    texts = values.texts.get(schema.GPU_DEVICES_DATA, [])
+    scan.texts += [(run, schema.GPU_DEVICES_DATA, e.step, e.wall_time, e.text) for e in texts]
 
 
 def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> None:
@@ -143,8 +210,8 @@ def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> Non
         if tag.startswith((schema.GPU_PREFIX, schema.HOST_PREFIX)):
             _add_series(data, tag, points)
         elif tag.startswith((schema.INPUT_PREFIX, schema.THROUGHPUT_PREFIX)):
-            for e in points:
-                scan.window_points.setdefault(e.step, {})[tag] = e.value
+            for step, value in zip(points.steps, points.values):
+                scan.window_points.setdefault(step, {})[tag] = value
         elif tag.startswith(schema.OOM_PREFIX):
             data.oom_seen = True
             extend(data.oom_series, tag, points)
@@ -153,8 +220,8 @@ def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> Non
             if not name.startswith(schema.OWN_PREFIXES):
                 # (our own epoch logs, which Keras's TensorBoard copies, are read from our runs)
                 extend(data.training, _training_key(run, name), points, step_offset=1)
-    for tag, points in values.texts.items():
-        scan.texts += [(run, tag, e.step, e.wall_time, e.text) for e in points]
+    for tag, texts in values.texts.items():
+        scan.texts += [(run, tag, e.step, e.wall_time, e.text) for e in texts]
 
 
 def _training_key(run: str, name: str) -> str:

@@ -42,11 +42,9 @@ def read_old_prose(
         if m.group(4):
             p["conclusion"] = text
             continue
-        lm = re.search(r"\(([^()]*)\) -> (.*) \(([\d.]+) MiB(?:, mean step ([\d.]+) ms)?\)$", text)
-        if lm:
-            p["reason"], p["trace_dir"] = lm.group(1), lm.group(2)
-            p["size_mib"] = float(lm.group(3))
-            p["mean_step_ms"] = float(lm.group(4)) if lm.group(4) else None
+        line = parse_window_line(text)
+        if line is not None:
+            p["reason"], p["trace_dir"], p["size_mib"], p["mean_step_ms"] = line
 
 
 def parse_verdict(text: str) -> dict[str, Any]:
@@ -54,19 +52,44 @@ def parse_verdict(text: str) -> dict[str, Any]:
     lines = text.splitlines()
     first = lines[0] if lines else ""
     head = first.split(":", 1)[1].strip() if ":" in first else "unknown"
-    scoped = re.match(r"^(.*?) \((.*)\)$", head)  # "moderately input-bound (epochs 2-3)"
+    # "moderately input-bound (epochs 2-3)": the category up to the first " (", the scope inside
+    category, scoped, scope = head.partition(" (")
+    if not (scoped and head.endswith(")")):
+        category, scope = head, ""
     return {
-        "category": scoped.group(1) if scoped else head,
+        "category": category,
         "message": next((ln for ln in lines[1:] if ln.strip()), ""),
         "evidence": [],
         "advice": [ln[2:] for ln in lines if ln.startswith("- ")],
-        "scope": scoped.group(2) if scoped else "",
+        "scope": scope[:-1],
         "phases": [],
         "speedup_bound": None,
         "fit_wait_fraction": None,
         "fit_figures": {},
         "text": text,
     }
+
+
+# The end of a profiler window's line: "(<size> MiB[, mean step <ms> ms])".
+_WINDOW_TAIL = re.compile(r" \(([\d.]+) MiB(?:, mean step ([\d.]+) ms)?\)$")
+_WINDOW_HEAD = re.compile(r"\(([^()]*)\) -> ")
+
+
+def parse_window_line(text: str) -> tuple[str, str, float, float | None] | None:
+    """(reason, trace folder, MiB, mean step ms) of a profiler window's text (None: not one).
+
+    The text reads ``... (<reason>) -> <trace folder> (<size> MiB, mean step <ms> ms)``. Linear in
+    the text: the tail is matched where it must end, then the first ``(<reason>) -> `` on its line.
+    """
+    tail = _WINDOW_TAIL.search(text)
+    if tail is None:
+        return None
+    line_start = text.rfind("\n", 0, tail.start()) + 1
+    for head in _WINDOW_HEAD.finditer(text, 0, tail.start()):
+        if head.end() >= line_start:  # the trace folder ends the line the tail is on
+            size, mean = float(tail.group(1)), tail.group(2)
+            return head.group(1), text[head.end() : tail.start()], size, float(mean) if mean else None
+    return None
 
 
 def parse_findings(text: str) -> list[dict[str, str | None]]:

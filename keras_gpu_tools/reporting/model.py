@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.logdir.series import Series
 
 # The step-time split: its keys (ms per step) and their labels, in stacking order.
 SPLIT_KEYS = (
@@ -23,25 +24,6 @@ JOB_STATS = ("min", "mean", "max")
 # The OOM summary's figures (ReportData.oom_summary keys).
 OOM_MICRO_BATCHES_NOW = "micro-batches per batch now"
 OOM_FAILED_SECONDS = "seconds spent in failed attempts"
-
-
-@dataclasses.dataclass
-class Series:
-    """One metric over time: wall-clock seconds, the training step, the value."""
-
-    key: str
-    wall: list[float] = dataclasses.field(default_factory=list)
-    steps: list[int] = dataclasses.field(default_factory=list)
-    values: list[float] = dataclasses.field(default_factory=list)
-
-    def add(self, wall: float, step: int, value: float) -> None:
-        self.wall.append(float(wall))
-        self.steps.append(int(step))
-        self.values.append(float(value))
-
-    def stats(self) -> tuple[float, float, float, float]:
-        v = self.values
-        return min(v), sum(v) / len(v), max(v), v[-1]
 
 
 @dataclasses.dataclass
@@ -115,14 +97,9 @@ class ReportData:
         return 0 if self.oom_seen else None
 
     def gpu_indices(self) -> list[str]:
-        seen = []
-        for key in self.series:
-            m = schema.GPU_KEY_RE.match(key)
-            if m and m.group(1) not in seen:
-                seen.append(m.group(1))
-        for g in self.gpus:
-            if g.get("index") not in seen:
-                seen.append(g.get("index"))
+        """The GPUs' labels, in order: those of the series and those of the GPU table (linear in both)."""
+        seen = {m.group(1) for key in self.series if (m := schema.GPU_KEY_RE.match(key))}
+        seen.update(str(g.get("index")) for g in self.gpus)
         return sorted(seen, key=lambda s: (len(s), s))
 
     def is_job(self) -> bool:
@@ -130,9 +107,8 @@ class ReportData:
         return self.process_count > 1 or bool(self.job) or bool(self.job_verdict) or bool(self.job_profiles)
 
 
-def extend(target: dict[str, Series], tag: str, points: Any, step_offset: int = 0) -> Series:
-    """Appends `points` (with `wall_time`, `step`, `value`) to the series `tag` of `target`."""
+def extend(target: dict[str, Series], tag: str, points: Series, step_offset: int = 0) -> Series:
+    """Adds the series `points` (read from one run) to the series `tag` of `target`, its steps moved by `step_offset`."""
     s = target.setdefault(tag, Series(tag))
-    for p in points:
-        s.add(p.wall_time, p.step + step_offset, p.value)
+    s.merge(points, step_offset)
     return s

@@ -139,7 +139,9 @@ def write_whole(path: str, data: bytes) -> None:
         raise
 
 
-def report(*sources: Any, log_dir: Any | None = None, title: str | None = None) -> TrainingReport:
+def report(
+    *sources: Any, log_dir: Any | None = None, title: str | None = None, layout: str = "latest"
+) -> TrainingReport:
     """Combines what the callbacks measured into one report.
 
     Pass the callbacks of a `fit()` (any of the package's callbacks, in any
@@ -155,6 +157,12 @@ def report(*sources: Any, log_dir: Any | None = None, title: str | None = None) 
             log directory (a path).
         log_dir: a TensorBoard log directory to read. Defaults to `None`.
         title: the report's title. Defaults to `None` ("Training report").
+        layout: which runs of a log directory reused by a single-process fit
+            and a job of several processes the report covers (it never mixes
+            them): `"latest"` those written last, `"single"` the single
+            process's (runs `gpu`, `input`, ...), `"job"` the job's
+            (`gpu/process_<p>`, `gpu/job`, ...). The runs left out are named
+            in a note. Defaults to `"latest"`.
 
     Returns:
         A `TrainingReport`: `str(r)` is the text, `r` displays as HTML with
@@ -193,9 +201,9 @@ def report(*sources: Any, log_dir: Any | None = None, title: str | None = None) 
     if objs:
         data = gather(objs, title)
         if log_dir is not None:
-            _fill_from(data, gather_log_dir(os.fspath(log_dir)))
+            _fill_from(data, gather_log_dir(os.fspath(log_dir), layout=layout))
     elif log_dir is not None:
-        data = gather_log_dir(os.fspath(log_dir), title)
+        data = gather_log_dir(os.fspath(log_dir), title, layout)
     else:
         raise ValueError(
             "Invalid arguments: nothing to report on. Expected callbacks (or the list given to fit()), "

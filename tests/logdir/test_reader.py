@@ -85,4 +85,4 @@ def test_event_files_are_read_in_the_order_they_were_written(tmp_path):
     ((_, _, files),) = find_runs(str(tmp_path))
     assert files == ["events.out.tfevents.1700000000.host.42.9", "events.out.tfevents.1700000000.host.42.10"]
     values = read_run(".", str(tmp_path), files, [])
-    assert [p.step for p in values.scalars["host/cpu_percent"]] == [1, 2]
+    assert values.scalars["host/cpu_percent"].steps == [1, 2]
