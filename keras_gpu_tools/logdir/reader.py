@@ -263,11 +263,10 @@ def read_run(
         skipped.clear()
         for tag, points in pending.items():
             if points:
-                if not math.isfinite(sum(p[2] for p in points)):  # NaN or infinities among them: left out
-                    points[:] = [p for p in points if math.isfinite(p[2])]
-                if points:
-                    wall, steps, values = zip(*points)
-                    out.scalars.setdefault(tag, Series(tag)).extend(wall, steps, values)
+                series = out.scalars.get(tag)
+                if series is None:
+                    series = out.scalars[tag] = Series(tag)
+                series.extend_points(points)  # exact figures, a bounded sample of the points
                 points.clear()
 
     def points_of(tag: str) -> list:

@@ -10,7 +10,8 @@ there are: deterministic, the same whether the points come one by one or in chun
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 #: Points kept per series for the plots: between half of this and this (plus the last point).
 MAX_POINTS = 2048
@@ -43,37 +44,68 @@ class Series:
         """Adds points in order (the three sequences of the same length)."""
         if not values:
             return
-        self.n += len(values)
-        self.total = sum(values, self.total)  # in order: the sum a single pass over every point gives
-        self.low, self.high = min(self.low, min(values)), max(self.high, max(values))
-        self._keep(wall, steps, values)
+        self._count_in(values)
+        self._keep(
+            len(values), lambda first, stride: (wall[first::stride], steps[first::stride], values[first::stride])
+        )
+
+    def extend_points(self, points: Sequence[tuple[float, int, float]]) -> None:
+        """Adds ``(wall, step, value)`` points in order; those whose value is not finite are left out."""
+        values = [p[2] for p in points]
+        if not math.isfinite(sum(values)):  # NaN or infinities among them (rare): left out
+            points = [p for p in points if math.isfinite(p[2])]
+            values = [p[2] for p in points]
+        if not values:
+            return
+        self._count_in(values)
+
+        def take(first: int, stride: int):
+            kept = points[first::stride]
+            return [p[0] for p in kept], [p[1] for p in kept], [p[2] for p in kept]
+
+        self._keep(len(points), take)
 
     def merge(self, other: Series, step_offset: int = 0) -> None:
         """Adds the points of `other` (another run's): its kept points, and its exact figures."""
         if not other.values:
             return
         steps = [s + step_offset for s in other.steps]
-        self._keep(other.wall, steps, other.values)
+        self._keep(
+            len(other.values),
+            lambda first, stride: (other.wall[first::stride], steps[first::stride], other.values[first::stride]),
+        )
         self.n, self.total = self.n + other.n, self.total + other.total
         self.low, self.high = min(self.low, other.low), max(self.high, other.high)
 
-    def _keep(self, wall: Sequence[float], steps: Sequence[int], values: Sequence[float]) -> None:
-        n = len(values)
+    def _count_in(self, values: Sequence[float]) -> None:
+        self.n += len(values)
+        self.total = sum(values, self.total)  # in order: the sum a single pass over every point gives
+        self.low, self.high = min(self.low, min(values)), max(self.high, max(values))
+
+    def _keep(self, n: int, take: Callable[[int, int], tuple[Sequence, Sequence, Sequence]]) -> None:
+        """Keeps the multiples of the stride among the next ``n`` points (``take(first, stride)`` slices them).
+
+        The stride is first raised to what the new count needs (the kept points thinned to its
+        multiples), so a long chunk is sliced once, never appended whole and then thinned.
+        """
         if self._tail:
             self._drop_last()
-        first = -self.count % self.stride  # the first index of this chunk that is a multiple of the stride
-        self.wall += wall[first :: self.stride]
-        self.steps += steps[first :: self.stride]
-        self.values += values[first :: self.stride]
-        self.count += n
-        while len(self.values) > MAX_POINTS:  # every other kept point: the multiples of twice the stride
+        count = self.count + n
+        while -(-count // self.stride) > MAX_POINTS:  # points that are multiples of the stride, from index 0
             del self.wall[1::2], self.steps[1::2], self.values[1::2]
             self.stride *= 2
-        self._tail = (self.count - 1) % self.stride != 0
+        first = -self.count % self.stride  # the first index of this chunk that is a multiple of the stride
+        wall, steps, values = take(first, self.stride)
+        self.wall += wall
+        self.steps += steps
+        self.values += values
+        self.count = count
+        self._tail = (count - 1) % self.stride != 0
         if self._tail:
-            self.wall.append(wall[-1])
-            self.steps.append(steps[-1])
-            self.values.append(values[-1])
+            last_wall, last_steps, last_values = take(n - 1, 1)
+            self.wall += last_wall
+            self.steps += last_steps
+            self.values += last_values
 
     def _drop_last(self) -> None:
         del self.wall[-1], self.steps[-1], self.values[-1]
