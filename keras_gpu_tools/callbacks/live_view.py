@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -13,6 +14,8 @@ from keras_gpu_tools.runtime.validation import check_callable, check_choice, che
 
 logger = logging.getLogger("keras_gpu_tools")
 
+EPOCH_GAP_S = 0.05  # an epoch end redraws unless the view was drawn this recently
+
 
 class LiveView(LeanCallback):
     """Shows a small table with sparklines that updates in place during `fit()` in Jupyter.
@@ -20,7 +23,8 @@ class LiveView(LeanCallback):
     It reads what the package's other callbacks in the same `fit()` measure
     (GPU utilization and memory from `GPUUtilizationLogger`, the input wait
     from `InputBoundDetector`, OOM recoveries, profiler windows) plus the
-    loss and the step time, and redraws every `interval` seconds. Outside a
+    loss and the step time, and redraws every `interval` seconds and at each
+    epoch end (epochs shorter than 50 ms: at most 20 times a second). Outside a
     notebook it does nothing (the default `enabled="auto"`).
 
     A redraw is an HTML table with inline SVG sparklines, drawn on the
@@ -62,6 +66,7 @@ class LiveView(LeanCallback):
         self._out: Callable[[str], None] | None = None
         self._state = LiveState()
         self._next = 0.0
+        self._last = -math.inf  # when the view was last drawn
         self._epoch_base = 0
         self._steps_cap = 1 << 62  # the fit's steps per epoch, where Keras knows them
 
@@ -91,6 +96,7 @@ class LiveView(LeanCallback):
         self._state = st
         self._active = True
         self._next = st.started + min(self.interval, 1.0)  # a first picture soon
+        self._last = -math.inf
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._state.epoch = epoch
@@ -118,7 +124,12 @@ class LiveView(LeanCallback):
         if self._active:
             if logs is not None:
                 self._state.logs = logs
-            self._redraw(time.monotonic())
+            now = time.monotonic()
+            # Each epoch's end is shown, but at most every EPOCH_GAP_S: a fit of many tiny
+            # epochs would otherwise redraw (and send the notebook a new view) every few
+            # milliseconds. The redraw that is due next shows it.
+            if now - self._last >= EPOCH_GAP_S or now >= self._next:
+                self._redraw(now)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._active:
@@ -138,3 +149,4 @@ class LiveView(LeanCallback):
         self.redraws += 1
         self.redraw_seconds += time.perf_counter() - t0
         self._next = now + self.interval
+        self._last = now

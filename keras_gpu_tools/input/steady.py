@@ -146,6 +146,8 @@ class FitSpans:
     The epochs' figures are also kept as running sums from each index the
     steady-state search has looked at (:class:`Suffix`), so an epoch end costs
     the same at epoch 3,000 as at epoch 10: nothing rescans the past epochs.
+    An epoch keeps its windows only until the next one ends (what is kept per
+    epoch is its figures, however many windows it had).
     """
 
     def __init__(self) -> None:
@@ -160,6 +162,8 @@ class FitSpans:
     def end_epoch(self, label: str, t0: float, agg: Aggregate) -> Measurement:
         """Closes the epoch of the windows so far; its figures."""
         m = agg([w.measurement for w in self.windows])
+        if self.epochs:  # only the last epoch's windows are read again (its FLOP rates, a fit of one epoch)
+            self.epochs[-1].parts = []
         self.epochs.append(Span(label, m, t0, self.windows))
         self._figures.append(m)
         for suffix in self._suffixes.values():
@@ -182,10 +186,14 @@ class FitSpans:
             self._suffixes[j] = Suffix(self._figures[j:])
         return self._suffixes[j]
 
-    def steady_state(self, figures: Figures, pipeline: dict[str, Any], final: bool = False) -> SteadyState | None:
+    def steady_state(
+        self, figures: Figures, pipeline: dict[str, Any], final: bool = False, with_phases: bool = True
+    ) -> SteadyState | None:
         """The steady state of the epochs so far (``final``: with the windows of an epoch cut short); None before any.
 
-        ``figures`` turns running sums into a span's figures (with the fit's FLOP rates).
+        ``figures`` turns running sums into a span's figures (with the fit's FLOP
+        rates). ``with_phases=False`` leaves ``phases`` empty: without the list of
+        every epoch, the steady state of the kept sums costs the same at every epoch.
         """
         spans, units, by_epoch = self.epochs, self.epochs, True
         if final and self.windows:  # fit() ended inside an epoch: its windows so far
@@ -216,7 +224,9 @@ class FitSpans:
                     reason=None if i >= k else warmup_reason(i, by_epoch, pipeline),
                 )
                 for i, u in enumerate(units)
-            ],
+            ]
+            if with_phases
+            else [],
             scope=span_label([u.label for u in (units[k], units[-1])][: len(units) - k]) if k else "the whole fit",
             since=units[k].t0,
             cache_serves=by_epoch and k > 0,

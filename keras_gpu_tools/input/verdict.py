@@ -242,13 +242,18 @@ class Judge:
         fit: Measurement | None = None,
         cache_serves: bool = False,
         with_advice: bool = True,
+        quote_gpu: bool = True,
     ) -> Verdict:
-        """The verdict on ``m``, the figures of ``scope`` (GPU figures quoted from wall time ``since`` on)."""
+        """The verdict on ``m``, the figures of ``scope`` (GPU figures quoted from wall time ``since`` on).
+
+        ``quote_gpu=False`` leaves the GPU's figures out of the evidence (they are
+        read from every point since ``since``); the category and advice stay the same.
+        """
         return verdict_for(
             m,
             self.moderate,
             self.high,
-            gpu_means=gpu_means(self.gpu_logger, since),
+            gpu_means=gpu_means(self.gpu_logger, since) if quote_gpu else {},
             pipeline=self.pipeline if with_advice else {"kind": "none"},
             host=self.host if with_advice else {},
             scope=scope,

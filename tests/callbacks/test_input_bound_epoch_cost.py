@@ -1,7 +1,8 @@
 """The detector's epoch end does the same work at every epoch: it never rescans the past epochs.
 
 Work is counted, not timed: each epoch's figures are a spy that records which
-past epochs an epoch end reads.
+past epochs an epoch end reads; the phases a steady state builds are counted;
+in a job, the channel is one of two processes where the other sends the same.
 """
 
 import collections.abc
@@ -12,10 +13,14 @@ import types
 import keras
 
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+from keras_gpu_tools.input import steady as steady_module
+from keras_gpu_tools.input.fit import InputFit
 from keras_gpu_tools.input.measure import Measurement, Sums, aggregate
 from keras_gpu_tools.input.steady import FitSpans, span_label, steady_start
-from keras_gpu_tools.input.verdict import gpu_means
+from keras_gpu_tools.input.verdict import Judge, gpu_means
 from keras_gpu_tools.live import render
+from keras_gpu_tools.logdir.schema import JOB_STEP_MS_MAX
+from keras_gpu_tools.runtime.topology import JobGather, Topology
 from tests.helpers.data import uniform_regression_data
 from tests.helpers.models import tiny_dense_model
 
@@ -101,3 +106,74 @@ def test_gpu_means_and_the_live_view_read_only_the_newest_points():
     assert timeline.reads <= 11
     timeline.reads = 0
     assert render._tail(timeline, 3) == points[-3:] and timeline.reads == 3
+
+
+class _TwoProcessChannel:
+    """The job's channel of a job of two processes, where process 1 sends what process 0 does."""
+
+    def __init__(self):
+        self.gathers = 0
+
+    def gather(self, key, value, timeout_s):
+        self.gathers += 1
+        return [value, dict(value, process=1, host="peer")]
+
+
+def _counting_phases(monkeypatch) -> list[int]:
+    """Counts the phases (one per epoch of the verdict) that the steady state builds."""
+    built = [0]
+    phase = steady_module.Phase
+
+    def counted(*args, **kwargs):
+        built[0] += 1
+        return phase(*args, **kwargs)
+
+    monkeypatch.setattr(steady_module, "Phase", counted)
+    return built
+
+
+def test_the_job_exchange_of_an_epoch_end_builds_no_list_of_every_epoch(monkeypatch):
+    channel = _TwoProcessChannel()
+    topology = Topology(process_index=0, process_count=2, exchange=channel)
+    monkeypatch.setattr(
+        InputBoundDetector, "_job_gather", lambda self: JobGather(topology, "input/fit1", lambda message: None)
+    )
+    built = _counting_phases(monkeypatch)
+    per_epoch: list[int] = []
+    before = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: built.__setitem__(0, 0))
+    after = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: per_epoch.append(built[0]))
+    detector = InputBoundDetector(window=1, sample_every=1, log_dir=None, verbose=0)
+    x, y = uniform_regression_data(8)
+    history = tiny_dense_model().fit(x, y, batch_size=4, epochs=200, verbose=0, callbacks=[before, detector, after])
+
+    assert channel.gathers == 200  # the job's path ran at every epoch end
+    assert JOB_STEP_MS_MAX in history.history and JOB_STEP_MS_MAX in detector.epoch_history[-1]
+    assert detector.job_verdict is not None
+    assert detector.job_verdict.processes[0]["scope"] == detector.verdict.scope
+    assert max(per_epoch) <= 2, per_epoch[::20]  # (a fit of one epoch so far: its windows)
+    assert len(detector.verdict.phases) == 200  # the run's verdict still lists every epoch
+
+
+def test_the_job_row_carries_the_full_verdicts_scope_category_and_advice():
+    rng = random.Random(5)
+    judge = Judge(0.05, 0.2, {"kind": "tf.data"}, {"gpu": False, "cores": 2, "epochs": 80})
+    fit = InputFit(judge)
+    for i in range(80):
+        fit.spans.add_window("w", _epoch(rng, slow=i < 2 or 30 <= i < 34), float(i))
+        fit.end_epoch(i, float(i), step=i)
+        measurement, brief = fit._steady_brief()
+        assert brief is not None and not brief.phases
+        full = fit.verdict
+        assert measurement == fit.measurement
+        assert (brief.scope, brief.category, brief.advice) == (full.scope, full.category, full.advice)
+        assert len(full.phases) == i + 1
+
+
+def test_an_epoch_keeps_its_windows_only_until_the_next_one_ends():
+    detector = InputBoundDetector(window=1, sample_every=1, log_dir=None, verbose=0)
+    x, y = uniform_regression_data(8)
+    tiny_dense_model().fit(x, y, batch_size=2, epochs=100, verbose=0, callbacks=[detector])
+
+    epochs = detector._fit.spans.epochs
+    assert len(epochs) == 100 and len(detector.window_verdicts) >= 390  # the windows were measured
+    assert sum(len(e.parts) for e in epochs) == len(epochs[-1].parts) == 4  # and only the last epoch's are kept

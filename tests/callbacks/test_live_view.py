@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from keras_gpu_tools import GPUUtilizationLogger
+from keras_gpu_tools.callbacks import live_view
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 from keras_gpu_tools.callbacks.live_view import LiveView
 from keras_gpu_tools.live.render import LiveState, in_notebook, render, sparkline, step_times
@@ -41,7 +42,8 @@ def test_off_outside_a_notebook():
 
 
 @pytest.mark.multibackend
-def test_redraws_what_the_other_callbacks_measure(tmp_path):
+def test_redraws_what_the_other_callbacks_measure(tmp_path, monkeypatch):
+    monkeypatch.setattr(live_view, "EPOCH_GAP_S", 0.0)  # every epoch end redraws, however short
     shown = []
     view = LiveView(interval=0.2, display=shown.append)
     lg = GPUUtilizationLogger(log_dir=None, interval=0.05)
@@ -125,3 +127,22 @@ def test_steps_per_execution_counts_the_steps_run():
     model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[view, Spy()])
     assert steps == [15, 30]
     assert "step 30" in shown[-1] and "step 32" not in shown[-1]
+
+
+def test_many_tiny_epochs_redraw_at_most_every_epoch_gap(monkeypatch):
+    """300 epochs of 4 ms on a patched clock (1.2 s): each epoch end is not a redraw of its own."""
+    clock = [0.0]
+
+    def monotonic():
+        return clock[0]
+
+    monkeypatch.setattr(live_view, "time", SimpleNamespace(monotonic=monotonic, perf_counter=time.perf_counter))
+    tick = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: clock.__setitem__(0, clock[0] + 0.004))
+    shown = []
+    view = LiveView(interval=2.0, display=shown.append)
+    small_fit([tick, view], epochs=300, n=16)
+
+    assert len(shown) == view.redraws
+    # At most one epoch end each EPOCH_GAP_S of the 1.2 s, the first picture, and the end of training.
+    assert 2 <= view.redraws <= 1.2 / live_view.EPOCH_GAP_S + 1 + 2, view.redraws
+    assert "<b>Done</b>" in shown[-1] and "epoch 300/300" in shown[-1]

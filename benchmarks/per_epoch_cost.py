@@ -1,0 +1,231 @@
+"""Per-epoch cost of the package's callbacks: their epoch hooks at epoch ~10 against epoch ~N, with an A/A beside.
+
+What it measures: the time each callback's `on_epoch_begin` and `on_epoch_end` take together (its
+per-epoch cost), early in a long fit and late in it. A callback that keeps per-epoch state it
+rescans, or rebuilds a summary from the whole history, costs more with every epoch; the goal is
+that epoch N (3,000 by default) costs within 10% of epoch 10.
+
+How:
+
+- A real `model.fit` of a tiny model (a Dense layer of 8 units) on 8 samples of one batch: one
+  step per epoch, `--epochs` epochs, every callback of `--callbacks` in it (all six by default,
+  writing event files to a temporary log dir; `LiveView` on, drawing into nothing). Each
+  callback's epoch hooks are wrapped with `time.perf_counter`; "all" is their sum per epoch.
+- *early* is the median over the `--window` epochs centred on epoch 10, *late* the median over
+  the last `--window` epochs; the A/B is `late / early` per callback.
+- The A/A: the fit runs `--rounds` times (2 by default), identically; `aa_early` and
+  `aa_late` are round 2's median over round 1's at the same epochs. Read a `late / early`
+  only beside them: a difference the A/A also shows is noise.
+- `--job` (JAX only): the same fit in a job of 2 processes on this machine's CPU (over gloo, as
+  `tests/distributed/launch.py` starts them), data-parallel, so the detector's and logger's
+  epoch ends exchange their figures; process 0's times are reported.
+
+Output, per callback and for "all": `early_ms`, `late_ms`, `late_over_early`, and the A/A's
+`aa_early` and `aa_late`.
+
+    python benchmarks/per_epoch_cost.py --backend tensorflow             # 3,000 epochs x 2 rounds
+    python benchmarks/per_epoch_cost.py --backend jax --job --epochs 1000
+    python benchmarks/per_epoch_cost.py --smoke                          # CPU check, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _common
+from _common import CALLBACKS
+
+BENCHMARK = "per_epoch_cost"
+EARLY = 10  # the epoch the late ones are compared with
+GOAL = 1.10  # late / early at most
+
+
+def _parse():
+    p = _common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=3000, help="epochs per fit (one step each)")
+    p.add_argument("--rounds", type=int, default=2, help="identical fits; round 2 over round 1 is the A/A")
+    p.add_argument("--window", type=int, default=15, help="epochs per median (centred on epoch 10; the last ones)")
+    p.add_argument("--callbacks", default=",".join(CALLBACKS), help="comma-separated subset of the six")
+    p.add_argument("--job", action="store_true", help="JAX: a job of 2 processes on the CPU (gloo)")
+    p.add_argument("--worker", nargs=3, metavar=("INDEX", "PORT", "DIR"), help=argparse.SUPPRESS)
+    return p
+
+
+def _timed(cb, name: str, times: dict[str, list[float]]) -> None:
+    """Wraps ``cb``'s epoch hooks: each epoch's begin and end time together, appended to ``times[name]``."""
+    begin, end = cb.on_epoch_begin, cb.on_epoch_end
+    spent = [0.0]
+
+    def on_epoch_begin(epoch, logs=None):
+        t0 = time.perf_counter()
+        try:
+            return begin(epoch, logs)
+        finally:
+            spent[0] = time.perf_counter() - t0
+
+    def on_epoch_end(epoch, logs=None):
+        t0 = time.perf_counter()
+        try:
+            return end(epoch, logs)
+        finally:
+            times[name].append(spent[0] + time.perf_counter() - t0)
+
+    cb.on_epoch_begin, cb.on_epoch_end = on_epoch_begin, on_epoch_end
+
+
+def _fit(names: list[str], epochs: int, log_dir: str, job: bool = False) -> dict[str, list[float]]:
+    """One fit of ``epochs`` one-step epochs with the callbacks ``names``; each one's per-epoch seconds."""
+    import keras
+    import numpy as np
+
+    import keras_gpu_tools as kgt
+
+    makers = _common.callback_makers(log_dir)
+    makers["LiveView"] = lambda: kgt.LiveView(enabled=True, display=lambda html: None)  # drawn every epoch end
+    times: dict[str, list[float]] = {n: [] for n in names}
+    cbs = []
+    for n in names:
+        cb = makers[n]()
+        _timed(cb, n, times)
+        cbs.append(cb)
+    if job:
+        import jax
+
+        dist = keras.distribution.DataParallel(devices=jax.devices())
+        dist.auto_shard_dataset = False
+        keras.distribution.set_distribution(dist)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    rng = np.random.default_rng(0)
+    x, y = rng.random((8, 4), dtype="float32"), rng.random((8, 1), dtype="float32")
+    model.fit(x, y, batch_size=8, epochs=epochs, verbose=0, callbacks=cbs)
+    for cb in cbs:
+        close = getattr(cb, "close", None)
+        if close is not None:
+            close()
+    return times
+
+
+def _medians(times: dict[str, list[float]], window: int) -> dict[str, tuple[float, float]]:
+    """(early, late) medians in ms, per callback and for "all" (the sum per epoch)."""
+    per_epoch = {**times, "all": [sum(t) for t in zip(*times.values())]}
+    lo = max(EARLY - window // 2, 1)  # epoch 0 (compilation, first writes) is left out
+    return {
+        n: (1e3 * statistics.median(t[lo : lo + window]), 1e3 * statistics.median(t[-window:]))
+        for n, t in per_epoch.items()
+    }
+
+
+def _job_round(args, names: list[str], log_dir: str) -> dict[str, list[float]]:
+    """One fit in a job of 2 JAX processes (this script with --worker); process 0's times."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    out = Path(log_dir)
+    procs = []
+    for i in range(2):
+        env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu")
+        cmd = [
+            sys.executable,
+            __file__,
+            "--backend",
+            "jax",
+            "--epochs",
+            str(args.epochs),
+            "--callbacks",
+            ",".join(names),
+        ]
+        cmd += ["--worker", str(i), str(port), str(out)]
+        procs.append(subprocess.Popen(cmd, env=env))
+    for p in procs:
+        if p.wait(timeout=3600):
+            raise SystemExit(f"a process of the job exited with {p.returncode}")
+    return json.loads((out / "times_0.json").read_text())
+
+
+def _worker(args, names: list[str]) -> int:
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    import keras
+
+    index, port, out = int(args.worker[0]), args.worker[1], Path(args.worker[2])
+    keras.distribution.initialize(job_addresses=f"localhost:{port}", num_processes=2, process_id=index)
+    times = _fit(names, args.epochs, str(out / "logs"), job=True)
+    (out / f"times_{index}.json").write_text(json.dumps(times))
+    return 0
+
+
+def main() -> int:
+    args = _parse().parse_args()
+    if args.smoke:
+        args.epochs, args.rounds = min(args.epochs, 120), 2
+    if args.job:
+        args.backend = "jax"
+    backend = _common.setup(args)
+    names = [n for n in args.callbacks.split(",") if n]
+    unknown = set(names) - set(CALLBACKS)
+    if unknown or not names:
+        raise SystemExit(f"--callbacks: unknown {sorted(unknown)}; expected some of {', '.join(CALLBACKS)}")
+    if args.worker:
+        return _worker(args, names)
+    if args.epochs < EARLY + 2 * args.window:
+        raise SystemExit(f"--epochs {args.epochs}: at least {EARLY + 2 * args.window} (--window {args.window})")
+    import warnings
+
+    warnings.simplefilter("ignore")  # the logger's "no GPU" and the like: once per fit, not what is measured
+    rounds = []
+    for r in range(args.rounds):
+        with tempfile.TemporaryDirectory(prefix="kgt_epoch_") as log_dir:
+            t0 = time.perf_counter()
+            times = _job_round(args, names, log_dir) if args.job else _fit(names, args.epochs, log_dir)
+            print(f"round {r + 1}: {args.epochs} epochs in {time.perf_counter() - t0:.1f} s", flush=True)
+        rounds.append(_medians(times, args.window))
+    first, last = rounds[0], rounds[-1]
+    table = {}
+    for n in [*names, "all"]:
+        early, late = first[n]
+        table[n] = {
+            "early_ms": early,
+            "late_ms": late,
+            "late_over_early": late / early if early > 0 else None,
+            "aa_early": last[n][0] / early if early > 0 and len(rounds) > 1 else None,
+            "aa_late": last[n][1] / late if late > 0 and len(rounds) > 1 else None,
+            "rounds_late_over_early": [ro[n][1] / ro[n][0] if ro[n][0] > 0 else None for ro in rounds],
+        }
+    print(f"{'callback':22} {'early ms':>9} {'late ms':>9} {'late/early':>11} {'A/A early':>10} {'A/A late':>9}")
+    for n, row in table.items():
+        cells = [row["late_over_early"], row["aa_early"], row["aa_late"]]
+        ratios = " ".join(f"{c:>10.2f}" if c is not None else f"{'n/a':>10}" for c in cells)
+        print(f"{n:22} {row['early_ms']:9.3f} {row['late_ms']:9.3f} {ratios}")
+    out = _common.out_path(args, BENCHMARK + ("_job" if args.job else ""))
+    doc = {
+        **_common.environment(backend),
+        "args": vars(args),
+        "early_epochs": f"{max(EARLY - args.window // 2, 1)}-{max(EARLY - args.window // 2, 1) + args.window - 1}",
+        "late_epochs": f"{args.epochs - args.window}-{args.epochs - 1}",
+        "callbacks": table,
+    }
+    _common.save(out, BENCHMARK + ("_job" if args.job else ""), backend, doc)
+    print(f"result: {out}")
+    check = _common.Checks()
+    check(all(len(ro) == len(names) + 1 for ro in rounds), "every callback timed in every round")
+    check(all(row["early_ms"] > 0 and row["late_ms"] > 0 for row in table.values()), "every time positive")
+    if not args.smoke:  # a smoke run's few epochs on a shared CPU say the script works, not the goal
+        over = [n for n, row in table.items() if (row["late_over_early"] or 0) > GOAL]
+        print(f"goal (late/early <= {GOAL}): {'met' if not over else 'not met by ' + ', '.join(over)}")
+    return check.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
