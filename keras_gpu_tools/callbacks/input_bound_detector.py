@@ -276,7 +276,7 @@ class InputBoundDetector(FitCallback):
         self._fit.spans.windows = []
         self._window = StepStats()  # (empty: the last epoch closed its windows)
         self._epoch_t0 = self._window_t0 = time.time()
-        self._cpu = CpuMeter()
+        self._cpu = CpuMeter() if self._cpu is None else self._cpu.restart()  # the epoch's CPU use
         att, steps = self._attachment, (self.params or {}).get("steps")
         if att is None or not att.active:
             self._epoch_first_call = self._epoch_last_call = -1

@@ -18,6 +18,7 @@ from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.logdir.crc32c import masked_crc32c
 from keras_gpu_tools.logdir.series import Series
 
 _RECORD_HEADER = struct.Struct("<QI")  # payload length, masked CRC32C of the length
@@ -140,7 +141,7 @@ class EventFile:
                     length, crc = unpack(buf, pos)
                     expected = crcs.get(length)  # the checksum of the length alone: one per length seen
                     if expected is None:
-                        expected = crcs[length] = _masked_crc32c(buf, pos)
+                        expected = crcs[length] = masked_crc32c(buf[pos : pos + 8])
                     if expected != crc:
                         what = "is corrupt" if self.count else "is not a TensorBoard event file"
                         self._stopped(f"{what}: bad record header at byte {offset}")
@@ -172,28 +173,6 @@ class EventFile:
                     pos = end
         except OSError as e:
             self._stopped(f"could not be read ({type(e).__name__}: {e.strerror or e})")
-
-
-def _crc32c_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-        table.append(crc)
-    return table
-
-
-_CRC32C = _crc32c_table()
-
-
-def _masked_crc32c(buf: bytes, pos: int) -> int:
-    """The masked CRC32C (TFRecord's) of the 8 bytes of `buf` at `pos`: a record's length."""
-    crc, table = 0xFFFFFFFF, _CRC32C
-    for b in buf[pos : pos + 8]:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def json_depth(text: str) -> int:

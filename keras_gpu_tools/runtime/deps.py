@@ -30,14 +30,6 @@ def tensorboard_event_writer():
     )
 
 
-def tensorboard_record_writer():
-    return _require(
-        "tensorboard.summary.writer.record_writer",
-        "keras-gpu-tools[tensorboard]` or `pip install tensorboard",
-        "Writing TensorBoard logs",
-    )
-
-
 def tensorboard_protos():
     summary_pb2 = _require("tensorboard.compat.proto.summary_pb2", "tensorboard", "Writing TensorBoard logs")
     event_pb2 = _require("tensorboard.compat.proto.event_pb2", "tensorboard", "Writing TensorBoard logs")

@@ -5,16 +5,24 @@ from __future__ import annotations
 import os
 import time
 
+RESCAN_S = 1.0  # the worker processes are looked for at most this often
+
 
 class CpuMeter:
     """CPU use between two calls: the whole machine's, and this process's (its workers included).
 
     The process's share tells whether input and compute saturate the host
     themselves; the machine's alone cannot (other processes count there too).
-    Reads psutil's counters directly, never its shared per-call state.
+    Reads psutil's counters directly, never its shared per-call state. The
+    workers are looked for at most every ``RESCAN_S`` (a look reads a file per
+    thread of the process): with epochs of milliseconds an epoch end costs the
+    workers' counters alone, and a worker started in between counts from the
+    next look on.
     """
 
     def __init__(self):
+        self._workers: list | None = None
+        self._looked = float("-inf")
         try:
             import psutil
 
@@ -22,16 +30,30 @@ class CpuMeter:
             self.proc = psutil.Process()
             self.start = psutil.cpu_times()
             self.own_start = self._own()
+            self._looked = float("-inf")  # the first reading looks again (workers start with the first batches)
             self.wall = time.monotonic()
         except Exception:
             self.psutil = None
+
+    def restart(self) -> CpuMeter:
+        """Measures from now on (the workers found so far kept: no new look unless one is due)."""
+        if self.psutil is not None:
+            try:
+                self.start, self.own_start, self.wall = self.psutil.cpu_times(), self._own(), time.monotonic()
+            except Exception:
+                pass
+        return self
 
     def _own(self) -> float:
         """CPU seconds of this process, its reaped children and its live ones (DataLoader, PyDataset workers)."""
         t = self.proc.cpu_times()
         total = t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
-        pids = descendants(self.proc.pid)
-        for child in self.proc.children(recursive=True) if pids is None else pids:
+        now = time.monotonic()
+        if self._workers is None or now - self._looked >= RESCAN_S:
+            pids = descendants(self.proc.pid)
+            self._workers = self.proc.children(recursive=True) if pids is None else pids
+            self._looked = now
+        for child in self._workers:
             try:  # a worker may end at any moment
                 c = (self.psutil.Process(child) if isinstance(child, int) else child).cpu_times()
                 total += c.user + c.system
