@@ -178,10 +178,12 @@ BARS_AT_MOST = 60  # windows drawn as bars; more are drawn as stacked steps (a b
 def window_spans(data: ReportData) -> list[tuple[float, float]]:
     """The span of each window of the step-time split on its axis: (start, end), the window covering (start, end].
 
-    On the step axis a window ending at step ``s_i`` covers the ``input/steps`` steps before it,
-    from the end of the window before at the earliest (``(s_{i-1}, s_i]``); a gap is left where
-    windows went unrecorded. A window whose step count is not known starts where the one before
-    ended (the first: at step 0). On the epoch axis epoch ``e`` covers ``(e-1, e]``.
+    On the step axis a window ending at step ``s_i`` covers ``(s_{i-1}, s_i]``; the first starts
+    ``input/steps`` (its step count) before its end, or at step 0 where that is not known. A
+    window whose count leaves at least half of itself uncovered after the one before starts where
+    its count says: the steps between went unrecorded (a window with no figures is not written)
+    and are left blank. A smaller difference is a step or two counted outside any window. On the
+    epoch axis epoch ``e`` covers ``(e-1, e]``.
     """
     ends = [float(x) for x in data.split_x]
     if data.split_axis == "epoch":
@@ -191,8 +193,8 @@ def window_spans(data: ReportData) -> list[tuple[float, float]]:
     previous = 0.0
     for i, (end, count) in enumerate(zip(ends, counts)):
         start = end - count if count is not None and count > 0 else previous
-        if i > 0:
-            start = max(start, previous)
+        if i > 0 and start - previous < 0.5 * (end - start):
+            start = previous
         spans.append((min(start, end), end))
         previous = end
     return spans
