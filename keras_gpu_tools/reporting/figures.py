@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.reporting.model import SPLIT_KEYS, ReportData, Series
+from keras_gpu_tools.runtime.units import format_number
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -174,47 +175,109 @@ def _host_figure(data: ReportData) -> Figure:
 BARS_AT_MOST = 60  # windows drawn as bars; more are drawn as stacked steps (a bar per window is slow to draw)
 
 
-def _split_figure(data: ReportData) -> Figure:
-    fig, (ax,) = _new_figure(1, height=3.0)
+def window_spans(data: ReportData) -> list[tuple[float, float]]:
+    """The span of each window of the step-time split on its axis: (start, end), the window covering (start, end].
+
+    On the step axis a window ending at step ``s_i`` covers ``(s_{i-1}, s_i]``; the first starts
+    ``input/steps`` (its step count) before its end, or at step 0 where that is not known. A
+    window whose count leaves at least half of itself uncovered after the one before starts where
+    its count says: the steps between went unrecorded (a window with no figures is not written)
+    and are left blank. A smaller difference is a step or two counted outside any window. On the
+    epoch axis epoch ``e`` covers ``(e-1, e]``.
+    """
+    ends = [float(x) for x in data.split_x]
+    if data.split_axis == "epoch":
+        return [(e - 1.0, e) for e in ends]
+    counts = data.split.get(schema.INPUT_STEPS) or [None] * len(ends)
+    spans: list[tuple[float, float]] = []
+    previous = 0.0
+    for i, (end, count) in enumerate(zip(ends, counts)):
+        start = end - count if count is not None and count > 0 else previous
+        if i > 0 and start - previous < 0.5 * (end - start):
+            start = previous
+        spans.append((min(start, end), end))
+        previous = end
+    return spans
+
+
+def _split_parts(data: ReportData) -> tuple[list[list[float]], list[bool]]:
+    """Each part's ms per step by window (0 where unknown), and which windows had no part measured."""
     n = len(data.split_x)
+    columns = [data.split.get(key) or [None] * n for key, _ in SPLIT_KEYS]
+    unmeasured = [all(c[i] is None for c in columns) for i in range(n)]
+    return [[v or 0.0 for v in c] for c in columns], unmeasured
+
+
+def _split_figure(data: ReportData) -> Figure:
+    """The split of each window stacked over the steps (or epochs) the window covered."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    fig, (ax,) = _new_figure(1, height=3.0)
+    spans = window_spans(data)
+    parts, unmeasured = _split_parts(data)
+    n = len(spans)
     if n > BARS_AT_MOST:
-        return _split_steps(fig, ax, data)
-    pos = list(range(n))
-    bottom = [0.0] * n
-    for (key, label), color in zip(SPLIT_KEYS, SPLIT_COLORS):
-        vals = [v or 0.0 for v in data.split.get(key, [None] * n)]
-        ax.bar(pos, vals, bottom=bottom, label=label, color=color, width=0.7)
+        top = _split_steps(ax, spans, parts, unmeasured)
+    else:
+        top = _split_bars(ax, spans, parts, unmeasured)
+    if data.split_axis == "epoch":  # one bar per epoch, labelled at its middle
+        ax.set_xticks([b - 0.5 for _, b in spans])
+        ax.set_xticklabels([format_number(b) for _, b in spans], fontsize=8)
+        if n > 20:
+            for i, t in enumerate(ax.get_xticklabels()):
+                t.set_visible(i % max(1, n // 10) == 0)
+        ax.set_xlabel("epoch")
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: format_number(x)))
+        ax.set_xlabel("training step (each window over the steps it covered)")
+    if spans and spans[0][0] < spans[-1][1]:
+        ax.set_xlim(spans[0][0], spans[-1][1])
+    missing = sum(unmeasured)
+    title = "Step time: input wait, compute, other"
+    if n > BARS_AT_MOST:
+        title += f" ({n} windows" + (f", {missing} not measured: left blank)" if missing else ")")
+    ax.set_ylabel("ms per step")
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.set_ylim(0, top * 1.25 or 1.0)
+    ax.legend(fontsize=8, ncol=3, loc="upper right")
+    return fig
+
+
+def _split_bars(ax: Axes, spans: list[tuple[float, float]], parts: list[list[float]], unmeasured: list[bool]) -> float:
+    """A bar per window and part, as wide as the window; "n/a" where the window's split was not measured."""
+    starts = [a for a, _ in spans]
+    widths = [b - a for a, b in spans]
+    bottom = [0.0] * len(spans)
+    for (_, label), color, vals in zip(SPLIT_KEYS, SPLIT_COLORS, parts):
+        ax.bar(starts, vals, width=widths, bottom=bottom, align="edge", label=label, color=color)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    for i in range(n):  # a split the detector could not measure: say so, do not draw 0
-        if all((data.split.get(k) or [None] * n)[i] is None for k, _ in SPLIT_KEYS):
-            ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=8, color="#777")
-    ax.set_xticks(pos)
-    ax.set_xticklabels([f"{x:g}" for x in data.split_x], fontsize=8)
-    if n > 20:
-        for i, t in enumerate(ax.get_xticklabels()):
-            t.set_visible(i % max(1, n // 10) == 0)
-    ax.set_xlabel("epoch" if data.split_axis == "epoch" else "training step (end of window)")
-    ax.set_ylabel("ms per step")
-    ax.set_title("Step time: input wait, compute, other", fontsize=10, loc="left")
-    ax.set_ylim(0, max(bottom + [0.0]) * 1.25 or 1.0)
-    ax.legend(fontsize=8, ncol=3, loc="upper right")
-    return fig
+    for (a, b), missing in zip(spans, unmeasured):
+        if missing:  # say so, do not draw 0
+            ax.text((a + b) / 2, 0, "n/a", ha="center", va="bottom", fontsize=8, color="#777")
+    return max(bottom + [0.0])
 
 
-def _split_steps(fig: Figure, ax, data: ReportData) -> Figure:
-    """Many windows: each part of the step stacked over the steps (or epochs) its window covered."""
-    x = [float(v) for v in data.split_x]
-    bottom = [0.0] * len(x)
-    for (key, label), color in zip(SPLIT_KEYS, SPLIT_COLORS):
-        top = [b + (v or 0.0) for b, v in zip(bottom, data.split.get(key, [None] * len(x)))]
-        ax.fill_between(x, bottom, top, step="pre", label=label, color=color, linewidth=0)
+def _split_steps(ax: Axes, spans: list[tuple[float, float]], parts: list[list[float]], unmeasured: list[bool]) -> float:
+    """Many windows: one filled outline per part (a bar per window is slow to draw), blank where not measured."""
+    nan = float("nan")
+    xs: list[float] = []
+    keep: list[int] = []  # each vertex's window; -1: a break (a gap, or a window not measured)
+    previous = None
+    for i, (a, b) in enumerate(spans):
+        if unmeasured[i] or (previous is not None and a > previous):
+            xs.append(a)
+            keep.append(-1)
+        if not unmeasured[i]:
+            xs += [a, b]
+            keep += [i, i]
+        previous = b
+    bottom = [0.0] * len(xs)
+    for (_, label), color, vals in zip(SPLIT_KEYS, SPLIT_COLORS, parts):
+        top = [lo + (vals[i] if i >= 0 else nan) for lo, i in zip(bottom, keep)]
+        ax.fill_between(xs, bottom, top, label=label, color=color, linewidth=0)
         bottom = top
-    ax.set_xlabel("epoch" if data.split_axis == "epoch" else "training step (end of window)")
-    ax.set_ylabel("ms per step")
-    ax.set_title(f"Step time: input wait, compute, other ({len(x)} windows)", fontsize=10, loc="left")
-    ax.set_ylim(0, max(bottom + [0.0]) * 1.25 or 1.0)
-    ax.legend(fontsize=8, ncol=3, loc="upper right")
-    return fig
+    return max([t for t in bottom if t == t] + [0.0])
 
 
 def _oom_figure(data: ReportData) -> Figure:

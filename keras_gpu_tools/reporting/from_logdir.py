@@ -28,7 +28,6 @@ from keras_gpu_tools.reporting.model import (
     OOM_FAILED_SECONDS,
     OOM_MICRO_BATCHES_NOW,
     SPLIT_AND_STEP_KEYS,
-    SPLIT_KEYS,
     ReportData,
     extend,
 )
@@ -234,15 +233,20 @@ def _training_key(run: str, name: str) -> str:
 
 
 def _split_of(data: ReportData, window_points: dict[int, dict[str, float]]) -> None:
-    """The step-time split by window (step axis) and the run's last figures."""
+    """The step-time split by window (step axis), each window's step count, and the run's last figures.
+
+    A window is one with a split or a step count (a window whose split was not measured is shown
+    as such).
+    """
     if not window_points:
         return
     steps = sorted(window_points)
     last = dict(window_points[steps[-1]])
-    steps = [s for s in steps if any(window_points[s].get(k) is not None for k, _ in SPLIT_KEYS)]
+    keys = [k for k, _ in SPLIT_AND_STEP_KEYS] + [schema.INPUT_STEPS]
+    steps = [s for s in steps if any(window_points[s].get(k) is not None for k in keys)]
     data.split_axis = "step"
     data.split_x = [float(s) for s in steps]
-    data.split = {k: [rows.finite(window_points[s].get(k)) for s in steps] for k, _ in SPLIT_AND_STEP_KEYS}
+    data.split = {k: [rows.finite(window_points[s].get(k)) for s in steps] for k in keys}
     data.throughput = last
 
 

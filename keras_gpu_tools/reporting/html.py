@@ -1,7 +1,9 @@
 """The report as an HTML page (or a notebook's HTML view), from a `ReportData` and its plots.
 
 One function per section, as in `keras_gpu_tools.reporting.text`, whose wording it shares; the
-plots come in as PNG bytes (`figures.png`) and are embedded in the page.
+plots come in as PNG bytes (`figures.png`) and are embedded in the page. Prose written by the
+callbacks (verdicts, advice, findings, notes) marks code as Markdown does, in backticks: `prose`
+renders it as ``<code>``.
 """
 
 from __future__ import annotations
@@ -9,15 +11,34 @@ from __future__ import annotations
 import base64
 import html
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.reporting import text
 from keras_gpu_tools.reporting.model import ReportData
-from keras_gpu_tools.runtime.units import format_milliseconds, format_percent
+from keras_gpu_tools.runtime.units import (
+    format_bytes,
+    format_metric,
+    format_milliseconds,
+    format_number,
+    format_percent,
+)
 
 e = html.escape
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1(?!`)")  # a Markdown code span: `x`, or ``x`` (which may hold a `)
+
+
+def prose(s: str) -> str:
+    """`s` as HTML: escaped, its Markdown code spans (text in backticks) as ``<code>``."""
+    out, at = [], 0
+    for m in _CODE_SPAN.finditer(s):
+        out += [e(s[at : m.start()]), f"<code>{e(m.group(2).strip())}</code>"]
+        at = m.end()
+    out.append(e(s[at:]))
+    return "".join(out)
+
 
 CSS = """<style>
 .kgt-report{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;font-size:13px;max-width:900px;color:#222}
@@ -62,9 +83,9 @@ def render(data: ReportData, pngs: dict[str, bytes], full_page: bool = False) ->
         parts += section(data, pngs)
     missing = text.not_measured(data)
     if missing:
-        parts.append(f'<p class="kgt-src">Not measured in this run: {e("; ".join(missing))}.</p>')
+        parts.append(f'<p class="kgt-src">Not measured in this run: {prose("; ".join(missing))}.</p>')
     for n in data.notes:
-        parts.append(f"<p><i>{e(n)}</i></p>")
+        parts.append(f"<p><i>{prose(n)}</i></p>")
     body = f'<div class="kgt-report">{CSS}{"".join(p for p in parts if p)}</div>'
     if not full_page:
         return body
@@ -123,12 +144,12 @@ def _img(pngs: dict[str, bytes], name: str, alt: str) -> str:
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     h = "".join(f"<th>{e(str(c))}</th>" for c in header)
-    body = "".join("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{prose(str(c))}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _list(items: Iterable[str]) -> str:
-    return "<ul>" + "".join(f"<li>{e(x)}</li>" for x in items) + "</ul>"
+    return "<ul>" + "".join(f"<li>{prose(x)}</li>" for x in items) + "</ul>"
 
 
 def _gpus_and_host(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
@@ -157,7 +178,11 @@ def _gpus_and_host(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
             "<details><summary>All series (min / mean / max / last)</summary>"
             + _table(
                 ["metric", "min", "mean", "max", "last"],
-                [(k, *(f"{v:.1f}" for v in s.stats())) for k, s in sorted(data.series.items()) if s.values],
+                [
+                    (k, *(format_number(v, decimals=1) for v in s.stats()))
+                    for k, s in sorted(data.series.items())
+                    if s.values
+                ],
             )
             + "</details>"
         )
@@ -171,27 +196,27 @@ def _job(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
     rows, single = data.job_rows()
     intro = text.job_intro(data)
     if intro is not None:
-        parts.append(f"<p>{e(intro)}</p>")
+        parts.append(f"<p>{prose(intro)}</p>")
     if rows:
         parts.append(
             _table(
                 ["job-wide figure at the last epoch", "min", "mean", "max"],
-                [(n, *("n/a" if v is None else f"{v:.1f}" for v in stats)) for n, *stats in rows],
+                [(n, *(format_number(v, decimals=1) for v in stats)) for n, *stats in rows],
             )
         )
     if single:
-        parts.append(_table(["figure", "value"], [(n, f"{v:.4g}") for n, v in single]))
+        parts.append(_table(["figure", "value"], [(n, format_metric(n, v)) for n, v in single]))
     jv = data.job_verdict
     if jv is not None:
         parts.append("<p>Input pipeline of each process (its steady state):</p>")
         if jv["processes"]:
             parts.append(_table(text.JOB_VERDICT_HEADER, text.job_process_rows(jv)))
             cls = "kgt-straggler" if jv["stragglers"] else "kgt-no-straggler"
-            parts.append(f'<p class="{cls}">{e(jv["message"])}</p>')
+            parts.append(f'<p class="{cls}">{prose(jv["message"])}</p>')
             if jv["advice"]:
                 parts.append("<p>What to change:</p>" + _list(jv["advice"]))
         else:
-            parts.append(f"<pre>{e(jv['text'])}</pre>")
+            parts.append(f"<pre>{prose(jv['text'])}</pre>")
     if data.job_profiles:
         parts.append("<p>Profiler windows of the job (one session, one trace per process):</p>")
         for p in data.job_profiles:
@@ -206,7 +231,7 @@ def _job_profile(p: dict[str, Any]) -> list[str]:
         f"{p['processes']} processes in <code>{e(where)}</code></p>"
     ]
     rows = [
-        (f"{i} (slowest)" if i == p["slowest"] else str(i), "not measured" if ms is None else f"{ms:.2f} ms")
+        (f"{i} (slowest)" if i == p["slowest"] else str(i), "not measured" if ms is None else format_milliseconds(ms))
         for i, ms in enumerate(p["mean_step_ms"])
     ]
     parts.append(_table(["process", "mean step in the window"], rows))
@@ -217,7 +242,7 @@ def _job_profile(p: dict[str, Any]) -> list[str]:
             f"<p>Only {len(p['files'])} of {p['processes']} processes' traces are there "
             "(is log_dir shared by every host?)</p>"
         )
-    parts.append(f"<p>xprof over every trace: {e(p['conclusion'] or text.NO_XPROF)}</p>")
+    parts.append(f"<p>xprof over every trace: {prose(p['conclusion'] or text.NO_XPROF)}</p>")
     return parts
 
 
@@ -225,7 +250,7 @@ def _step_time(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
     if "step_time" not in pngs:
         return []
     parts = ["<h3>Step time</h3>", _img(pngs, "step_time", "step time split into input wait, compute and other")]
-    tp = [(k, f"{data.throughput[k]:.4g}") for k in sorted(data.throughput)]
+    tp = [(k, format_metric(k, data.throughput[k])) for k in sorted(data.throughput)]
     if tp:
         parts.append(
             "<details><summary>Figures of the whole run</summary>" + _table(["figure", "value"], tp) + "</details>"
@@ -241,8 +266,8 @@ def _input_pipeline(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
     scope = f" ({v['scope']})" if v.get("scope") else ""
     note = text.own_verdict_note(data)
     if note:
-        parts.append(f"<p><i>{e(note)}</i></p>")
-    parts.append(f'<p><b class="kgt-verdict">{e(v["category"])}{e(scope)}</b>: {e(v["message"])}</p>')
+        parts.append(f"<p><i>{prose(note)}</i></p>")
+    parts.append(f'<p><b class="kgt-verdict">{e(v["category"])}{e(scope)}</b>: {prose(v["message"])}</p>')
     if len(v.get("phases") or []) > 1:
         parts.append(
             _table(
@@ -260,8 +285,10 @@ def _input_pipeline(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
             )
         )
     if v.get("fit_wait_fraction") is not None and v.get("scope") not in ("", "the whole fit"):
-        parts.append(f"<p>Whole fit, every phase included: {100 * v['fit_wait_fraction']:.1f}% waiting for input.</p>")
-    parts += [f"<p>{e(x)}</p>" for x in v["evidence"]]
+        parts.append(
+            f"<p>Whole fit, every phase included: {format_percent(v['fit_wait_fraction'])} waiting for input.</p>"
+        )
+    parts += [f"<p>{prose(x)}</p>" for x in v["evidence"]]
     if v["advice"]:
         parts.append("<p>What to change:</p>" + _list(v["advice"]))
     return parts
@@ -270,16 +297,16 @@ def _input_pipeline(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
 def _out_of_memory(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
     if not data.oom_seen:
         return []
-    parts = ["<h3>Out of memory</h3>", f"<p>{text.recoveries(data)}</p>"]
+    parts = ["<h3>Out of memory</h3>", f"<p>{prose(text.recoveries(data))}</p>"]
     if data.oom_events:
         items = []
         for i, x in enumerate(data.oom_events):
             why = data.oom_details[i] if i < len(data.oom_details) else []
-            items.append("<li>" + e(x) + "".join(f"<br><small>{e(w)}</small>" for w in why) + "</li>")
+            items.append("<li>" + prose(x) + "".join(f"<br><small>{prose(w)}</small>" for w in why) + "</li>")
         parts.append("<ul>" + "".join(items) + "</ul>")
     if data.oom_headroom:
         parts.append("<p>Headroom:</p>" + _list(data.oom_headroom))
-    rows = list(data.oom_summary.items())
+    rows = [(k, v if isinstance(v, str) else format_number(v)) for k, v in data.oom_summary.items()]
     if rows:
         parts.append(_table(["figure", "value"], rows))
     parts.append(_img(pngs, "oom", "out-of-memory events and micro-batches"))
@@ -293,9 +320,9 @@ def _profiler_windows(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
         (
             p["steps"],
             p["reason"],
-            "" if p["mean_step_ms"] is None else f"{p['mean_step_ms']:.2f} ms",
+            "" if p["mean_step_ms"] is None else format_milliseconds(p["mean_step_ms"]),
             p["trace_dir"],
-            "" if p["size_mib"] is None else f"{p['size_mib']:.1f} MiB",
+            "" if p["size_mib"] is None else format_bytes(p["size_mib"] * 2**20),
             p["conclusion"] or "-",
         )
         for p in data.profiles

@@ -13,7 +13,13 @@ from typing import Any
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.reporting.model import SPLIT_AND_STEP_KEYS, SPLIT_KEYS, ReportData
-from keras_gpu_tools.runtime.units import format_milliseconds, format_percent
+from keras_gpu_tools.runtime.units import (
+    format_bytes,
+    format_metric,
+    format_milliseconds,
+    format_number,
+    format_percent,
+)
 
 NO_FINDING = "No mixed-precision finding."
 UNREADABLE = "Event files that could not be read"
@@ -114,19 +120,15 @@ def phase_line(p: dict[str, Any]) -> str:
 def job_process_rows(jv: dict[str, Any]) -> list[tuple[str, ...]]:
     """The per-process table of a job verdict: process (marked when a straggler), host, scope, steps, wait, step, samples/s, verdict."""
     slow = {p: kind for p, kind in jv["stragglers"]}
-
-    def num(x: float | None, fmt: str, scale: float = 1.0, unit: str = "") -> str:
-        return "n/a" if x is None else f"{format(scale * x, fmt)}{unit}"
-
     return [
         (
             f"{p['process']}" + (f" (straggler: {slow[p['process']]})" if p["process"] in slow else ""),
             p["host"],
             p["scope"],
-            num(p["steps"], ".0f"),
-            num(p["wait_fraction"], ".1f", 100.0, "%"),
-            num(p["step_ms"], ".2f", unit=" ms"),
-            num(p["samples_per_sec"], ".0f"),
+            format_number(p["steps"], decimals=0),
+            format_percent(p["wait_fraction"]),
+            format_milliseconds(p["step_ms"]),
+            format_number(p["samples_per_sec"], decimals=0),
             p["category"],
         )
         for p in jv["processes"]
@@ -142,7 +144,7 @@ def job_profile_lines(p: dict[str, Any]) -> list[str]:
     if len(files) < n:  # a process's trace is not where process 0 looked
         lines.append(f"  only {len(files)} of {n} processes' traces are there (is log_dir shared by every host?)")
     for i, ms in enumerate(p["mean_step_ms"]):
-        mean = "not measured" if ms is None else f"{ms:.2f} ms"
+        mean = "not measured" if ms is None else format_milliseconds(ms)
         lines.append(f"  process {i}: mean step {mean}" + (" (slowest)" if i == p["slowest"] else ""))
     lines.append(f"  xprof over every trace: {p['conclusion'] or NO_XPROF}")
     return lines
@@ -159,7 +161,7 @@ def _gpus_and_host(data: ReportData) -> Section | None:
     if rows:
         body.append(f"{'metric':42s} {'min':>9s} {'mean':>9s} {'max':>9s} {'last':>9s}")
         for k, s in sorted(rows):
-            body.append(f"{k:42s} " + " ".join(f"{v:9.1f}" for v in s.stats()))
+            body.append(f"{k:42s} " + " ".join(f"{format_number(v, decimals=1):>9s}" for v in s.stats()))
     if not data.gpu_indices() and rows:
         body.insert(0, "No GPU was monitored (host metrics only).")
     return ("GPUs and host", body) if body else None
@@ -174,8 +176,8 @@ def _job(data: ReportData) -> list[str]:
     if rows:
         body.append(f"{'figure':42s} {'min':>9s} {'mean':>9s} {'max':>9s}")
         for name, *stats in rows:
-            body.append(f"{name:42s} " + " ".join("      n/a" if v is None else f"{v:9.1f}" for v in stats))
-    body += [f"{name}: {value:.4g}" for name, value in single]
+            body.append(f"{name:42s} " + " ".join(f"{format_number(v, decimals=1):>9s}" for v in stats))
+    body += [f"{name}: {format_metric(name, value)}" for name, value in single]
     if not rows and not single and not data.job_profiles:  # (ProfilerWindow alone writes no job/ figure)
         body.append("No job-wide figures were written (one process, or its channel failed).")
     jv = data.job_verdict
@@ -204,13 +206,13 @@ def _step_time(data: ReportData) -> Section | None:
         for i, x in enumerate(data.split_x):
             vals = [data.split.get(k, [None] * len(data.split_x))[i] for k, _ in SPLIT_AND_STEP_KEYS]
             body.append(
-                f"{x:8g} "
-                + " ".join("        n/a" if v is None else f"{v:8.2f} ms" for v in vals[:3])
-                + ("      n/a" if vals[3] is None else f" {vals[3]:6.2f} ms")
+                f"{format_number(x):>8s} "
+                + " ".join(f"{format_milliseconds(v):>11s}" for v in vals[:3])
+                + f" {format_milliseconds(vals[3]):>9s}"
             )
     for k in (schema.SAMPLES_PER_SEC, schema.STEPS_PER_SEC, schema.MFU):
         if k in data.throughput:
-            body.append(f"{k}: {data.throughput[k]:.4g}")
+            body.append(f"{k}: {format_metric(k, data.throughput[k])}")
     return ("Step time", body) if body else None
 
 
@@ -224,7 +226,7 @@ def _input_pipeline(data: ReportData) -> Section | None:
     if note:
         body.insert(0, note)
     if v.get("fit_wait_fraction") is not None and v.get("scope") not in ("", "the whole fit"):
-        body.append(f"Whole fit, every phase included: {100 * v['fit_wait_fraction']:.1f}% waiting for input.")
+        body.append(f"Whole fit, every phase included: {format_percent(v['fit_wait_fraction'])} waiting for input.")
     if len(v.get("phases") or []) > 1:
         body += ["Phases:"] + [f"- {phase_line(p)}" for p in v["phases"]]
     body += list(v["evidence"])
@@ -243,7 +245,7 @@ def _out_of_memory(data: ReportData) -> Section | None:
     if not data.oom_seen:
         return None
     body = [recoveries(data)]
-    body += [f"{k}: {v}" for k, v in data.oom_summary.items()]
+    body += [f"{k}: {v if isinstance(v, str) else format_number(v)}" for k, v in data.oom_summary.items()]
     for i, line in enumerate(data.oom_events):
         body.append(f"- {line}")
         body += [f"    {w}" for w in (data.oom_details[i] if i < len(data.oom_details) else [])]
@@ -259,8 +261,8 @@ def _profiler_windows(data: ReportData) -> Section | None:
         return None
     body = []
     for p in data.profiles:
-        size = "?" if p["size_mib"] is None else f"{p['size_mib']:.1f} MiB"
-        mean = "" if p["mean_step_ms"] is None else f", mean step {p['mean_step_ms']:.2f} ms"
+        size = "?" if p["size_mib"] is None else format_bytes(p["size_mib"] * 2**20)
+        mean = "" if p["mean_step_ms"] is None else f", mean step {format_milliseconds(p['mean_step_ms'])}"
         where = p["trace_dir"] or "no trace file"
         body.append(f"steps {p['steps']} ({p['reason'] or '?'}): {where} ({size}{mean})")
         body.append(f"  conclusion: {p['conclusion'] or NO_XPROF}")
@@ -281,5 +283,5 @@ def _training_curves(data: ReportData) -> Section | None:
     if not data.training:
         return None
     return "Training curves", [
-        f"{k}: " + ", ".join(f"{v:.4g}" for v in s.values) for k, s in sorted(data.training.items())
+        f"{k}: " + ", ".join(format_number(v) for v in s.values) for k, s in sorted(data.training.items())
     ]

@@ -290,7 +290,7 @@ def test_log_dir_with_scalars_and_texts_of_every_callback(tmp_path):
     data = gather_log_dir(str(tmp_path))
     assert data.gpus[0]["name"] == "NVIDIA A100"
     assert data.series["gpu/0/utilization_percent"].values == [0.0, 10.0, 20.0, 30.0, 40.0]
-    assert data.split_x == [100.0] and data.split["input/compute_ms"] == [2.0]
+    assert data.split_x == [100.0, 200.0] and data.split["input/compute_ms"] == [2.0, None]  # the second: "n/a"
     assert data.verdict["category"] == "moderately input-bound" and data.verdict["advice"] == ["Add `.cache()`."]
     assert data.throughput["throughput/samples_per_sec"] == 1234.0
     (p,) = data.profiles
