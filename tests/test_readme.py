@@ -212,6 +212,15 @@ def test_the_readme_demo_prints_no_line_wider_than_200_characters(tmp_path):
     assert not wide, "\n".join(f"{len(line)} characters: {line[:300]}" for line in wide)
 
 
+def test_the_doctor_prints_no_line_wider_than_200_characters():
+    from keras_gpu_tools.cli import doctor
+
+    text = doctor.run()  # what `keras-gpu-tools doctor` prints on this machine
+    assert "Findings" in text
+    wide = [line for line in text.splitlines() if len(line) > WIDEST]
+    assert not wide, "\n".join(f"{len(line)} characters: {line[:300]}" for line in wide)
+
+
 # -- the examples ----------------------------------------------------------------------------------
 def example_paths() -> list[str]:
     return sorted(os.path.join(EXAMPLES, n) for n in os.listdir(EXAMPLES) if n.endswith(".py"))
