@@ -1,5 +1,10 @@
 """One model trained by two processes on one machine, with every callback of keras_gpu_tools.
 
+Needs: keras_gpu_tools (the quick start's `pip install -e ".[tensorflow-cpu]"` or
+`pip install keras-gpu-tools`) and JAX, which the quick start does not install:
+`pip install "jax[cpu]"` for the CPU processes (its jaxlib brings gloo), a CUDA build
+of JAX for `--gpus` (https://docs.jax.dev/en/latest/installation.html).
+
 Multi-host training with Keras 3 runs on the JAX backend: every process calls
 ``keras.distribution.initialize()`` (which starts ``jax.distributed``), then
 ``keras.distribution.DataParallel`` runs one program over the devices of all
@@ -26,6 +31,7 @@ What to look for in ``--log-dir``:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import socket
 import subprocess
@@ -151,8 +157,24 @@ def train(args: argparse.Namespace) -> None:
     print(f"final loss {history.history['loss'][-1]:.4f}; weights sum {total:.6f}")
 
 
+def missing() -> str | None:
+    """What this script needs and the environment lacks, with the command that installs it; None if nothing."""
+    if importlib.util.find_spec("jax") is None:
+        return (
+            'this example runs on the JAX backend, and JAX is not installed: pip install "jax[cpu]" '
+            "(or a CUDA build of JAX for --gpus: https://docs.jax.dev/en/latest/installation.html)"
+        )
+    if importlib.util.find_spec("keras_gpu_tools") is None:
+        return 'keras_gpu_tools is not installed: pip install -e ".[tensorflow-cpu]" from the checkout'
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    problem = missing()
+    if problem is not None:
+        print(f"{os.path.basename(__file__)}: {problem}", file=sys.stderr)
+        return 2
     if args.process_id is None:
         return launch(args)
     train(args)

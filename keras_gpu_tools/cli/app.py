@@ -32,6 +32,9 @@ exit codes:
      written replaces the earlier one whole, never in part.
 """
 
+DEMO_LOG_DIR = "logs/demo"  # the demo's default --logdir, also named in `report`'s help and README.md
+WIDTH = 100  # the demo's messages are wrapped at this many characters
+
 # Keras, its backend and matplotlib take seconds to import: every subcommand
 # imports what it needs itself, so `--help` and argument errors answer at once.
 
@@ -108,7 +111,7 @@ def _demo(args: argparse.Namespace) -> int:
     for w in sorted(
         {str(w.message) for w in caught if "keras_gpu_tools" in str(w.filename) or "GPU" in str(w.message)}
     ):
-        print(f"note: {w}")
+        _say(f"note: {w}")
 
     h = history.history
     print(
@@ -121,15 +124,15 @@ def _demo(args: argparse.Namespace) -> int:
         for k in shown:
             print(f"  {k:40s} {h[k][-1]:10.1f}")
     if detector.verdict is not None:
-        print(f"InputBoundDetector: {detector.verdict.message}")
+        _say(f"InputBoundDetector: {detector.verdict.message}")
     for c in profiler.captures:
         conclusion = (
             c.analysis.conclusion if c.analysis is not None and c.analysis.conclusion else "no xprof conclusion"
         )
-        print(f"ProfilerWindow: steps {c.start_step}-{c.start_step + c.num_steps}: {conclusion}")
+        _say(f"ProfilerWindow: steps {c.start_step}-{c.start_step + c.num_steps}: {conclusion}")
     print(f"MixedPrecisionCheck: {len(mp_check.findings)} finding(s)")
     if oom is not None:
-        print(oom.summary())
+        _say(oom.summary())
 
     rep = report(callbacks, model, title="keras-gpu-tools demo")
     rep.write_to_tensorboard(logdir)  # keeps the findings for `keras-gpu-tools report LOGDIR`
@@ -137,11 +140,22 @@ def _demo(args: argparse.Namespace) -> int:
     pngs = rep.save_figures(os.path.join(logdir, "report_png"))
     print(f"\nTensorBoard logs: {os.path.abspath(logdir)}")
     print(f"View them with:   tensorboard --logdir {logdir}")
-    print(
-        f"HTML report:      {os.path.abspath(html_path)}  ({len(pngs)} plots, also as PNG in {os.path.join(logdir, 'report_png')})"
-    )
+    print(f"HTML report:      {os.path.abspath(html_path)}")
+    print(f"Plots as PNG:     {os.path.join(logdir, 'report_png')} ({len(pngs)} files)")
     print(f"Rebuild it with:  keras-gpu-tools report {logdir}")
     return 0
+
+
+def _say(text: str, width: int = WIDTH) -> None:
+    """Prints `text` with each of its lines wrapped at `width` characters, continuations indented."""
+    import textwrap
+
+    for line in text.splitlines() or [""]:
+        print(
+            textwrap.fill(line, width, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+            if len(line) > width
+            else line
+        )
 
 
 def _oom_reducer(logdir: str) -> OOMBatchSizeReducer | None:
@@ -214,15 +228,31 @@ def _importable(module: str) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="keras-gpu-tools", description="Keras GPU training tools.")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("doctor", help="report what GPUs Keras and NVML see, and why a GPU may be unused")
+    d = sub.add_parser(
+        "doctor",
+        help="report what GPUs Keras and NVML see, why a GPU may be unused, whether mixed precision pays off, "
+        "and the distribution in use",
+        description="Report the Keras version and backend, the devices the backend sees, NVML's view (driver, each "
+        "GPU's name, UUID, memory and compute capability), whether the two agree, whether mixed precision can pay "
+        "off on these GPUs, and the distribution in use.",
+    )
     d.set_defaults(func=_doctor)
     demo = sub.add_parser(
-        "demo", help="train a small model with every callback attached; write TensorBoard logs and the HTML report"
+        "demo",
+        help="train a small model with every callback attached; write TensorBoard logs and the HTML report",
+        description="Train a small model with every callback attached; write TensorBoard logs and the HTML report "
+        "(LOGDIR/report.html, its plots also as PNG in LOGDIR/report_png/) and print where they are.",
     )
-    demo.add_argument("--logdir", default="logs/keras-gpu-tools-demo", help="where to write TensorBoard logs")
-    demo.add_argument("--epochs", type=_positive_int, default=5)
-    demo.add_argument("--samples", type=_positive_int, default=20000)
-    demo.add_argument("--batch-size", type=_positive_int, default=128)
+    demo.add_argument(
+        "--logdir",
+        default=DEMO_LOG_DIR,
+        help=f"where to write the TensorBoard logs and the HTML report (default: {DEMO_LOG_DIR})",
+    )
+    demo.add_argument("--epochs", type=_positive_int, default=5, help="epochs to train (default: 5)")
+    demo.add_argument(
+        "--samples", type=_positive_int, default=20000, help="synthetic samples, 10%% for validation (default: 20000)"
+    )
+    demo.add_argument("--batch-size", type=_positive_int, default=128, help="batch size (default: 128)")
     demo.add_argument("--verbose", action="store_true", help="show Keras's per-epoch lines")
     demo.set_defaults(func=_demo)
     rep = sub.add_parser(
@@ -232,7 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=REPORT_EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rep.add_argument("log_dir", help="the log_dir given to the callbacks (e.g. logs/keras-gpu-tools-demo)")
+    rep.add_argument(
+        "log_dir", metavar="LOG_DIR", help=f"the log_dir given to the callbacks (e.g. {DEMO_LOG_DIR}, the demo's)"
+    )
     rep.add_argument(
         "--output", "-o", default=None, help="where to write the HTML report (default: LOG_DIR/report.html)"
     )
@@ -241,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "--layout",
         default="latest",
+        metavar="{latest,single,job}",
         help="a log directory reused by a single-process fit and a job of several processes: report the runs "
         "written last (latest, the default), the single process's (single) or the job's (job); "
         "the report names the runs it leaves out",

@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import textwrap
 from dataclasses import dataclass, field
 
 from keras_gpu_tools.telemetry.nvml import NVML, GPUInfo, NVMLUnavailable, default_nvml
+
+WIDTH = 100  # characters: findings are wrapped to this width
 
 
 @dataclass
@@ -295,8 +298,16 @@ def render(
     lines.append("")
     lines.append("Findings")
     marks = {"ok": "OK  ", "warn": "WARN", "problem": "FAIL", "info": "INFO"}
-    for f in findings:
-        lines.append(f"  [{marks[f.level]}] {f.text}")
+    for f in findings:  # wrapped: a finding is a paragraph, a terminal line is not
+        lines.append(
+            textwrap.fill(
+                f"  [{marks[f.level]}] {f.text}",
+                WIDTH,
+                subsequent_indent=" " * 9,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
     return "\n".join(lines)
 
 
