@@ -31,11 +31,11 @@ from typing import IO
 logger = logging.getLogger("keras_gpu_tools")
 
 # absl's and glog's prefix (severity, MMDD, time, thread, file:line], torch's in brackets), the older
-# TensorFlow one (date, time: severity), torch's profiler (kineto) stages, and absl's first warning.
+# TensorFlow one (date, time: severity), the lines of torch's profiler (kineto), and absl's first warning.
 NATIVE_LINE = re.compile(
     rb"^\[?[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^ \]]+\] "
     rb"|^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] [^ \]]+\] "
-    rb"|^STAGE:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ [^ \]]+\] "
+    rb"|^(?:STAGE|USDT):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ [^ \]]+\] "
     rb"|^WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR\s*$"
 )
 _FD = 2

@@ -11,14 +11,15 @@ from keras_gpu_tools.runtime.native_logs import quiet_native_logs
 
 ABSL = b"I0000 00:00:1764331200.123456   4242 profiler_session.cc:104] Profiler session initializing.\n"
 OLD_TF = b"2026-11-28 12:00:00.123456: W tensorflow/core/profiler/lib/profiler_session.cc:110] Profiler is running.\n"
+KINETO = b"USDT:2026-11-28 12:28:01 11887:11887 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
 
 
 def test_native_lines_go_to_the_logger_and_the_rest_to_the_terminal(capfd, caplog):
     with caplog.at_level(logging.DEBUG, logger="keras_gpu_tools"), quiet_native_logs():
-        os.write(2, ABSL + b"a warning of someone else\n" + OLD_TF)
+        os.write(2, ABSL + b"a warning of someone else\n" + OLD_TF + KINETO)
     err = capfd.readouterr().err
     assert err == "a warning of someone else\n"
-    assert "Profiler session initializing." in caplog.text and "Profiler is running." in caplog.text
+    assert all(m in caplog.text for m in ("Profiler session initializing.", "Profiler is running.", "profiler_start"))
     os.write(2, ABSL)  # descriptor 2 is the terminal again
     assert capfd.readouterr().err == ABSL.decode()
 
