@@ -5,10 +5,12 @@ Real fits with every callback of the package and Keras's own progress bar
 read back with TensorBoard's ``EventAccumulator``.
 """
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 
 import keras
@@ -96,6 +98,28 @@ def test_progress_bar_all_brings_a_callbacks_figures_to_the_bar(tmp_path, capfd)
     assert detector_keys and detector_keys <= fields
     # The logger's figures stay off: the one brief field is the detector's, shown among all of its own.
     assert not fields & {k for k in history.history if k.startswith((schema.GPU_PREFIX, schema.HOST_PREFIX))}
+
+
+class Boom(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        raise RuntimeError("boom")
+
+
+def test_kerass_callbacks_are_given_back_as_they_were_also_after_a_fit_that_raised(tmp_path):
+    board, history, bar = keras.callbacks.TensorBoard(log_dir=str(tmp_path)), keras.callbacks.History(), None
+    x, y = regression_data(32, features=4)
+    model = tiny_dense_model(features=4, hidden=8)
+    for boom in ([], [Boom()]):
+        bar = keras.callbacks.ProgbarLogger()
+        callbacks = [InputBoundDetector(log_dir=None, verbose=0), board, history, bar, *boom]
+        with warnings.catch_warnings(), pytest.raises(RuntimeError) if boom else contextlib.nullcontext():
+            warnings.simplefilter("ignore")
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=callbacks)
+        deadline = time.monotonic() + 3  # after a raise, the fit's session notices within 0.2 s
+        while any("on_epoch_end" in vars(c) for c in (board, history, bar)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [c for c in (board, history, bar) if "on_epoch_end" in vars(c)] == []
+    assert len(history.history["loss"]) == 2 and len(history.history["input/wait_fraction"]) == 2  # (History kept)
 
 
 def documented_keys(cls) -> set:
