@@ -12,7 +12,11 @@ class guarantees, for every fit():
   returned (``on_train_end``), raised (the shared
   :class:`~keras_gpu_tools.runtime.session.FitSession` notices), or the user
   calls ``close()``; with ``_stop_on_training_thread`` it is deferred to the
-  training thread when the session notices from its watchdog.
+  training thread when the session notices from its watchdog;
+- epoch figures go into Keras's logs through ``_epoch_figures`` and lines to
+  the terminal through ``_print``: the fit's
+  :class:`~keras_gpu_tools.runtime.fit_output.FitOutput` keeps them off the
+  progress bar's line and out of Keras's TensorBoard callback.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from keras_gpu_tools.callbacks._lean import LeanCallback
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import topology as topo
+from keras_gpu_tools.runtime.fit_output import FitOutput, check_progress_bar
 from keras_gpu_tools.runtime.job_channel import JobChannel
 from keras_gpu_tools.runtime.session import FitSession, run_deferred
 from keras_gpu_tools.runtime.step_hook import StepHook
@@ -55,6 +60,35 @@ class FitCallback(LeanCallback):
     _needs_every_process = False
     #: How long an epoch end waits for the other processes of a job (once for all callbacks; a dead one ends it).
     job_timeout_s: float = 60.0
+    #: Of the callbacks' brief fields, the one of the lowest priority is shown (one field of ours at most).
+    _bar_priority = 0
+    _progress_bar = "brief"
+    _output: FitOutput | None = None  # the running (or last) fit's
+
+    @property
+    def progress_bar(self) -> str:
+        """Which of this callback's epoch figures Keras's progress bar shows: "brief", "all" or "none"."""
+        return self._progress_bar
+
+    @progress_bar.setter
+    def progress_bar(self, value: str) -> None:
+        self._progress_bar = check_progress_bar(value)
+
+    def _epoch_figures(self, values: dict[str, float], logs: dict | None, brief: str | None = None) -> None:
+        """The epoch's figures into Keras's ``logs`` (History, CSVLogger); the progress bar shows as ``progress_bar`` says."""
+        if logs is None:
+            return
+        logs.update(values)
+        if self._output is not None:
+            self._output.figures(values, self.progress_bar, brief, self._bar_priority)
+
+    def _print(self, *lines: str) -> None:
+        """Prints ``lines`` under the epoch's progress bar line, never inside it (at once outside a fit)."""
+        for line in lines:
+            if self._output is not None:
+                self._output.say(line)
+            else:
+                print(line, flush=True)
 
     # -- for subclasses ---------------------------------------------------------------------
     def _start_fit(self, session: FitSession) -> None:
@@ -189,6 +223,7 @@ class FitCallback(LeanCallback):
             self._session = session
         session.add(self, lambda aborted: self._end_fit(aborted, session), self._stop_on_training_thread)
         try:
+            self._output = FitOutput.of(session, ki.find_callback_list(self.model))
             self._join_job(session)
             self._start_fit(session)
         except BaseException:

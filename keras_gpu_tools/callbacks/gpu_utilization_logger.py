@@ -64,8 +64,10 @@ class GPUUtilizationLogger(FitCallback):
           the previous point. Readable on every backend; TensorFlow is not needed.
         - Epoch logs: the epoch mean of every metric, plus `<key>_max` for memory,
           power, temperature and host memory, added to `logs` in `on_epoch_end`,
-          so `History`, `CSVLogger`, Keras's `TensorBoard` and the progress bar
-          see them (place this callback before those in the list). Every epoch
+          so `History` and `CSVLogger` see them (place this callback before
+          `CSVLogger` in the list). Keras's progress bar shows the first GPU's
+          utilization alone (`progress_bar`), Keras's `TensorBoard` none of them
+          (they are in this callback's run already). Every epoch
           of a fit carries the same keys: those of the fit's first sample
           (which waits 0.1 s so that CPU use and GPM rates are in it). A key
           with no fresh value in an epoch (an epoch shorter than `interval`,
@@ -120,6 +122,9 @@ class GPUUtilizationLogger(FitCallback):
                 Defaults to `True`.
             epoch_logs: whether to add the epoch means to `logs`. Defaults to
                 `True`.
+            progress_bar: which of them Keras's progress bar shows: `"brief"`
+                (the first GPU's utilization, unless an `InputBoundDetector`'s
+                field is shown), `"all"` or `"none"`. Defaults to `"brief"`.
             run_name: name of the TensorBoard run under `log_dir`. Defaults to
                 `"gpu"`.
             nvml: an `NVML` accessor to use instead of the process-wide one (for
@@ -148,6 +153,7 @@ class GPUUtilizationLogger(FitCallback):
         epoch_logs: bool = True,
         run_name: str = "gpu",
         nvml: NVML | None = None,
+        progress_bar: str = "brief",
     ):
         super().__init__()
         # Bounded: the session's thread waits `interval` seconds between samples, and a
@@ -159,6 +165,7 @@ class GPUUtilizationLogger(FitCallback):
         self.pcie = check_bool("pcie", pcie)
         self.gpm = check_bool("gpm", gpm)
         self.epoch_logs = check_bool("epoch_logs", epoch_logs)
+        self.progress_bar = progress_bar  # checked by the base class
         self.run_name = check_run_name("run_name", run_name)
         self.log_dir = check_log_dir("log_dir", log_dir)
         check_run_dir(self.log_dir, self.run_name)
@@ -183,6 +190,7 @@ class GPUUtilizationLogger(FitCallback):
         self._gather: JobGather | None = None
 
     __doc__ = __doc__.replace("{keys}", _key_table())
+    _bar_priority = 1  # an InputBoundDetector's input wait comes first
 
     # -- properties ---------------------------------------------------------
     def latest(self) -> dict[str, float]:
@@ -258,8 +266,10 @@ class GPUUtilizationLogger(FitCallback):
         except Exception as e:  # monitoring never stops training: the job figures stop instead
             self._job_failed(self._gather, e)
         self.epoch_history.append(values)
-        if self.epoch_logs and logs is not None:
-            logs.update(values)
+        if self.epoch_logs:
+            first = next(iter(self._labels.values()), None)
+            brief = schema.gpu_key(first, schema.GPU_UTILIZATION) if first is not None else None
+            self._epoch_figures(values, logs, brief=brief)
 
     # -- internals ------------------------------------------------------------
     def _tick(self) -> None:

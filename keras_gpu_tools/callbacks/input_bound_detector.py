@@ -10,12 +10,14 @@ from typing import Any
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import InputPipelineWarning, KerasInternalsError
 from keras_gpu_tools.input import flops as step_flops
+from keras_gpu_tools.input.brief import epoch_lines, fit_lines
 from keras_gpu_tools.input.categories import UNKNOWN
 from keras_gpu_tools.input.fit import InputFit
 from keras_gpu_tools.input.job import JobExchange
 from keras_gpu_tools.input.summary import run_summary, write_epoch, write_fit
 from keras_gpu_tools.input.timing import StepStats
 from keras_gpu_tools.input.verdict import Judge, validate_thresholds
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import validation as check
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
@@ -62,9 +64,10 @@ class InputBoundDetector(FitCallback):
     Each tip of the advice fits the pipeline as it runs and says which part of
     the wait it addresses; a `GPUUtilizationLogger` in the fit is quoted.
 
-    Logged keys (per epoch into `logs`; per window to TensorBoard in the run
-    `log_dir/<run_name>` on the global step axis). A figure that cannot be
-    measured is left out, never logged as 0:
+    Logged keys (per epoch into `logs`, so `History` and `CSVLogger` get them;
+    the progress bar shows `input/wait_fraction` alone, see `progress_bar`; per
+    window to TensorBoard in the run `log_dir/<run_name>` on the global step
+    axis). A figure that cannot be measured is left out, never logged as 0:
 
     | key | unit | meaning |
     |---|---|---|
@@ -118,13 +121,15 @@ class InputBoundDetector(FitCallback):
             TensorBoard output. Defaults to `"logs"`.
         run_name: name of the TensorBoard run under `log_dir`. Defaults to
             `"input"`.
-        verbose: 1 prints a line per epoch and the report at the end of
-            training; 0 prints nothing. Defaults to `1`.
+        verbose: 0 prints nothing; 1 the verdict and where the details are,
+            at the end of `fit()`; 2 also a line per epoch. Defaults to `1`.
         gpu_logger: the `GPUUtilizationLogger` whose figures to quote;
             `"auto"` finds one among the callbacks of the same `fit()` call;
             None uses none. Defaults to `"auto"`.
         epoch_logs: whether to add the epoch figures to `logs`. Defaults to
             `True`.
+        progress_bar: which of them Keras's progress bar shows: `"brief"`
+            (`input/wait_fraction`), `"all"` or `"none"`. Defaults to `"brief"`.
         flops_per_step: FLOPs of one training step over its global batch
             (None: XLA cost analysis on JAX). Defaults to `None`.
         peak_flops: ONE device's peak FLOP/s (None: from the table, for
@@ -157,19 +162,20 @@ class InputBoundDetector(FitCallback):
         epoch_logs: bool = True,
         flops_per_step: float | None = None,
         peak_flops: float | None = None,
+        progress_bar: str = "brief",
     ):
         super().__init__()
         self.window = check.check_int("window", window, low=1)
         self.sample_every = check.check_int("sample_every", sample_every, low=1)
         validate_thresholds(moderate_threshold, high_threshold)
-        self.moderate_threshold = float(moderate_threshold)
-        self.high_threshold = float(high_threshold)
+        self.moderate_threshold, self.high_threshold = float(moderate_threshold), float(high_threshold)
         self.flops_per_step = check.check_number(
             "flops_per_step", flops_per_step, low=0, exclusive_low=True, allow_none=True
         )
         self.peak_flops = check.check_number("peak_flops", peak_flops, low=0, exclusive_low=True, allow_none=True)
         self.run_name = check.check_run_name("run_name", run_name)
-        self.verbose = check.check_verbose("verbose", verbose, max_level=1)  # one level of detail
+        self.verbose = check.check_verbose("verbose", verbose, max_level=2)
+        self.progress_bar = progress_bar  # checked by the base class
         if not (gpu_logger is None or gpu_logger == "auto" or hasattr(gpu_logger, "timeline")):
             raise TypeError(
                 "Invalid value for argument `gpu_logger`. "
@@ -189,11 +195,9 @@ class InputBoundDetector(FitCallback):
         self._attachment: Attachment | None = None
         self._window = StepStats()
         self._window_t0 = self._epoch_t0 = time.time()
-        self._gpu_logger = None
+        self._gpu_logger = self._jax_specs = None
         self._cpu: CpuMeter | None = None
-        self._jax_specs = None
-        self._epoch_last_call = -1
-        self._epoch_first_call = -1
+        self._epoch_first_call = self._epoch_last_call = -1
 
     verdict = _of_fit("verdict", "The run's verdict: its steady state (None before a fit).")
     measurement = _of_fit("measurement", "The steady state's figures (the verdict's scope).")
@@ -222,10 +226,8 @@ class InputBoundDetector(FitCallback):
         return nxt
 
     def next_fetch(self, index: int) -> int:
-        """The next call whose fetch alone is timed, unsynced (every `FETCH_EVERY`-th; JAX and torch).
-
-        A synced call's fetch is flattered by the buffer that refilled while the device drained.
-        """
+        """The next call whose fetch alone is timed, unsynced (every `FETCH_EVERY`-th; JAX and torch): a synced
+        call's fetch is flattered by the buffer that refilled while the device drained."""
         f = FETCH_EVERY
         return index if index % f == 0 else index + f - index % f
 
@@ -299,14 +301,12 @@ class InputBoundDetector(FitCallback):
             self.flops_source = source or self.flops_source
         end = fit.end_epoch(epoch, self._epoch_t0, self._global_step)
         self.epoch_history.append(end.logs)
-        if self.epoch_logs and logs is not None:
-            logs.update(end.logs)
+        if self.epoch_logs:
+            self._epoch_figures(end.logs, logs, brief=schema.INPUT_WAIT_FRACTION)
         if self._writer is not None:
             write_epoch(self._writer, f"epoch {epoch + 1}", end, fit.job_verdict, self._global_step)
-        if self.verbose:
-            print(f"InputBoundDetector epoch {epoch + 1}: {end.verdict.message}")
-            if fit.job_verdict is not None and fit.job_verdict.stragglers:
-                print(f"InputBoundDetector job: {fit.job_verdict.message}")
+        if self.verbose > 1:  # under the epoch's progress bar line
+            self._print(*epoch_lines(end.verdict, end.measurement, fit.job_verdict))
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if not self._running:
@@ -316,8 +316,8 @@ class InputBoundDetector(FitCallback):
         self._fit.update(final=True)
         if self._writer is not None and self.verdict is not None:
             write_fit(self._writer, self._fit, self.notes, self._global_step)
-        if self.verbose and self.verdict is not None:
-            print(self.summary())
+        if self.verbose and self.verdict is not None:  # two lines: the whole report is summary()'s
+            self._print(*fit_lines(self.verdict, self.measurement, self.run_dir, self.log_dir))
         super().on_train_end(logs)
 
     def _flush_hook(self) -> None:

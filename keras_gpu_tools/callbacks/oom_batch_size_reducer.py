@@ -118,8 +118,10 @@ class OOMBatchSizeReducer(FitCallback):
             backends warn once). Defaults to `False`.
         log_dir: TensorBoard log directory, or `None` for none. Defaults to `None`.
         run_name: TensorBoard run of the scalars. Defaults to `"oom"`.
-        verbose: print each recovery (it is always logged to the
-            `keras_gpu_tools` logger). Defaults to `0`.
+        verbose: print each recovery, under its epoch's progress bar line
+            (it is always logged to the `keras_gpu_tools` logger). Defaults to `0`.
+        progress_bar: `"all"` shows the keys above on Keras's progress bar,
+            `"brief"` and `"none"` leave them to `History`. Defaults to `"brief"`.
         late_recovery: keep a copy of the small state (non-trainable and metric
             variables, the optimizer's counters) before every step at a batch
             shape that already ran whole too, so that an out-of-memory error
@@ -157,6 +159,7 @@ class OOMBatchSizeReducer(FitCallback):
         late_recovery: bool = False,
         record_memory_history: bool = False,
         plan: Any = None,
+        progress_bar: str = "brief",
     ):
         # Before the base class sets `_global_step`: this callback keeps its step count there.
         self._idle = IdlePath(self._idle_failed)
@@ -168,7 +171,7 @@ class OOMBatchSizeReducer(FitCallback):
         self.log_dir = check.check_log_dir("log_dir", log_dir)
         self.run_name = check.check_run_name("run_name", run_name)
         check.check_run_dir(self.log_dir, self.run_name)
-        self.verbose = check.check_verbose("verbose", verbose)
+        self.verbose, self.progress_bar = check.check_verbose("verbose", verbose), progress_bar  # (checked on setting)
         self.late_recovery = check.check_bool("late_recovery", late_recovery)
         self.record_memory_history = check.check_bool("record_memory_history", record_memory_history)
         self.plan = plan
@@ -182,6 +185,7 @@ class OOMBatchSizeReducer(FitCallback):
             probe=self.probe,
             late_recovery=self.late_recovery,
             verbose=self.verbose,
+            say=self._print,
             run_name=self.run_name,
             backend=lambda: self.backend,
             run_dir=lambda: self.run_dir,
@@ -193,14 +197,13 @@ class OOMBatchSizeReducer(FitCallback):
         )
         self.controller = self._state.controller
         self.events: list[OOMEvent] = self._state.log.events  # every out-of-memory error met, in order
-        self._micro_batches = 1
         self._attachment: Attachment | None = None  # the step hook's place, while a fit runs
-        self._spe = self._replicas = 1  # steps per execution; data-parallel devices (replicas) of a step
+        # micro-batches of the last step; steps per execution; data-parallel devices (replicas) of a step
+        self._micro_batches = self._spe = self._replicas = 1
 
     @property
     def _global_step(self) -> int:
-        # Counted by the idle path (in the backend's train function): an idle step costs one increment, no frame.
-        return self._idle.steps
+        return self._idle.steps  # counted by the idle path (the backend's train function): one increment per step
 
     @_global_step.setter
     def _global_step(self, value: int) -> None:
@@ -261,7 +264,7 @@ class OOMBatchSizeReducer(FitCallback):
             raise UnrecoverableOOM(checks.ASYNC_OOM_REFUSAL) from error
         if error is not None:
             raise error
-        self._state.log.end_epoch(self._micro_batches, self._global_step, logs)
+        self._epoch_figures(self._state.log.end_epoch(self._micro_batches, self._global_step), logs)
 
     def on_test_begin(self, logs: dict | None = None) -> None:
         self._attach_eval("test")
@@ -345,6 +348,3 @@ class OOMBatchSizeReducer(FitCallback):
             attachment.detach()
         self._state.end_fit(self._global_step)
         self._idle.reset(None)
-
-
-__all__ = ["OOMBatchSizeReducer"]

@@ -84,7 +84,7 @@ class ProfilerWindow(FitCallback):
             input-pipeline conclusion. Defaults to `True`.
         run_name: TensorBoard run for the traces and the text. Defaults to
             `"profile"`.
-        verbose: print one line per captured window. Defaults to `1`.
+        verbose: print a line per captured window, under its epoch's progress bar. Defaults to `1`.
 
     Example:
 
@@ -273,7 +273,7 @@ class ProfilerWindow(FitCallback):
     def _say(self, line: str) -> None:
         logger.info(line)
         if self.verbose:
-            print(line)
+            self._print(line)
 
     def _start_window(self, window: prof.Window, reason: str) -> None:
         opts, bps, warn = self.options, self._bytes_per_step, self.warnings

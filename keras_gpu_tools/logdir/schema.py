@@ -21,9 +21,13 @@ def process_run(index: int) -> str:
     return f"{PROCESS_RUN_PREFIX}{index}"
 
 
-# -- Text and JSON tags. A callback writes a readable text under a tag and, for the report, the
-# same content as JSON under the tag plus DATA_SUFFIX (see EventWriter.json).
+# -- Text and JSON tags. A callback writes a readable text under a tag (TensorBoard's Text tab) and,
+# for the report, the same content as JSON under the tag plus DATA_SUFFIX, as a string tensor of the
+# plugin DATA_PLUGIN, which no TensorBoard dashboard shows (see EventWriter.json). Logs of earlier
+# versions hold the JSON as text (plugin TEXT_PLUGIN); the reader reads both.
 DATA_SUFFIX = "/data"
+DATA_PLUGIN = "keras_gpu_tools_data"
+TEXT_PLUGIN = "text"
 GPU_DEVICES = "gpu/devices"
 GPU_DEVICES_DATA = GPU_DEVICES + DATA_SUFFIX  # GPUUtilizationLogger.device_records()
 INPUT_VERDICT = "input/verdict"
@@ -53,6 +57,7 @@ def gpu_key(label: str | int, field: str) -> str:
 
 
 GPU_KEY_RE = re.compile(r"^gpu/([^/]+)/(.+)$")
+GPU_UTILIZATION = "utilization_percent"  # the GPU figure Keras's progress bar shows (the first GPU's)
 HOST_RSS_MIB = "host/rss_mib"
 HOST_CPU_PERCENT = "host/cpu_percent"
 HOST_SYSTEM_CPU_PERCENT = "host/system_cpu_percent"

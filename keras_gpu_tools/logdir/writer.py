@@ -14,8 +14,10 @@ shares a directory with another writer (TensorBoard follows only the newest
 event file of a run while it is being written).
 
 Next to a text meant for people, a callback writes the same facts as JSON
-(`EventWriter.json`, a text tag ending in ``/data``), which the training
-report reads instead of the prose (through `keras_gpu_tools.logdir.reader`).
+(`EventWriter.json`, a tag ending in ``/data``), which the training report
+reads instead of the prose (through `keras_gpu_tools.logdir.reader`). The JSON
+is a string tensor of a plugin of its own (``schema.DATA_PLUGIN``), not of the
+text plugin: TensorBoard's Text tab shows the prose alone.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import warnings
 from typing import Any
 
 from keras_gpu_tools.errors import KerasGPUToolsWarning
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.crc32c import masked_crc32c
 from keras_gpu_tools.runtime import deps, validation
 
@@ -137,11 +140,16 @@ class EventWriter:
         )
         self._add(event_pb2.Event(wall_time=wall_time or time.time(), step=int(step), summary=summary))
 
-    def text(self, tag: str, text: str, step: int) -> None:
+    def text(self, tag: str, text: str, step: int, plugin: str = schema.TEXT_PLUGIN) -> None:
+        """A text summary: shown in TensorBoard's Text tab, or, of another ``plugin``, kept for readers alone."""
         from tensorboard.plugins.text import summary_v2  # no TensorFlow needed
 
-        _, event_pb2 = deps.tensorboard_protos()
+        summary_pb2, event_pb2 = deps.tensorboard_protos()
         summary = summary_v2.text_pb(tag, text)
+        if plugin != schema.TEXT_PLUGIN:
+            metadata = summary.value[0].metadata
+            metadata.plugin_data.plugin_name, metadata.plugin_data.content = plugin, b""
+            metadata.data_class = summary_pb2.DATA_CLASS_TENSOR
         self._add(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
     def _add(self, event) -> None:
@@ -191,5 +199,5 @@ class EventWriter:
             pass
 
     def json(self, tag: str, value: Any, step: int) -> None:
-        """Writes `value` (dicts, lists, dataclasses, numbers, text) as a JSON text summary."""
-        self.text(tag, json.dumps(to_plain(value), allow_nan=False), step)
+        """Writes `value` (dicts, lists, dataclasses, numbers, text) as JSON, for readers (not the Text tab)."""
+        self.text(tag, json.dumps(to_plain(value), allow_nan=False), step, plugin=schema.DATA_PLUGIN)

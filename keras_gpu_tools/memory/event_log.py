@@ -34,13 +34,19 @@ class EventLog:
         verbose: print each event too. Defaults to `0`.
         run_dir: returns the run's folder for the event files (None: no files).
             Defaults to none.
+        say: prints a line (with ``verbose``). Defaults to `print`.
     """
 
     def __init__(
-        self, warn: Callable[[str, str], None], verbose: int = 0, run_dir: Callable[[], str | None] = lambda: None
+        self,
+        warn: Callable[[str, str], None],
+        verbose: int = 0,
+        run_dir: Callable[[], str | None] = lambda: None,
+        say: Callable[[str], None] = print,
     ):
         self.warn = warn
         self.verbose = verbose
+        self.say = say
         self.run_dir = run_dir
         self.events: list[OOMEvent] = []
         self.recovery_seconds = 0.0  # in failed attempts
@@ -59,7 +65,7 @@ class EventLog:
             line += "\n  " + "\n  ".join(why)
         logger.warning(line)
         if self.verbose:
-            print(line)
+            self.say(line)
         if self.writer is not None:
             values = {schema.OOM_EVENTS_TOTAL: float(len(self.events))}
             if event.next_split is not None:
@@ -92,14 +98,13 @@ class EventLog:
         except OSError as e:
             self.warn("event-files", f"{_PREFIX}could not write {folder}: {e}")
 
-    def end_epoch(self, micro_batches: int, step: int, logs: dict | None) -> None:
-        """The epoch's figures into ``logs`` (History) and TensorBoard."""
+    def end_epoch(self, micro_batches: int, step: int) -> dict[str, float]:
+        """The epoch's figures, written to TensorBoard and returned (for the epoch logs: History)."""
         values = {schema.OOM_EVENTS: float(self.epoch_events), schema.OOM_MICRO_BATCHES: float(micro_batches)}
-        if logs is not None:
-            logs.update(values)
         if self.writer is not None:
             self.writer.scalars(values, step=step)
             self.writer.flush()
+        return values
 
     def close(self, headroom: list[dict[str, Any]], step: int) -> None:
         """The end of a fit: the headroom for the report, and the writer closed."""

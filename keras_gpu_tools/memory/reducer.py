@@ -46,6 +46,7 @@ class ReducerState:
         rebuild: ``rebuild(error, message)``: an error of the original type with ``message``.
         warn: ``warn(key, message)``, once per key.
         abort: ends the reducer's fit before an error that stops it.
+        say: prints a line (with ``verbose``). Defaults to `print`.
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class ReducerState:
         rebuild: Callable[[BaseException, str], BaseException],
         warn: Callable[[str, str], None],
         abort: Callable[[], None],
+        say: Callable[[str], None] = print,
     ):
         self.mode = mode
         self.run_name = run_name
@@ -78,7 +80,7 @@ class ReducerState:
         self.controller = SplitController(min_batch_size, regrow_after, plan_size)
         self.explainer = Explainer(lambda error, context: backend().explain_oom(error, context))
         self.run_dir = run_dir
-        self.log = EventLog(warn, verbose, run_dir)  # each event to the log, TensorBoard and files
+        self.log = EventLog(warn, verbose, run_dir, say)  # each event to the log, TensorBoard and files
         self.headroom = Headroom(plan_size)
         self.recovery = self.new_recovery(self.controller, probe)
         self.evals = EvalRetries(min_batch_size, mode, late_recovery, self.new_recovery, classify, self.unrecoverable)

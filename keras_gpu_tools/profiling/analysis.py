@@ -21,7 +21,7 @@ def analyze_window(
 ) -> None:
     """xprof's input-pipeline analysis of the window's trace into ``capture`` (``job``: every process's traces).
 
-    Its conclusion is said (``say(line)``) and written as text and JSON under
+    Its conclusion's first sentence is said (``say(line)``), the whole written as text and JSON under
     ``profile/steps_<a>_<b>/input_pipeline``. ``isolated``: one process's
     trace of a job session, analyzed apart (see :func:`analyze_input_pipeline`).
     """
@@ -36,7 +36,7 @@ def analyze_window(
     text = a.conclusion or f"xprof gave no conclusion ({a.error or 'no steps found'})"
     start, stop = capture.start_step, capture.start_step + capture.num_steps
     who = f"job of {len(paths)} processes, " if job else ""
-    say(f"ProfilerWindow: {who}steps [{start}, {stop}): {text}")
+    say(f"ProfilerWindow: {who}steps [{start}, {stop}): {text.split('. ')[0].rstrip('.')}.")  # the whole: TensorBoard
     if writer is not None:
         tag = schema.profile_window(start, stop) + "/" + schema.INPUT_PIPELINE
         writer.text(tag, text, step=start)

@@ -1,7 +1,9 @@
 """One profiled window: starting the profiler, stopping it, and collecting its trace into a WindowCapture.
 
 A profiler error never stops training: it is warned about (``warn(key,
-message)``, once per key) and the window is skipped or marked failed.
+message)``, once per key) and the window is skipped or marked failed. The
+native log lines the profiler writes as it starts and stops go to the
+``keras_gpu_tools`` logger, not the terminal (``runtime/native_logs.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.profiling.capture import WindowCapture
 from keras_gpu_tools.profiling.job_session import JobSessions
+from keras_gpu_tools.runtime.native_logs import quiet_native_logs
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -38,7 +41,8 @@ def start(
         )
     try:
         before = prof.session_dirs(run_dir)
-        profiler.start(run_dir, options)
+        with quiet_native_logs():
+            profiler.start(run_dir, options)
         return before, ""
     except prof.ProfilerBusy as e:
         warn(
@@ -76,7 +80,8 @@ def stop(
     """
     failed = False
     try:
-        profiler.stop(outputs)
+        with quiet_native_logs():
+            profiler.stop(outputs)
     except Exception as e:
         failed = True
         logger.exception("ProfilerWindow: stopping the profiler failed")

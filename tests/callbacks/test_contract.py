@@ -235,9 +235,25 @@ def test_verbose_is_checked(name, bad, tmp_path):
         _construct(name, tmp_path, verbose=bad)
 
 
-@pytest.mark.parametrize("name", ["ProfilerWindow", "OOMBatchSizeReducer"])
+@pytest.mark.parametrize("name", ["ProfilerWindow", "OOMBatchSizeReducer", "InputBoundDetector"])
 def test_verbose_levels_like_keras(name, tmp_path):
     assert [_construct(name, tmp_path, verbose=x).verbose for x in (0, 1, 2, True, False)] == [0, 1, 2, 1, 0]
+
+
+@pytest.mark.parametrize("name", ["GPUUtilizationLogger", "InputBoundDetector", "OOMBatchSizeReducer"])
+def test_progress_bar_is_checked_and_alike_in_every_callback_with_epoch_figures(name, tmp_path):
+    assert [_construct(name, tmp_path, progress_bar=x).progress_bar for x in ("brief", "all", "none")] == [
+        "brief",
+        "all",
+        "none",
+    ]
+    assert _construct(name, tmp_path).progress_bar == "brief"
+    for bad in ("full", True, None, 1):
+        expected = "Expected one of 'brief', 'all', 'none'"
+        with pytest.raises(ValueError, match=re.escape(f"argument `progress_bar`. Received: progress_bar={bad!r}")):
+            _construct(name, tmp_path, progress_bar=bad)
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            _construct(name, tmp_path, progress_bar=bad)
 
 
 @pytest.mark.parametrize("bad", [float("inf"), 1e30, float("nan"), 3601])

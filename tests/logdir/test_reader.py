@@ -1,5 +1,6 @@
 """The event file reader on hostile log directories: FIFOs, crafted lengths, deep JSON, odd names."""
 
+import json
 import os
 import struct
 import threading
@@ -86,3 +87,28 @@ def test_event_files_are_read_in_the_order_they_were_written(tmp_path):
     assert files == ["events.out.tfevents.1700000000.host.42.9", "events.out.tfevents.1700000000.host.42.10"]
     values = read_run(".", str(tmp_path), files, [])
     assert values.scalars["host/cpu_percent"].steps == [1, 2]
+
+
+def test_json_records_are_read_from_their_own_plugin_and_from_the_text_of_earlier_versions(tmp_path):
+    """The JSON the report reads is kept out of TensorBoard's Text tab; logs of earlier versions held it as text."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from keras_gpu_tools.logdir import schema
+
+    new, old = tmp_path / "new", tmp_path / "old"
+    w = EventWriter(str(new))
+    w.text(schema.INPUT_VERDICT, "Fit: not input-bound", step=3)
+    w.json(schema.INPUT_VERDICT_DATA, {"scope": "fit", "wait": 0.01}, step=3)
+    w.close()
+    w = EventWriter(str(old))  # the earlier layout: the JSON as a text of the text plugin
+    w.text(schema.INPUT_VERDICT_DATA, '{"scope": "fit", "wait": 0.02}', step=3)
+    w.close()
+
+    acc = EventAccumulator(str(new))
+    acc.Reload()
+    assert set(acc.PluginTagToContent(schema.TEXT_PLUGIN)) == {schema.INPUT_VERDICT}
+    assert set(acc.PluginTagToContent(schema.DATA_PLUGIN)) == {schema.INPUT_VERDICT_DATA}
+    for run, wait in ((new, 0.01), (old, 0.02)):
+        values = read_run(run.name, str(run), os.listdir(run), [])
+        (point,) = values.texts[schema.INPUT_VERDICT_DATA]
+        assert point.step == 3 and json.loads(point.text) == {"scope": "fit", "wait": wait}

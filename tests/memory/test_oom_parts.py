@@ -105,9 +105,7 @@ def test_the_event_log_counts_each_event_and_writes_its_files(tmp_path):
     folder = tmp_path / "oom_events"
     assert sorted(os.listdir(folder)) == ["train_step3_0.json", "train_step3_0.txt", "train_step3_0_snapshot.pickle"]
     assert json.loads((folder / "train_step3_0.json").read_text())["batch_size"] == 16
-    logs = {}
-    log.end_epoch(2, step=4, logs=logs)
-    assert logs == {"oom/events": 1.0, "oom/micro_batches": 2.0}
+    assert log.end_epoch(2, step=4) == {"oom/events": 1.0, "oom/micro_batches": 2.0}
     summary = log.summary([], micro_batch_size=8)
     assert "step 3: out of memory at batch 16, retrying as 2 x 8" in summary
     assert summary.endswith("1 recovery(ies), 0.50 s in failed attempts; micro-batches of 8 now.")

@@ -15,6 +15,7 @@ One module per concern:
 - ``registry``: :data:`INTERNALS` and the tested Keras versions;
 - ``version``: the installed version against them, the error for a changed internal;
 - ``fit``: fit()'s frame and locals, the train/test/predict functions, ``steps_per_execution``;
+- ``callback_list``: what Keras's progress bar, History and TensorBoard callbacks see of the epoch logs;
 - ``compiled_step``: Keras's compiled per-batch step inside the TensorFlow and JAX train functions;
 - ``input_data``: the data adapter, the epoch's batches, the fetch timer, the tf.data pipeline;
 - ``optimizer``: the optimizer's apply routed to an accumulator, its step counter and variables;
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import logging
 
+from keras_gpu_tools.runtime.keras_internals.callback_list import epoch_log_readers, view_epoch_end
 from keras_gpu_tools.runtime.keras_internals.compiled_step import (
     jax_batch_step,
     jax_step_function,
@@ -105,6 +107,7 @@ __all__ = [
     "compute_loss_of",
     "counted_additional_losses",
     "describe_pipeline",
+    "epoch_log_readers",
     "eval_function",
     "expected_additional_losses",
     "find_callback_list",
@@ -144,4 +147,5 @@ __all__ = [
     "training_data",
     "training_kwargs",
     "variables_of",
+    "view_epoch_end",
 ]

@@ -68,6 +68,15 @@ INTERNALS: tuple[Internal, ...] = (
         "torch fetch timing (wrapping _get_iterator), describing the input pipeline, finding sibling callbacks",
     ),
     Internal(
+        "CallbackList appends its History, then its ProgbarLogger, after the given callbacks and calls each "
+        "one's on_epoch_end (an instance attribute first) with one logs dict; ProgbarLogger prints every key "
+        "it is given, keras.callbacks.TensorBoard writes every key as epoch_<key>",
+        "keras/src/callbacks/callback_list.py: _add_default_callbacks(), on_epoch_end(); "
+        "keras/src/callbacks/progbar_logger.py; keras/src/callbacks/tensorboard.py: on_epoch_end()",
+        "our epoch figures reach History and CSVLogger through logs while the progress bar shows one of them "
+        "at most and Keras's TensorBoard none (no figure written twice); our lines print under the bar's line",
+    ),
+    Internal(
         "ArrayDataAdapter: every batch of a pass but the last has batch_size rows of its `_inputs`; "
         "EpochIterator starts a new pass each epoch when steps_per_epoch is None",
         "keras/src/trainers/data_adapters/array_data_adapter.py: _get_iterator(); "
