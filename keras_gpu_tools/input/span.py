@@ -47,6 +47,7 @@ class SpanFigure:
     category: str
     steps: int = 0
     step_ms: float | None = None  # the step time the share is of
+    thresholds: tuple[float, float] | None = None  # (moderate, high) it was classified by
 
     def text(self) -> str:
         """``"9.3% waiting for input (moderately input-bound), steps 21-25"``."""
@@ -66,6 +67,7 @@ def span_figure(
 ) -> SpanFigure:
     """The figure of ``span`` from its measurement, classified by the thresholds."""
     if m is None:
-        return SpanFigure(span, None, classify(None, moderate, high))
+        return SpanFigure(span, None, classify(None, moderate, high), thresholds=(moderate, high))
     step_ms = None if m.step is None else 1e3 * m.step
-    return SpanFigure(span, m.wait_fraction, classify(m.wait_fraction, moderate, high), m.steps, step_ms)
+    category = classify(m.wait_fraction, moderate, high)
+    return SpanFigure(span, m.wait_fraction, category, m.steps, step_ms, (moderate, high))

@@ -18,7 +18,7 @@ import re
 import threading
 from collections.abc import Callable
 
-from keras_gpu_tools.input.categories import HIGH, MODERATE, NOT, UNKNOWN
+from keras_gpu_tools.input.categories import HIGH, MODERATE, NOT, UNKNOWN, classify
 from keras_gpu_tools.input.span import SpanFigure
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.profiling.capture import WindowCapture, write_input
@@ -47,6 +47,10 @@ MORE_REASON = (
 LESS_REASON = (
     "xprof counts only input time inside its step markers (input ops, host-to-device copies); "
     "we count the host's whole fetch of the batch, Python included, between steps."
+)
+THRESHOLD_REASON = (
+    "by xprof's thresholds (5%, 20%) our {ours} is {category} too: the categories differ by the "
+    "detector's thresholds ({moderate}, {high}), not by the measure."
 )
 STEP_RATIO = 1.25  # step times this far apart explain a different share on their own
 
@@ -92,6 +96,11 @@ def reason(ours: SpanFigure, x: XprofConclusion) -> str:
     """
     if not differs(ours, x):
         return ""
+    by_xprof = classify(ours.wait_fraction)
+    if x.word != "POTENTIALLY" and by_xprof == x.category and ours.thresholds is not None:
+        moderate, high = (format_percent(t, 0) for t in ours.thresholds)
+        figure = format_percent(ours.wait_fraction)
+        return THRESHOLD_REASON.format(ours=figure, category=by_xprof, moderate=moderate, high=high)
     if x.word == "POTENTIALLY" and ours.category == NOT:
         return POTENTIALLY_REASON
     higher = x.input_fraction is not None and ours.wait_fraction is not None and x.input_fraction > ours.wait_fraction

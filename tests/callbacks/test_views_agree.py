@@ -22,18 +22,14 @@ from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
 from keras_gpu_tools.input import xprof
 from keras_gpu_tools.input.span import SpanFigure
 from keras_gpu_tools.reporting.report import report
+from tests.helpers.xprof import tensorflow_with_xprof
 
 SPAN = "steps 21-25"  # ProfilerWindow(start_step=20, num_steps=5): the 21st to the 25th step
 
 
 @pytest.fixture
 def tf(backend):
-    if backend != "tensorflow":
-        pytest.skip("xprof converts the TensorFlow trace here")
-    pytest.importorskip("xprof.convert.raw_to_tool_data")
-    import tensorflow
-
-    return tensorflow
+    return tensorflow_with_xprof(backend, "xprof converts the TensorFlow trace here")
 
 
 def sleepy_batches(seconds, batch=16, features=8):
@@ -57,17 +53,17 @@ def texts_of(tf, run_dir):
     return {t: tf.make_ndarray(e.tensor_proto).item().decode() for t, e in last.items()}
 
 
-def fit_with_every_view(tmp_path, data, extra=()):
-    """A fit of 2 epochs of 15 steps with the detector, ProfilerWindow (steps 21-25) and LiveView."""
+def fit_with_every_view(tmp_path, data, **thresholds):
+    """A fit of 2 epochs of 15 steps with the detector (``thresholds``), ProfilerWindow (steps 21-25) and LiveView."""
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     shown: list[str] = []
     # Windows of 5 steps from each epoch's start, each with a synced step: one of them is steps 21-25.
-    det = InputBoundDetector(log_dir=tmp_path, window=5, sample_every=5, verbose=0)
+    det = InputBoundDetector(log_dir=tmp_path, window=5, sample_every=5, verbose=0, **thresholds)
     prof = ProfilerWindow(log_dir=tmp_path, start_step=20, num_steps=5, verbose=1)
     view = LiveView(interval=1e-3, display=shown.append)  # redrawn after every step
-    model.fit(data, steps_per_epoch=15, epochs=2, verbose=0, callbacks=[det, prof, view, *extra])
+    model.fit(data, steps_per_epoch=15, epochs=2, verbose=0, callbacks=[det, prof, view])
     prof.wait_for_analysis()
     return det, prof, shown
 
@@ -92,7 +88,8 @@ def assert_every_view_agrees(tf, tmp_path, det, prof, shown, printed):
     # xprof: its conclusion is beside ours, and where it differs the one sentence says why.
     x = xprof.read_conclusion(cap.analysis.conclusion, cap.analysis.input_percent, cap.analysis.step_time_ms)
     assert x.word, cap.analysis
-    why = xprof.reason(SpanFigure(fig.span, fig.wait_fraction, fig.category, step_ms=cap.input.step_ms), x)
+    thresholds = (det.moderate_threshold, det.high_threshold)
+    why = xprof.reason(SpanFigure(fig.span, fig.wait_fraction, fig.category, 0, cap.input.step_ms, thresholds), x)
     assert cap.input.reason == why
     if xprof.differs(fig, x):
         assert why and f"  xprof differs: {why}" in printed
@@ -124,12 +121,11 @@ def test_every_view_gives_the_same_figure_for_the_same_steps(tf, tmp_path, capsy
 
 
 def test_where_xprof_differs_both_are_shown_with_why(tf, tmp_path, capsys):
-    # A generator that takes 40 ms a batch and a callback that sleeps 33 ms a step: the input is read
-    # ahead during the callback, and each step still waits about 6 ms for its batch. That is most of
-    # xprof's step, the train function's call alone (highly input-bound), and about a seventh of ours,
-    # from one step to the next, callback included (moderately input-bound).
-    busy = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: time.sleep(0.033))
-    det, prof, shown = fit_with_every_view(tmp_path, sleepy_batches(0.04), extra=[busy])
+    # Thresholds of the user's (a step is highly input-bound from 95% waiting): the generator's wait,
+    # most of each step by both measures, is moderately input-bound to the detector, HIGHLY to xprof.
+    det, prof, shown = fit_with_every_view(
+        tmp_path, sleepy_batches(0.004), moderate_threshold=0.05, high_threshold=0.95
+    )
     fig, x, why = assert_every_view_agrees(tf, tmp_path, det, prof, shown, capsys.readouterr().out)
     assert (fig.category, x.word) == ("moderately input-bound", "HIGHLY"), (fig, x)
-    assert why.startswith("xprof's step is the train function's call alone (")
+    assert why.startswith("by xprof's thresholds (5%, 20%) our ") and "the detector's thresholds (5%, 95%)" in why

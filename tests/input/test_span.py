@@ -102,6 +102,16 @@ def test_step_times_far_apart_are_the_reason_they_give(ours_ms, xprof_ms, conclu
     assert all(len(line) <= 200 for line in xprof.window_lines(fig, x))
 
 
+def test_thresholds_of_the_users_are_the_reason_where_they_alone_differ():
+    fig = span_figure("steps 21-25", Measurement(wait_fraction=0.81, step=0.005), moderate=0.05, high=0.95)
+    x = xprof.read_conclusion(HIGHLY, step_ms=2.0)  # a much shorter step too: the thresholds explain it first
+    assert fig.category == categories.MODERATE and xprof.differs(fig, x)
+    assert xprof.reason(fig, x) == (
+        "by xprof's thresholds (5%, 20%) our 81.0% is highly input-bound too: the categories differ by the "
+        "detector's thresholds (5%, 95%), not by the measure."
+    )
+
+
 def test_window_join_reports_once_when_both_halves_are_in():
     fig = SpanFigure("steps 21-25", 0.02, categories.NOT)
     analysis = SimpleNamespace(conclusion=POTENTIALLY, error="", input_percent=1.2, step_time_ms=2.0)
