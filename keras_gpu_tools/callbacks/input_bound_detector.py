@@ -49,16 +49,16 @@ class InputBoundDetector(FitCallback):
 
     The verdict uses the thresholds of TensorBoard's input-pipeline analyzer
     (xprof): waiting for input at least 20% of step time is "highly input-bound",
-    at least 5% "moderately", else "not input-bound". It is given per window of
-    `window` steps, per epoch and for the run (`detector.verdict`, `summary()`).
+    at least 5% "moderately", else "not input-bound", per window of `window` steps, per epoch
+    and for the run (`verdict`, `summary()`), each naming its span (`verdict.span`: "steps 21-25").
 
     The run's verdict describes its steady state: leading epochs (or, in a
     fit of one epoch, windows) unlike the ones after them (warm-up, a
     `.cache()` that fills, workers that start) are left out and named.
     `verdict.scope` says what the figures cover, `verdict.phases` lists every
     epoch, `detector.measurement` holds the steady state's figures and
-    `detector.fit_measurement` the whole fit's; `verdict.speedup_bound` is
-    what removing the wait is worth at most. Spans are time-weighted sums of
+    `fit_measurement` the whole fit's; `verdict.speedup_bound` is what
+    removing the wait is worth at most. Spans are time-weighted sums of
     their windows (`input/steps` is the weight), so all the figures add up.
 
     Each tip of the advice fits the pipeline as it runs and says which part of

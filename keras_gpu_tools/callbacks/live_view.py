@@ -21,8 +21,10 @@ class LiveView(LeanCallback):
     """Shows a small table with sparklines that updates in place during `fit()` in Jupyter.
 
     It reads what the package's other callbacks in the same `fit()` measure
-    (GPU utilization and memory from `GPUUtilizationLogger`, the input wait
-    from `InputBoundDetector`, OOM recoveries, profiler windows) plus the
+    (GPU utilization and memory from `GPUUtilizationLogger`; from
+    `InputBoundDetector` the input wait of its last window, with the steps
+    named, and the run's verdict so far, with its span; OOM recoveries;
+    profiler windows, with their input wait beside xprof's) plus the
     loss and the step time, and redraws every `interval` seconds and at each
     epoch end (epochs shorter than 50 ms: at most 20 times a second). Outside a
     notebook it does nothing (the default `enabled="auto"`).

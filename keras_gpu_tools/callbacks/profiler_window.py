@@ -12,12 +12,15 @@ from typing import Any
 from keras_gpu_tools.backends.protocols import ProfilerSession
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import ProfilerWarning
+from keras_gpu_tools.input.profiled import ProfiledWindows
+from keras_gpu_tools.input.xprof import WindowJoin, report_input
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.profiling import window as profiled
 from keras_gpu_tools.profiling.analysis import in_background
 from keras_gpu_tools.profiling.capture import WindowCapture, write_capture
 from keras_gpu_tools.profiling.job_session import JobSessions
 from keras_gpu_tools.profiling.schedule import WindowSchedule
+from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import validation as check
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
 from keras_gpu_tools.runtime.step_record import StepRecord
@@ -45,10 +48,13 @@ class ProfilerWindow(FitCallback):
     on TensorFlow and JAX (JAX needs Python 3.12 or newer); torch writes a
     Chrome trace `.pt.trace.json`: open it at https://ui.perfetto.dev.
 
-    After each window a line gives the trace's path, size and mean step time;
-    with `analyze=True` (TensorFlow and JAX, with xprof) xprof's input-pipeline
-    conclusion ("Your program is HIGHLY input-bound because ...") follows, in
-    the background, also as text (tag `profile/steps_<a>_<b>`).
+    Steps are named from 1, as Keras counts them (`start_step=20, num_steps=5`
+    is "steps 21-25"). After each window a line gives the trace's path, size and
+    mean step time, and one its input wait as `InputBoundDetector` measures it
+    (its first and last steps synced for it) beside, with `analyze=True`
+    (TensorFlow and JAX, with xprof), xprof's conclusion on the same steps and
+    why they differ where they do (`captures[i].input`, also as text under
+    `profile/steps_<a>_<b>/input_pipeline`); the run's verdict is the detector's.
 
     In a job of several processes (JAX, `keras.distribution.initialize`)
     every process traces the same steps, and a window's traces form one
@@ -116,28 +122,10 @@ class ProfilerWindow(FitCallback):
     ):
         super().__init__()
         self.log_dir = check.check_log_dir("log_dir", log_dir, allow_none=False)
-        self.start_step = check.check_int("start_step", start_step, low=0)
-        self.num_steps = check.check_int("num_steps", num_steps, low=1)
-        given = [
-            n
-            for n, v in (("windows", windows), ("every_n_steps", every_n_steps), ("every_n_epochs", every_n_epochs))
-            if v is not None
-        ]
-        if len(given) > 1:
-            raise ValueError(
-                f"Invalid arguments: {' and '.join(f'`{g}`' for g in given)} were both given. "
-                "Expected at most one of `windows`, `every_n_steps` and `every_n_epochs`."
-            )
-        self.windows = None
-        if windows is not None:
-            self.windows = prof.validate_windows(check.check_pairs("windows", windows, non_empty=True))
-        self.every_n_steps = check.check_int("every_n_steps", every_n_steps, low=1, allow_none=True)
-        if self.every_n_steps is not None and self.every_n_steps < self.num_steps:
-            raise ValueError(
-                f"Invalid value for argument `every_n_steps`. Received: every_n_steps={every_n_steps} with "
-                f"num_steps={num_steps}: the windows would overlap. Expected every_n_steps >= num_steps."
-            )
-        self.every_n_epochs = check.check_int("every_n_epochs", every_n_epochs, low=1, allow_none=True)
+        self._schedule = WindowSchedule.checked(start_step, num_steps, windows, every_n_steps, every_n_epochs)
+        self.start_step, self.num_steps = self._schedule.start_step, self._schedule.num_steps
+        self.windows, self.every_n_steps = self._schedule.windows, self._schedule.every_n_steps
+        self.every_n_epochs = self._schedule.every_n_epochs
         host_tracer_level = check.check_int("host_tracer_level", host_tracer_level, low=1, high=3)
         self.run_name = check.check_run_name("run_name", run_name)
         check.check_run_dir(self.log_dir, self.run_name)
@@ -146,18 +134,9 @@ class ProfilerWindow(FitCallback):
         self.options = prof.TracerOptions(host_tracer_level, python_tracer, device_tracer_level)
         self.analyze = check.check_bool("analyze", analyze)
         self.verbose = check.check_verbose("verbose", verbose)
-        if self.num_steps > 500:
-            WarnOnce(ProfilerWarning)(
-                "big",
-                f"ProfilerWindow: num_steps={num_steps} may produce a trace of over 1 GB, which TensorBoard "
-                "is known to crash loading. Profile a few steps instead.",
-            )
 
         self.captures: list[WindowCapture] = []
         self.warnings = WarnOnce(ProfilerWarning)
-        self._schedule = WindowSchedule(
-            self.start_step, self.num_steps, self.windows, self.every_n_steps, self.every_n_epochs
-        )
         self._active: prof.Window | None = None
         self._active_reason, self._active_done, self._active_wall = "", 0, 0.0  # the active window's
         self._profiler: ProfilerSession | None = None  # this fit's profiler session (the backend's)
@@ -169,6 +148,7 @@ class ProfilerWindow(FitCallback):
         self._bytes_per_step: float | None = None
         self._sessions_before: set = set()
         self._job: JobSessions | None = None  # this fit's, in a job whose processes agreed on the session names
+        self._inputs = ProfiledWindows()  # each window's input wait, until it is reported
 
     def trigger(self, num_steps: int | None = None) -> None:
         """Profiles the next `num_steps` steps (defaults to `num_steps`), unless a window is running."""
@@ -199,6 +179,8 @@ class ProfilerWindow(FitCallback):
             self._job = JobSessions.join(self._job_gather(), job_dir, self._fit_serial)
         self._open_writers(job=self._job is not None)
         self._job_events()  # process 0 of a job: the job's run at once
+        det = next((c for c in ki.find_callback_list(self.model) if hasattr(c, "high_threshold")), None)
+        self._inputs = ProfiledWindows(*((det.moderate_threshold, det.high_threshold) if det else ()))
         self._attachment = StepHook.attach(self.model, self, self.backend, session)  # last
         self._index0 = self._attachment.hook.next_index  # hook call index of global step `_step0`
         self._step0 = self._global_step
@@ -215,11 +197,19 @@ class ProfilerWindow(FitCallback):
             if self._schedule.epoch_begins(epoch, self._global_step):
                 self._reschedule()
 
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._inputs.waiting() and self._attachment is not None and self._attachment.active:
+            self._attachment.hook.flush()  # a window's last step: its interval ends with the epoch's steps
+
     def sample(self, index: int) -> bool:
-        return False  # no device sync needed: markers only
+        """A window's first and last steps are synced, for its input wait; markers need no sync."""
+        step, w = self._step0 + index - self._index0, self._active
+        if w is None:  # a window starting here
+            return self._schedule.triggered is not None or self._schedule.next_start(step) == step
+        return self._inputs.wants_sync(step, w.start, w.end)
 
     def on_step(self, record: StepRecord) -> None:
-        pass
+        self._inputs.on_step(record, self._step0 + record.index - self._index0)
 
     def on_detach(self, stale: bool) -> None:
         if stale:
@@ -284,6 +274,7 @@ class ProfilerWindow(FitCallback):
                 self._job.gather.give_up(f"process {self.topology.process_index} skipped a window: {why}")
             return
         self._sessions_before, self._active = before, window
+        self._inputs.start(window.start, window.steps)
         if self._stop_on_training_thread() and self._session is not None:
             self._session.watch_unwind(True)  # stop it on the training thread the moment fit() raises
         self._active_reason, self._active_done, self._active_wall = reason, 0, 0.0
@@ -309,9 +300,14 @@ class ProfilerWindow(FitCallback):
             if job is not None and session is not None and meet and job.meet(window, capture, session):
                 self._report_job(capture)
             xplanes = [f for f in capture.files if f.endswith(".xplane.pb")]
-            if self.analyze and xplanes and prof.xprof_available():
-                name, isolated = "keras_gpu_tools-ProfilerWindow-xprof", job is not None
-                in_background(self._analyses, capture, xplanes, self._writer, self._say, name=name, isolated=isolated)
+            analyze = bool(self.analyze and xplanes and prof.xprof_available())
+            join = WindowJoin(analyze, lambda lines, fig: report_input(capture, lines, fig, self._say, self._writer))
+            self._inputs.stop(window.start, done, join, complete=reason != "cut short")
+            if analyze:
+                name, isolated, done_ = "keras_gpu_tools-ProfilerWindow-xprof", job is not None, join.xprof
+                in_background(
+                    self._analyses, capture, xplanes, self._writer, self._say, name=name, isolated=isolated, done=done_
+                )
 
     def _report_job(self, capture: WindowCapture) -> None:
         """Process 0: the job's line for the window, and xprof's conclusion over every process's trace."""
@@ -328,22 +324,21 @@ class ProfilerWindow(FitCallback):
         self._sync_step()
         attachment, self._attachment = self._attachment, None
         if attachment is not None:
+            if not aborted and attachment.active:
+                attachment.hook.flush()  # the last step's record, for a window that ended with the fit
             attachment.detach()  # the train function is Keras's own again
         with self._lock:
             if self._active is not None:
                 # After a failure the other processes may be gone: no meeting (it would wait for them).
                 self._stop_window("cut short", meet=not aborted)
+        self._inputs.finish_all()
         if not aborted and self._profiler is not None:  # a schedule past the end is never silent
-            step, captured = self._global_step, len(self.captures) > self._fit_captures
-            lines = self._schedule.unreached_lines(step, captured)
+            captured = len(self.captures) > self._fit_captures
+            lines, warning = self._schedule.unreached_report(self._fit_start_step, self._global_step, captured)
             for line in lines:
                 self._say(line)
-            if lines and not captured:
-                self.warnings(
-                    ("unreached", self._fit_start_step),
-                    f"ProfilerWindow: no window was reached in this fit() (steps {self._fit_start_step} to {step}); "
-                    "lower `start_step` (or `every_n_steps`) to profile it.",
-                )
+            if warning:
+                self.warnings(("unreached", self._fit_start_step), warning)
         self._profiler = None
         self._job = None
         self.wait_for_analysis()

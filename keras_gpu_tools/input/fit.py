@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from keras_gpu_tools.input import stragglers
 from keras_gpu_tools.input.job import JobExchange
 from keras_gpu_tools.input.measure import Measurement, Sums, aggregate
+from keras_gpu_tools.input.span import steps_label
 from keras_gpu_tools.input.steady import FitSpans
 from keras_gpu_tools.input.timing import StepStats
 from keras_gpu_tools.input.verdict import Judge, Verdict
@@ -105,10 +106,11 @@ class InputFit:
     def close_window(self, stats: StepStats, t0: float, step: int) -> Measurement | None:
         """Adds the window of ``stats`` that ends at global ``step``; its figures where they make a verdict."""
         m = stats.measurement(self.flops, self.peak, self.devices)
-        self.spans.add_window(f"steps {step - stats.steps + 1}-{step}", m, t0)
+        label = steps_label(step - stats.steps + 1, step)
+        self.spans.add_window(label, m, t0)
         if m.wait_fraction is None and m.steps_per_sec is None:
             return None
-        v = self.judge(m, t0, with_advice=False)
+        v = self.judge(m, t0, scope=label, with_advice=False)
         v.advice = []
         self.window_verdicts.append((step, v))
         return m

@@ -57,10 +57,10 @@ def summary_text(
     With ``fit`` (the whole fit's figures, when the verdict covers only its
     steady state) the table has a column for each, and the phases follow.
     """
-    head = f"{title}: {v.category}" + (f" ({v.scope})" if v.scope else "")
+    head = f"{title}: {v.category}" + (f" ({v.span})" if v.scope else "")
     lines = [head, "", v.message, ""]
     if fit is not None and v.left_out:
-        lines.append(f"| figure | {v.scope} | whole fit |")
+        lines.append(f"| figure | {v.span} | whole fit |")
         lines.append("|---|---|---|")
         lines += [f"| {a} | {b} | {c} |" for (a, b), (_, c) in zip(_rows(m), _rows(fit))]
     else:

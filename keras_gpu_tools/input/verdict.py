@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from keras_gpu_tools.input.advice import advise
 from keras_gpu_tools.input.categories import HIGH, MODERATE, NOT, UNKNOWN, XPROF_HIGH, XPROF_MODERATE, classify
 from keras_gpu_tools.input.measure import Measurement
+from keras_gpu_tools.input.span import SpanFigure, span_name
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime.units import format_percent
 from keras_gpu_tools.runtime.validation import check_number
@@ -52,6 +53,15 @@ class Verdict:
     @property
     def left_out(self) -> list[Phase]:
         return [p for p in self.phases if not p.steady]
+
+    @property
+    def span(self) -> str:
+        """What the figures cover, in words: ``"steady state, epochs 2-5"``, ``"the whole fit"``, ``"steps 21-25"``."""
+        return span_name(self.scope, bool(self.left_out))
+
+    def figure(self) -> SpanFigure:
+        """The verdict's input wait, category and span, as every view words them."""
+        return SpanFigure(self.span, self.wait_fraction, self.category)
 
     def __str__(self) -> str:
         return self.message
@@ -151,6 +161,7 @@ def verdict_for(
 ) -> Verdict:
     """The verdict on ``m``, the figures of ``scope``; ``phases`` are the fit's, ``fit`` its whole figures."""
     category = classify(m.wait_fraction, moderate, high)
+    left_out = any(not p.steady for p in phases)
     if category == UNKNOWN:
         message = "Input-bound: unknown (no timed training step yet)."
     else:  # a known wait_fraction comes with the wait and the step it was computed from
@@ -160,7 +171,7 @@ def verdict_for(
         message = (
             f"Your program is {word} input-bound because {pct:.1f}% of the step time is spent waiting for input "
             f"(wait {1e3 * m.wait:.2f} ms, compute {1e3 * (m.compute or 0):.2f} ms, other {1e3 * (m.other or 0):.2f} ms "
-            f"of a {1e3 * m.step:.2f} ms step)" + (f", over {scope}." if scope else ".")
+            f"of a {1e3 * m.step:.2f} ms step)" + (f", over {span_name(scope, left_out)}." if scope else ".")
         )
         for extra in (_phases_text(phases), worth_text(m)):
             if extra:

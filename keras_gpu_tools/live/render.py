@@ -141,6 +141,35 @@ def step_times(points: Sequence[tuple[float, int, dict[str, float]]]) -> list[fl
     return out
 
 
+def _input_rows(det: Any) -> list[tuple[str, str, str]]:
+    """The detector's rows: the last window's input wait (its steps named), and the run's verdict so far.
+
+    Every figure is the detector's own, worded by its verdicts (``Verdict.figure()``), so the view
+    says what the detector, ProfilerWindow and the report say for the same steps.
+    """
+    e = html.escape
+    rows: list[tuple[str, str, str]] = []
+    wv = _tail(getattr(det, "window_verdicts", []) or [], SPARK_POINTS)
+    hist = _tail(getattr(det, "epoch_history", []) or [], 1)
+    if wv:
+        fig = wv[-1][1].figure()
+        spark = [100 * (x.wait_fraction or 0.0) for _, x in wv]
+        rows.append((f"input wait, {fig.span}", e(fig.short()), sparkline(spark, low=0, high=100, color="#d62728")))
+    elif hist:
+        frac = hist[-1].get(schema.INPUT_WAIT_FRACTION)
+        rows.append(("input wait (last epoch)", _fmt(None if frac is None else 100 * frac, "%", 1), ""))
+    try:
+        run = det.verdict  # made once per epoch, when first read
+    except Exception:
+        run = None
+    if run is not None and run.wait_fraction is not None:
+        fig = run.figure()
+        rows.append((f"run verdict ({fig.span})", e(fig.short()), "InputBoundDetector's; the windows are its parts"))
+    if hist and schema.SAMPLES_PER_SEC in hist[-1]:
+        rows.append(("samples/s (last epoch)", _fmt(hist[-1][schema.SAMPLES_PER_SEC], "", 0), ""))
+    return rows
+
+
 def render(state: LiveState, now: float) -> str:
     """The view's HTML: a header and a table; never raises for missing data."""
     e = html.escape
@@ -211,28 +240,7 @@ def render(state: LiveState, now: float) -> str:
 
     det = state.detector
     if det is not None:
-        wv = _tail(getattr(det, "window_verdicts", []) or [], SPARK_POINTS)
-        hist = _tail(getattr(det, "epoch_history", []) or [], 1)
-        if wv:
-            step, v = wv[-1]
-            frac = v.wait_fraction
-            rows.append(
-                (
-                    f"input wait (last {getattr(det, 'window', '')} steps)",
-                    f"{_fmt(None if frac is None else 100 * frac, '%', 1)} ({e(v.category)})",
-                    sparkline(
-                        [100 * (x.wait_fraction or 0.0) for _, x in wv][-SPARK_POINTS:],
-                        low=0,
-                        high=100,
-                        color="#d62728",
-                    ),
-                )
-            )
-        elif hist:
-            frac = hist[-1].get(schema.INPUT_WAIT_FRACTION)
-            rows.append(("input wait", _fmt(None if frac is None else 100 * frac, "%", 1), ""))
-        if hist and schema.SAMPLES_PER_SEC in hist[-1]:
-            rows.append(("samples/s (last epoch)", _fmt(hist[-1][schema.SAMPLES_PER_SEC], "", 0), ""))
+        rows += _input_rows(det)
 
     oom = state.oom
     if oom is not None:
@@ -251,14 +259,12 @@ def render(state: LiveState, now: float) -> str:
     if prof is not None:
         caps = list(getattr(prof, "captures", []) or [])
         last = ""
-        if caps:
-            a = getattr(caps[-1], "analysis", None)
+        if caps:  # the window's input wait beside xprof's, once both are known; else where its trace is
+            found = getattr(caps[-1], "input", None)
             last = (
-                (a.conclusion if a is not None and a.conclusion else caps[-1].line())
-                if hasattr(caps[-1], "line")
-                else ""
+                found.text.split("\n")[0] if found is not None else caps[-1].line() if hasattr(caps[-1], "line") else ""
             )
-        rows.append(("profiler windows", str(len(caps)), e(last[:140])))
+        rows.append(("profiler windows", str(len(caps)), e(last.removeprefix("ProfilerWindow: ")[:200])))
 
     body = "".join(
         f'<tr><td style="padding:1px 8px 1px 0;color:#555">{e(a)}</td>'

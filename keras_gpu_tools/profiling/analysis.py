@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter
-from keras_gpu_tools.profiling.capture import WindowCapture
+from keras_gpu_tools.profiling.capture import WindowCapture, steps_name
 from keras_gpu_tools.profiling.trace import TraceAnalysis, analyze_input_pipeline
 
 
@@ -18,12 +18,15 @@ def analyze_window(
     say: Callable[[str], None],
     job: bool = False,
     isolated: bool = False,
+    done: Callable[[TraceAnalysis], None] | None = None,
 ) -> None:
     """xprof's input-pipeline analysis of the window's trace into ``capture`` (``job``: every process's traces).
 
-    Its conclusion's first sentence is said (``say(line)``), the whole written as text and JSON under
-    ``profile/steps_<a>_<b>/input_pipeline``. ``isolated``: one process's
-    trace of a job session, analyzed apart (see :func:`analyze_input_pipeline`).
+    It is written as JSON under ``profile/steps_<a>_<b>/input_pipeline/data``.
+    ``done(analysis)``, where given, words it (beside the window's own input
+    wait); else its conclusion's first sentence is said (``say(line)``) and written as that tag's
+    text. ``isolated``: one process's trace of a job session, analyzed apart
+    (see :func:`analyze_input_pipeline`).
     """
     try:
         a = analyze_input_pipeline(paths, isolated=isolated)
@@ -33,14 +36,20 @@ def analyze_window(
         capture.job_analysis = a
     else:
         capture.analysis = a
-    text = a.conclusion or f"xprof gave no conclusion ({a.error or 'no steps found'})"
     start, stop = capture.start_step, capture.start_step + capture.num_steps
-    who = f"job of {len(paths)} processes, " if job else ""
-    say(f"ProfilerWindow: {who}steps [{start}, {stop}): {text.split('. ')[0].rstrip('.')}.")  # the whole: TensorBoard
+    tag = schema.profile_window(start, stop) + "/" + schema.INPUT_PIPELINE
     if writer is not None:
-        tag = schema.profile_window(start, stop) + "/" + schema.INPUT_PIPELINE
+        writer.json(tag + schema.DATA_SUFFIX, a, step=start)  # for report()
+    if done is not None:
+        done(a)
+        return
+    text = a.conclusion or f"xprof gave no conclusion ({a.error or 'no steps found'})"
+    who = f"job of {len(paths)} processes, " if job else ""
+    say(
+        f"ProfilerWindow: {who}{steps_name(start, capture.num_steps)}: xprof: {text.split('. ')[0].rstrip('.')}."
+    )  # the whole: TensorBoard
+    if writer is not None:
         writer.text(tag, text, step=start)
-        writer.json(tag + schema.DATA_SUFFIX, a, step=start)  # the same, for report()
 
 
 def in_background(threads: list[threading.Thread], *args, name: str, **kwargs) -> None:

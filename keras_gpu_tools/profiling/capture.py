@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.profiling.trace import TraceAnalysis
+
+
+def steps_name(start: int, num_steps: int) -> str:
+    """The name of ``num_steps`` steps from 0-based global step ``start``, counted from 1 as Keras counts batches.
+
+    ``steps_name(20, 5)`` is ``"steps 21-25"``; one step is ``"step 21"``. Every view names its steps so.
+    """
+    first, last = start + 1, start + max(num_steps, 1)
+    return f"step {first}" if first == last else f"steps {first}-{last}"
 
 
 @dataclass
@@ -27,6 +37,8 @@ class WindowCapture:
     job_mean_step_ms: list[float | None] = field(default_factory=list)
     #: process 0 of a job: xprof's conclusion over every process's trace
     job_analysis: TraceAnalysis | None = None
+    #: the window's input wait as the detector measures it, beside xprof's (a WindowInput, once known)
+    input: Any = None
 
     @property
     def trace_dir(self) -> str | None:
@@ -36,8 +48,8 @@ class WindowCapture:
         where = self.trace_dir or "no trace file"
         mean = f", mean step {self.mean_step_ms:.2f} ms" if self.mean_step_ms is not None else ""
         return (
-            f"ProfilerWindow: steps [{self.start_step}, {self.start_step + self.num_steps}) "
-            f"({self.reason}) -> {where} ({self.size_bytes / 2**20:.1f} MiB{mean})"
+            f"ProfilerWindow: {steps_name(self.start_step, self.num_steps)} ({self.reason}) -> {where} "
+            f"({self.size_bytes / 2**20:.1f} MiB{mean})"
         )
 
     def job_line(self) -> str:
@@ -55,7 +67,7 @@ class WindowCapture:
             else ""
         )
         return (
-            f"ProfilerWindow: job of {n} processes, steps [{self.start_step}, {self.start_step + self.num_steps}) -> "
+            f"ProfilerWindow: job of {n} processes, {steps_name(self.start_step, self.num_steps)} -> "
             f"{where} ({len(self.job_files)} trace files; mean step per process: {steps} ms{slowest}{missing})"
         )
 
@@ -65,4 +77,12 @@ def write_capture(writer: EventWriter | None, capture: WindowCapture, line: str)
     if writer is not None:
         tag = schema.profile_window(capture.start_step, capture.start_step + capture.num_steps)
         writer.text(tag, line, step=capture.start_step)
+        writer.json(tag + schema.DATA_SUFFIX, capture, step=capture.start_step)
+
+
+def write_input(writer: EventWriter | None, capture: WindowCapture, text: str) -> None:
+    """A window's input wait (``capture.input``) beside xprof's as text, and the capture again as JSON with it."""
+    if writer is not None:
+        tag = schema.profile_window(capture.start_step, capture.start_step + capture.num_steps)
+        writer.text(tag + "/" + schema.INPUT_PIPELINE, text, step=capture.start_step)
         writer.json(tag + schema.DATA_SUFFIX, capture, step=capture.start_step)

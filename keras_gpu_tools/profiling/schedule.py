@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from keras_gpu_tools.profiling.trace import Window
+from keras_gpu_tools.errors import ProfilerWarning
+from keras_gpu_tools.profiling.capture import steps_name
+from keras_gpu_tools.profiling.trace import Window, validate_windows
+from keras_gpu_tools.runtime import validation as check
+from keras_gpu_tools.runtime.warn_once import WarnOnce
 
 
 class WindowSchedule:
@@ -31,6 +35,44 @@ class WindowSchedule:
         self.epoch_windows: list[Window] = []
         self.triggered: int | None = None  # steps of a window asked for at the next step
         self.skip_until = -1  # steps up to this one are not profiled
+
+    @classmethod
+    def checked(
+        cls,
+        start_step: int,
+        num_steps: int,
+        windows: Sequence[tuple[int, int]] | None = None,
+        every_n_steps: int | None = None,
+        every_n_epochs: int | None = None,
+    ) -> WindowSchedule:
+        """The schedule of ProfilerWindow's arguments, each checked (an error names the argument and the value)."""
+        start_step = check.check_int("start_step", start_step, low=0)
+        num_steps = check.check_int("num_steps", num_steps, low=1)
+        given = [
+            n
+            for n, v in (("windows", windows), ("every_n_steps", every_n_steps), ("every_n_epochs", every_n_epochs))
+            if v is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(
+                f"Invalid arguments: {' and '.join(f'`{g}`' for g in given)} were both given. "
+                "Expected at most one of `windows`, `every_n_steps` and `every_n_epochs`."
+            )
+        checked = None if windows is None else validate_windows(check.check_pairs("windows", windows, non_empty=True))
+        every = check.check_int("every_n_steps", every_n_steps, low=1, allow_none=True)
+        if every is not None and every < num_steps:
+            raise ValueError(
+                f"Invalid value for argument `every_n_steps`. Received: every_n_steps={every_n_steps} with "
+                f"num_steps={num_steps}: the windows would overlap. Expected every_n_steps >= num_steps."
+            )
+        epochs = check.check_int("every_n_epochs", every_n_epochs, low=1, allow_none=True)
+        if num_steps > 500:
+            WarnOnce(ProfilerWarning)(
+                "big",
+                f"ProfilerWindow: num_steps={num_steps} may produce a trace of over 1 GB, which TensorBoard "
+                "is known to crash loading. Profile a few steps instead.",
+            )
+        return cls(start_step, num_steps, checked, every, epochs)
 
     def epoch_begins(self, epoch: int, step: int) -> bool:
         """Epoch ``epoch`` of a fit begins at global ``step``; whether it brings a window."""
@@ -93,10 +135,20 @@ class WindowSchedule:
                 pending.append(Window(first, self.num_steps))
         return pending
 
+    def unreached_report(self, fit_start: int, step: int, captured_in_fit: bool) -> tuple[list[str], str]:
+        """At the end of a fit() begun at global ``fit_start``: :meth:`unreached_lines`, and a warning where it reached none."""
+        lines = self.unreached_lines(step, captured_in_fit)
+        if not lines or captured_in_fit:
+            return lines, ""
+        return lines, (
+            f"ProfilerWindow: no window was reached in this fit() ({steps_name(fit_start, step - fit_start)}); "
+            "lower `start_step` (or `every_n_steps`) to profile it."
+        )
+
     def unreached_lines(self, step: int, captured_in_fit: bool) -> list[str]:
         """:meth:`unreached` in words, one line a window."""
         return [
-            f"ProfilerWindow: steps [{w.start}, {w.end}) were not captured: training ended at step {step}. "
+            f"ProfilerWindow: {steps_name(w.start, w.steps)} were not captured: training ended at step {step}. "
             "A later fit() with this callback continues the count."
             for w in self.unreached(step, captured_in_fit)
         ]

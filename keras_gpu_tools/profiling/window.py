@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.profiling import trace as prof
-from keras_gpu_tools.profiling.capture import WindowCapture
+from keras_gpu_tools.profiling.capture import WindowCapture, steps_name
 from keras_gpu_tools.profiling.job_session import JobSessions
 from keras_gpu_tools.runtime.native_logs import quiet_native_logs
 
@@ -47,8 +47,8 @@ def start(
     except prof.ProfilerBusy as e:
         warn(
             "busy",
-            f"ProfilerWindow: another profiler session is already running ({e}); steps "
-            f"[{window.start}, {window.end}) are not captured. Remove `profile_batch` from keras.callbacks.TensorBoard "
+            f"ProfilerWindow: another profiler session is already running ({e}); "
+            f"{steps_name(window.start, window.steps)} are not captured. Remove `profile_batch` from keras.callbacks.TensorBoard "
             "or stop your own profiler to use ProfilerWindow.",
         )
         return None, "its profiler was busy"
@@ -111,6 +111,6 @@ def stop(
     if capture.size_bytes > prof.LARGE_TRACE_BYTES:
         warn(
             ("big", window.start),
-            f"ProfilerWindow: the trace of steps [{window.start}, {window.end}) is {capture.size_bytes / 2**30:.1f} GiB; TensorBoard may fail to load it.",
+            f"ProfilerWindow: the trace of {steps_name(window.start, window.steps)} is {capture.size_bytes / 2**30:.1f} GiB; TensorBoard may fail to load it.",
         )
     return capture, session

@@ -263,7 +263,7 @@ def _input_pipeline(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
     if not v:
         return []
     parts = ["<h3>Input pipeline</h3>"]
-    scope = f" ({v['scope']})" if v.get("scope") else ""
+    scope = f" ({v.get('span') or v['scope']})" if v.get("scope") else ""
     note = text.own_verdict_note(data)
     if note:
         parts.append(f"<p><i>{prose(note)}</i></p>")
@@ -318,19 +318,18 @@ def _profiler_windows(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
         return []
     rows = [
         (
-            p["steps"],
+            p.get("span") or p["steps"],
             p["reason"],
             "" if p["mean_step_ms"] is None else format_milliseconds(p["mean_step_ms"]),
             p["trace_dir"],
             "" if p["size_mib"] is None else format_bytes(p["size_mib"] * 2**20),
-            p["conclusion"] or "-",
+            p.get("input") or "-",
+            (p["conclusion"] or "-") + (f" Why xprof differs: {p['xprof_reason']}" if p.get("xprof_reason") else ""),
         )
         for p in data.profiles
     ]
-    return [
-        "<h3>Profiler windows</h3>",
-        _table(["steps", "reason", "mean step", "trace", "size", "xprof conclusion"], rows),
-    ]
+    head = ["steps", "reason", "mean step", "trace", "size", "input wait (this window)", "xprof conclusion"]
+    return ["<h3>Profiler windows</h3>", _table(head, rows)]
 
 
 def _mixed_precision(data: ReportData, pngs: dict[str, bytes]) -> list[str]:

@@ -13,7 +13,10 @@ import math
 import os
 from typing import Any
 
+from keras_gpu_tools.input.categories import UNKNOWN
+from keras_gpu_tools.input.span import SpanFigure, span_name
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.profiling.capture import steps_name
 
 
 def finite(v: Any) -> float | None:
@@ -55,13 +58,17 @@ def verdict_dict(rec: dict[str, Any], text: str, fit_figures: dict[str, Any] | N
     ``fit_figures`` the whole fit's figures. Records of earlier versions lack
     them: empty, None.
     """
+    phases = [phase_dict(p) for p in rec.get("phases") or []]
+    scope = str(rec.get("scope") or "")
     return {
         "category": str(rec.get("category", "unknown")),
+        "span": span_name(scope, any(not p["steady"] for p in phases)) if scope else "",
+        "wait_fraction": finite(rec.get("wait_fraction")),
         "message": str(rec.get("message", "")),
         "evidence": [str(x) for x in rec.get("evidence") or []],
         "advice": [str(x) for x in rec.get("advice") or []],
-        "scope": str(rec.get("scope") or ""),
-        "phases": [phase_dict(p) for p in rec.get("phases") or []],
+        "scope": scope,
+        "phases": phases,
         "speedup_bound": finite(rec.get("speedup_bound")),
         "fit_wait_fraction": finite(rec.get("fit_wait_fraction")),
         "fit_figures": floats(fit_figures or {}),
@@ -131,6 +138,30 @@ def profile_row(rec: dict[str, Any]) -> dict[str, Any]:
         "size_mib": None if size is None else size / 2**20,
         "mean_step_ms": finite(rec.get("mean_step_ms")),
         "conclusion": conclusion(rec.get("analysis")),
+        **window_input(rec.get("input"), start, n),
+    }
+
+
+def window_input(rec: dict[str, Any] | None, start: int, n: int) -> dict[str, Any]:
+    """A profiled window's input wait as the detector measures it, beside xprof's, from a `WindowInput` record.
+
+    ``span`` ("steps 21-25"), ``input`` (``"9.3% (moderately input-bound)"``, "" before any),
+    ``input_wait_fraction``, ``input_category``, ``xprof`` (its word and share) and ``xprof_reason``
+    (why xprof says otherwise; "" where it agrees).
+    """
+    rec = rec or {}
+    fig = SpanFigure(
+        str(rec.get("span") or steps_name(start, n)),
+        finite(rec.get("wait_fraction")),
+        str(rec.get("category") or UNKNOWN),
+    )
+    return {
+        "span": fig.span,
+        "input": fig.short() if rec else "",
+        "input_wait_fraction": fig.wait_fraction,
+        "input_category": fig.category,
+        "xprof": str(rec.get("xprof") or ""),
+        "xprof_reason": str(rec.get("reason") or ""),
     }
 
 

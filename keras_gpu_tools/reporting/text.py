@@ -220,7 +220,7 @@ def _input_pipeline(data: ReportData) -> Section | None:
     v = data.verdict
     if not v:
         return None
-    scope = f" ({v['scope']})" if v.get("scope") else ""
+    scope = f" ({v.get('span') or v['scope']})" if v.get("scope") else ""
     body = [f"Verdict: {v['category']}{scope}", v["message"]]
     note = own_verdict_note(data)
     if note:
@@ -264,9 +264,21 @@ def _profiler_windows(data: ReportData) -> Section | None:
         size = "?" if p["size_mib"] is None else format_bytes(p["size_mib"] * 2**20)
         mean = "" if p["mean_step_ms"] is None else f", mean step {format_milliseconds(p['mean_step_ms'])}"
         where = p["trace_dir"] or "no trace file"
-        body.append(f"steps {p['steps']} ({p['reason'] or '?'}): {where} ({size}{mean})")
-        body.append(f"  conclusion: {p['conclusion'] or NO_XPROF}")
+        body.append(f"{p.get('span') or 'steps ' + p['steps']} ({p['reason'] or '?'}): {where} ({size}{mean})")
+        body += window_input_lines(p, data.verdict)
     return "Profiler windows", body
+
+
+def window_input_lines(p: dict[str, Any], verdict: dict[str, Any] | None) -> list[str]:
+    """A profiled window's input wait (this window only, beside the run's verdict), xprof's conclusion, why they differ."""
+    lines = []
+    if p.get("input"):
+        run = f"the run's verdict: {verdict['category']} ({verdict.get('span') or verdict['scope']})" if verdict else ""
+        lines.append(f"  input wait: {p['input']}, this window only" + (f"; {run}" if run else ""))
+    lines.append(f"  xprof: {p['conclusion'] or NO_XPROF}")
+    if p.get("xprof_reason"):
+        lines.append(f"  why xprof differs: {p['xprof_reason']}")
+    return lines
 
 
 def _mixed_precision(data: ReportData) -> Section | None:

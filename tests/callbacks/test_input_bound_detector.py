@@ -244,7 +244,7 @@ def test_a_cache_filling_first_epoch_is_left_out_of_the_verdict():
     assert det.measurement.step < det.fit_measurement.step
     assert "interleave" not in "\n".join(v.advice)
     summary = det.summary()
-    assert f"| figure | {v.scope} | whole fit |" in summary and "no: while the cache filled" in summary
+    assert f"| figure | steady state, {v.scope} | whole fit |" in summary and "no: while the cache filled" in summary
 
 
 @pytest.mark.multibackend

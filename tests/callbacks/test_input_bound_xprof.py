@@ -19,6 +19,7 @@ from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 from keras_gpu_tools.input import categories
 from keras_gpu_tools.runtime.session import FitSession
 from keras_gpu_tools.runtime.step_hook import StepHook
+from tests.helpers.xprof import tensorflow_with_xprof
 
 XPROF_CATEGORY = {
     "HIGHLY": categories.HIGH,
@@ -30,12 +31,7 @@ XPROF_CATEGORY = {
 
 @pytest.fixture
 def tf(backend):
-    if backend != "tensorflow":
-        pytest.skip("xprof step markers are written by the TensorFlow backend here")
-    pytest.importorskip("xprof.convert.raw_to_tool_data")
-    import tensorflow
-
-    return tensorflow
+    return tensorflow_with_xprof(backend, "xprof step markers are written by the TensorFlow backend here")
 
 
 def profiled_fit(tf, tmp_path, dataset, model, steps):

@@ -55,7 +55,7 @@ def test_redraws_what_the_other_callbacks_measure(tmp_path, monkeypatch):
     assert view.redraws <= seconds / 0.2 + 2 + 2  # the interval is kept
     last = shown[-1]
     assert "<b>Done</b>" in last and "epoch 2/2" in last and "step 80" in last
-    assert "input wait (last 10 steps)" in last and "host CPU (no GPU)" in last and "<svg" in last
+    assert "input wait, steps 71-80" in last and "host CPU (no GPU)" in last and "<svg" in last
     assert f"{det.epoch_history[-1]['throughput/samples_per_sec']:,.0f}" in last
     assert view.redraw_seconds / view.redraws < 0.05  # a redraw is cheap
 
@@ -90,14 +90,15 @@ def test_render_shows_each_gpu_and_oom_and_profiler():
         ],
     )
     st.oom = SimpleNamespace(micro_batches=4, recoveries=["OOM on step 57"])
+    text = "ProfilerWindow: 2.0% waiting for input (not input-bound), steps 11-15, this window only; xprof agrees"
     cap = SimpleNamespace(
-        analysis=SimpleNamespace(conclusion="Your program is NOT input-bound"), line=lambda: "steps [10, 15)"
+        input=SimpleNamespace(text=text + "\nxprof's own conclusion: ..."), line=lambda: "steps 11-15"
     )
     st.profiler = SimpleNamespace(captures=[cap])
     html = render(st, now=0.0)
     assert "GPU 0 SM activity" in html and "54%" in html and "2,000 / 80,000 MiB" in html
     assert "OOM recoveries" in html and "micro-batches: 4" in html
-    assert "Your program is NOT input-bound" in html
+    assert "2.0% waiting for input (not input-bound), steps 11-15, this window only; xprof agrees" in html
     assert "100.00 ms" in html  # 1 s per 10 steps, from the logger's points
 
 

@@ -72,11 +72,11 @@ def test_window_reached_in_a_second_fit_and_one_never_reached(tmp_path, capsys):
     model = tiny_dense_model()
     fit(model, cb, steps=5)
     assert not cb.captures
-    assert "steps [7, 9) were not captured: training ended at step 5" in capsys.readouterr().out
+    assert "steps 8-9 were not captured: training ended at step 5" in capsys.readouterr().out
     fit(model, cb, steps=5)
     assert [(c.start_step, c.num_steps) for c in cb.captures] == [(7, 2)]
     assert step_names(cb.captures[0]) == [7, 8]
-    assert "steps [100, 102) were not captured: training ended at step 10" in capsys.readouterr().out
+    assert "steps 101-102 were not captured: training ended at step 10" in capsys.readouterr().out
 
 
 @needs_profiler
@@ -183,7 +183,7 @@ def test_slow_input_pipeline_is_reported_input_bound(tmp_path):
     acc.Reload()
     texts = {tag: tf.make_ndarray(acc.Tensors(tag)[0].tensor_proto).item().decode() for tag in acc.Tags()["tensors"]}
     assert "HIGHLY input-bound" in texts["profile/steps_3_8/input_pipeline"]
-    assert "steps [3, 8)" in texts["profile/steps_3_8"]
+    assert "steps 4-8 (scheduled)" in texts["profile/steps_3_8"]
 
 
 def test_jax_on_old_python_says_it_cannot_profile(tmp_path):
@@ -282,7 +282,7 @@ def test_a_schedule_beyond_the_end_of_training_is_not_silent(tmp_path):
     for kwargs, first in (({"start_step": 50}, 50), ({"start_step": 2, "every_n_steps": 40, "num_steps": 2}, 2)):
         cb = ProfilerWindow(log_dir=tmp_path, verbose=0, **kwargs)
         steps = 12 if first == 50 else 1
-        with pytest.warns(ProfilerWarning, match=r"no window was reached in this fit\(\) \(steps 0 to \d+\)"):
+        with pytest.warns(ProfilerWarning, match=r"no window was reached in this fit\(\) \((steps 1-\d+|step 1)\)"):
             fit(tiny_dense_model(), cb, steps=steps)
         assert not cb.captures
 

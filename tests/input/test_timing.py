@@ -6,41 +6,7 @@ from keras_gpu_tools.input import advice, categories, measure, summary, verdict
 from keras_gpu_tools.input.steady import span_label, steady_start, warmup_reason
 from keras_gpu_tools.input.timing import StepStats
 from keras_gpu_tools.runtime.step_record import StepRecord
-
-
-class FakeClock:
-    """A clock the test moves by hand; records are built from its readings."""
-
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
-
-    def advance(self, seconds):
-        self.t += seconds
-
-
-def run_steps(stats, clock, n, fetch, compute, rest, sampled=lambda i: True, first_index=0, samples=32):
-    """Simulates n serial steps: fetch, compute, rest (seconds), fed to ``stats``."""
-    prev = None
-    for i in range(first_index, first_index + n):
-        start = clock()
-        if prev is not None:
-            prev.interval = start - prev.start
-            prev.gap = start - prev.end
-            stats.add(prev)
-        rec = StepRecord(index=i, sampled=sampled(i), start=start, samples=samples)
-        clock.advance(fetch)
-        rec.fetch = fetch
-        fetched = clock()
-        clock.advance(compute)
-        rec.end = clock()
-        if rec.sampled:
-            rec.compute = rec.end - fetched
-        clock.advance(rest)
-        prev = rec
-    stats.add(prev)  # the last call: no gap (epoch end)
+from tests.helpers.step_records import FakeClock, run_steps
 
 
 def test_serial_steps_split_exactly():
@@ -583,7 +549,10 @@ def test_the_issue_example_verdict_is_the_steady_state_and_adds_up():
     )
     assert v.category == categories.MODERATE and v.scope == "epochs 2-3"
     assert v.wait_fraction == pytest.approx((0.069 * 0.020 + 0.145 * 0.022) / (0.020 + 0.022))  # ~10.9%
-    assert "MODERATELY input-bound because 10.9% of the step time" in v.message and "over epochs 2-3" in v.message
+    assert (
+        "MODERATELY input-bound because 10.9% of the step time" in v.message
+        and "over steady state, epochs 2-3" in v.message
+    )
     assert "Left out: epoch 1, which waited 30.5% while the cache filled; since then 6.9-14.5% per epoch." in v.message
     assert "Without the wait, training would be at most 1.12x faster" in v.message
     assert v.speedup_bound == pytest.approx(1 / (1 - v.wait_fraction))
@@ -592,8 +561,11 @@ def test_the_issue_example_verdict_is_the_steady_state_and_adds_up():
     advice = "\n".join(v.advice)
     assert "interleave" not in advice and "comes from the cache" in advice
     text = summary.summary_text("InputBoundDetector", steady, v, fit=fit)
-    assert text.startswith("InputBoundDetector: moderately input-bound (epochs 2-3)")
-    assert "| figure | epochs 2-3 | whole fit |" in text and "| wait for input / step | 10.9% | 19.8% |" in text
+    assert text.startswith("InputBoundDetector: moderately input-bound (steady state, epochs 2-3)")
+    assert (
+        "| figure | steady state, epochs 2-3 | whole fit |" in text
+        and "| wait for input / step | 10.9% | 19.8% |" in text
+    )
     assert "| epoch 1 | 48 | 30.5% | 35.00 ms | no: while the cache filled |" in text
     assert "| epoch 2 | 48 | 6.9% | 20.00 ms | yes |" in text
     assert "sum(steps x wait) / sum(steps x step)" in text

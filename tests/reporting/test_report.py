@@ -578,6 +578,8 @@ def test_log_dir_report_holds_the_callbacks_own_records(tmp_path):
     v = det.verdict
     assert data.verdict == {
         "category": v.category,
+        "span": v.span,
+        "wait_fraction": v.wait_fraction,
         "message": v.message,
         "evidence": v.evidence,
         "advice": v.advice,
