@@ -58,6 +58,7 @@ def _demo(args: argparse.Namespace) -> int:
     from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
     from keras_gpu_tools.layers import MixedPrecisionOutput
     from keras_gpu_tools.logdir.writer import check_log_dir
+    from keras_gpu_tools.profiling.capture import steps_name
     from keras_gpu_tools.reporting.report import report
     from keras_gpu_tools.runtime.deps import loaded
 
@@ -125,11 +126,13 @@ def _demo(args: argparse.Namespace) -> int:
             print(f"  {k:40s} {h[k][-1]:10.1f}")
     if detector.verdict is not None:
         _say(f"InputBoundDetector: {detector.verdict.message}")
-    for c in profiler.captures:
-        conclusion = (
-            c.analysis.conclusion if c.analysis is not None and c.analysis.conclusion else "no xprof conclusion"
-        )
-        _say(f"ProfilerWindow: steps {c.start_step}-{c.start_step + c.num_steps}: {conclusion}")
+    for c in profiler.captures:  # the window's own input wait (as the detector measures it), beside xprof's
+        if c.input is not None and c.input.text:
+            for line in c.input.text.splitlines():  # "ProfilerWindow: steps a-b: ...", then why xprof differs
+                _say(line)
+        else:
+            conclusion = c.analysis.conclusion if c.analysis is not None and c.analysis.conclusion else "no conclusion"
+            _say(f"ProfilerWindow: {steps_name(c.start_step, c.num_steps)}: xprof: {conclusion}")
     print(f"MixedPrecisionCheck: {len(mp_check.findings)} finding(s)")
     if oom is not None:
         _say(oom.summary())
