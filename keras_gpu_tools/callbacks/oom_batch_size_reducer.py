@@ -118,7 +118,7 @@ class OOMBatchSizeReducer(FitCallback):
             backends warn once). Defaults to `False`.
         log_dir: TensorBoard log directory, or `None` for none. Defaults to `None`.
         run_name: TensorBoard run of the scalars. Defaults to `"oom"`.
-        verbose: print each recovery, under its epoch's progress bar line
+        verbose: print each recovery under its epoch's progress bar line (0: one short line a fit)
             (it is always logged to the `keras_gpu_tools` logger). Defaults to `0`.
         progress_bar: `"all"` shows the keys above on Keras's progress bar,
             `"brief"` and `"none"` leave them to `History`. Defaults to `"brief"`.

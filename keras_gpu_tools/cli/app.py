@@ -149,15 +149,22 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _say(text: str, width: int = WIDTH) -> None:
-    """Prints `text` with each of its lines wrapped at `width` characters, continuations indented."""
+def _say(text: str, width: int = WIDTH, table_rows: bool = False) -> None:
+    """Prints `text` with each of its lines wrapped at `width` characters, continuations indented.
+
+    With `table_rows`, a line that starts with "|" (a Markdown table's row) is kept whole.
+    """
     import textwrap
 
     for line in text.splitlines() or [""]:
+        indent = " " * (len(line) - len(line.lstrip()))
+        keep = len(line) <= width or (table_rows and line.lstrip().startswith("|"))
         print(
-            textwrap.fill(line, width, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
-            if len(line) > width
-            else line
+            line
+            if keep
+            else textwrap.fill(
+                line, width, subsequent_indent=indent + "    ", break_long_words=False, break_on_hyphens=False
+            )
         )
 
 
@@ -185,7 +192,7 @@ def _report(args: argparse.Namespace) -> int:
     for path, why in rep.data.unreadable:  # some could: the report is still worth writing
         print(f"keras-gpu-tools report: warning: {printable(os.path.join(args.log_dir, path))} {why}", file=sys.stderr)
     if not args.quiet:
-        print(rep.text())
+        _say(rep.text(), table_rows=True)  # prose wrapped; a table's rows kept whole
     try:
         path = rep.save(out)
         print(f"\nHTML report: {printable(os.path.abspath(path))}")

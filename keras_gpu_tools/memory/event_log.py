@@ -51,6 +51,7 @@ class EventLog:
         self.events: list[OOMEvent] = []
         self.recovery_seconds = 0.0  # in failed attempts
         self.epoch_events = 0
+        self.noticed = False  # this fit's first recovery was said (without verbose, only the first is)
         self.writer: EventWriter | None = None  # the run's TensorBoard events, while a fit with a log dir runs
 
     def record(self, event: OOMEvent, artifacts: dict[str, bytes]) -> None:
@@ -63,9 +64,12 @@ class EventLog:
         why = event.why()
         if why:
             line += "\n  " + "\n  ".join(why)
-        logger.warning(line)
+        logger.info(line)  # for a configured log; the terminal gets it from `say`, after the epoch's bar line
         if self.verbose:
             self.say(line)
+        elif not self.noticed:  # quiet: one short line a fit, the details in summary(), TensorBoard, the report
+            self.noticed = True
+            self.say(f"{_PREFIX}recovered from an out-of-memory error at step {event.step}; summary() has each one.")
         if self.writer is not None:
             values = {schema.OOM_EVENTS_TOTAL: float(len(self.events))}
             if event.next_split is not None:

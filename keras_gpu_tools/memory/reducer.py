@@ -146,6 +146,7 @@ class ReducerState:
         self.model = model
         run_dir = self.run_dir()
         self.log.writer = EventWriter(run_dir) if run_dir is not None else None
+        self.log.noticed = False
         self.explainer.files = self.log.writer is not None
 
     def end_fit(self, step: int) -> None:

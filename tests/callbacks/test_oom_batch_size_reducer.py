@@ -808,3 +808,23 @@ def test_a_failed_attempts_tensors_are_freed_before_the_retry():
     model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[reducer])
     assert reducer.micro_batches == 4 and len(act.failed) == 2  # 32 failed, 2 x 16 failed, 4 x 8 ran
     assert act.alive and act.alive[0] == 0 and max(act.alive) == 0
+
+
+@real_oom
+def test_a_quiet_reducer_says_one_short_line_after_the_epoch_and_nothing_mid_epoch(capfd):
+    n, batch = 48, 16
+    x, y = numbered_samples(n)
+    model = make_model(n, limit=4)
+
+    class EpochMarks(keras.callbacks.Callback):  # before the reducer in the list: its line comes after the mark
+        def on_epoch_end(self, epoch, logs=None):
+            print(f"<end of epoch {epoch}>")
+
+    reducer = OOMBatchSizeReducer()  # verbose=0
+    model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[EpochMarks(), reducer])
+    out, err = capfd.readouterr()
+    assert len(reducer.events) == 2
+    assert "OOMBatchSizeReducer" not in err  # no warning through the logging module's last resort
+    lines = [line for line in out.splitlines() if line.startswith(("<end", "OOMBatchSizeReducer"))]
+    assert lines[:2] == ["<end of epoch 0>", lines[1]] and lines[1].startswith("OOMBatchSizeReducer: recovered")
+    assert sum(line.startswith("OOMBatchSizeReducer") for line in lines) == 1  # once a fit

@@ -115,6 +115,8 @@ def test_demo_writes_tensorboard_logs_and_the_report_then_report_rebuilds_it(tmp
     for heading in ("GPUs and host", "Step time", "Input pipeline", "Profiler windows", "Mixed precision"):
         assert f"\n{heading}\n" in proc.stdout
     assert "No mixed-precision finding." in proc.stdout  # kept in the log dir by the demo
+    widest = max(proc.stdout.splitlines(), key=len)
+    assert len(widest) <= 200, widest  # the prose wrapped for a terminal
     again = out.read_text()
     assert set(re.findall(r'data-figure="([^"]+)"', again)) == set(figures)
     assert len(list((tmp_path / "png").iterdir())) == len(figures)
