@@ -106,6 +106,7 @@ class Boom(keras.callbacks.Callback):
 
 
 def test_kerass_callbacks_are_given_back_as_they_were_also_after_a_fit_that_raised(tmp_path):
+    pytest.importorskip("tensorflow", reason="Keras's TensorBoard callback writes through TensorFlow")
     board, history, bar = keras.callbacks.TensorBoard(log_dir=str(tmp_path)), keras.callbacks.History(), None
     x, y = regression_data(32, features=4)
     model = tiny_dense_model(features=4, hidden=8)
@@ -169,6 +170,7 @@ def plugin_tags(acc, plugin):
 
 
 def test_tensorboard_has_each_figure_once_and_no_json_among_its_texts_with_kerass_callback(tmp_path):
+    pytest.importorskip("tensorflow", reason="Keras's TensorBoard callback writes through TensorFlow")
     from keras_gpu_tools.reporting.from_logdir import gather_log_dir
 
     log_dir = str(tmp_path)
