@@ -152,13 +152,15 @@ def _demo(args: argparse.Namespace) -> int:
 def _say(text: str, width: int = WIDTH, table_rows: bool = False) -> None:
     """Prints `text` with each of its lines wrapped at `width` characters, continuations indented.
 
-    With `table_rows`, a line that starts with "|" (a Markdown table's row) is kept whole.
+    With `table_rows`, a table's row is kept whole: a line that starts with "|" (Markdown), or
+    whose columns are aligned with runs of spaces.
     """
     import textwrap
 
     for line in text.splitlines() or [""]:
         indent = " " * (len(line) - len(line.lstrip()))
-        keep = len(line) <= width or (table_rows and line.lstrip().startswith("|"))
+        row = line.lstrip().startswith("|") or "  " in line.strip()
+        keep = len(line) <= width or (table_rows and row)
         print(
             line
             if keep

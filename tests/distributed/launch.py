@@ -54,8 +54,8 @@ def run_job(
 ) -> list[dict | None]:
     """Runs ``scenario`` ("module.function" of this folder) in ``processes`` processes; their results by index.
 
-    ``killed``: the processes the scenario kills on purpose (their exit status is
-    not checked, and their result is None).
+    ``killed``: the processes the scenario kills, or JAX may abort, on purpose (their
+    exit status is not checked; their result is None where they wrote none).
     """
     if gpus is None:
         gpus = JOB_GPUS
@@ -103,4 +103,7 @@ def run_job(
     if failed:
         logs = "\n".join(f"--- process {i} ---\n{(out / f'log_{i}.txt').read_text()[-4000:]}" for i in range(processes))
         raise AssertionError("; ".join(failed) + "\n" + logs)
-    return [None if i in killed else json.loads((out / f"result_{i}.json").read_text()) for i in range(processes)]
+    return [
+        json.loads(path.read_text()) if (path := out / f"result_{i}.json").exists() or i not in killed else None
+        for i in range(processes)
+    ]

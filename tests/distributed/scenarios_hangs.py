@@ -93,6 +93,12 @@ def reducer_on_one_process(index: int, count: int, out: Path, other: str | None 
     result["seconds"] = time.monotonic() - t0
     result["steps_trained"] = int(model.optimizer.iterations.numpy())
     result["exit_at_once"] = True  # a process left in a collective would hold JAX's shutdown
+    if other is not None:  # both refused: they leave together, process 0 (the store's host) last
+        from jax._src import distributed
+
+        distributed.global_state.client.wait_at_barrier("scenario_done", 60_000)
+        if index == 0:
+            time.sleep(2.0)  # JAX aborts a process whose coordination service went away
     return result
 
 

@@ -40,12 +40,14 @@ def test_a_reducer_missing_on_a_process_is_refused_on_every_process(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(JOB_GPUS, reason="process 1 is left in NCCL's collective, which does not notice process 0's exit")
 def test_a_reducer_with_a_process_that_runs_none_of_ours_is_refused_after_the_short_deadline(tmp_path):
-    r0, r1 = run_job("scenarios_hangs.reducer_on_one_process", tmp_path, timeout=200, args={"other": None})
+    # Process 1 may be aborted by JAX once process 0, the coordination service's host, has left.
+    r0, r1 = run_job("scenarios_hangs.reducer_on_one_process", tmp_path, timeout=200, args={"other": None}, killed=(1,))
     assert r0["raised"] == "ValueError" and r0["steps_trained"] == 0, r0
     assert "OOMBatchSizeReducer: every process of the job must run it" in r0["message"]
     assert "process 1 gave no" in r0["message"] and "runs none of keras_gpu_tools's callbacks" in r0["message"]
-    # Process 1 (none of ours) was left in the first step's collective; process 0's exit ends it, as with Keras alone.
-    assert r1["raised"] is not None and r1["finally_ran"], r1
+    # Process 1 (none of ours) was left in the first step's collective; process 0's exit ends it, as with Keras
+    # alone: its fit() raises (gloo) or JAX aborts it, whichever comes first. It does not hang.
+    assert r1 is None or (r1["raised"] is not None and r1["finally_ran"]), r1
 
 
 @pytest.mark.slow
