@@ -74,6 +74,7 @@ SAMPLES_PER_SEC = "throughput/samples_per_sec"
 FLOPS_PER_SEC = "throughput/flops_per_sec"
 FLOPS_PER_SEC_PER_DEVICE = "throughput/flops_per_sec_per_device"
 MFU = "throughput/mfu"
+JOULES_PER_SAMPLE = "throughput/joules_per_sample"  # the epoch's GPU energy over its samples
 
 OOM_EVENTS = "oom/events"  # per epoch
 OOM_EVENTS_TOTAL = "oom/events_total"
