@@ -74,6 +74,9 @@ SAMPLES_PER_SEC = "throughput/samples_per_sec"
 FLOPS_PER_SEC = "throughput/flops_per_sec"
 FLOPS_PER_SEC_PER_DEVICE = "throughput/flops_per_sec_per_device"
 MFU = "throughput/mfu"
+# The logger's record of the GPU fields a GPU or driver cannot report, written once a fit in its run:
+# text (a readable list) and JSON {gpu label: {field: reason}} under this tag + DATA_SUFFIX.
+GPU_UNSUPPORTED_TEXT = "gpu/unsupported_fields"
 JOULES_PER_SAMPLE = "throughput/joules_per_sample"  # the epoch's GPU energy over its samples
 
 OOM_EVENTS = "oom/events"  # per epoch

@@ -40,3 +40,7 @@ HEALTH_FIELDS: dict[str, str] = {
     "ecc_uncorrected_errors": "uncorrected ECC errors since the driver loaded (volatile count)",
     "xid_events": "XID error events seen in the epoch (each also warned about, naming the GPU)",
 }
+
+# FitSession.shared key under which the logger publishes a GPUHealthSource (the straggler verdict and
+# others in the same process read the last epoch's GPU figures through it, whatever the callback order).
+SHARED_GPU_HEALTH = "gpu_health"
