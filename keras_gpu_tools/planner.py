@@ -12,10 +12,19 @@ arguments and wires the backend to the search (``memory/search.py``).
 
 from __future__ import annotations
 
+import logging
+
 from keras_gpu_tools import backends
+from keras_gpu_tools.input.flops import table_peak
 from keras_gpu_tools.memory.search import BatchPlan, StepPeaks, sample_batch, search_batch_size
+from keras_gpu_tools.memory.throughput import Budget, Candidate, knee
+from keras_gpu_tools.memory.throughput_run import ThroughputRun, one_batch
+from keras_gpu_tools.memory.timed_fit import fit_side_effects, restore_side_effects
 from keras_gpu_tools.runtime.batches import leading_dim, leaves
-from keras_gpu_tools.runtime.validation import check_int, check_number
+from keras_gpu_tools.runtime.validation import check_choice, check_int, check_log_dir, check_number
+
+OBJECTIVES = ("memory", "throughput")
+logger = logging.getLogger("keras_gpu_tools")
 
 
 def plan_batch_size(
@@ -23,9 +32,13 @@ def plan_batch_size(
     x,
     y=None,
     *,
+    objective: str = "memory",
     max_batch_size: int | None = None,
     memory_limit_mib: float | None = None,
     margin: float = 0.1,
+    global_batch_size: int | None = None,
+    max_seconds: float | None = None,
+    log_dir: str | None = None,
 ) -> BatchPlan:
     """Finds the largest batch size that fits every device, with headroom.
 
@@ -83,41 +96,74 @@ def plan_batch_size(
     model.fit(x_train, y_train, batch_size=plan.batch_size)
     ```
     """
+    objective = check_choice("objective", objective, OBJECTIVES)
     max_batch_size = check_int("max_batch_size", max_batch_size, low=1, allow_none=True)
     memory_limit_mib = check_number(
         "memory_limit_mib", memory_limit_mib, low=0, exclusive_low=True, allow_none=True, what="number of MiB"
     )
     margin = check_number("margin", margin, low=0, high=1, exclusive_high=True, what="fraction")
+    global_batch_size = check_int("global_batch_size", global_batch_size, low=1, allow_none=True)
+    max_seconds = check_number(
+        "max_seconds", max_seconds, low=0, exclusive_low=True, allow_none=True, what="number of seconds"
+    )
+    log_dir = check_log_dir("log_dir", log_dir)
+    throughput = objective == "throughput"
+    for name, value in (("global_batch_size", global_batch_size), ("max_seconds", max_seconds)):
+        if value is not None and not throughput:
+            raise ValueError(
+                f"Invalid value for argument `{name}`. Received: {name}={value!r} with objective='memory'. "
+                "Expected None: it applies to objective='throughput' only."
+            )
+    if global_batch_size is not None and max_batch_size is not None:
+        raise ValueError(
+            f"Invalid value for argument `max_batch_size`. Received: max_batch_size={max_batch_size} with "
+            f"global_batch_size={global_batch_size}. Expected None: a fixed global batch bounds the micro-batch itself."
+        )
     if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
         raise ValueError(
             "plan_batch_size needs a compiled model (`model.compile(optimizer, loss)`): it plans a training step."
         )
     from keras import ops
 
+    budget = Budget(max_seconds)
+    x, y = one_batch(x, y)
     n_samples = _num_samples(model, x, y)
     backend = backends.get()
     replicas = backend.replicas(model)
+    topology = backend.topology(model)
     if max_batch_size is not None and max_batch_size < replicas:
         raise ValueError(
             f"Invalid value for argument `max_batch_size`. Received: max_batch_size={max_batch_size}, but the batch "
             f"is split over {replicas} devices (data parallelism). Expected at least {replicas}: one sample per device."
         )
-    reported = backend.device_capacities(model, replicas)
-    if memory_limit_mib is not None:
-        capacities: list[float] = [memory_limit_mib * 2**20] * replicas
-    elif any(c is None for c in reported):
+    if global_batch_size is not None and global_batch_size % replicas:
         raise ValueError(
-            "Invalid value for argument `memory_limit_mib`. Received: memory_limit_mib=None, but this device reports "
-            "no memory capacity (a CPU). Expected the memory to plan for, in MiB (e.g. memory_limit_mib=16384)."
+            f"Invalid value for argument `global_batch_size`. Received: global_batch_size={global_batch_size}, but "
+            f"the batch is split over {replicas} devices (data parallelism). Expected a multiple of {replicas}."
         )
+    bound = max_batch_size if global_batch_size is None else global_batch_size
+    per_device_max = None if bound is None else bound // replicas
+    reported = backend.device_capacities(model, replicas)
+    capacities: list[float] | None
+    if memory_limit_mib is not None:
+        capacities = [memory_limit_mib * 2**20] * replicas
+    elif any(c is None for c in reported):
+        if not (throughput and per_device_max is not None):
+            raise ValueError(
+                "Invalid value for argument `memory_limit_mib`. Received: memory_limit_mib=None, but this device "
+                "reports no memory capacity (a CPU). Expected the memory to plan for, in MiB (e.g. "
+                "memory_limit_mib=16384)"
+                + (", or max_batch_size= / global_batch_size= to bound the candidates." if throughput else ".")
+            )
+        capacities = None  # nothing to plan against: every batch up to the bound is a candidate
     else:
         capacities = [c for c in reported if c is not None]
-    limits = [(1.0 - margin) * c for c in capacities]
-    per_device_max = None if max_batch_size is None else max_batch_size // replicas
+    limits = None if capacities is None else [(1.0 - margin) * c for c in capacities]
     # Trial steps train the model: everything is built first, copied, and put back after; the
     # backend's restore resets the metrics, whose state (a fit's last results) is put back after it.
     snapshot = backend.plan_snapshot(model, sample_batch(x, y, replicas, n_samples))
     metrics = [(v, ops.convert_to_numpy(v.value)) for v in model.metrics_variables]
+    side_effects = fit_side_effects(model)
 
     def step_memory(per_device: int) -> tuple[list[float], str]:
         # A step compiled, never run (JAX), needs the trial batch's shapes only: no host batch of its size.
@@ -130,23 +176,59 @@ def plan_batch_size(
         backend.device_memory,
         replicas,
     )
+    candidates: list[Candidate] = []
+    why = ""
     try:
-        best, trials = search_batch_size(measure, limits, start=1, maximum=per_device_max)
+        if limits is not None:
+            best, trials = search_batch_size(measure, limits, start=1, maximum=per_device_max)
+            method = measure.method or backend.plan_method(model)
+        else:
+            best, trials = per_device_max or 0, []
+            method = "no memory capacity to plan against (a CPU): every batch up to the bound is a candidate"
+        if throughput and best > 0:
+            peak_of = measure if backend.plans_on_shapes and limits is not None else None  # compiled, never run
+            dtype = model.dtype_policy.compute_dtype
+            peak_flops = table_peak(backend, dtype, lambda key, message: logger.info("keras_gpu_tools: %s", message))
+            run = ThroughputRun(model, backend, (x, y, n_samples), replicas, peak_of, budget, topology, peak_flops)
+            divides = None if global_batch_size is None else global_batch_size // replicas
+            candidates = run.measure(best, trials, divides)
+            chosen, why = knee(candidates)
+            if chosen is None:
+                raise ValueError(
+                    f"Invalid value for argument `max_seconds`. Received: max_seconds={max_seconds:g}, too small to "
+                    f"measure one candidate: planning by memory alone took {budget.elapsed():.1f} s. Expected more "
+                    "time (or None for no limit)."
+                    if max_seconds is not None and all("budget" in c.reason for c in candidates)
+                    else f"plan_batch_size: no candidate batch could be measured: {candidates[0].reason}"
+                )
+            best = chosen.per_device_batch_size
+            method += "; then each candidate timed with model.fit (compile apart, then the steady state)"
     finally:
         backend.plan_restore(model, snapshot)
         for v, value in metrics:
             v.assign(value)
+        restore_side_effects(model, side_effects)
     peak = next((t.peak_bytes for t in reversed(trials) if t.fits and t.batch_size == best), None)
-    return BatchPlan(
+    if global_batch_size is not None and best > 0:
+        why += f"; the global batch of {global_batch_size} runs as {global_batch_size // (best * replicas)} micro-batches of {best * replicas}"
+    plan = BatchPlan(
         batch_size=best * replicas,
         per_device_batch_size=best,
         devices=replicas,
         peak_mib=[p / 2**20 for p in (peak or [])],
-        capacity_mib=[c / 2**20 for c in capacities],
+        capacity_mib=[c / 2**20 for c in (capacities or [])],
         margin=margin,
-        method=measure.method or backend.plan_method(model),
+        method=method,
         trials=trials,
+        objective=objective,
+        candidates=candidates,
+        why=why,
+        global_batch_size=global_batch_size,
+        plan_seconds=budget.elapsed(),
     )
+    if log_dir is not None and topology.is_chief:
+        plan.write(log_dir)
+    return plan
 
 
 def _num_samples(model, x, y) -> int:

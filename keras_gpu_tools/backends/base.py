@@ -175,19 +175,58 @@ class Backend:
         return [None] * replicas
 
     def plan_snapshot(self, model, batch) -> Any:
-        """Builds what a training step needs for ``batch`` and keeps a host copy of every variable."""
+        """Builds what a training step needs for ``batch`` and keeps a host copy of every variable and RNG state.
+
+        The variables include the layers' `keras.random.SeedGenerator` states
+        (non-trainable); the random states are Keras's global seed generator's,
+        NumPy's and Python's, and the framework's own (:meth:`rng_state`).
+        """
         import keras
 
         from keras_gpu_tools.runtime import keras_internals as ki
 
         ki.build_for_training(model, batch)
-        return [(v, keras.ops.convert_to_numpy(v.value)) for v in ki.variables_of(model, "all")]
+        variables = [(v, keras.ops.convert_to_numpy(v.value)) for v in ki.variables_of(model, "all")]
+        return {"variables": variables, "rng": self.rng_state()}
 
     def plan_restore(self, model, snapshot) -> None:
-        """Puts back what :meth:`plan_snapshot` kept (trial steps trained the model)."""
-        for v, value in snapshot:
+        """Puts back what :meth:`plan_snapshot` kept (trial steps trained the model, and drew random numbers)."""
+        for v, value in snapshot["variables"]:
             v.assign(value)
         model.reset_metrics()
+        self.set_rng_state(snapshot["rng"])
+
+    def rng_state(self) -> dict[str, Any]:
+        """The random states a training step may advance besides the model's variables (host copies)."""
+        import random
+
+        import keras
+        import numpy as np
+
+        from keras_gpu_tools.runtime import keras_internals as ki
+
+        seeds = ki.global_seed_generator()
+        return {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "keras": None if seeds is None else (seeds, keras.ops.convert_to_numpy(seeds.state.value)),
+        }
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        """Puts back what :meth:`rng_state` returned."""
+        import random
+
+        import numpy as np
+
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        if state["keras"] is not None:
+            seeds, value = state["keras"]
+            seeds.state.assign(value)
+
+    def plan_step_flops(self, model, batch, replicas: int) -> float | None:
+        """The FLOPs of one training step on ``batch`` (shapes suffice), or None where unknown (all but JAX)."""
+        return None
 
     def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
         """The peak bytes of one training step on ``batch`` per device, and how they were obtained.

@@ -38,6 +38,12 @@ OOM_EVENTS_DATA = "oom/events" + DATA_SUFFIX  # one OOMEvent per recovery
 OOM_EXPLANATION = "oom/explanation"
 OOM_HEADROOM_DATA = "oom/headroom" + DATA_SUFFIX  # per device: peak, capacity, the batch that would fit
 OOM_EVENTS_DIR = "oom_events"  # a folder in the run: one explanation file per event
+PLAN_RUN = "plan"  # the run plan_batch_size(log_dir=...) writes to
+PLAN_SUMMARY = "plan/summary"  # str(BatchPlan): the plan, why, and its candidates' table
+PLAN_SUMMARY_DATA = PLAN_SUMMARY + DATA_SUFFIX  # BatchPlan.as_dict() (candidates: Candidate rows)
+PLAN_FIGURE = "plan/throughput"  # an image: samples/s and peak memory against the batch size
+PLAN_SAMPLES_PER_SEC = "plan/samples_per_sec"  # scalar per measured candidate, the step is its batch size
+PLAN_PEAK_MIB = "plan/peak_mib"  # scalar per candidate with a known peak, the step is its batch size
 MIXED_PRECISION_FINDINGS = "mixed_precision/findings"
 MIXED_PRECISION_FINDINGS_DATA = MIXED_PRECISION_FINDINGS + DATA_SUFFIX  # [MixedPrecisionFinding]
 REPORT_SUMMARY = "report/summary"

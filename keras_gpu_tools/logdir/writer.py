@@ -140,6 +140,13 @@ class EventWriter:
         )
         self._add(event_pb2.Event(wall_time=wall_time or time.time(), step=int(step), summary=summary))
 
+    def image(self, tag: str, png: bytes, step: int, width: int, height: int) -> None:
+        """A PNG image summary: shown in TensorBoard's Images tab."""
+        summary_pb2, event_pb2 = deps.tensorboard_protos()
+        image = summary_pb2.Summary.Image(height=int(height), width=int(width), colorspace=4, encoded_image_string=png)
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, image=image)])
+        self._add(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+
     def text(self, tag: str, text: str, step: int, plugin: str = schema.TEXT_PLUGIN) -> None:
         """A text summary: shown in TensorBoard's Text tab, or, of another ``plugin``, kept for readers alone."""
         from tensorboard.plugins.text import summary_v2  # no TensorFlow needed

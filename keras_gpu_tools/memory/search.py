@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.memory.freeing import free_failed_step, held_since, in_use
+from keras_gpu_tools.memory.throughput import Candidate, format_table
 from keras_gpu_tools.runtime.units import format_bytes
 from keras_gpu_tools.runtime.validation import check_int
 
@@ -167,8 +170,16 @@ class BatchPlan:
         capacity_mib: the memory each device was planned for
             (``memory_limit_mib``, or its capacity).
         margin: the share of the capacity left free.
-        method: how the peaks were obtained.
-        trials: every per-device batch size tried.
+        method: how the peaks were obtained (and, by throughput, timed).
+        trials: every per-device batch size tried by the memory search.
+        objective: `"memory"` (the largest batch that fits) or `"throughput"`
+            (the smallest within 5% of the fastest measured).
+        candidates: by throughput, one `Candidate` row per batch size
+            considered (measured or not, with the reason).
+        why: by throughput, why this batch (in words).
+        global_batch_size: the fixed global batch whose fastest micro-batch
+            `batch_size` is (None: not fixed). `micro_batches` is their ratio.
+        plan_seconds: how long planning took, compiles included.
     """
 
     batch_size: int
@@ -179,12 +190,26 @@ class BatchPlan:
     margin: float
     method: str
     trials: list[Trial] = dataclasses.field(default_factory=list)
+    objective: str = "memory"
+    candidates: list[Candidate] = dataclasses.field(default_factory=list)
+    why: str = ""
+    global_batch_size: int | None = None
+    plan_seconds: float | None = None
 
     @property
     def fits(self) -> bool:
         return self.batch_size > 0
 
+    @property
+    def micro_batches(self) -> int | None:
+        """With ``global_batch_size``: the micro-batches each global batch runs as (None without)."""
+        if self.global_batch_size is None or self.batch_size < 1:
+            return None
+        return self.global_batch_size // self.batch_size
+
     def __str__(self) -> str:
+        if self.objective == "throughput" and self.fits:
+            return self._throughput_text()
         if not self.fits:
             return (
                 f"No batch fits: even 1 sample per device needs more than {100 * (1 - self.margin):.0f}% of "
@@ -199,8 +224,52 @@ class BatchPlan:
             f"{len(self.trials)} trials; method: {self.method}"
         )
 
+    def _throughput_text(self) -> str:
+        per = f" ({self.per_device_batch_size} per device on {self.devices} devices)" if self.devices > 1 else ""
+        took = "" if self.plan_seconds is None else f"; planned in {self.plan_seconds:.1f} s"
+        return (
+            f"batch size {self.batch_size}{per}, objective 'throughput': {self.why}{took}\n"
+            f"{format_table(self.candidates, self.batch_size)}\n(* the plan; compile time is apart from "
+            f"samples/s; method: {self.method})"
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def plot(self) -> Any:
+        """A matplotlib `Figure` of the candidates' samples/s and peak memory against the batch size."""
+        from keras_gpu_tools.memory import throughput_plot
+
+        return throughput_plot.figure(self.candidates, self.batch_size)
+
+    def write(self, log_dir: str, run_name: str = schema.PLAN_RUN) -> None:
+        """Writes the plan to ``log_dir/run_name``: its text, its data, and with candidates a figure and scalars.
+
+        The scalars ``plan/samples_per_sec`` and ``plan/peak_mib`` have the
+        batch size as their step: TensorBoard plots them against the batch.
+        The training report shows the plan (`keras_gpu_tools.report(log_dir)`).
+        """
+        from keras_gpu_tools.logdir.writer import EventWriter
+
+        writer = EventWriter(os.path.join(os.fspath(log_dir), run_name))
+        try:
+            # An indented block: TensorBoard's Text tab shows it as written (a table).
+            writer.text(schema.PLAN_SUMMARY, "\n".join("    " + line for line in str(self).splitlines()), 0)
+            writer.json(schema.PLAN_SUMMARY_DATA, self.as_dict(), 0)
+            for row in self.candidates:
+                values = {schema.PLAN_SAMPLES_PER_SEC: row.samples_per_sec, schema.PLAN_PEAK_MIB: row.peak_mib}
+                writer.scalars({k: v for k, v in values.items() if v is not None}, row.batch_size)
+            if any(r.measured for r in self.candidates):
+                try:
+                    from keras_gpu_tools.memory import throughput_plot
+
+                    data, width, height = throughput_plot.png(self.plot())
+                except ImportError:  # no matplotlib: the scalars plot the same
+                    logger.info("keras_gpu_tools: no matplotlib; the plan's figure is left out")
+                else:
+                    writer.image(schema.PLAN_FIGURE, data, 0, width, height)
+        finally:
+            writer.close()
 
 
 def plan_limit(plan: BatchPlan | int | None) -> int | None:

@@ -24,12 +24,8 @@ class JaxPlanner(Backend):
             out.append(int(limit) if limit else None)
         return out + [None] * (replicas - len(out))
 
-    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
-        """XLA's memory analysis of Keras's compiled train step on ``batch``'s shapes; compiled, not run.
-
-        ``batch`` holds arrays or :class:`~keras_gpu_tools.memory.search.ArraySpec` stand-ins: only each
-        leaf's ``shape`` and ``dtype`` are read.
-        """
+    def _lowered(self, model, batch, flops: bool = False):
+        """Keras's jitted train step, and its abstract arguments (state and batch) for ``batch``'s shapes."""
         import jax
 
         model.make_train_function()
@@ -45,11 +41,31 @@ class JaxPlanner(Backend):
             if a is None:
                 return None
             dtype = jax.dtypes.canonicalize_dtype(a.dtype)  # int64 is int32 without x64, as JAX converts arrays
-            return jax.ShapeDtypeStruct(a.shape, dtype, sharding=ki.jax_batch_sharding(dist, tuple(a.shape)))
+            sharding = None if flops else ki.jax_batch_sharding(dist, tuple(a.shape))
+            return jax.ShapeDtypeStruct(a.shape, dtype, sharding=sharding)
 
         x, y = batch
         data = jax.tree_util.tree_map(spec, (x, y) if y is not None else (x,))
-        memory = analysed_memory(step.lower(abstract_arrays(ki.jax_state_of(model)), data), self.async_device())
+        return step, abstract_arrays(ki.jax_state_of(model)), data
+
+    def plan_step_flops(self, model, batch, replicas: int) -> float | None:
+        """The FLOPs of one global step on ``batch``'s shapes (as the detector counts them), or None."""
+        import jax
+
+        _, state, data = self._lowered(model, batch, flops=True)
+        # Lowered for the CPU (see step_flops): shapes and dtypes only, no device's sharding.
+        state = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+        flops, _ = self.step_flops(model.train_function, (state, data))
+        return flops
+
+    def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
+        """XLA's memory analysis of Keras's compiled train step on ``batch``'s shapes; compiled, not run.
+
+        ``batch`` holds arrays or :class:`~keras_gpu_tools.memory.search.ArraySpec` stand-ins: only each
+        leaf's ``shape`` and ``dtype`` are read.
+        """
+        step, state, data = self._lowered(model, batch)
+        memory = analysed_memory(step.lower(state, data), self.async_device())
         if memory is None:
             raise ValueError("plan_batch_size: XLA returned no memory analysis for the train step.")
         peak = memory["arguments"] + memory["temporaries"] + memory["outputs"] - memory["aliased"]

@@ -89,6 +89,25 @@ class TorchPlanner(Backend):
         if cuda is not None and cuda.is_initialized():
             cuda.empty_cache()
 
+    def rng_state(self) -> dict[str, Any]:
+        """The base's random states, and torch's global generators (CPU, and CUDA once initialised)."""
+        import torch
+
+        state = super().rng_state()
+        cuda = available_cuda()
+        state["torch"] = torch.get_rng_state()
+        state["torch_cuda"] = cuda.get_rng_state_all() if cuda is not None and cuda.is_initialized() else None
+        return state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        import torch
+
+        super().set_rng_state(state)
+        torch.set_rng_state(state["torch"])
+        cuda = available_cuda()
+        if state.get("torch_cuda") is not None and cuda is not None:
+            cuda.set_rng_state_all(state["torch_cuda"])
+
     def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:
         """One warm-up trial step, then one measured: the CUDA allocator's peak, or on a CPU the peak of live tensors."""
         x, y = batch

@@ -72,6 +72,7 @@ from keras_gpu_tools.runtime.keras_internals.losses import (
 from keras_gpu_tools.runtime.keras_internals.model import (
     all_layers,
     build_for_training,
+    global_seed_generator,
     jax_batch_sharding,
     jax_data_parallel,
     jax_hand_back_state,
@@ -95,6 +96,7 @@ logger = logging.getLogger("keras_gpu_tools")
 
 __all__ = [
     "INTERNALS",
+    "global_seed_generator",
     "KNOWN_REDUCTIONS",
     "TESTED",
     "TESTED_KERAS",

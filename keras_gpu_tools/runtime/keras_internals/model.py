@@ -150,3 +150,16 @@ def jax_batch_sharding(dist, shape: tuple[int, ...]):
         return dist.get_data_layout(shape).backend_layout
     except Exception:
         return None
+
+
+def global_seed_generator():
+    """Keras's global `SeedGenerator` (what `keras.random` draws from without a seed), or None if none was made.
+
+    Read from Keras's global state without creating one.
+    """
+    try:
+        from keras.src.backend.common import global_state
+    except ImportError as e:
+        raise internals_error("`keras.src.backend.common.global_state`") from e
+    found = global_state.get_global_attribute("global_seed_generator")
+    return found if hasattr(found, "state") else None

@@ -147,6 +147,11 @@ INTERNALS: tuple[Internal, ...] = (
         "plan_batch_size builds and copies the whole state before trial steps, and lowers the JAX step",
     ),
     Internal(
+        "global_state.get_global_attribute('global_seed_generator'): keras.random's global SeedGenerator",
+        "keras/src/random/seed_generator.py; keras/src/backend/common/global_state.py",
+        "plan_batch_size puts back the random state its trial steps drew from",
+    ),
+    Internal(
         "Layer._flatten_layers(include_self, recursive)",
         "keras/src/layers/layer.py",
         "finding BatchNormalization and activity regularizers in nested models",
