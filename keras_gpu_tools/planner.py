@@ -196,8 +196,8 @@ def plan_batch_size(
             if chosen is None:
                 raise ValueError(
                     f"Invalid value for argument `max_seconds`. Received: max_seconds={max_seconds:g}, too small to "
-                    f"measure one candidate: planning by memory alone took {budget.elapsed():.1f} s. Expected more "
-                    "time (or None for no limit)."
+                    f"measure one candidate: building the step and the memory search took {budget.elapsed():.2f} s. "
+                    "Expected more time (or None for no limit)."
                     if max_seconds is not None and all("budget" in c.reason for c in candidates)
                     else f"plan_batch_size: no candidate batch could be measured: {candidates[0].reason}"
                 )
@@ -210,7 +210,12 @@ def plan_batch_size(
         restore_side_effects(model, side_effects)
     peak = next((t.peak_bytes for t in reversed(trials) if t.fits and t.batch_size == best), None)
     if global_batch_size is not None and best > 0:
-        why += f"; the global batch of {global_batch_size} runs as {global_batch_size // (best * replicas)} micro-batches of {best * replicas}"
+        k = global_batch_size // (best * replicas)
+        why += (
+            f"; the global batch of {global_batch_size} runs as {k} micro-batches of {best * replicas}"
+            if k > 1
+            else f"; the global batch of {global_batch_size} runs whole"
+        )
     plan = BatchPlan(
         batch_size=best * replicas,
         per_device_batch_size=best,

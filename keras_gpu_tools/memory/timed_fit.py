@@ -78,12 +78,17 @@ def time_batch(model, batch, pace: Pace, *, out_of_time: Callable[[], bool] | No
 
     start = time.perf_counter()
     times: list[tuple[str, int, float]] = []
-    model.fit(repeat(), epochs=2, steps_per_epoch=1, verbose=0, callbacks=[_callback(times, None)])
+    model.fit(repeat(), epochs=2, steps_per_epoch=1, shuffle=False, verbose=0, callbacks=[_callback(times, None)])
     first, rough = _epochs(times)
     k = int(min(pace.max_steps_per_epoch, max(2, round(pace.epoch_seconds / max(rough, 1e-6)))))
     times = []
     model.fit(
-        repeat(), epochs=pace.epochs, steps_per_epoch=k, verbose=0, callbacks=[_callback(times, out_of_time)]
+        repeat(),
+        epochs=pace.epochs,
+        steps_per_epoch=k,
+        shuffle=False,
+        verbose=0,
+        callbacks=[_callback(times, out_of_time)],
     )
     epochs = _epochs(times)
     step = statistics.median(epochs) / k

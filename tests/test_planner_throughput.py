@@ -1,0 +1,221 @@
+"""plan_batch_size(objective="throughput") on CPU: candidates timed with real fits, the knee, the model put back.
+
+A CPU reports no memory capacity: the candidates are bounded by
+`max_batch_size` / `global_batch_size` (or `memory_limit_mib`). Tiny models
+and few steps keep each plan to seconds.
+"""
+
+import os
+import random
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_gpu_tools import OOMBatchSizeReducer, plan_batch_size
+from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.logdir.reader import find_runs, read_run
+from keras_gpu_tools.memory import throughput_run
+from keras_gpu_tools.memory.throughput import knee
+from keras_gpu_tools.memory.timed_fit import Timing
+from tests.helpers.models import BACKEND
+
+pytestmark = pytest.mark.multibackend
+
+
+def bn_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.BatchNormalization(),  # its moving statistics change in every training step
+            keras.layers.Dropout(0.3),  # draws from its SeedGenerator in every training step
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
+    return model
+
+
+def data(n=40):
+    r = np.random.RandomState(0)
+    return r.rand(n, 16).astype("float32"), r.rand(n, 1).astype("float32")
+
+
+def values(model):
+    return [np.array(ops.convert_to_numpy(v.value)) for v in model.variables + model.optimizer.variables]
+
+
+def rng_states():
+    from keras.src.backend.common import global_state
+
+    seeds = global_state.get_global_attribute("global_seed_generator")
+    out = {"python": random.random(), "numpy": float(np.random.rand())}
+    if seeds is not None:
+        out["keras"] = np.array(ops.convert_to_numpy(seeds.state.value)).tolist()
+    if BACKEND == "torch":
+        import torch
+
+        out["torch"] = float(torch.rand(1))
+    return out
+
+
+def test_the_plan_is_the_knee_of_measured_candidates_and_the_model_is_exactly_as_before():
+    model = bn_model()
+    x, y = data()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # a trained state, non-trainable statistics and metrics set
+    keras.random.normal((2,))  # Keras's global seed generator exists and has advanced
+    history = model.history
+    before, metrics = values(model), {k: float(ops.convert_to_numpy(v)) for k, v in model.get_metrics_result().items()}
+    state = (random.getstate(), np.random.get_state())
+    expected_rng = rng_states()
+    random.setstate(state[0])
+    np.random.set_state(state[1])
+    if BACKEND == "torch":
+        import torch
+
+        torch_state = torch.get_rng_state()
+        expected_rng = rng_states()
+        random.setstate(state[0]), np.random.set_state(state[1]), torch.set_rng_state(torch_state)
+    from keras.src.backend.common import global_state
+
+    seeds = global_state.get_global_attribute("global_seed_generator")
+    seed_value = np.array(ops.convert_to_numpy(seeds.state.value))
+
+    plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=16)
+
+    sizes = [c.batch_size for c in plan.candidates]
+    assert sizes == [1, 2, 4, 8, 16]
+    assert all(c.measured and c.samples_per_sec > 0 and c.compile_seconds is not None for c in plan.candidates)
+    assert all(c.step_seconds == pytest.approx(c.batch_size / c.samples_per_sec) for c in plan.candidates)
+    chosen, why = knee(plan.candidates)
+    assert plan.batch_size == chosen.batch_size and plan.why == why and plan.objective == "throughput"
+    text = str(plan)
+    assert text.startswith(f"batch size {plan.batch_size}, objective 'throughput'")
+    assert "samples/s" in text and f"*{plan.batch_size}" in text and "compile" in text
+    # exactly as before: weights, optimizer state, BatchNormalization's statistics, the dropout's seed,
+    # the metrics, History, and the global random states
+    for a, b in zip(values(model), before):
+        np.testing.assert_array_equal(a, b)
+    after = {k: float(ops.convert_to_numpy(v)) for k, v in model.get_metrics_result().items()}
+    assert after == pytest.approx(metrics, rel=1e-6)
+    assert model.history is history
+    np.testing.assert_array_equal(ops.convert_to_numpy(seeds.state.value), seed_value)
+    assert rng_states() == expected_rng
+
+
+def test_a_fixed_global_batch_gets_its_fastest_split_and_the_reducer_trains_with_it():
+    model = bn_model()
+    x, y = data(48)
+    plan = plan_batch_size(model, x, y, objective="throughput", global_batch_size=24)
+    assert [c.batch_size for c in plan.candidates] == [1, 2, 4, 8, 24]  # sizes that divide 24
+    assert 24 % plan.batch_size == 0 and plan.micro_batches == 24 // plan.batch_size
+    assert plan.global_batch_size == 24 and "global batch of 24" in plan.why
+    reducer = OOMBatchSizeReducer(plan=plan)
+    model.fit(x, y, batch_size=24, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    assert reducer.events == []
+    assert reducer.micro_batches == plan.micro_batches  # the same updates, split as planned
+    assert int(ops.convert_to_numpy(model.optimizer.iterations)) == 2
+
+
+def test_a_candidate_over_the_budget_is_reported_not_measured(monkeypatch):
+    real = throughput_run.time_batch
+
+    def slow(*args, **kwargs):  # each candidate "takes" 100 s: the next one would not fit in the budget
+        t = real(*args, **kwargs)
+        return Timing(t.compile_seconds, t.step_seconds, t.steps, wall_seconds=100.0)
+
+    monkeypatch.setattr(throughput_run, "time_batch", slow)
+    model = bn_model()
+    x, y = data()
+    plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=8, max_seconds=60)
+    assert [c.batch_size for c in plan.candidates] == [1, 2, 4, 8]
+    assert [c.measured for c in plan.candidates] == [True, False, False, False]
+    assert "about 100.0 s" in plan.candidates[1].reason and "max_seconds=60" in plan.candidates[1].reason
+    assert plan.batch_size == 1 and "max_seconds=60" in str(plan)
+
+
+def test_a_budget_too_small_for_one_candidate_is_refused():
+    model = bn_model()
+    x, y = data()
+    with pytest.raises(ValueError, match=r"Received: max_seconds=1e-06, too small to measure one candidate"):
+        plan_batch_size(model, x, y, objective="throughput", max_batch_size=4, max_seconds=1e-6)
+
+
+def test_the_plan_is_written_to_a_log_dir_and_tensorboard_reads_its_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    model = bn_model()
+    x, y = data()
+    plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=4, log_dir=str(tmp_path))
+    runs = {name: (d, files) for name, d, files in find_runs(str(tmp_path))}
+    directory, files = runs[schema.PLAN_RUN]
+    values_ = read_run(schema.PLAN_RUN, directory, files, [])
+    assert str(plan).splitlines()[0] in values_.texts[schema.PLAN_SUMMARY][-1].text
+    import json
+
+    written = json.loads(values_.texts[schema.PLAN_SUMMARY_DATA][-1].text)
+    assert written["batch_size"] == plan.batch_size and len(written["candidates"]) == 3
+    sps = values_.scalars[schema.PLAN_SAMPLES_PER_SEC]
+    assert list(sps.steps) == [1, 2, 4]  # plotted against the batch size
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(directory, size_guidance={"images": 4})
+    acc.Reload()
+    (image,) = acc.Images(schema.PLAN_FIGURE)
+    assert image.encoded_image_string.startswith(b"\x89PNG") and image.width > 100
+
+
+def test_bad_arguments_and_inputs_are_refused_with_the_reason():
+    model = bn_model()
+    x, y = data()
+    with pytest.raises(ValueError, match=r"Invalid value for argument `objective`.*'speed'"):
+        plan_batch_size(model, x, y, objective="speed", memory_limit_mib=64)
+    with pytest.raises(ValueError, match=r"`global_batch_size`.*objective='memory'"):
+        plan_batch_size(model, x, y, global_batch_size=8, memory_limit_mib=64)
+    with pytest.raises(ValueError, match=r"max_batch_size= / global_batch_size="):
+        plan_batch_size(model, x, y, objective="throughput")  # a CPU: nothing bounds the candidates
+    with pytest.raises(ValueError, match=r"`x`.*generator"):
+        plan_batch_size(model, ((x, y) for _ in range(3)), objective="throughput", max_batch_size=4)
+    with pytest.raises(ValueError, match=r"at least one sample"):
+        plan_batch_size(model, x[:0], y[:0], objective="throughput", max_batch_size=4)
+    with pytest.raises(ValueError, match="needs a compiled model"):
+        plan_batch_size(keras.Sequential([keras.Input((16,)), keras.layers.Dense(1)]), x, y, max_batch_size=4,
+                        objective="throughput")
+    assert not model.optimizer.built  # nothing was built or trained
+
+
+def test_a_py_dataset_and_dict_inputs_are_planned_from_one_batch():
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            return data(8)
+
+    model = bn_model()
+    plan = plan_batch_size(model, Batches(), objective="throughput", max_batch_size=4)
+    assert plan.batch_size in (1, 2, 4)
+    keras.utils.set_random_seed(0)
+    a, b = keras.Input((16,), name="a"), keras.Input((4,), name="b")
+    out = keras.layers.Dense(1)(keras.layers.Concatenate()([a, b]))
+    dict_model = keras.Model({"a": a, "b": b}, out)
+    dict_model.compile("sgd", "mse")
+    x, y = data(8)
+    plan = plan_batch_size(dict_model, {"a": x, "b": x[:, :4]}, y, objective="throughput", max_batch_size=4)
+    assert [c.batch_size for c in plan.candidates] == [1, 2, 4]
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.data is TensorFlow's")
+def test_a_tf_data_dataset_is_planned_from_one_batch():
+    import tensorflow as tf
+
+    x, y = data(16)
+    model = bn_model()
+    plan = plan_batch_size(
+        model, tf.data.Dataset.from_tensor_slices((x, y)).batch(8), objective="throughput", max_batch_size=4
+    )
+    assert [c.batch_size for c in plan.candidates] == [1, 2, 4]
+    with pytest.raises(ValueError, match=r"`y`.*Expected None: the dataset yields the targets"):
+        plan_batch_size(model, tf.data.Dataset.from_tensor_slices(x).batch(8), y, objective="throughput")
