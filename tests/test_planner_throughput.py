@@ -5,7 +5,6 @@ A CPU reports no memory capacity: the candidates are bounded by
 and few steps keep each plan to seconds.
 """
 
-import os
 import random
 
 import keras
@@ -181,8 +180,13 @@ def test_bad_arguments_and_inputs_are_refused_with_the_reason():
     with pytest.raises(ValueError, match=r"at least one sample"):
         plan_batch_size(model, x[:0], y[:0], objective="throughput", max_batch_size=4)
     with pytest.raises(ValueError, match="needs a compiled model"):
-        plan_batch_size(keras.Sequential([keras.Input((16,)), keras.layers.Dense(1)]), x, y, max_batch_size=4,
-                        objective="throughput")
+        plan_batch_size(
+            keras.Sequential([keras.Input((16,)), keras.layers.Dense(1)]),
+            x,
+            y,
+            max_batch_size=4,
+            objective="throughput",
+        )
     assert not model.optimizer.built  # nothing was built or trained
 
 

@@ -153,8 +153,7 @@ def slowest(per_process: Sequence[Sequence[dict[str, Any]]]) -> list[Candidate]:
     measured (with the other's reason); peaks and compile times are the most.
     """
     merged: list[Candidate] = []
-    first = per_process[0]
-    for i, base in enumerate(first):
+    for i in range(len(per_process[0])):
         rows = [Candidate(**proc[i]) for proc in per_process]
         missing = next((r for r in rows if not r.measured), None)
         peaks = [r.peak_mib for r in rows if r.peak_mib is not None]

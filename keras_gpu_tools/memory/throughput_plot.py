@@ -21,7 +21,7 @@ def figure(rows: Sequence[Candidate], chosen: int | None = None) -> Any:
     measured = [r for r in rows if r.measured and r.samples_per_sec]
     ax.plot(
         [r.batch_size for r in measured],
-        [r.samples_per_sec for r in measured],
+        [r.samples_per_sec or 0.0 for r in measured],
         "-o",
         color="#1f77b4",
         label="samples/s",
@@ -31,14 +31,16 @@ def figure(rows: Sequence[Candidate], chosen: int | None = None) -> Any:
             ax.axvline(r.batch_size, color="#bbbbbb", linestyle=":", linewidth=1)
     pick = next((r for r in measured if r.batch_size == chosen), None)
     if pick is not None:
-        ax.plot([pick.batch_size], [pick.samples_per_sec], "*", color="#d62728", markersize=14, label="plan")
+        ax.plot([pick.batch_size], [pick.samples_per_sec or 0.0], "*", color="#d62728", markersize=14, label="plan")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size (global)")
     ax.set_ylabel("samples/s", color="#1f77b4")
     peaks = [r for r in rows if r.peak_mib is not None]
     if peaks:
         mem = ax.twinx()
-        mem.plot([r.batch_size for r in peaks], [r.peak_mib for r in peaks], "--s", color="#ff7f0e", markersize=4)
+        mem.plot(
+            [r.batch_size for r in peaks], [r.peak_mib or 0.0 for r in peaks], "--s", color="#ff7f0e", markersize=4
+        )
         mem.set_ylabel("peak MiB per device", color="#ff7f0e")
     ax.set_title("Throughput plan: samples/s and memory against the batch", fontsize=10, loc="left")
     ax.legend(fontsize=8, loc="lower right")

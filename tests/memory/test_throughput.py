@@ -7,8 +7,14 @@ from keras_gpu_tools.memory.throughput import Budget, Candidate, candidate_sizes
 
 def row(b, sps, compile_s=1.0, measured=True, reason=""):
     return Candidate(
-        b, b, True, measured=measured, samples_per_sec=sps if measured else None, compile_seconds=compile_s,
-        step_seconds=b / sps if measured else None, reason=reason,
+        b,
+        b,
+        True,
+        measured=measured,
+        samples_per_sec=sps if measured else None,
+        compile_seconds=compile_s,
+        step_seconds=b / sps if measured else None,
+        reason=reason,
     )
 
 
