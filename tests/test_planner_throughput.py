@@ -61,6 +61,7 @@ def rng_states():
     return out
 
 
+@pytest.mark.slow
 def test_the_plan_is_the_knee_of_measured_candidates_and_the_model_is_exactly_as_before():
     model = bn_model()
     x, y = data()
@@ -105,6 +106,7 @@ def test_the_plan_is_the_knee_of_measured_candidates_and_the_model_is_exactly_as
     assert rng_states() == expected_rng
 
 
+@pytest.mark.slow
 def test_a_fixed_global_batch_gets_its_fastest_split_and_the_reducer_trains_with_it():
     model = bn_model()
     x, y = data(48)
@@ -143,6 +145,7 @@ def test_a_budget_too_small_for_one_candidate_is_refused():
         plan_batch_size(model, x, y, objective="throughput", max_batch_size=4, max_seconds=1e-6)
 
 
+@pytest.mark.slow
 def test_the_plan_is_written_to_a_log_dir_and_tensorboard_reads_its_figure(tmp_path):
     pytest.importorskip("matplotlib")
     model = bn_model()
@@ -190,6 +193,7 @@ def test_bad_arguments_and_inputs_are_refused_with_the_reason():
     assert not model.optimizer.built  # nothing was built or trained
 
 
+@pytest.mark.slow
 def test_a_py_dataset_and_dict_inputs_are_planned_from_one_batch():
     class Batches(keras.utils.PyDataset):
         def __len__(self):

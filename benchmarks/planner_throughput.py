@@ -1,0 +1,154 @@
+"""plan_batch_size(objective="throughput"): is the batch it picks as fast as the fastest that fits?
+
+What it measures: for a conv net (three Conv2D layers, `--image-size` x `--image-size` x 3 images,
+128 by default) and an MLP (64 -> 8192 -> 8192 -> 1), the plan by throughput (its wall time,
+compiles included, its chosen batch and its table), then every measured candidate again,
+independently, with a plain `model.fit` on arrays (epoch 0 compiles, then the median of the next
+epochs' samples/s). The checks: the chosen batch's independent samples/s is within 5% of the best
+candidate's, and not below the largest fitting batch's; and the planning wall time.
+
+    python benchmarks/planner_throughput.py --backend jax --model conv --max-seconds 110   # H200, ~4 min
+    python benchmarks/planner_throughput.py --backend torch --model mlp                   # H200
+    python benchmarks/planner_throughput.py --backend jax --smoke                          # CPU check, seconds
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import _common
+
+BENCHMARK = "planner_throughput"
+
+
+def _parse():
+    p = _common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=("conv", "mlp", "both"), default="both")
+    p.add_argument("--image-size", type=int, default=128)
+    p.add_argument("--max-seconds", type=float, default=None, help="plan_batch_size's budget (default: none)")
+    p.add_argument("--max-batch-size", type=int, default=None, help="bound the candidates (needed on a CPU)")
+    args = p.parse_args()
+    if args.smoke:
+        args.image_size, args.max_batch_size = 16, args.max_batch_size or 32
+    return args
+
+
+def _model(kind: str, image: int, smoke: bool):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    if kind == "conv":
+        width = 8 if smoke else 64
+        inp = keras.Input((image, image, 3))
+        h = inp
+        for _ in range(3):
+            h = keras.layers.Conv2D(width, 3, padding="same", activation="relu")(h)
+        out = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h))
+        model = keras.Model(inp, out)
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        shape: tuple[int, ...] = (image, image, 3)
+    else:
+        width = 64 if smoke else 8192
+        model = keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(width, activation="relu"),
+                keras.layers.Dense(width),
+                keras.layers.Dense(1),
+            ]
+        )
+        model.compile("adam", "mse")
+        shape = (64,)
+    return model, shape
+
+
+def _data(n: int, shape: tuple[int, ...], kind: str):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, *shape), dtype="float32")
+    y = rng.integers(0, 10, (n,)) if kind == "conv" else rng.standard_normal((n, 1), dtype="float32")
+    return x, y
+
+
+def _plain_fit(model, shape, kind: str, b: int, smoke: bool) -> float:
+    """samples/s of a plain model.fit at batch ``b``: the median of epochs 1.. (epoch 0 compiles)."""
+    import keras
+
+    steps = 3 if smoke else max(5, min(20, 8192 // b))
+    x, y = _data(steps * b, shape, kind)
+    times: list[float] = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.t0)
+
+    model.fit(x, y, batch_size=b, epochs=2 if smoke else 4, shuffle=False, verbose=0, callbacks=[Clock()])
+    return steps * b / statistics.median(times[1:])
+
+
+def measure(args, kind: str) -> dict:
+    from keras_gpu_tools import plan_batch_size
+
+    model, shape = _model(kind, args.image_size, args.smoke)
+    x, y = _data(64, shape, kind)
+    t0 = time.perf_counter()
+    plan = plan_batch_size(
+        model, x, y, objective="throughput", max_seconds=args.max_seconds, max_batch_size=args.max_batch_size
+    )
+    seconds = time.perf_counter() - t0
+    print(plan)
+    fitting = [c for c in plan.candidates if c.fits]
+    independent = {}
+    for c in fitting:
+        if c.measured or c is fitting[-1]:
+            try:
+                independent[c.batch_size] = round(_plain_fit(model, shape, kind, c.batch_size, args.smoke), 1)
+            except Exception as e:  # an out-of-memory error: recorded, not fatal
+                independent[c.batch_size] = f"{type(e).__name__}: {str(e)[:200]}"
+            print(f"  plain fit at {c.batch_size}: {independent[c.batch_size]} samples/s")
+    return {
+        "plan": str(plan),
+        "plan_seconds": round(seconds, 2),
+        "batch_size": plan.batch_size,
+        "candidates": [c.as_dict() for c in plan.candidates],
+        "largest_fitting": fitting[-1].batch_size if fitting else None,
+        "independent_samples_per_sec": independent,
+    }
+
+
+def main() -> int:
+    args = _parse()
+    backend = _common.setup(args)
+    out = _common.out_path(args, BENCHMARK)
+    kinds = ("conv", "mlp") if args.model == "both" else (args.model,)
+    results = {kind: measure(args, kind) for kind in kinds}
+    device = (_common.gpu_devices() or ["CPU"])[0]
+    _common.save(
+        out,
+        BENCHMARK,
+        backend,
+        {**_common.environment(backend), "device": device, "args": vars(args), "result": results},
+    )
+    print("written to", out)
+    check = _common.Checks()
+    for kind, r in results.items():
+        fast = {b: v for b, v in r["independent_samples_per_sec"].items() if isinstance(v, float)}
+        chosen = fast.get(r["batch_size"])
+        print(f"{kind}: planned in {r['plan_seconds']} s; chosen {r['batch_size']}: {chosen}; all {fast}")
+        check(chosen is not None, f"{kind}: the chosen batch trains ({r['batch_size']})")
+        if chosen is None or args.smoke:  # a CPU's timings say nothing of a GPU's knee
+            continue
+        check(chosen >= 0.95 * max(fast.values()), f"{kind}: the chosen batch is within 5% of the best measured")
+        largest = fast.get(r["largest_fitting"])
+        check(largest is None or chosen >= 0.98 * largest, f"{kind}: the chosen batch is not slower than the largest")
+    return check.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
