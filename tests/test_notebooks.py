@@ -24,6 +24,7 @@ def test_there_are_notebooks():
         "03_out_of_memory.ipynb",
         "04_mixed_precision.ipynb",
         "05_profiling.ipynb",
+        "06_batch_throughput.ipynb",
     ]
 
 

@@ -100,7 +100,10 @@ def test_readme_snippets_are_python_and_only_the_planner_needs_a_gpu():
     for s in snippets:
         ast.parse(s.code, filename=f"README.md:{s.line}")
     gpu_only = [s.code.splitlines()[0] for s in snippets if s.kind == "gpu"]
-    assert gpu_only == ["from keras_gpu_tools import OOMBatchSizeReducer, plan_batch_size"]
+    assert gpu_only == [
+        "from keras_gpu_tools import OOMBatchSizeReducer, plan_batch_size",
+        'plan = plan_batch_size(model, x, y, objective="throughput", max_seconds=120, log_dir="logs")',
+    ]
 
 
 RUNNER = """\
