@@ -260,8 +260,8 @@ class GPUUtilizationLogger(FitCallback):
         self._global_step = self._global_step
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        with self._lock:
-            self._epoch = Aggregate()
+        with self._lock:  # what was sampled since the last epoch end: only its counts (energy, XID events)
+            self._epoch = self._epoch.counts_only()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._count_on()

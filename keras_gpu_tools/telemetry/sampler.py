@@ -491,6 +491,14 @@ class Aggregate:
             self.maxs[key] = value if prev is None or value > prev else prev
         self.last = sample
 
+    def counts_only(self) -> Aggregate:
+        """A new aggregate with this one's counts per sample (energy, XID events) alone, nothing else."""
+        out = Aggregate()
+        for key, total in self.sums.items():
+            if key.rsplit("/", 1)[-1] in SUM_FIELDS:
+                out.sums[key], out.counts[key], out.maxs[key] = total, self.counts[key], self.maxs[key]
+        return out
+
     def means(self) -> dict[str, float]:
         """Each key's epoch value: the mean; for counts per sample the sum, for running totals the last."""
         out = {}

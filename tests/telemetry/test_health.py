@@ -245,3 +245,10 @@ def test_joules_per_sample_over_every_gpu_where_the_samples_are_known():
     assert record.last_epoch() == {"0": {"energy_joules": 300.0, "power_watts": 350.0}, "1": {"energy_joules": 100.0}}
     assert record.end_epoch(values, samples=None) == {}  # unknown examples: absent
     assert record.end_epoch({"gpu/0/energy_joules": 3.0, "gpu/1/power_watts": 1.0}, samples=10) == {}  # a GPU without
+
+
+def test_an_epochs_start_keeps_the_counts_sampled_since_the_last_epoch_end():
+    agg = Aggregate()
+    agg.add({"gpu/0/energy_joules": 2.0, "gpu/0/xid_events": 1.0, "gpu/0/power_watts": 300.0})
+    # Energy and XID events sampled between two epochs go to the next one; the rest is dropped.
+    assert agg.counts_only().means() == {"gpu/0/energy_joules": 2.0, "gpu/0/xid_events": 1.0}
