@@ -13,7 +13,7 @@ from keras_gpu_tools.errors import GPUMonitoringWarning
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.reader import read_run
 from keras_gpu_tools.runtime.session import session_of
-from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS, SHARED_GPU_HEALTH, THROTTLE_REASONS
+from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS, SHARED_GPU_HEALTH
 from keras_gpu_tools.telemetry.nvml import NVML
 from tests.helpers.data import regression_data
 from tests.helpers.fake_nvml import FakeGPU, FakeNVML
