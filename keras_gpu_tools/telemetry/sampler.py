@@ -10,6 +10,7 @@ never asked for again.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -395,6 +396,7 @@ class MetricSampler:
         # sampler's life (one fit), so every epoch has the same columns.
         self.keys: tuple[str, ...] | None = None
         self.latest: dict[str, float] = {}  # the last value of every key
+        self._counts: tuple[str, ...] = ()  # the keys of counts per sample (energy, XID events)
         self._lock = threading.Lock()
 
     def unsupported(self) -> dict[str, dict[str, str]]:
@@ -424,6 +426,10 @@ class MetricSampler:
             self.latest.update(out)
             if self.keys is None:
                 self.keys = tuple(out)
+                self._counts = tuple(k for k in out if k.rsplit("/", 1)[-1] in SUM_FIELDS)
+            for key in self._counts:
+                if key not in out:  # a count that stopped reporting: not measured (NaN), never 0
+                    self.latest[key] = math.nan
         return out
 
     def epoch_summary(self, agg: Aggregate) -> dict[str, float]:
@@ -522,8 +528,9 @@ class Aggregate:
 
         With ``keys``, exactly those keys (and their ``_max``) in that order:
         one with no value here takes its value in ``latest`` (mean and max),
-        but a count per sample (energy, XID events) is 0: what it counts is in
-        the next sample, and so in the next span.
+        but a count per sample (energy, XID events) is 0 (what it counts is in
+        the next sample, and so in the next span), or NaN where it stopped
+        reporting.
         """
         means = self.means()
         if keys is None:
@@ -535,7 +542,9 @@ class Aggregate:
         latest = latest or {}
         out = {}
         for key in keys:
-            value = means.get(key, 0.0 if key.rsplit("/", 1)[-1] in SUM_FIELDS else latest.get(key))
+            value = means.get(key, latest.get(key))
+            if key not in means and value is not None and key.rsplit("/", 1)[-1] in SUM_FIELDS:
+                value = value if math.isnan(value) else 0.0
             if value is not None:
                 out[key] = value
         for key in keys:

@@ -252,3 +252,18 @@ def test_an_epochs_start_keeps_the_counts_sampled_since_the_last_epoch_end():
     agg.add({"gpu/0/energy_joules": 2.0, "gpu/0/xid_events": 1.0, "gpu/0/power_watts": 300.0})
     # Energy and XID events sampled between two epochs go to the next one; the rest is dropped.
     assert agg.counts_only().means() == {"gpu/0/energy_joules": 2.0, "gpu/0/xid_events": 1.0}
+
+
+def test_energy_that_stops_reporting_mid_fit_is_nan_never_zero():
+    gpu = FakeGPU()
+    fake, sampler, warn = sampler_for(gpu)
+    sampler.sample()
+    gpu.failing["nvmlDeviceGetTotalEnergyConsumption"] = NVML_ERROR_UNKNOWN
+    with pytest.warns(GPUMonitoringWarning, match="energy_joules"):
+        for _ in range(3):  # three failures in a row drop the field
+            sampler.sample()
+    agg = Aggregate()
+    agg.add(sampler.sample())
+    value = sampler.epoch_summary(agg)["gpu/0/energy_joules"]
+    assert value != value  # NaN: the column stays, the figure is not measured
+    assert "energy_joules" in sampler.unsupported()["0"]
