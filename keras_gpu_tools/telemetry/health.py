@@ -254,9 +254,10 @@ class XidWatcher:
                 return {}
             counts = {p.prefix + "xid_events": 0.0 for ps in self._by_uuid.values() for p in ps}
             module = self.nvml.module
+            wait = getattr(module, "nvmlEventSetWait_v2", None) or module.nvmlEventSetWait  # older bindings
             for _ in range(MAX_EVENTS_PER_TICK):
                 try:
-                    data = module.nvmlEventSetWait_v2(self._set, 0)
+                    data = wait(self._set, 0)
                 except module.NVMLError as e:
                     if getattr(e, "value", None) == NVML_ERROR_TIMEOUT:  # no event waiting
                         break
