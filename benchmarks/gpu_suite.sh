@@ -48,6 +48,7 @@ benchmarks() {
         part 300 "input_bound_accuracy_$b" python3 benchmarks/input_bound_accuracy.py --backend $b "${MACHINE_ARG[@]}"
         part 300 "oom_recovery_$b" python3 benchmarks/oom_recovery.py --backend $b "${MACHINE_ARG[@]}"
         part 300 "planner_$b" python3 benchmarks/planner.py --backend $b "${MACHINE_ARG[@]}"
+        part 300 "sampler_cost_$b" python3 benchmarks/sampler_cost.py --backend $b "${MACHINE_ARG[@]}"
     done
 }
 

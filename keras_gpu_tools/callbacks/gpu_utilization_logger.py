@@ -11,6 +11,7 @@ from typing import Any
 
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.ticker import Job
 from keras_gpu_tools.runtime.topology import JobGather
 from keras_gpu_tools.runtime.validation import (
@@ -22,11 +23,11 @@ from keras_gpu_tools.runtime.validation import (
     check_run_name,
 )
 from keras_gpu_tools.telemetry import gpus as monitored
-from keras_gpu_tools.telemetry.job import JOB_METRICS, job_gpu_figures
+from keras_gpu_tools.telemetry import health
+from keras_gpu_tools.telemetry.health_fields import SHARED_GPU_HEALTH
+from keras_gpu_tools.telemetry.job import job_gpu_figures
 from keras_gpu_tools.telemetry.nvml import NVML, default_nvml
 from keras_gpu_tools.telemetry.sampler import (
-    GPU_FIELDS,
-    HOST_FIELDS,
     Aggregate,
     GPUProbe,
     HostProbe,
@@ -35,15 +36,6 @@ from keras_gpu_tools.telemetry.sampler import (
 )
 
 MAX_INTERVAL = 3600.0  # seconds: one sample an hour is already no monitoring
-
-
-def _key_table() -> str:
-    rows = [f"    - `gpu/<i>/{k}`: {doc}" for k, doc in GPU_FIELDS.items()]
-    rows += [f"    - `host/{k}`: {doc}" for k, doc in HOST_FIELDS.items()]
-    rows += [
-        f"    - `job/gpu/{k}_min`, `_mean`, `_max`: over every GPU of a job of several processes" for k in JOB_METRICS
-    ]
-    return "\n".join(rows)
 
 
 class GPUUtilizationLogger(FitCallback):
@@ -98,8 +90,19 @@ class GPUUtilizationLogger(FitCallback):
 
         A metric a GPU cannot report (NVML says NotSupported, for example on a MIG
         instance or a consumer card) is warned about once and left out; it is
-        never logged as 0. Without NVML, a driver or a GPU, one warning is issued
-        and the host metrics are logged alone.
+        never logged as 0. Its reason is kept: `unsupported_fields`, `summary()`,
+        and once a fit the text and JSON `gpu/unsupported_fields` in the run
+        (`keras-gpu-tools doctor` lists them too). Without NVML, a driver or a
+        GPU, one warning is issued and the host metrics are logged alone.
+
+        Health: `throttle_*_percent` is the share of the epoch's samples with
+        that clock-event reason active; `energy_joules` the epoch's difference of
+        NVML's energy counter (a TensorBoard point: joules since the previous
+        one); `xid_events` the driver's XID errors, each warned about at once.
+        `throughput/joules_per_sample` needs the epoch's examples: known for
+        arrays without `steps_per_epoch`, absent for datasets and generators.
+        Other callbacks read the last epoch through
+        `FitSession.shared["gpu_health"]` (a `GPUHealthSource`).
 
         GPUs are those the process can use: `CUDA_VISIBLE_DEVICES` is mapped to
         NVML entry by entry (UUIDs, MIG UUIDs or indices). Integer entries follow
@@ -188,8 +191,10 @@ class GPUUtilizationLogger(FitCallback):
         self._first_sample = threading.Event()
         self._labels: dict[int, str] = {}  # framework index -> the GPU's name in the keys
         self._gather: JobGather | None = None
+        self._health = health.HealthRecord(dict)
+        self._epoch_samples: int | None = None  # examples per epoch, where fit()'s data says
 
-    __doc__ = __doc__.replace("{keys}", _key_table())
+    __doc__ = __doc__.replace("{keys}", monitored.key_table())
     _bar_priority = 1  # an InputBoundDetector's input wait comes first
 
     # -- properties ---------------------------------------------------------
@@ -197,6 +202,15 @@ class GPUUtilizationLogger(FitCallback):
         """The most recent sample (empty before the first one)."""
         with self._lock:
             return dict(self._last_sample)
+
+    @property
+    def unsupported_fields(self) -> dict[str, dict[str, str]]:
+        """GPU label -> field -> why this GPU or driver does not report it (the last fit's, so far)."""
+        return self._health.unsupported()
+
+    def summary(self) -> str:
+        """The GPUs monitored in the last fit, their last epoch's health, and the fields they cannot report."""
+        return health.summary_text(self._health, list(self._labels.values()))
 
     # -- Keras hooks ----------------------------------------------------------
     def _start_fit(self, session) -> None:
@@ -208,7 +222,10 @@ class GPUUtilizationLogger(FitCallback):
         self._labels = {i: monitored.device_label(self.topology, i, g) for i, g in self.gpus}
         probes = [GPUProbe(nvml, i, g, warn, pcie=self.pcie, gpm=self.gpm, label=self._labels[i]) for i, g in self.gpus]
         allocator = self.backend.allocator_memory if self.gpus else None
-        self._sampler = MetricSampler(probes, HostProbe(warn), allocator, warn)
+        events = health.XidWatcher(nvml, probes, warn) if probes else None
+        self._sampler = sampler = MetricSampler(probes, HostProbe(warn), allocator, warn, events)
+        self._health = session.shared[SHARED_GPU_HEALTH] = health.HealthRecord(sampler.unsupported)
+        self._epoch_samples = ki.array_epoch_samples(self.model)
         self._gather = self._job_gather()
         self._open_writers(job=self._gather.active)
         if self._writer is not None and self.gpus:
@@ -243,8 +260,8 @@ class GPUUtilizationLogger(FitCallback):
         self._global_step = self._global_step
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        with self._lock:
-            self._epoch = Aggregate()
+        with self._lock:  # what was sampled since the last epoch end: only its counts (energy, XID events)
+            self._epoch = self._epoch.counts_only()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._count_on()
@@ -265,6 +282,10 @@ class GPUUtilizationLogger(FitCallback):
             values.update(job)
         except Exception as e:  # monitoring never stops training: the job figures stop instead
             self._job_failed(self._gather, e)
+        per_sample = self._health.end_epoch(values, self._epoch_samples)
+        if per_sample and self._writer is not None:
+            self._writer.scalars(per_sample, step=self._global_step)
+        values.update(per_sample)
         self.epoch_history.append(values)
         if self.epoch_logs:
             first = next(iter(self._labels.values()), None)
@@ -308,9 +329,11 @@ class GPUUtilizationLogger(FitCallback):
             job.stop()
         try:
             self._write_point(time.time())  # what was sampled since the last point
+            if self._writer is not None and self._sampler is not None and self.gpus:
+                health.write_unsupported(self._writer, self._sampler.unsupported(), self._global_step)
         finally:
             if self._sampler is not None:
-                self._sampler.close()
+                self._sampler.close()  # also frees the XID event set
             self._close_writers()
 
     def device_records(self) -> list[dict[str, Any]]:

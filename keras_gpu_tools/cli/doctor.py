@@ -38,6 +38,8 @@ class NVMLFacts:
     cuda_driver: str | None = None
     all_gpus: list[GPUInfo] = field(default_factory=list)
     visible: list[GPUInfo] = field(default_factory=list)
+    # GPU:<i> -> health field -> None where the GPU reports it, else why not
+    health: dict[str, dict[str, str | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -125,11 +127,38 @@ def nvml_facts(nvml: NVML | None = None, env: dict[str, str] | None = None) -> N
         facts = NVMLFacts(True, driver=nvml.driver_version(), cuda_driver=nvml.cuda_driver_version())
         facts.all_gpus = nvml.all_gpus()
         facts.visible = visible_gpus(nvml, env=env)
+        facts.health = health_support(nvml, facts.visible)
         return facts
     except NVMLUnavailable as e:
         return NVMLFacts(False, reason=str(e))
     except Exception as e:
         return NVMLFacts(False, reason=f"NVML failed: {type(e).__name__}: {e}")
+
+
+def health_support(nvml: NVML, gpus: list[GPUInfo]) -> dict[str, dict[str, str | None]]:
+    """Each GPU's health fields, read the way GPUUtilizationLogger reads them: None if reported, else why not."""
+    import time
+    import warnings
+
+    from keras_gpu_tools.runtime.warn_once import WarnOnce
+    from keras_gpu_tools.telemetry.health import XidWatcher, field_support
+    from keras_gpu_tools.telemetry.sampler import GPUProbe
+
+    out: dict[str, dict[str, str | None]] = {}
+    for i, gpu in enumerate(gpus):
+        warn = WarnOnce()
+        probe = GPUProbe(nvml, i, gpu, warn, pcie=False)
+        xid = XidWatcher(nvml, [probe], warn)
+        try:
+            with warnings.catch_warnings():  # the reasons are listed instead
+                warnings.simplefilter("ignore")
+                out[f"GPU:{i}"] = field_support(nvml, probe, xid, time.sleep)
+        except Exception as e:  # the doctor reports, it does not crash
+            out[f"GPU:{i}"] = {"(all)": f"reading the GPU failed: {type(e).__name__}: {e}"}
+        finally:
+            xid.close()
+            probe.close()
+    return out
 
 
 def _install_hint(backend: str) -> str:
@@ -281,6 +310,11 @@ def render(
         )
     else:
         lines.append(f"  unavailable: {nv.reason}")
+    for gpu, fields in nv.health.items():
+        lines.append("")
+        lines.append(f"[health fields, {gpu}] (GPUUtilizationLogger)")
+        for name, reason in fields.items():
+            lines.append(f"  {name}: " + ("supported" if reason is None else f"not reported: {reason}"))
     if dist is not None:
         lines.append("")
         lines.append("[distribution]")

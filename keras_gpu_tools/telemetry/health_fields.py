@@ -7,6 +7,8 @@ from the logs, with the reason in ``doctor`` and the report, never zero.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 # Clock-event ("throttle") reasons: the share of the epoch's samples in which each was active, %.
 # NVML's bits (nvmlClocksEventReason*, formerly nvmlClocksThrottleReason*) grouped as users name them.
 THROTTLE_REASONS: dict[str, int] = {
@@ -41,6 +43,30 @@ HEALTH_FIELDS: dict[str, str] = {
     "xid_events": "XID error events seen in the epoch (each also warned about, naming the GPU)",
 }
 
+# How an epoch's value of a field is made from its samples: the mean (every other field), the sum of the
+# samples' counts (each sample holds what happened since the previous one), or the last running total.
+SUM_FIELDS = frozenset({"energy_joules", "xid_events"})
+LAST_FIELDS = frozenset({"ecc_corrected_errors", "ecc_uncorrected_errors"})
+
 # FitSession.shared key under which the logger publishes a GPUHealthSource (the straggler verdict and
 # others in the same process read the last epoch's GPU figures through it, whatever the callback order).
 SHARED_GPU_HEALTH = "gpu_health"
+
+
+class GPUHealthSource(Protocol):
+    """What the logger publishes under ``FitSession.shared[SHARED_GPU_HEALTH]`` for the fit's other features.
+
+    Both methods are cheap (copies of dicts the logger keeps) and safe to call from any thread.
+    """
+
+    def last_epoch(self) -> dict[str, dict[str, float]]:
+        """GPU label -> field -> the last completed epoch's value (every GPU field, health ones included).
+
+        Empty before the first epoch end. Fields are those of ``GPU_FIELDS`` and ``HEALTH_FIELDS``
+        without the ``gpu/<label>/`` prefix (``power_watts``, ``throttle_power_percent``, ...).
+        """
+        ...
+
+    def unsupported(self) -> dict[str, dict[str, str]]:
+        """GPU label -> field -> why the GPU or driver cannot report it (fields that can are not listed)."""
+        ...

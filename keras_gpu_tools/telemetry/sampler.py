@@ -10,12 +10,15 @@ never asked for again.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime.warn_once import WarnOnce
+from keras_gpu_tools.telemetry import health
+from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS, LAST_FIELDS, SUM_FIELDS
 from keras_gpu_tools.telemetry.nvml import NA, NVML, GPUInfo, NVMLQueryError
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -56,6 +59,7 @@ GPU_FIELDS: dict[str, str] = {
     "tensor_activity_percent": "tensor pipes busy (GPM), %",
     "allocator_memory_mib": "memory held by the framework's allocator now, MiB",
     "allocator_peak_memory_mib": "peak of the framework's allocator, MiB",
+    **HEALTH_FIELDS,
 }
 HOST_FIELDS: dict[str, str] = {
     "cpu_percent": "this process's CPU use, % of one core (can exceed 100)",
@@ -102,11 +106,15 @@ def _simple_readers(nvml: NVML, pcie: bool) -> list[tuple[tuple[str, ...], Calla
 
 
 class _GPM:
-    """SM activity, occupancy and tensor activity from NVML's GPM (Hopper+).
+    """SM activity, occupancy, tensor activity, DRAM bandwidth and NVLink throughput from NVML's GPM (Hopper+).
 
     A metric is the rate between two GPM samples; the previous tick's sample is
-    kept, so each tick costs one sample and one metrics call.
+    kept, so each tick costs one sample and one metrics call. NVLink is read
+    only where the GPU has an active link; a metric GPM cannot report goes to
+    ``failed`` with its reason and is not asked for again.
     """
+
+    KEYS = (*GPM_METRICS.values(), *health.GPM_DRAM_METRICS.values(), *health.GPM_NVLINK_METRICS.values())
 
     def __init__(self, nvml: NVML, gpu: GPUInfo):
         self.nvml = nvml
@@ -114,6 +122,8 @@ class _GPM:
         self.prev = None
         self.supported: bool | None = None  # unknown until first tick
         self.reason = ""
+        self.metrics: dict[int, str] = {**GPM_METRICS, **health.GPM_DRAM_METRICS}
+        self.failed: dict[str, str] = {}  # key -> why GPM cannot report it
         self._parent = None
         self._gi = None
 
@@ -151,6 +161,15 @@ class _GPM:
         if not getattr(support, "isSupportedDevice", 0):
             self.reason = "GPM is not supported on this GPU (it needs Hopper or later)"
             return False
+        links, why = (
+            (0, "NVLink throughput is not read per MIG instance")
+            if self.gpu.is_mig
+            else health.nvlink_links(self.nvml, handle)
+        )
+        if links:
+            self.metrics.update(health.GPM_NVLINK_METRICS)
+        else:
+            self.failed.update(dict.fromkeys(health.GPM_NVLINK_METRICS.values(), why))
         return True
 
     def prime(self) -> bool:
@@ -175,16 +194,20 @@ class _GPM:
         try:
             mg = m.c_nvmlGpmMetricsGet_t()
             mg.version = m.NVML_GPM_METRICS_GET_VERSION
-            mg.numMetrics = len(GPM_METRICS)
+            mg.numMetrics = len(self.metrics)
             mg.sample1 = prev
             mg.sample2 = cur
-            for i, metric_id in enumerate(GPM_METRICS):
+            for i, metric_id in enumerate(self.metrics):
                 mg.metrics[i].metricId = metric_id
             m.nvmlGpmMetricsGet(mg)
             out = {}
-            for i, key in enumerate(GPM_METRICS.values()):
-                if mg.metrics[i].nvmlReturn == 0:
+            for i, (metric_id, key) in enumerate(list(self.metrics.items())):
+                code = mg.metrics[i].nvmlReturn
+                if code == 0:
                     out[key] = float(mg.metrics[i].value)
+                else:
+                    self.failed[key] = f"GPM cannot report it on this GPU (NVML error {code})"
+                    del self.metrics[metric_id]
             return out
         finally:
             m.nvmlGpmSampleFree(prev)
@@ -222,13 +245,15 @@ class GPUProbe:
         self.warn = warn
         self.label = str(index) if label is None else label
         self.prefix = schema.gpu_key(self.label, "")
-        self.readers = _simple_readers(nvml, pcie)
+        self.readers = _simple_readers(nvml, pcie) + health.health_readers(nvml)
         self.gpm = _GPM(nvml, gpu) if gpm else None
         self.lost = False
         self._failures: dict[tuple[str, ...], int] = {}
+        self.unsupported: dict[str, str] = {}  # field -> why this GPU or driver does not report it
 
     def _drop(self, keys: tuple[str, ...], reason: str) -> None:
         self.readers = [(k, r) for k, r in self.readers if k != keys]
+        self.unsupported.update(dict.fromkeys(keys, reason))
         self.warn(
             (self.index, keys),
             f"GPU {self.index} ({self.gpu.name}): {', '.join(keys)} not available "
@@ -237,6 +262,13 @@ class GPUProbe:
 
     def prime(self) -> bool:
         """Takes GPM's first sample now (see :meth:`MetricSampler.sample`); True if it did."""
+        for _, reader in self.readers if not self.lost else ():
+            prime = getattr(reader, "prime", None)  # a counter's first reading (energy)
+            if prime is not None:
+                try:
+                    prime(self.gpu.handle)
+                except Exception:  # read() says what is wrong with it
+                    pass
         if self.gpm is None or self.lost:
             return False
         try:
@@ -283,11 +315,18 @@ class GPUProbe:
                 self.gpm.supported = False
                 self.gpm.reason = str(e)
                 gpm_values = {}
+            for key, reason in self.gpm.failed.items():
+                if key not in self.unsupported:
+                    self.unsupported[key] = reason
+                    self.warn((self.index, key), f"GPU {self.index} ({self.gpu.name}): {key} not available ({reason}).")
             if self.gpm.supported is False:
                 self.warn(
                     (self.index, "gpm"),
-                    f"GPU {self.index} ({self.gpu.name}): SM activity, SM occupancy and tensor activity not available ({self.gpm.reason}).",
+                    f"GPU {self.index} ({self.gpu.name}): SM activity, SM occupancy, tensor activity, DRAM bandwidth "
+                    f"and NVLink throughput not available ({self.gpm.reason}).",
                 )
+                for key in self.gpm.KEYS:
+                    self.unsupported.setdefault(key, self.gpm.reason)
                 self.gpm = None
             for key, value in gpm_values.items():
                 out[self.prefix + key] = value
@@ -346,20 +385,29 @@ class MetricSampler:
         host: HostProbe | None,
         allocator: Callable[[Iterable[int]], dict[int, tuple[float, float]]] | None = None,
         warn: WarnOnce | None = None,
+        events: health.XidWatcher | None = None,
     ):
         self.gpu_probes = list(gpu_probes)
         self.host = host
         self.allocator = allocator
         self.warn = warn or WarnOnce()
+        self.events = events  # the GPUs' XID events (its event set made at the first sample)
         # The keys of the first sample, in order: the epoch logs' keys for this
         # sampler's life (one fit), so every epoch has the same columns.
         self.keys: tuple[str, ...] | None = None
         self.latest: dict[str, float] = {}  # the last value of every key
+        self._counts: tuple[str, ...] = ()  # the keys of counts per sample (energy, XID events)
         self._lock = threading.Lock()
+
+    def unsupported(self) -> dict[str, dict[str, str]]:
+        """GPU label -> field -> why the GPU or driver does not report it (so far)."""
+        return {p.label: dict(p.unsupported) for p in self.gpu_probes}
 
     def _prime(self) -> None:
         """Makes the first sample complete: GPM rates and CPU use need a span to measure over."""
         deadline = 0.0
+        if self.events is not None:
+            self.events.start()
         for probe in self.gpu_probes:
             if probe.prime():
                 deadline = max(deadline, time.monotonic() + FIRST_SPAN)
@@ -378,6 +426,10 @@ class MetricSampler:
             self.latest.update(out)
             if self.keys is None:
                 self.keys = tuple(out)
+                self._counts = tuple(k for k in out if k.rsplit("/", 1)[-1] in SUM_FIELDS)
+            for key in self._counts:
+                if key not in out:  # a count that stopped reporting: not measured (NaN), never 0
+                    self.latest[key] = math.nan
         return out
 
     def epoch_summary(self, agg: Aggregate) -> dict[str, float]:
@@ -411,11 +463,15 @@ class MetricSampler:
                 label = labels.get(index, str(index))
                 out[schema.gpu_key(label, "allocator_memory_mib")] = current / MIB
                 out[schema.gpu_key(label, "allocator_peak_memory_mib")] = peak / MIB
+        if self.events is not None:
+            out.update(self.events.poll())
         if self.host is not None:
             out.update(self.host.read())
         return out
 
     def close(self):
+        if self.events is not None:
+            self.events.close()
         for probe in self.gpu_probes:
             probe.close()
 
@@ -441,8 +497,26 @@ class Aggregate:
             self.maxs[key] = value if prev is None or value > prev else prev
         self.last = sample
 
+    def counts_only(self) -> Aggregate:
+        """A new aggregate with this one's counts per sample (energy, XID events) alone, nothing else."""
+        out = Aggregate()
+        for key, total in self.sums.items():
+            if key.rsplit("/", 1)[-1] in SUM_FIELDS:
+                out.sums[key], out.counts[key], out.maxs[key] = total, self.counts[key], self.maxs[key]
+        return out
+
     def means(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+        """Each key's epoch value: the mean; for counts per sample the sum, for running totals the last."""
+        out = {}
+        for key, total in self.sums.items():
+            field = key.rsplit("/", 1)[-1]
+            if field in SUM_FIELDS:
+                out[key] = total
+            elif field in LAST_FIELDS:
+                out[key] = self.maxs[key]  # a running total only grows within a span
+            else:
+                out[key] = total / self.counts[key]
+        return out
 
     def summary(
         self,
@@ -453,7 +527,10 @@ class Aggregate:
         """Means, plus ``<key>_max`` for the keys where the peak matters.
 
         With ``keys``, exactly those keys (and their ``_max``) in that order:
-        one with no value here takes its value in ``latest`` (mean and max).
+        one with no value here takes its value in ``latest`` (mean and max),
+        but a count per sample (energy, XID events) is 0 (what it counts is in
+        the next sample, and so in the next span), or NaN where it stopped
+        reporting.
         """
         means = self.means()
         if keys is None:
@@ -466,6 +543,8 @@ class Aggregate:
         out = {}
         for key in keys:
             value = means.get(key, latest.get(key))
+            if key not in means and value is not None and key.rsplit("/", 1)[-1] in SUM_FIELDS:
+                value = value if math.isnan(value) else 0.0
             if value is not None:
                 out[key] = value
         for key in keys:

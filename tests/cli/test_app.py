@@ -364,3 +364,28 @@ def test_report_checks_its_output_paths_before_writing_anything(tmp_path, capsys
 
     assert cli.main(["report", str(tmp_path), "--quiet", "-o", str(blocker / "report.html")]) == 2
     assert "--output" in capsys.readouterr().err and not (tmp_path / "report.html").exists()
+
+
+def test_doctor_lists_each_health_field_with_supported_or_its_reason():
+    hopper = FakeGPU(uuid="GPU-a")
+    older = FakeGPU(
+        name="Tesla V100-SXM2-16GB",
+        uuid="GPU-b",
+        compute_capability=(7, 0),
+        gpm=False,
+        nvlink_links=0,
+        unsupported={"nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetTotalEccErrors:1"},
+    )
+    fw, nv, findings = facts_with([hopper, older], env={}, fw_gpus=["GPU:0", "GPU:1"], built_with_cuda=True)
+    assert nv.health["GPU:0"] == dict.fromkeys(nv.health["GPU:0"])  # everything reported
+    assert set(nv.health["GPU:0"]) >= {"energy_joules", "dram_bandwidth_percent", "xid_events", "nvlink_tx_mib_per_sec"}
+    reasons = nv.health["GPU:1"]
+    assert reasons["energy_joules"] == "NVMLError: Not Supported"
+    assert reasons["ecc_uncorrected_errors"] == "NVMLError: Not Supported"
+    assert reasons["ecc_corrected_errors"] is None
+    assert "Hopper" in reasons["dram_bandwidth_percent"] and "Hopper" in reasons["nvlink_rx_mib_per_sec"]
+    assert reasons["throttle_power_percent"] is None and reasons["xid_events"] is None
+    report = doctor.render(fw, nv, findings, {})
+    assert "[health fields, GPU:1]" in report
+    assert "  energy_joules: not reported: NVMLError: Not Supported" in report
+    assert "  throttle_power_percent: supported" in report

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
@@ -27,9 +29,13 @@ class NVMLError(Exception):
         self.value = value
 
     def __str__(self):
-        return {3: "Not Supported", 6: "Not Found", 12: "NVML Shared Library Not Found", 15: "GPU is lost"}.get(
-            self.value, f"NVML error {self.value}"
-        )
+        return {
+            3: "Not Supported",
+            6: "Not Found",
+            10: "Timeout",
+            12: "NVML Shared Library Not Found",
+            15: "GPU is lost",
+        }.get(self.value, f"NVML error {self.value}")
 
 
 @dataclass
@@ -47,14 +53,31 @@ class FakeGPU:
     sm_clock: int = 1980
     pcie_tx_kb: int = 2048
     pcie_rx_kb: int = 4096
+    mem_clock: int = 2619
+    sm_clock_max: int = 1980
+    mem_clock_max: int = 2619
+    clock_reasons: int = 0  # nvmlClocksEventReason* bits active now
+    # NVML's total-energy counter (mJ): ``energy_mj`` when set, else ``energy_base_mj`` plus what
+    # ``power_mw`` has used since the fake GPU was made (mW x s = mJ), like the driver's counter.
+    energy_mj: int | None = None
+    energy_base_mj: int = 5_000_000
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    nvlink_links: int = 18  # active NVLink links; 0: the GPU has no NVLink (NotSupported)
+    xid_pending: list[int] = field(default_factory=list)  # XID codes the next event-set waits return
     gpm: bool = True
-    gpm_values: dict[int, float] = field(default_factory=lambda: {2: 91.5, 3: 45.25, 5: 60.0})
-    unsupported: set = field(default_factory=set)  # pynvml function names that say NotSupported
+    gpm_values: dict[int, float] = field(
+        default_factory=lambda: {2: 91.5, 3: 45.25, 5: 60.0, 10: 35.5, 60: 1024.0, 61: 2048.0}
+    )
+    # pynvml function names that say NotSupported; "name:arg" for one value of the first argument after
+    # the handle ("nvmlDeviceGetClockInfo:2": the memory clock; "nvmlDeviceGetTotalEccErrors:1": uncorrected)
+    unsupported: set = field(default_factory=set)
     failing: dict[str, int] = field(default_factory=dict)  # function -> error code, raised every call
     mig: list[FakeGPU] = field(default_factory=list)
     gpu_instance_id: int | None = None
     parent: FakeGPU | None = None
     delay: float = 0.0  # seconds each utilization query blocks, like PCIe throughput does
+    made_at: float = field(default_factory=time.monotonic)
 
 
 class _Metric:
@@ -80,7 +103,7 @@ class FakeNVML:
     c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t
     NVML_GPM_METRICS_GET_VERSION = 1
 
-    def __init__(self, gpus=None, init_error: int | None = None, driver="580.159.04"):
+    def __init__(self, gpus=None, init_error: int | None = None, driver="580.159.04", missing=()):
         self.gpus: list[FakeGPU] = list(gpus if gpus is not None else [FakeGPU()])
         for g in self.gpus:
             for j, m in enumerate(g.mig):
@@ -91,13 +114,25 @@ class FakeNVML:
         self.calls: list[tuple] = []  # (function name, thread ident)
         self._lock = threading.Lock()
         self.live_gpm_samples = 0
+        self.event_sets: list[SimpleNamespace] = []
+        # Functions these bindings lack (an older nvidia-ml-py): getattr raises AttributeError.
+        self.missing = set(missing)
+
+    def __getattribute__(self, name):
+        if name.startswith("nvml") and name in object.__getattribute__(self, "missing"):
+            raise AttributeError(name)
+        return object.__getattribute__(self, name)
+
+    @property
+    def live_event_sets(self) -> int:
+        return sum(1 for s in self.event_sets if not s.freed)
 
     # bookkeeping
-    def _call(self, name, gpu: FakeGPU | None = None):
+    def _call(self, name, gpu: FakeGPU | None = None, arg=None):
         with self._lock:
             self.calls.append((name, threading.get_ident()))
         if gpu is not None:
-            if name in gpu.unsupported:
+            if name in gpu.unsupported or f"{name}:{arg}" in gpu.unsupported:
                 raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
             if name in gpu.failing:
                 raise NVMLError(gpu.failing[name])
@@ -191,8 +226,64 @@ class FakeNVML:
         return h.temperature
 
     def nvmlDeviceGetClockInfo(self, h, clock):
-        self._call("nvmlDeviceGetClockInfo", h)
-        return h.sm_clock
+        self._call("nvmlDeviceGetClockInfo", h, clock)
+        return h.mem_clock if clock == 2 else h.sm_clock
+
+    def nvmlDeviceGetMaxClockInfo(self, h, clock):
+        self._call("nvmlDeviceGetMaxClockInfo", h, clock)
+        return h.mem_clock_max if clock == 2 else h.sm_clock_max
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        self._call("nvmlDeviceGetCurrentClocksEventReasons", h)
+        return h.clock_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        self._call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        return h.clock_reasons
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self._call("nvmlDeviceGetTotalEnergyConsumption", h)
+        if h.energy_mj is not None:
+            return h.energy_mj
+        return h.energy_base_mj + int(h.power_mw * (time.monotonic() - h.made_at))
+
+    def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
+        self._call("nvmlDeviceGetTotalEccErrors", h, error_type)
+        return h.ecc_uncorrected if error_type == 1 else h.ecc_corrected
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        self._call("nvmlDeviceGetNvLinkState", h)
+        if not h.nvlink_links:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        if link >= h.nvlink_links:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        return 1
+
+    # events
+    def nvmlEventSetCreate(self):
+        self._call("nvmlEventSetCreate")
+        event_set = SimpleNamespace(gpus=[], freed=False)
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, h, event_types, event_set):
+        self._call("nvmlDeviceRegisterEvents", h)
+        event_set.gpus.append(h)
+
+    def nvmlEventSetWait_v2(self, event_set, timeout_ms):
+        self._call("nvmlEventSetWait_v2")
+        assert not event_set.freed, "an event set used after it was freed"
+        for h in event_set.gpus:
+            if h.xid_pending:
+                code = h.xid_pending.pop(0)
+                return SimpleNamespace(
+                    device=h, eventType=0x8, eventData=code, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF
+                )
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, event_set):
+        self._call("nvmlEventSetFree")
+        event_set.freed = True
 
     def nvmlDeviceGetPcieThroughput(self, h, counter):
         self._call("nvmlDeviceGetPcieThroughput", h)

@@ -116,6 +116,11 @@ def test_mig_instance_reports_what_it_can():
             "nvmlDeviceGetTemperature",
             "nvmlDeviceGetClockInfo",
             "nvmlDeviceGetPcieThroughput",
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+            "nvmlDeviceGetMaxClockInfo",
+            "nvmlDeviceGetTotalEnergyConsumption",
+            "nvmlDeviceGetTotalEccErrors",
         },
         gpm_values={2: 33.0, 3: 20.0, 5: 10.0},
     )
@@ -137,6 +142,10 @@ def test_mig_instance_reports_what_it_can():
         "tensor_activity_percent",
     }
     assert fake.count("nvmlGpmMigSampleGet") == 2
+    # Every field it cannot report is recorded with its reason.
+    assert probe.unsupported["energy_joules"] == "NVMLError: Not Supported"
+    assert "GPM cannot report it" in probe.unsupported["dram_bandwidth_percent"]
+    assert "MIG" in probe.unsupported["nvlink_rx_mib_per_sec"]
 
 
 def test_allocator_and_host_figures():

@@ -54,6 +54,7 @@ from keras_gpu_tools.runtime.keras_internals.fit import (
 )
 from keras_gpu_tools.runtime.keras_internals.input_data import (
     array_epoch_batches,
+    array_epoch_samples,
     describe_pipeline,
     inspect_tf_dataset,
     time_epoch_iterator,
@@ -103,6 +104,7 @@ __all__ = [
     "Internal",
     "all_layers",
     "array_epoch_batches",
+    "array_epoch_samples",
     "build_for_training",
     "capture_apply",
     "check_keras_version",

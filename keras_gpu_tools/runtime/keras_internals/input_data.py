@@ -42,6 +42,29 @@ def array_epoch_batches(model) -> int | None:
     return n if isinstance(n, int) and n > 1 else None
 
 
+def array_epoch_samples(model) -> int | None:
+    """The examples of each epoch where fit() trains on arrays, one pass an epoch; else None.
+
+    Keras's own ``ArrayDataAdapter`` with no ``steps_per_epoch``: every batch
+    of a pass holds ``batch_size`` rows but the last, which holds what is left.
+    """
+    ei = find_epoch_iterator(model)
+    adapter = getattr(ei, "data_adapter", None)
+    kind = type(adapter)
+    if (
+        adapter is None
+        or kind.__name__ != "ArrayDataAdapter"
+        or not kind.__module__.startswith("keras.src.trainers.data_adapters")
+        or getattr(ei, "steps_per_epoch", None) is not None
+    ):
+        return None
+    try:
+        batches, size, partial = int(adapter.num_batches), int(adapter.batch_size), adapter.partial_batch_size
+    except Exception:  # the adapter's properties not what they were
+        return None
+    return (batches - 1) * size + (int(partial) if partial else size) if batches > 0 else None
+
+
 def _dense(a) -> bool:
     """Whether every batch sliced from the array ``a`` keeps its trailing shape and dtype.
 

@@ -81,7 +81,7 @@ INTERNALS: tuple[Internal, ...] = (
         "EpochIterator starts a new pass each epoch when steps_per_epoch is None",
         "keras/src/trainers/data_adapters/array_data_adapter.py: _get_iterator(); "
         "keras/src/trainers/epoch_iterator.py: _enumerate_iterator()",
-        "the OOM reducer's idle steps that need no check of the batch (array inputs)",
+        "the OOM reducer's idle steps that need no check of the batch (array inputs); the logger's joules per sample",
     ),
     Internal(
         "train_step hands gradients to optimizer.apply (TF, torch) or optimizer.stateless_apply (JAX), "
