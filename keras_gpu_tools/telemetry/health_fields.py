@@ -7,6 +7,8 @@ from the logs, with the reason in ``doctor`` and the report, never zero.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 # Clock-event ("throttle") reasons: the share of the epoch's samples in which each was active, %.
 # NVML's bits (nvmlClocksEventReason*, formerly nvmlClocksThrottleReason*) grouped as users name them.
 THROTTLE_REASONS: dict[str, int] = {
@@ -44,3 +46,18 @@ HEALTH_FIELDS: dict[str, str] = {
 # FitSession.shared key under which the logger publishes a GPUHealthSource (the straggler verdict and
 # others in the same process read the last epoch's GPU figures through it, whatever the callback order).
 SHARED_GPU_HEALTH = "gpu_health"
+
+
+class GPUHealthSource(Protocol):
+    """What the logger publishes under ``FitSession.shared[SHARED_GPU_HEALTH]`` for the fit's other callbacks.
+
+    Both methods are cheap (no NVML call): they return what the logger's sampling already holds.
+    """
+
+    def last_epoch(self) -> dict[str, dict[str, float]]:
+        """GPU label -> field -> the last completed epoch's value, for every GPU field (health and the others)."""
+        ...
+
+    def unsupported(self) -> dict[str, dict[str, str]]:
+        """GPU label -> field -> why the GPU or driver cannot report it."""
+        ...
