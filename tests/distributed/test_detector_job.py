@@ -130,3 +130,8 @@ def test_a_power_throttled_gpu_is_named_as_the_cause(tmp_path):
     assert [c["field"] for c in s["causes"]] == ["throttle_power_percent", "sm_clock_mhz"]
     if s["kind"] == "GPU health":  # its steps, in step with the others', look alike
         assert r0["job_message"].startswith("Process 1's GPU holds the job back: ")
+    # The report of the job's log directory shows it in the job's section.
+    from keras_gpu_tools import report
+
+    page = report(str(tmp_path / "job" / "logs")).text()
+    assert "(straggler: " in page and "process 1's GPU 1 was power-throttled 41% of the epoch" in page
