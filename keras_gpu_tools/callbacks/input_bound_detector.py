@@ -99,8 +99,8 @@ class InputBoundDetector(FitCallback):
     | `job/input_wait_process` | index | which process that is |
     | `job/samples_per_sec` | 1/s | the job's examples per second (every process's summed) |
 
-    Process 0 also writes them, with the job verdict (`detector.job_verdict`,
-    naming a straggler), to the run `log_dir/<run_name>/job`.
+    Process 0 also writes them, with the job verdict (`detector.job_verdict`: a straggler
+    and, with a `GPUUtilizationLogger` in each process, its GPU's cause), to the run `log_dir/<run_name>/job`.
 
     On TensorFlow the fetch is timed on sampled steps only (steps under ~3 ms
     may read a few percent high), per execution with `steps_per_execution`.
@@ -259,7 +259,7 @@ class InputBoundDetector(FitCallback):
         devices = max(int(self.topology.devices_in_step or 1), 1)
         dtype = self.model.dtype_policy.compute_dtype
         peak, gather = self.peak_flops or step_flops.table_peak(self.backend, dtype, self.warnings), self._job_gather()
-        exchange = JobExchange(gather, devices, self._job_events) if gather.active else None
+        exchange = JobExchange(gather, devices, self._job_events, session.shared) if gather.active else None
         self._fit = InputFit(judge, self.flops_per_step, peak, devices, exchange, self._job_failed)
         spe = ki.steps_per_execution(self.model)
         note = self.backend.execution_note(spe) if spe > 1 else None

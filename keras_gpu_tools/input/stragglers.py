@@ -20,7 +20,12 @@ not name anyone:
 Under synchronous data parallelism every process runs at the slowest one's
 pace (the others wait for it in the gradient all-reduce), so step times are
 alike and the straggler shows in its input wait: the others' wait is inside
-their step (the collective), not in their input.
+their step (the collective), not in their input. A process held back by its
+GPU shows in neither: where every process sends its GPUs' health (a
+``GPUUtilizationLogger`` in its fit), a process whose GPU stands out
+(throttled, a lower SM clock, another program on it; the rule of
+:mod:`~keras_gpu_tools.input.health_cause`) is named a straggler of kind
+"GPU health", and a slow step's straggler gets its GPU's cause named.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from keras_gpu_tools.input.health_cause import Cause, has_health, health_causes, slowdown
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime.units import format_milliseconds, format_percent
 
@@ -63,14 +69,20 @@ def process_row(
     category: str = "unknown",
     advice: Sequence[str] = (),
     peak_flops: float | None = None,
+    health: dict[str, list[Any]] | None = None,
 ) -> dict[str, Any]:
-    """One process's message of an epoch end (JSON-ready): this epoch's and its steady state's figures."""
+    """One process's message of an epoch end (JSON-ready): this epoch's and its steady state's figures.
+
+    ``health``: its GPUs' health in the epoch (:func:`~keras_gpu_tools.input.health_cause.process_health`),
+    None where no GPUUtilizationLogger runs in its fit.
+    """
     return {
         "process": int(index),
         "host": host,
         "epoch": figures(epoch),
         "steady": dict(figures(steady), scope=scope, category=category, advice=list(advice)),
         "peak_flops": peak_flops,
+        "health": health,
     }
 
 
@@ -106,12 +118,14 @@ def job_logs(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 @dataclasses.dataclass
 class Straggler:
-    """A process that stands out: by ``kind`` ("input wait" or "step time"), ``value`` against the others' median."""
+    """A process that stands out: by ``kind`` ("input wait", "step time" or "GPU health"), ``value`` against the
+    others' median; ``causes``: what its GPU's health says (the first cause's figures are those of "GPU health")."""
 
     process: int
     kind: str
     value: float
     others_median: float
+    causes: list[Cause] = dataclasses.field(default_factory=list)
 
 
 def find_stragglers(rows: Sequence[dict[str, Any]], part: str = "steady") -> list[Straggler]:
@@ -189,6 +203,14 @@ def job_verdict(rows: Sequence[dict[str, Any]]) -> JobVerdict:
     for p in procs:
         p.pop("advice", None)
     found = find_stragglers(rows)
+    named = {s.process for s in found}
+    for s in found:
+        if s.kind == "step time":
+            s.causes = health_causes(rows, s.process)
+    for r in rows:  # held back by its GPU, which neither its step nor its wait shows
+        causes = [] if int(r["process"]) in named else health_causes(rows, int(r["process"]))
+        if causes:
+            found.append(Straggler(int(r["process"]), "GPU health", causes[0].value, causes[0].others_median, causes))
     by_index = {int(r["process"]): r for r in rows}
     n = len(rows)
     if not found:
@@ -221,6 +243,10 @@ def job_verdict(rows: Sequence[dict[str, Any]]) -> JobVerdict:
                 "shard of the data (larger or slower-to-decode files). Changing the other processes' pipelines "
                 "will not help."
             )
+        elif s.kind == "GPU health":
+            why = "; ".join(c.text for c in s.causes)
+            sentences.append(f"Process {s.process}'s GPU holds the job back: {why}; {slowdown(rows, s.process)}.")
+            advice += [c.advice for c in s.causes]
         else:
             sentences.append(
                 f"Process {s.process} is slower: its steps take {format_milliseconds(s.value)} where the other processes take "
@@ -228,12 +254,31 @@ def job_verdict(rows: Sequence[dict[str, Any]]) -> JobVerdict:
                 "stands out. If the processes train in step (synchronous data parallelism), the others wait for it "
                 "and their step time is inflated too."
             )
-            advice.append(
+            sentences.append(_step_cause(s, by_index[s.process]))
+            advice += [c.advice for c in s.causes] or [
                 f"Process {s.process}: look at its device and host (another job on its GPU or CPUs, a slower or "
-                "throttled GPU, a smaller share of the interconnect); a GPUUtilizationLogger on it shows its GPU's "
-                "utilization and clocks."
-            )
-    return JobVerdict(procs, found, " ".join(sentences), advice)
+                "throttled GPU, a smaller share of the interconnect)"
+                + (
+                    "."
+                    if has_health(by_index[s.process])
+                    else "; a GPUUtilizationLogger in every process's fit lets this verdict name a throttled or "
+                    "slower GPU."
+                )
+            ]
+    return JobVerdict(procs, found, " ".join(s for s in sentences if s), advice)
+
+
+def _step_cause(s: Straggler, row: dict[str, Any]) -> str:
+    """What a slow step's process's GPU health says ("" where it sent none)."""
+    if s.causes:
+        slower = f"its steps were {100 * (s.value / s.others_median - 1):.0f}% slower"
+        return f"Its GPU says why: {'; '.join(c.text for c in s.causes)}; {slower}."
+    if has_health(row):
+        return (
+            "Its GPU's health does not explain it: no throttling, lower SM clock or other program on its GPU stands "
+            "out against the other processes' in the last epoch."
+        )
+    return ""
 
 
 def job_peak(rows: Sequence[dict[str, Any]], devices_in_step: int) -> float | None:

@@ -10,6 +10,7 @@ import io
 from typing import TYPE_CHECKING
 
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.reporting import health
 from keras_gpu_tools.reporting.model import SPLIT_KEYS, ReportData, Series
 from keras_gpu_tools.runtime.units import format_number
 
@@ -32,7 +33,7 @@ def available() -> bool:
 
 
 def draw(data: ReportData) -> dict[str, Figure]:
-    """The report's plots by name (``gpu_<i>``, ``host``, ``step_time``, ``oom``, ``training``).
+    """The report's plots by name (``gpu_<i>``, ``health_<i>``, ``host``, ``step_time``, ``oom``, ``training``).
 
     A plot is drawn only where the run has data for it.
     """
@@ -41,6 +42,10 @@ def draw(data: ReportData) -> dict[str, Figure]:
     for index in data.gpu_indices():
         if index in plotted:
             figs[f"gpu_{index}"] = _gpu_figure(data, index)
+    if health.has_health(data):  # the GPUs whose health deserves attention
+        for g in health.gpu_health(data):
+            if g.attention and g.epochs:
+                figs[f"health_{g.label}"] = _health_figure(data, g.label)
     if any(k.startswith(schema.HOST_PREFIX) for k in data.series):
         figs["host"] = _host_figure(data)
     if data.split_x and any(v is not None for k, _ in SPLIT_KEYS for v in data.split.get(k, [])):
@@ -145,6 +150,45 @@ def _gpu_figure(data: ReportData, index: str) -> Figure:
     if plotted:
         _legend_right(ax_m)
     _note_sampled(fig, [data.series.get(schema.gpu_key(index, f)) for f in UTIL_FIELDS + MEMORY_FIELDS])
+    return fig
+
+
+def _health_figure(data: ReportData, label: str) -> Figure:
+    """A GPU's health per epoch: the share of time of each throttle reason, the SM clock against its maximum, power."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (ax_t, ax_c, ax_p) = _new_figure(3, height=1.9)
+    name = next((g["name"] for g in data.gpus if g.get("index") == label), "")
+    fig.suptitle(f"GPU {label} health" + (f": {name}" if name else ""), fontsize=11)
+
+    def plot(ax: Axes, field: str, style: str = "-", **kw) -> bool:
+        ys = health.values(data, label, field)
+        xs = [i + 1 for i, v in enumerate(ys) if v is not None]
+        if xs:
+            ax.plot(xs, [v for v in ys if v is not None], style, marker="o", markersize=3, label=field, **kw)
+        return bool(xs)
+
+    for field in health.THROTTLE_WORDS:
+        if any(health.values(data, label, field)):  # a reason never active is left out of the legend
+            plot(ax_t, field)
+    ax_t.set_ylim(0, 105)
+    ax_t.set_ylabel("% of the time")
+    ax_t.set_title("throttle reasons active", fontsize=9, loc="left")
+    for ax, fields, unit, title in (
+        (ax_c, ("sm_clock_mhz", "sm_clock_max_mhz"), "MHz", "SM clock against its maximum"),
+        (ax_p, ("power_watts", "power_limit_watts"), "W", "power against its limit"),
+    ):
+        shown = [plot(ax, f, "--" if i else "-", linewidth=1.0 if i else 1.4) for i, f in enumerate(fields)]
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        ax.set_title(title, fontsize=9, loc="left")
+        if any(shown):
+            _legend_right(ax)
+    if ax_t.lines:
+        _legend_right(ax_t)
+    for ax in (ax_t, ax_c, ax_p):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_p.set_xlabel("epoch")
     return fig
 
 

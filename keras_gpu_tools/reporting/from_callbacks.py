@@ -26,7 +26,8 @@ from keras_gpu_tools.reporting.model import (
 
 
 class GPULoggerRecords(Protocol):
-    """What the report reads of a `GPUUtilizationLogger` (and its optional ``topology``)."""
+    """What the report reads of a `GPUUtilizationLogger` (and its optional ``topology``, and ``unsupported()``:
+    the fields its GPUs cannot report, ``{gpu label: {field: reason}}``)."""
 
     epoch_history: Sequence[dict[str, Any]]  # per epoch: the logged figures, job-wide ones included
     timeline: Sequence[tuple[float, int, dict[str, float]]]  # (wall time, step, mean of each key)
@@ -117,11 +118,26 @@ def _add_job_figures(data: ReportData, history: Iterable[dict[str, Any]]) -> Non
                 data.job.setdefault(key, Series(key)).add(0.0, epoch + 1, v)
 
 
+def _add_epoch_figures(data: ReportData, history: list[dict[str, Any]]) -> None:
+    """The GPUs' epoch figures (`gpu/...`) and the energy per sample, one value per epoch (the GPU health section's)."""
+    keys = {k for h in history for k in h if k.startswith(schema.GPU_PREFIX) or k == schema.JOULES_PER_SAMPLE}
+    if schema.JOULES_PER_SAMPLE in data.gpu_epochs:  # another callback's already
+        keys.discard(schema.JOULES_PER_SAMPLE)
+    for key in keys:
+        data.gpu_epochs[key] = [rows.finite(h.get(key)) for h in history]
+
+
 def _from_gpu_logger(data: ReportData, lg: GPULoggerRecords) -> None:
     data.sources.append(type(lg).__name__)
     data.gpus += [rows.gpu_row(r) for r in lg.device_records()]
     _set_processes(data, lg, only_if_unset=False)
-    _add_job_figures(data, list(lg.epoch_history))
+    history = list(lg.epoch_history)
+    _add_job_figures(data, history)
+    _add_epoch_figures(data, history)
+    unsupported = getattr(lg, "unsupported", None)
+    if callable(unsupported):
+        for label, fields in (unsupported() or {}).items():
+            data.gpu_unsupported.setdefault(str(label), {}).update({str(f): str(r) for f, r in fields.items()})
     for wall, step, means in list(lg.timeline):
         if data.t0 is None or wall < data.t0:
             data.t0 = wall
@@ -148,6 +164,8 @@ def _from_detector(data: ReportData, det: DetectorRecords) -> None:
         data.job_verdict = rows.job_verdict_dict(to_plain(job_verdict), job_verdict.text())
         _set_processes(data, det)
     _add_job_figures(data, history)  # as the logger's
+    if any(schema.JOULES_PER_SAMPLE in h for h in history) and schema.JOULES_PER_SAMPLE not in data.gpu_epochs:
+        data.gpu_epochs[schema.JOULES_PER_SAMPLE] = [rows.finite(h.get(schema.JOULES_PER_SAMPLE)) for h in history]
 
 
 def _from_profiler(data: ReportData, prof: ProfilerRecords) -> None:

@@ -23,7 +23,7 @@ from keras_gpu_tools.logdir.reader import RunValues, find_runs, printable, read_
 from keras_gpu_tools.logdir.series import Series
 from keras_gpu_tools.logdir.writer import check_log_dir
 from keras_gpu_tools.memory.explain import headroom_lines
-from keras_gpu_tools.reporting import legacy, rows
+from keras_gpu_tools.reporting import health, legacy, rows
 from keras_gpu_tools.reporting.model import (
     OOM_FAILED_SECONDS,
     OOM_MICRO_BATCHES_NOW,
@@ -33,6 +33,7 @@ from keras_gpu_tools.reporting.model import (
 )
 
 T = TypeVar("T")
+UNSUPPORTED_DATA = schema.GPU_UNSUPPORTED_TEXT + schema.DATA_SUFFIX  # the logger's {gpu label: {field: reason}}
 
 
 @dataclasses.dataclass
@@ -45,6 +46,7 @@ class _Scan:
     texts: list[tuple[str, str, int, float, str]] = dataclasses.field(default_factory=list)  # run, tag, step, wall
     job_text: str = ""  # the job verdict as process 0 wrote it to the detector's job run
     job_records: dict[str, tuple[float, int, str]] = dataclasses.field(default_factory=dict)  # last JSON of a tag
+    joules_per_sample: Series = dataclasses.field(default_factory=lambda: Series(schema.JOULES_PER_SAMPLE))
 
 
 #: Which runs a report of a log directory covers where it holds both a single process's runs and a job's.
@@ -92,6 +94,9 @@ def gather_log_dir(log_dir: str, title: str | None = None, layout: str = "latest
             + ". Expected TensorBoard event files written by the callbacks."
         )
     _split_of(data, scan.window_points)
+    data.gpu_epochs = health.from_series(data.series)
+    if scan.joules_per_sample.values:  # one point per epoch
+        data.gpu_epochs[schema.JOULES_PER_SAMPLE] = list(scan.joules_per_sample.values)
     prose, records = _records_of(data, scan)
     _apply_records(data, scan, prose, records)
     return data
@@ -199,8 +204,8 @@ def _read_other_process_run(data: ReportData, scan: _Scan, run: str, values: Run
     for tag, points in values.scalars.items():
         if tag.startswith(schema.GPU_PREFIX):
             _add_series(data, tag, points)
-    texts = values.texts.get(schema.GPU_DEVICES_DATA, [])
-    scan.texts += [(run, schema.GPU_DEVICES_DATA, e.step, e.wall_time, e.text) for e in texts]
+    for tag in (schema.GPU_DEVICES_DATA, UNSUPPORTED_DATA):
+        scan.texts += [(run, tag, e.step, e.wall_time, e.text) for e in values.texts.get(tag, [])]
 
 
 def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> None:
@@ -208,6 +213,8 @@ def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> Non
     for tag, points in values.scalars.items():
         if tag.startswith((schema.GPU_PREFIX, schema.HOST_PREFIX)):
             _add_series(data, tag, points)
+        elif tag == schema.JOULES_PER_SAMPLE:  # the logger's, per epoch: the GPU health section's
+            scan.joules_per_sample.merge(points)
         elif tag.startswith((schema.INPUT_PREFIX, schema.THROUGHPUT_PREFIX)):
             for step, value in zip(points.steps, points.values):
                 scan.window_points.setdefault(step, {})[tag] = value
@@ -273,6 +280,10 @@ def _records_of(data: ReportData, scan: _Scan) -> tuple[dict[str, str], dict[str
             oom_records.append(value)
         elif tag == schema.GPU_DEVICES_DATA:
             devices[scan.process_of.get(run, -1)] = value
+        elif tag == UNSUPPORTED_DATA and isinstance(value, dict):  # every process's GPUs, the last fit's last
+            for label, fields in value.items():
+                if isinstance(fields, dict):
+                    data.gpu_unsupported.setdefault(str(label), {}).update({str(f): str(r) for f, r in fields.items()})
         else:
             records[tag] = value
     if oom_records:

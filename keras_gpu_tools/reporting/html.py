@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.reporting import text
+from keras_gpu_tools.reporting import health, text
 from keras_gpu_tools.reporting.model import ReportData
 from keras_gpu_tools.runtime.units import (
     format_bytes,
@@ -72,6 +72,7 @@ def render(data: ReportData, pngs: dict[str, bytes], full_page: bool = False) ->
         parts.append("<ul>" + "".join(f"<li>{e(p)} {e(why)}</li>" for p, why in data.unreadable) + "</ul>")
     for section in (
         _gpus_and_host,
+        _gpu_health,
         _job,
         _step_time,
         _input_pipeline,
@@ -116,6 +117,9 @@ def badges(data: ReportData) -> list[tuple[str, str]]:
             what = "SM activity" if s.key.endswith("sm_activity_percent") else "utilization"
             mean = s.stats()[1]
             out.append((f"GPU {index}: {what} {mean:.0f}%", "ok" if mean >= 70 else "warn"))
+    if health.has_health(data):
+        n = sum(len(g.attention) for g in health.gpu_health(data))
+        out.append((f"GPU health: {n} finding(s)", "warn") if n else ("GPU health: nothing to note", "ok"))
     if data.verdict:
         cat = data.verdict["category"]
         bound = data.verdict.get("speedup_bound")
@@ -186,6 +190,25 @@ def _gpus_and_host(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
             )
             + "</details>"
         )
+    return parts
+
+
+def _gpu_health(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
+    if not health.has_health(data):
+        return []
+    gpus = health.gpu_health(data)
+    flagged = [g for g in gpus if g.attention]
+    parts = [f"<h3>{health.HEADING}</h3>"]
+    if not flagged:
+        parts.append(f'<p class="kgt-health-ok">{prose(health.summary_line(gpus))}</p>')
+    for g in flagged:
+        parts.append(f'<p class="kgt-health">GPU {e(g.label)}:</p>' + _list(g.attention))
+        parts.append(_img(pngs, f"health_{g.label}", f"GPU {g.label} throttle reasons, SM clock and power per epoch"))
+    energy, unsupported = health.energy_lines(data, gpus), health.unsupported_lines(gpus)
+    if energy:
+        parts.append(f"<p>{e(health.ENERGY)}</p>" + _list(energy))
+    if unsupported:
+        parts.append(f"<p>{e(health.UNSUPPORTED)}</p>" + _list(unsupported))
     return parts
 
 

@@ -62,6 +62,11 @@ class ReportData:
     job_verdict: dict[str, Any] | None = None
     # The job's profiler windows (process 0's job records of ProfilerWindow): see rows.job_profile_row.
     job_profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # Each GPU's figures per epoch (`gpu/<label>/<field>`, `<field>_max` for some; `throughput/joules_per_sample`),
+    # one value per epoch (None: not reported that epoch): what the GPU health section reads (see `health`).
+    gpu_epochs: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
+    # The GPU fields a GPU or driver could not report: {gpu label: {field: reason}}.
+    gpu_unsupported: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
     def job_rows(self) -> tuple[list[tuple[str, float | None, float | None, float | None]], list[tuple[str, float]]]:
         """The job-wide figures at their last point: (figure, min, mean, max) rows, and the other figures."""

@@ -237,6 +237,10 @@ def _fill_from(data: ReportData, other: ReportData) -> None:
         data.job_verdict = other.job_verdict
     if not data.job_profiles:
         data.job_profiles = other.job_profiles
+    if not data.gpu_epochs:
+        data.gpu_epochs = other.gpu_epochs
+    if not data.gpu_unsupported:
+        data.gpu_unsupported = other.gpu_unsupported
     data.unreadable = other.unreadable
     if not data.training:
         data.training = other.training

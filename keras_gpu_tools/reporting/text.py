@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.reporting import health
 from keras_gpu_tools.reporting.model import SPLIT_AND_STEP_KEYS, SPLIT_KEYS, ReportData
 from keras_gpu_tools.runtime.units import (
     format_bytes,
@@ -49,6 +50,7 @@ def sections(data: ReportData) -> list[Section]:
     out: list[Section | None] = [
         (UNREADABLE, [f"- {path} {why}" for path, why in data.unreadable]) if data.unreadable else None,
         _gpus_and_host(data),
+        _gpu_health(data),
         (job_heading(data), _job(data)) if data.is_job() else None,
         _step_time(data),
         _input_pipeline(data),
@@ -165,6 +167,23 @@ def _gpus_and_host(data: ReportData) -> Section | None:
     if not data.gpu_indices() and rows:
         body.insert(0, "No GPU was monitored (host metrics only).")
     return ("GPUs and host", body) if body else None
+
+
+def _gpu_health(data: ReportData) -> Section | None:
+    """Only what deserves attention, per GPU (one line where nothing does); the energy; the fields not reported."""
+    if not health.has_health(data):
+        return None
+    gpus = health.gpu_health(data)
+    flagged = [g for g in gpus if g.attention]
+    body = [] if flagged else [health.summary_line(gpus)]
+    for g in flagged:
+        body += [f"GPU {g.label}:"] + [f"- {a}" for a in g.attention]
+    energy, unsupported = health.energy_lines(data, gpus), health.unsupported_lines(gpus)
+    if energy:
+        body += [health.ENERGY] + [f"- {line}" for line in energy]
+    if unsupported:
+        body += [health.UNSUPPORTED] + [f"- {line}" for line in unsupported]
+    return health.HEADING, body
 
 
 def _job(data: ReportData) -> list[str]:

@@ -167,6 +167,18 @@ def test_tf_data_pipeline_is_inspected():
     assert "num_parallel_calls=tf.data.AUTOTUNE" in advice and ".prefetch(tf.data.AUTOTUNE)" in advice
 
 
+@pytest.mark.multibackend
+def test_one_process_reads_no_gpu_health_and_its_verdict_is_unchanged():
+    # A logger's health source in the fit (a fake: no GPU here): one process has no job and nothing to compare.
+    from tests.helpers.gpu_health import FakeGPUHealth, healthy, publisher
+
+    source = FakeGPUHealth({"0": healthy(throttle_power_percent=60.0), "1": healthy()})
+    x, y = uniform_regression_data(64)
+    det = InputBoundDetector(window=4, log_dir=None, verbose=0)
+    tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[publisher(source), det])
+    assert source.calls == 0 and det.job_verdict is None and "throttl" not in det.summary()
+
+
 # -- one set of figures, the steady state ----------------------------------------------------
 def _time_weighted(rows, key):
     """sum(steps x key) / sum(steps x step_ms) over `rows` of logged figures: how the detector adds up."""

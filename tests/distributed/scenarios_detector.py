@@ -36,10 +36,12 @@ def fit_job(
     batch: int = BATCH,
     distribute: bool = True,
     peaks: list[float] | None = None,
+    health: list[dict] | None = None,
 ) -> dict:
     """A data-parallel fit with the detector; process ``i`` loads each batch in ``delays[i]`` seconds.
 
     ``peaks[i]``: process ``i``'s per-device ``peak_flops`` (as if its GPUs were another model).
+    ``health[i]``: process ``i``'s GPU figures of each epoch, published as a GPUUtilizationLogger would.
     """
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 
@@ -49,7 +51,12 @@ def fit_job(
     delay = (delays or [0.0] * count)[index]
     peak = (peaks or [1e12] * count)[index]
     det = InputBoundDetector(log_dir=str(out / "logs"), window=10, sample_every=10, verbose=0, peak_flops=peak)
-    hist = m.fit(batches(index, delay, batch), steps_per_epoch=steps, epochs=epochs, callbacks=[det], verbose=0)
+    cbs: list = [det]
+    if health is not None:
+        from tests.helpers.gpu_health import FakeGPUHealth, publisher
+
+        cbs.insert(0, publisher(FakeGPUHealth({str(index): health[index]})))
+    hist = m.fit(batches(index, delay, batch), steps_per_epoch=steps, epochs=epochs, callbacks=cbs, verbose=0)
     jv = det.job_verdict
     return {
         "pid": os.getpid(),

@@ -106,3 +106,32 @@ def test_a_balanced_job_names_no_straggler_and_counts_the_flops_of_the_global_st
         assert one["flops_source"] == "XLA cost analysis"
     assert results[0]["flops_per_step"] == results[1]["flops_per_step"] == one["flops_per_step"] > 0
     assert "job/step_ms_max" not in one["history"]  # one process: no job keys
+
+
+@pytest.mark.slow
+def test_a_power_throttled_gpu_is_named_as_the_cause(tmp_path):
+    # Process 1's GPU (a fake health source, as its GPUUtilizationLogger would publish) is power-throttled
+    # 41% of each epoch at a lower clock; the steps of the two processes are alike (they train in step).
+    ok = {"throttle_power_percent": 0.0, "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0}
+    hot = {"throttle_power_percent": 41.0, "sm_clock_mhz": 1700.0, "sm_clock_max_mhz": 1980.0}
+    results = run_job("scenarios_detector.fit_job", tmp_path, args={"epochs": 2, "steps": 10, "health": [ok, hot]})
+    r0, r1 = results
+    assert r0["job_message"] == r1["job_message"] and r0["job_stragglers"] == r1["job_stragglers"]
+    assert 1 in r0["job_stragglers"]  # (on a loaded machine a step-time straggler may be named beside it)
+    assert (
+        "process 1's GPU 1 was power-throttled 41% of the epoch (the other processes' 0%); process 1's GPU 1 ran "
+        "its SM clock at 1700 MHz, 86% of its 1980 MHz maximum"
+    ) in r0["job_message"]
+    assert any("nvidia-smi -q -d POWER" in a for a in r0["job_advice"])
+    # In process 0's JSON record for report(): the straggler with its causes.
+    own = read_events(tmp_path / "job" / "logs" / "input" / "process_0")
+    record = json.loads(own.Tensors("input/verdict/data")[-1].tensor_proto.string_val[0])
+    (s,) = [s for s in record["job"]["stragglers"] if s["process"] == 1]
+    assert [c["field"] for c in s["causes"]] == ["throttle_power_percent", "sm_clock_mhz"]
+    if s["kind"] == "GPU health":  # its steps, in step with the others', look alike
+        assert r0["job_message"].startswith("Process 1's GPU holds the job back: ")
+    # The report of the job's log directory shows it in the job's section.
+    from keras_gpu_tools import report
+
+    page = report(str(tmp_path / "job" / "logs")).text()
+    assert "(straggler: " in page and "process 1's GPU 1 was power-throttled 41% of the epoch" in page

@@ -1,0 +1,303 @@
+"""The report's GPU health section: per GPU, only what deserves attention; the energy; what a GPU cannot report.
+
+It reads each GPU's figures per epoch (`ReportData.gpu_epochs`: the logger's epoch
+figures, or, from a log directory, its series averaged over each epoch) and names
+what deserves attention, by these rules:
+
+- a clock-event (throttle) reason active at least ``THROTTLE_ATTENTION`` (5%)
+  of the time over the epochs (the mean of its epochs' shares): which, for how
+  long, in which epochs;
+- the SM (or memory) clock under ``CLOCK_BELOW`` (90%) of its maximum in the
+  epochs under load (utilization at least ``UNDER_LOAD`` 50%, or every epoch
+  where utilization is not known);
+- uncorrected ECC errors (any), corrected ECC errors that rose during the run,
+  XID events (any);
+- a temperature of ``HOT_CELSIUS`` (85 deg C) or more in an epoch, where GPUs
+  begin to slow down;
+- power at its limit: an epoch's mean power at least ``POWER_AT_LIMIT`` (95%)
+  of the enforced limit.
+
+Energy per epoch and joules per sample are figures, not alarms. The fields a
+GPU or driver could not report are listed with the reason the logger gave.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Sequence
+
+from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.logdir.series import Series
+from keras_gpu_tools.reporting.model import ReportData
+from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS, THROTTLE_REASONS
+
+THROTTLE_ATTENTION = 5.0  # % of the time
+CLOCK_BELOW = 0.90
+UNDER_LOAD = 50.0  # utilization, %
+HOT_CELSIUS = 85.0
+POWER_AT_LIMIT = 0.95
+
+# What each throttle reason did, in words.
+THROTTLE_WORDS = {
+    "throttle_power_percent": "the power cap held the clocks down",
+    "throttle_thermal_percent": "thermal slowdown held the clocks down",
+    "throttle_hw_slowdown_percent": "hardware slowdown (power brake or slowdown signal) held the clocks down",
+    "throttle_sync_boost_percent": "sync boost held the clocks to the slowest GPU of its group",
+    "throttle_app_clocks_percent": "the application clocks setting capped the clocks",
+}
+# The figures of the plots and rules besides the health fields (the logger's other GPU fields, epoch maxima).
+OTHER_FIELDS = ("sm_clock_mhz", "utilization_percent", "temperature_celsius", "power_watts", "power_limit_watts")
+MAX_FIELDS = ("temperature_celsius", "power_watts")  # their epoch maximum too, as `<field>_max`
+NOTHING = "Nothing in the GPUs' health deserves attention"
+
+
+@dataclasses.dataclass
+class GPUHealth:
+    """One GPU's health over the run: what deserves attention, its energy (figures), its unsupported fields."""
+
+    label: str
+    epochs: int
+    attention: list[str]
+    energy: list[str]
+    unsupported: dict[str, str]
+
+
+def has_health(data: ReportData) -> bool:
+    """Whether the run has health figures or a record of unsupported fields (else no section)."""
+    return bool(data.gpu_unsupported) or any(_field_of(k) in HEALTH_FIELDS for k in data.gpu_epochs)
+
+
+def _field_of(key: str) -> str:
+    m = schema.GPU_KEY_RE.match(key)
+    return m.group(2) if m else ""
+
+
+def values(data: ReportData, label: str, field: str) -> list[float | None]:
+    """A GPU's figure per epoch (None: not reported that epoch)."""
+    return list(data.gpu_epochs.get(schema.gpu_key(label, field)) or [])
+
+
+def labels(data: ReportData) -> list[str]:
+    """The GPUs with health figures or unsupported fields, in the report's order."""
+    seen = {m.group(1) for k in data.gpu_epochs if (m := schema.GPU_KEY_RE.match(k)) and m.group(2) in HEALTH_FIELDS}
+    seen |= set(data.gpu_unsupported)
+    return sorted(seen, key=lambda s: (len(s), s))
+
+
+def gpu_health(data: ReportData) -> list[GPUHealth]:
+    """Each GPU's health, by the rules of the module docstring."""
+    out = []
+    for label in labels(data):
+        n = max((len(v) for k, v in data.gpu_epochs.items() if k.startswith(schema.gpu_key(label, ""))), default=0)
+        out.append(
+            GPUHealth(
+                label,
+                n,
+                _throttles(data, label) + _clocks(data, label) + _errors(data, label) + _heat_and_power(data, label),
+                _energy(data, label),
+                dict(data.gpu_unsupported.get(label, {})),
+            )
+        )
+    return out
+
+
+def summary_line(gpus: Sequence[GPUHealth]) -> str:
+    """The section's one line where nothing deserves attention."""
+    n = max((g.epochs for g in gpus), default=0)
+    return (
+        f"{NOTHING}: no throttling, clocks at their maximum under load, no ECC or XID errors, temperature and power "
+        f"within limits ({len(gpus)} GPU{'' if len(gpus) == 1 else 's'}, {n} epoch{'' if n == 1 else 's'})."
+    )
+
+
+def epochs_text(indices: Sequence[int]) -> str:
+    """``[1, 2, 3, 5]`` (0-based) as "epochs 2-4, 6"."""
+    parts: list[str] = []
+    run: list[int] = []
+    for i in sorted(indices):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            parts.append(_run(run))
+        run = [i]
+    if run:
+        parts.append(_run(run))
+    return ("epoch " if len(indices) == 1 else "epochs ") + ", ".join(parts)
+
+
+def _run(run: list[int]) -> str:
+    return f"{run[0] + 1}" if len(run) == 1 else f"{run[0] + 1}-{run[-1] + 1}"
+
+
+def _known(vs: Sequence[float | None]) -> list[tuple[int, float]]:
+    return [(i, float(v)) for i, v in enumerate(vs) if v is not None]
+
+
+def _throttles(data: ReportData, label: str) -> list[str]:
+    out = []
+    for field in THROTTLE_REASONS:
+        known = _known(values(data, label, field))
+        if not known:
+            continue
+        mean = sum(v for _, v in known) / len(known)
+        if mean < THROTTLE_ATTENTION:
+            continue
+        top, at = max((v, i) for i, v in known)
+        where = epochs_text([i for i, v in known if v >= THROTTLE_ATTENTION])
+        out.append(
+            f"{THROTTLE_WORDS[field]} {mean:.0f}% of the time over {len(known)} epochs "
+            f"({where}; at most {top:.0f}% in epoch {at + 1})."
+        )
+    return out
+
+
+def _clocks(data: ReportData, label: str) -> list[str]:
+    util = values(data, label, "utilization_percent")
+    out = []
+    for name, field, top_field in (
+        ("SM clock", "sm_clock_mhz", "sm_clock_max_mhz"),
+        ("memory clock", "memory_clock_mhz", "memory_clock_max_mhz"),
+    ):
+        clocks, tops = values(data, label, field), [v for _, v in _known(values(data, label, top_field))]
+        if not tops:
+            continue
+        top = max(tops)
+        loaded = [
+            (i, v) for i, v in _known(clocks) if i >= len(util) or util[i] is None or (util[i] or 0.0) >= UNDER_LOAD
+        ]
+        if not loaded or not top:
+            continue
+        mean = sum(v for _, v in loaded) / len(loaded)
+        low = [i for i, v in loaded if v < CLOCK_BELOW * top]
+        if mean < CLOCK_BELOW * top:
+            out.append(
+                f"the {name} ran at {mean:.0f} MHz under load, {100 * mean / top:.0f}% of its {top:.0f} MHz maximum "
+                f"(below {100 * CLOCK_BELOW:.0f}% in {epochs_text(low)})."
+            )
+    return out
+
+
+def _errors(data: ReportData, label: str) -> list[str]:
+    out = []
+    unc = _known(values(data, label, "ecc_uncorrected_errors"))
+    if unc and max(v for _, v in unc) > 0:
+        out.append(
+            f"{max(v for _, v in unc):.0f} uncorrected ECC error(s) since the driver loaded: the GPU's memory "
+            "lost data; report the GPU to its administrator (`nvidia-smi -q -d ECC`)."
+        )
+    cor = _known(values(data, label, "ecc_corrected_errors"))
+    if cor and cor[-1][1] > cor[0][1]:
+        out.append(
+            f"corrected ECC errors rose from {cor[0][1]:.0f} to {cor[-1][1]:.0f} during the run: memory cells are "
+            "wearing out; watch `nvidia-smi -q -d ECC`."
+        )
+    xid = _known(values(data, label, "xid_events"))
+    if xid and sum(v for _, v in xid) > 0:
+        out.append(
+            f"{sum(v for _, v in xid):.0f} XID error event(s) in {epochs_text([i for i, v in xid if v > 0])}: "
+            "the driver reported a GPU error (the logger warned with its code; the kernel log has the details)."
+        )
+    return out
+
+
+def _heat_and_power(data: ReportData, label: str) -> list[str]:
+    out = []
+    temps = _known(values(data, label, "temperature_celsius_max")) or _known(values(data, label, "temperature_celsius"))
+    hot = [(i, v) for i, v in temps if v >= HOT_CELSIUS]
+    if hot:
+        top, at = max((v, i) for i, v in hot)
+        more = f"; {HOT_CELSIUS:.0f} deg C or more in {epochs_text([i for i, _ in hot])}" if len(hot) > 1 else ""
+        out.append(f"the temperature reached {top:.0f} deg C (epoch {at + 1}{more}), where GPUs begin to slow down.")
+    power, limits = values(data, label, "power_watts"), values(data, label, "power_limit_watts")
+    at_limit = [
+        (i, p, limits[i])
+        for i, p in _known(power)
+        if i < len(limits) and limits[i] and p >= POWER_AT_LIMIT * (limits[i] or 0.0)
+    ]
+    if at_limit:
+        mean = sum(p for _, p, _ in at_limit) / len(at_limit)
+        limit = max(lim or 0.0 for _, _, lim in at_limit)
+        out.append(
+            f"power at its limit: {mean:.0f} W of {limit:.0f} W on average in {epochs_text([i for i, _, _ in at_limit])}."
+        )
+    return out
+
+
+def _energy(data: ReportData, label: str) -> list[str]:
+    joules = _known(values(data, label, "energy_joules"))
+    if not joules:
+        return []
+    total = sum(v for _, v in joules)
+    return [
+        f"{_joules(total / len(joules))} per epoch, {_joules(total)} over {len(joules)} "
+        f"epoch{'' if len(joules) == 1 else 's'}"
+    ]
+
+
+HEADING = "GPU health"
+ENERGY = "Energy (a figure, not a finding):"
+UNSUPPORTED = "Not reported by the GPU or its driver (left out, never counted as 0):"
+
+
+def energy_lines(data: ReportData, gpus: Sequence[GPUHealth]) -> list[str]:
+    """The energy figures, a line each: per GPU, and per training sample."""
+    lines = [f"GPU {g.label}: {e}." for g in gpus for e in g.energy]
+    per_sample = joules_per_sample(data)
+    return lines + ([per_sample] if per_sample else [])
+
+
+def unsupported_lines(gpus: Sequence[GPUHealth]) -> list[str]:
+    """The fields each GPU could not report, with the reason, a line per GPU."""
+    return [
+        f"GPU {g.label}: " + "; ".join(f"{field} ({why})" for field, why in sorted(g.unsupported.items()))
+        for g in gpus
+        if g.unsupported
+    ]
+
+
+def joules_per_sample(data: ReportData) -> str:
+    """The run's energy per training sample, as of its last epoch ("" where not logged)."""
+    known = _known(data.gpu_epochs.get(schema.JOULES_PER_SAMPLE) or [])
+    if not known:
+        return ""
+    return f"Energy per training sample: {_joules(known[-1][1])} (the last figure logged)."
+
+
+def _joules(j: float) -> str:
+    for scale, unit in ((1e6, "MJ"), (1e3, "kJ")):
+        if j >= scale:
+            return f"{j / scale:.2f} {unit}"
+    return f"{j:.3g} J"
+
+
+def from_series(series: dict[str, Series]) -> dict[str, list[float | None]]:
+    """Each GPU's figures per epoch, from a log directory's series (the logger's run).
+
+    A GPU's epoch ends are the steps of its per-epoch health series (written once an epoch,
+    at its last step); each of its other series is averaged over the points of each epoch,
+    ``(end of the one before, its end]``, and the fields of ``MAX_FIELDS`` have their epoch
+    maximum as ``<field>_max`` too. A long series is a bounded sample of its points
+    (`Series`): its epoch means are those of the points kept.
+    """
+    ends: dict[str, list[int]] = {}
+    for key, s in series.items():
+        m = schema.GPU_KEY_RE.match(key)
+        if m and m.group(2) in (*THROTTLE_REASONS, "energy_joules"):
+            ends[m.group(1)] = sorted(set(ends.get(m.group(1), [])) | set(s.steps))
+    out: dict[str, list[float | None]] = {}
+    for key, s in series.items():
+        m = schema.GPU_KEY_RE.match(key)
+        if not m or m.group(1) not in ends or not (m.group(2) in HEALTH_FIELDS or m.group(2) in OTHER_FIELDS):
+            continue
+        bounds = ends[m.group(1)]
+        groups: list[list[float]] = [[] for _ in bounds]
+        for step, value in zip(s.steps, s.values):
+            k = bisect.bisect_left(bounds, step)
+            if k < len(bounds):
+                groups[k].append(value)
+        out[key] = [sum(g) / len(g) if g else None for g in groups]
+        if m.group(2) in MAX_FIELDS:
+            out[f"{key}_max"] = [max(g) if g else None for g in groups]
+    return out
