@@ -150,3 +150,24 @@ def jax_batch_sharding(dist, shape: tuple[int, ...]):
         return dist.get_data_layout(shape).backend_layout
     except Exception:
         return None
+
+
+def named_objects() -> int | None:
+    """Keras objects (layers, models, optimizers, ...) named since the last ``keras.backend.clear_session()``.
+
+    The sum of Keras's global name counters (``object_name_uids``), which
+    ``clear_session()`` resets: it grows with every model built without one.
+    None where this Keras keeps them elsewhere.
+    """
+    try:
+        from keras.src.backend.common import global_state
+
+        uids = global_state.get_global_attribute("object_name_uids")
+    except Exception:
+        return None
+    if uids is None:
+        return 0
+    try:
+        return int(sum(uids.values()))
+    except Exception:
+        return None
