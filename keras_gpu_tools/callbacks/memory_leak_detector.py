@@ -66,9 +66,10 @@ class MemoryLeakDetector(FitCallback):
     Args:
         warmup_epochs: epochs left out of the growth rate (their growth is
             the warm-up's). Defaults to `1`.
-        min_growth_mib: growth per epoch (or per fit), in MiB, from which
-            memory is said to grow; below it memory is stable. Defaults to
-            `4.0`.
+        min_growth_mib: growth per epoch, in MiB, from which memory is said
+            to grow; below it memory is stable. Defaults to `4.0`.
+        min_growth_mib_per_fit: the same for the growth per fit across the
+            process's fit() calls. Defaults to `1.0`.
         log_dir: directory of the TensorBoard logs, or None for no
             TensorBoard output. Defaults to `"logs"`.
         run_name: name of the TensorBoard run under `log_dir`. Defaults to
@@ -102,6 +103,7 @@ class MemoryLeakDetector(FitCallback):
         self,
         warmup_epochs: int = 1,
         min_growth_mib: float = 4.0,
+        min_growth_mib_per_fit: float = 1.0,
         log_dir: str | os.PathLike | None = "logs",
         run_name: str = "memory",
         verbose: int = 1,
@@ -112,6 +114,9 @@ class MemoryLeakDetector(FitCallback):
         super().__init__()
         self.warmup_epochs = check.check_int("warmup_epochs", warmup_epochs, low=0)
         self.min_growth_mib = check.check_number("min_growth_mib", min_growth_mib, low=0, exclusive_low=True)
+        self.min_growth_mib_per_fit = check.check_number(
+            "min_growth_mib_per_fit", min_growth_mib_per_fit, low=0, exclusive_low=True
+        )
         self.run_name = check.check_run_name("run_name", run_name)
         self.verbose = check.check_verbose("verbose", verbose, max_level=2)
         self.epoch_logs = check.check_bool("epoch_logs", epoch_logs)
@@ -250,6 +255,7 @@ class MemoryLeakDetector(FitCallback):
         done = len(track.readings)
         ctx = Context(
             threshold_mib=self.min_growth_mib,
+            fit_threshold_mib=self.min_growth_mib_per_fit,
             warmup_epochs=self.warmup_epochs,
             last=track.readings[-1] if track.readings else track.start,
             host_available=host.available_bytes(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 # Cause keys (LeakVerdict.causes), in the order the verdict weighs them.
 CLEAR_SESSION = "clear_session"
-MODELS_ALIVE = "models_alive"
+FRAMEWORK_PER_FIT = "framework_per_fit"
 TENSORS_KEPT = "tensors_kept"
 RETRACE = "retrace"
 DATA_CACHE = "data_cache"
@@ -13,7 +13,7 @@ UNKNOWN = "unknown"
 
 TITLES = {
     CLEAR_SESSION: "models built in a loop without `keras.backend.clear_session()`",
-    MODELS_ALIVE: "models of earlier fits kept alive",
+    FRAMEWORK_PER_FIT: "the framework's own memory per fit(), which `clear_session()` does not free",
     TENSORS_KEPT: "tensors kept from epoch to epoch (in a callback or a Python list)",
     RETRACE: "a retrace every epoch (new compiled functions each time)",
     DATA_CACHE: "a `tf.data` cache filling",
@@ -26,9 +26,10 @@ FIXES = {
         "Call `keras.backend.clear_session()` before building each new model (and `del` the previous model, "
         "its optimizer and History): Keras's global state otherwise keeps growing with every model built."
     ),
-    MODELS_ALIVE: (
-        "Drop the references to earlier models (a list of models, their History objects, callbacks holding "
-        "`self.model`): `del` them, then `gc.collect()`."
+    FRAMEWORK_PER_FIT: (
+        "The session is cleared between fits and memory still grows: run each trial in a fresh process "
+        "(`multiprocessing` with `maxtasksperchild=1`, or a subprocess per trial) so that its memory goes back "
+        "to the system when it ends."
     ),
     TENSORS_KEPT: (
         "Keep only what you need of a tensor, as a Python number (`float(x)`), or clear the list each epoch; "

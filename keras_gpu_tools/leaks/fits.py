@@ -55,8 +55,8 @@ class FitGrowth:
     device: Slope | None = None
     new_models: int = 0  # fits that trained a model other than the previous fit's
     uncleared: int = 0  # of those, fits whose model was built without clear_session() since the previous fit
+    cleared: int = 0  # fits after a clear_session() (Keras's name counters went down)
     named_per_fit: float | None = None  # Keras objects named per such fit
-    alive: int = 0  # models of earlier fits still alive
 
 
 class FitStore:
@@ -106,10 +106,10 @@ class FitStore:
                 if a is not None and b is not None and b > a:
                     g.uncleared += 1
                     named.append(b - a)
+            if prev.named_at_start is not None and cur.named_at_start is not None:
+                g.cleared += cur.named_at_start <= prev.named_at_start
         if named:
             g.named_per_fit = sorted(named)[len(named) // 2]
-        last = done[-1].model() if done else None
-        g.alive = len({id(m) for r in done[:-1] if (m := r.model()) is not None and m is not last})
         if len(done) >= MIN_FITS + 1:
             xs = [float(r.index) for r in done]
             g.host = _per_fit(xs, [r.end.host_rss if r.end else None for r in done])

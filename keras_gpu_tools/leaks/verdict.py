@@ -26,7 +26,8 @@ RETRACES_PER_EPOCH = 0.5  # new compiled functions per epoch that make a retrace
 class Context:
     """What the rules need besides the rates."""
 
-    threshold_mib: float  # growth below this (per epoch, per fit) is stable
+    threshold_mib: float  # growth per epoch below this is stable
+    fit_threshold_mib: float  # growth per fit below this is stable
     warmup_epochs: int
     last: Reading | None = None  # the latest reading (the memory now)
     host_available: float | None = None  # bytes
@@ -85,13 +86,13 @@ def judge(g: Growth, fg: FitGrowth, ctx: Context) -> LeakVerdict:
     epoch_scope = f"epochs {first}-{ctx.warmup_epochs + g.epochs}" if g.epochs else ""
     fit_scope = f"fits 1-{fg.fits}" if fg.host is not None or fg.device is not None else ""
     v.scope = ", ".join(s for s in (epoch_scope if g.host or g.device else "", fit_scope) if s)
-    for name, s in (
-        ("host per epoch", g.host),
-        ("device per epoch", g.device),
-        ("host per fit", fg.host),
-        ("device per fit", fg.device),
+    for name, s, limit in (
+        ("host per epoch", g.host, t),
+        ("device per epoch", g.device, t),
+        ("host per fit", fg.host, ctx.fit_threshold_mib),
+        ("device per fit", fg.device, ctx.fit_threshold_mib),
     ):
-        if grows(s, t):
+        if grows(s, limit):
             v.grows.append(name)
     measured = any(s is not None for s in (g.host, g.device, fg.host, fg.device))
     v.category = GROWS if v.grows else STABLE if measured else UNKNOWN
@@ -111,12 +112,11 @@ def _causes(v: LeakVerdict, g: Growth, fg: FitGrowth, ctx: Context) -> None:
             f"{fg.uncleared} of the {fg.fits - 1} later fits trained a new model built without "
             f"`keras.backend.clear_session()`: Keras's global name counters kept growing{named}."
         )
-    if fg.alive:
-        v.evidence.append(f"{fg.alive} model(s) of earlier fits are still alive in this process.")
     if per_fit and fg.uncleared and fg.uncleared * 2 >= max(fg.new_models, 1):
         v.causes.append(advice.CLEAR_SESSION)
-    if per_fit and fg.alive:
-        v.causes.append(advice.MODELS_ALIVE)
+    elif per_fit and fg.cleared * 2 >= max(fg.fits - 1, 1):
+        v.evidence.append(f"Keras's session was cleared before {fg.cleared} of the {fg.fits - 1} later fits.")
+        v.causes.append(advice.FRAMEWORK_PER_FIT)
     if per_epoch and g.tensors is not None and g.tensor_mib is not None:
         share = g.tensor_mib.per_unit / max(per_epoch)
         v.evidence.append(
@@ -190,7 +190,7 @@ def _exhaustion(v: LeakVerdict, g: Growth, fg: FitGrowth, ctx: Context) -> None:
                     f"At this rate device {i}'s free memory ({format_bytes(free)} of {format_bytes(limit)}) "
                     f"runs out in {when}."
                 )
-    if grows(fg.host, t) and fg.host is not None and ctx.host_available:
+    if grows(fg.host, ctx.fit_threshold_mib) and fg.host is not None and ctx.host_available:
         when = _runs_out(ctx.host_available, fg.host.per_unit, "fit", None)
         v.exhaustion.append(f"The host's available memory ({format_bytes(ctx.host_available)}) lasts {when} more.")
 
@@ -219,16 +219,20 @@ def _message(v: LeakVerdict, g: Growth, fg: FitGrowth, ctx: Context, epoch_scope
             for p in (", ".join(parts) + epochs if parts else "", ", ".join(fit_parts) + fits if fit_parts else "")
             if p
         )
-        text += f" (growth under {t:g} MiB per epoch or per fit, or no steady rise, is stable)."
+        text += f" (growth under {t:g} MiB per epoch and {ctx.fit_threshold_mib:g} MiB per fit, or no steady rise, is stable)."
         if advice.ALLOCATOR_CACHE in v.causes:
             text += " The allocator's reserved memory grows, but that is its cache, not a leak."
         return text
     growing = []
-    for what, s, unit in (("Host", g.host, "epoch"), ("Device", g.device, "epoch"), ("Host", fg.host, "fit")):
-        if grows(s, t) and s is not None:
+    ft = ctx.fit_threshold_mib
+    for what, s, unit, limit in (
+        ("Host", g.host, "epoch", t),
+        ("Device", g.device, "epoch", t),
+        ("Host", fg.host, "fit", ft),
+        ("Device", fg.device, "fit", ft),
+    ):
+        if grows(s, limit) and s is not None:
             growing.append(f"{what} memory grows by {s.per_unit:.1f} MiB per {unit}")
-    if grows(fg.device, t) and fg.device is not None:
-        growing.append(f"Device memory grows by {fg.device.per_unit:.1f} MiB per fit")
     where = (
         " (" + ", ".join(s for s in (epoch_scope if parts else "", f"{fg.fits} fits" if fit_parts else "") if s) + ")"
     )
