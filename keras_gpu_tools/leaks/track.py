@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 
 from keras_gpu_tools.leaks.readings import MIB, Reading
-from keras_gpu_tools.leaks.slope import Slope, theil_sen
+from keras_gpu_tools.leaks.slope import Slope, evenly, theil_sen
 
 MIN_EPOCHS = 3  # epochs after the warm-up before a growth rate is claimed
 
@@ -67,13 +67,22 @@ class EpochTrack:
         return self.readings[w - 1] if w and len(self.readings) >= w else self.start
 
     def points(self) -> list[Reading]:
-        return [self.baseline, *self.usable] if len(self.readings) >= self.warmup_epochs else []
+        """The baseline and the epochs after the warm-up, thinned to ``MAX_POINTS`` evenly spaced ones.
+
+        Thinned before any figure is read, so that an epoch's work stays the same however long the fit.
+        """
+        w = self.warmup_epochs
+        if len(self.readings) < w:
+            return []
+        n = 1 + len(self.readings) - w
+        return [self.baseline if i == 0 else self.readings[w + i - 1] for i in evenly(n)]
 
     def seconds_per_epoch(self) -> float | None:
-        """The median wall time of an epoch after the warm-up (None before two readings)."""
+        """The mean wall time of an epoch after the warm-up (None before two readings)."""
         pts = self.points()
-        spans = sorted(b.wall - a.wall for a, b in zip(pts, pts[1:]))
-        return spans[len(spans) // 2] if spans else None
+        if len(pts) < 2 or pts[-1].epoch == pts[0].epoch:
+            return None
+        return (pts[-1].wall - pts[0].wall) / (pts[-1].epoch - pts[0].epoch)
 
     def growth(self) -> Growth:
         usable = self.usable
