@@ -39,6 +39,10 @@ class MixedPrecisionWarning(KerasGPUToolsWarning):
     """A mixed-precision setting that loses accuracy or speed (see `check_mixed_precision`)."""
 
 
+class MemoryLeakWarning(KerasGPUToolsWarning):
+    """`MemoryLeakDetector` could not read a memory figure; training goes on without it."""
+
+
 class KerasVersionWarning(KerasGPUToolsWarning):
     """The installed Keras is outside the range whose internals this package was tested with."""
 

@@ -80,6 +80,7 @@ LAYERS = {
     "keras_gpu_tools.input": 4,
     "keras_gpu_tools.mixed_precision": 4,
     "keras_gpu_tools.live": 4,
+    "keras_gpu_tools.leaks": 4,
     "keras_gpu_tools.backends": 5,
     "keras_gpu_tools.callbacks": 6,
     "keras_gpu_tools.layers": 6,

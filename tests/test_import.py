@@ -34,6 +34,7 @@ IMPORTS_KERAS = {
     "keras_gpu_tools.callbacks.gpu_utilization_logger",
     "keras_gpu_tools.callbacks.input_bound_detector",
     "keras_gpu_tools.callbacks.live_view",
+    "keras_gpu_tools.callbacks.memory_leak_detector",
     "keras_gpu_tools.callbacks.mixed_precision_check",
     "keras_gpu_tools.callbacks.oom_batch_size_reducer",
     "keras_gpu_tools.callbacks.profiler_window",

@@ -169,6 +169,27 @@ class Backend:
     def stop_memory_history(self) -> None:
         """Stops what :meth:`start_memory_history` started."""
 
+    # -- memory over time (LeakBackend) ---------------------------------------------------------------
+    #: The backend's words on its allocator's cache (what "reserved" is), or None.
+    allocator_cache_note: str | None = None
+
+    def allocator_reserved(self, indices: Iterable[int]) -> dict[int, float]:
+        """Bytes the framework's allocator holds from each local GPU (in use or cached for reuse), where it says."""
+        return {}
+
+    def live_tensors(self, heap: bool) -> tuple[int, float] | None:
+        """(count, bytes) of the framework's live tensors; None where unknown.
+
+        Without ``heap`` only where the framework keeps a registry of its
+        arrays (cheap); with it, a walk over the heap where it has none
+        (tens of milliseconds: see ``leaks/census.py``).
+        """
+        return None
+
+    def compiled_functions(self, model) -> dict[int, int] | None:
+        """Traces of each compiled function of the model's train/test/predict functions, by the function's id."""
+        return None
+
     # -- planning the batch size (PlannerBackend) --------------------------------------------------
     def device_capacities(self, model, replicas: int) -> list[int | None]:
         """The memory of each of those devices (None where the device reports none, a CPU)."""

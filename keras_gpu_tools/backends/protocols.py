@@ -1,7 +1,7 @@
 """What the rest of the package asks of a backend, one ``Protocol`` per concern.
 
 Each framework's folder has a module per concern (``step.py``, ``profiler.py``,
-``recovery.py`` with ``accumulate.py``, ``memory.py``, ``planner.py``,
+``recovery.py`` with ``accumulate.py``, ``memory.py``, ``leaks.py``, ``planner.py``,
 ``topology.py``); its ``backend.py`` composes them into one object that
 satisfies every protocol here, as the base :class:`~keras_gpu_tools.backends.base.Backend`
 (no GPU support) does. A new backend implements these; a new method the package
@@ -131,6 +131,20 @@ class MemoryBackend(Protocol):
 
 
 @runtime_checkable
+class LeakBackend(Protocol):
+    """What ``MemoryLeakDetector`` reads besides ``allocator_memory``: the allocator's cache, live tensors, traces."""
+
+    #: The backend's words on its allocator's cache (what "reserved" is), or None.
+    allocator_cache_note: str | None
+
+    def allocator_reserved(self, indices: Iterable[int]) -> dict[int, float]: ...
+
+    def live_tensors(self, heap: bool) -> tuple[int, float] | None: ...
+
+    def compiled_functions(self, model: Any) -> dict[int, int] | None: ...
+
+
+@runtime_checkable
 class PlannerBackend(Protocol):
     """Measuring a training step's memory for ``plan_batch_size`` (``planner.py``)."""
 
@@ -181,6 +195,7 @@ CONCERNS: tuple[type, ...] = (
     ProfilerBackend,
     RecoveryBackend,
     MemoryBackend,
+    LeakBackend,
     PlannerBackend,
     TopologyBackend,
 )

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
     from keras_gpu_tools.callbacks.live_view import LiveView
+    from keras_gpu_tools.callbacks.memory_leak_detector import MemoryLeakDetector
     from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck
     from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
     from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
@@ -24,6 +25,7 @@ _LAZY = {
     "GPUUtilizationLogger": "keras_gpu_tools.callbacks.gpu_utilization_logger",
     "InputBoundDetector": "keras_gpu_tools.callbacks.input_bound_detector",
     "LiveView": "keras_gpu_tools.callbacks.live_view",
+    "MemoryLeakDetector": "keras_gpu_tools.callbacks.memory_leak_detector",
     "MixedPrecisionCheck": "keras_gpu_tools.callbacks.mixed_precision_check",
     "OOMBatchSizeReducer": "keras_gpu_tools.callbacks.oom_batch_size_reducer",
     "ProfilerWindow": "keras_gpu_tools.callbacks.profiler_window",
@@ -33,6 +35,7 @@ __all__ = [
     "GPUUtilizationLogger",
     "InputBoundDetector",
     "LiveView",
+    "MemoryLeakDetector",
     "MixedPrecisionCheck",
     "OOMBatchSizeReducer",
     "ProfilerWindow",

@@ -44,6 +44,9 @@ PLAN_SUMMARY_DATA = PLAN_SUMMARY + DATA_SUFFIX  # BatchPlan.as_dict() (candidate
 PLAN_FIGURE = "plan/throughput"  # an image: samples/s and peak memory against the batch size
 PLAN_SAMPLES_PER_SEC = "plan/samples_per_sec"  # scalar per measured candidate, the step is its batch size
 PLAN_PEAK_MIB = "plan/peak_mib"  # scalar per candidate with a known peak, the step is its batch size
+MEMORY_VERDICT = "memory/verdict"  # MemoryLeakDetector's verdict as text
+# {verdict (LeakVerdict), epochs [{epoch, figures}], fits [{fit, host_rss_mib, device_in_use_mib, ...}]}
+MEMORY_VERDICT_DATA = MEMORY_VERDICT + DATA_SUFFIX
 MIXED_PRECISION_FINDINGS = "mixed_precision/findings"
 MIXED_PRECISION_FINDINGS_DATA = MIXED_PRECISION_FINDINGS + DATA_SUFFIX  # [MixedPrecisionFinding]
 REPORT_SUMMARY = "report/summary"
@@ -85,6 +88,17 @@ MFU = "throughput/mfu"
 GPU_UNSUPPORTED_TEXT = "gpu/unsupported_fields"
 JOULES_PER_SAMPLE = "throughput/joules_per_sample"  # the epoch's GPU energy over its samples
 
+# MemoryLeakDetector, per epoch: this process's memory at the epoch's end, and its growth (a robust slope
+# over the epochs after the warm-up; absent until three of them are seen).
+MEMORY_HOST_RSS_MIB = "memory/host_rss_mib"  # this process's resident memory
+MEMORY_DEVICE_IN_USE_MIB = "memory/device_in_use_mib"  # the framework allocator's bytes in use, every device summed
+MEMORY_DEVICE_RESERVED_MIB = "memory/device_reserved_mib"  # what the allocator holds from the device (torch, JAX)
+MEMORY_LIVE_TENSORS = "memory/live_tensors"  # live objects of the framework's tensor types
+MEMORY_LIVE_TENSOR_MIB = "memory/live_tensor_mib"  # their bytes
+MEMORY_COMPILED_FUNCTIONS = "memory/compiled_functions"  # traces of the model's train/test/predict functions
+MEMORY_HOST_GROWTH = "memory/host_rss_growth_mib_per_epoch"
+MEMORY_DEVICE_GROWTH = "memory/device_growth_mib_per_epoch"
+
 OOM_EVENTS = "oom/events"  # per epoch
 OOM_EVENTS_TOTAL = "oom/events_total"
 OOM_MICRO_BATCHES = "oom/micro_batches"
@@ -102,7 +116,7 @@ def job_gpu_key(metric: str, stat: str) -> str:
 
 
 # The key groups this package writes into History (a key under another prefix is the user's or Keras's).
-OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "job/", "oom/")
+OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "job/", "oom/", "memory/")
 
 # -- JSON keys of the records above that the report reads.
 JOB = "job"  # the job's verdict inside INPUT_VERDICT_DATA
@@ -118,6 +132,7 @@ PROFILE_PREFIX = "profile/"
 INPUT_PREFIX = "input/"
 THROUGHPUT_PREFIX = "throughput/"
 OOM_PREFIX = "oom/"
+MEMORY_PREFIX = "memory/"
 JOB_PREFIX = "job/"
 KERAS_EPOCH_PREFIX = "epoch_"  # Keras's epoch logs: epoch_loss, epoch_accuracy, ...
 KERAS_TRAIN_RUN = "train"

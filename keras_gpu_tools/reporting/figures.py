@@ -33,7 +33,7 @@ def available() -> bool:
 
 
 def draw(data: ReportData) -> dict[str, Figure]:
-    """The report's plots by name (``gpu_<i>``, ``health_<i>``, ``host``, ``step_time``, ``oom``, ``training``).
+    """The report's plots by name (``gpu_<i>``, ``health_<i>``, ``host``, ``step_time``, ``oom``, ``memory``, ``training``).
 
     A plot is drawn only where the run has data for it.
     """
@@ -54,6 +54,8 @@ def draw(data: ReportData) -> dict[str, Figure]:
         v > 1 for k, s in data.oom_series.items() if k.endswith("micro_batches") for v in s.values
     ):
         figs["oom"] = _oom_figure(data)  # not for a run without a single OOM
+    if data.memory_series or (data.memory_verdict and len(data.memory_verdict["fits"]) > 1):
+        figs["memory"] = _memory_figure(data)
     if data.training:
         figs["training"] = _training_figure(data)
     for fig in figs.values():
@@ -335,6 +337,38 @@ def _oom_figure(data: ReportData) -> Figure:
     ax.set_xlabel("epoch" if all(w == 0.0 for s in data.oom_series.values() for w in s.wall) else "training step")
     ax.set_title("Out of memory: events and micro-batches", fontsize=10, loc="left")
     ax.legend(fontsize=8)
+    return fig
+
+
+MEMORY_KEYS = (schema.MEMORY_HOST_RSS_MIB, schema.MEMORY_DEVICE_IN_USE_MIB, schema.MEMORY_DEVICE_RESERVED_MIB)
+
+
+def _memory_figure(data: ReportData) -> Figure:
+    """Memory at each epoch's end (MemoryLeakDetector's step: epochs of every fit, in order), and at each fit's end."""
+    fits = data.memory_verdict["fits"] if data.memory_verdict else []
+    fig, axes = _new_figure(2 if len(fits) > 1 else 1, height=2.2)
+    ax = axes[0]
+    for key in MEMORY_KEYS:
+        s = data.memory_series.get(key)
+        if s and s.values:
+            ax.plot(s.steps, s.values, marker="o", markersize=3, linewidth=1.2, label=key.split("/", 1)[1])
+    ax.set_ylabel("MiB")
+    ax.set_xlabel("epoch (every fit's, in order)")
+    ax.set_title("memory at each epoch's end", fontsize=9, loc="left")
+    if ax.lines:
+        _legend_right(ax)
+    if len(fits) > 1:
+        ax_f = axes[1]
+        for field in ("host_rss_mib", "device_in_use_mib"):
+            pts = [(f["fit"], f[field]) for f in fits if f.get(field) is not None]
+            if pts:
+                ax_f.plot([p[0] for p in pts], [p[1] for p in pts], marker="s", markersize=3, label=field)
+        ax_f.set_ylabel("MiB")
+        ax_f.set_xlabel("fit() in this process")
+        ax_f.set_title("memory at each fit's end", fontsize=9, loc="left")
+        if ax_f.lines:
+            _legend_right(ax_f)
+    fig.suptitle("Memory over time", fontsize=11)
     return fig
 
 

@@ -64,6 +64,15 @@ class OOMRecords(Protocol):
     def headroom(self) -> Any: ...
 
 
+class LeakRecords(Protocol):
+    """What the report reads of a `MemoryLeakDetector`."""
+
+    epoch_history: Sequence[dict[str, Any]]  # per epoch: the memory/ figures
+    verdict: Any  # a LeakVerdict, or None
+
+    def fit_history(self) -> list[dict[str, Any]]: ...
+
+
 def _classes() -> list[tuple[str, type]]:
     """The classes the report reads, by role: the package's callbacks, Keras's `History` and `Model`.
 
@@ -76,6 +85,7 @@ def _classes() -> list[tuple[str, type]]:
 
     from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+    from keras_gpu_tools.callbacks.memory_leak_detector import MemoryLeakDetector
     from keras_gpu_tools.callbacks.mixed_precision_check import MixedPrecisionCheck
     from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
     from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
@@ -84,6 +94,7 @@ def _classes() -> list[tuple[str, type]]:
         ("model", keras.Model),
         ("gpu", GPUUtilizationLogger),
         ("input", InputBoundDetector),
+        ("memory", MemoryLeakDetector),
         ("profile", ProfilerWindow),
         ("oom", OOMBatchSizeReducer),
         ("mixed_precision", MixedPrecisionCheck),
@@ -166,6 +177,17 @@ def _from_detector(data: ReportData, det: DetectorRecords) -> None:
     _add_job_figures(data, history)  # as the logger's
     if any(schema.JOULES_PER_SAMPLE in h for h in history) and schema.JOULES_PER_SAMPLE not in data.gpu_epochs:
         data.gpu_epochs[schema.JOULES_PER_SAMPLE] = [rows.finite(h.get(schema.JOULES_PER_SAMPLE)) for h in history]
+
+
+def _from_leak_detector(data: ReportData, det: LeakRecords) -> None:
+    data.sources.append(type(det).__name__)
+    for epoch, values in enumerate(list(det.epoch_history)):
+        for key, value in values.items():
+            v = rows.finite(value)
+            if key.startswith(schema.MEMORY_PREFIX) and v is not None:
+                data.memory_series.setdefault(key, Series(key)).add(0.0, epoch + 1, v)
+    if det.verdict is not None:
+        data.memory_verdict = rows.memory_verdict_dict(to_plain(det.verdict), det.fit_history())
 
 
 def _from_profiler(data: ReportData, prof: ProfilerRecords) -> None:
@@ -255,6 +277,8 @@ def gather(sources: Sequence[Any], title: str | None = None) -> ReportData:
             _from_gpu_logger(data, s)
         elif role == "input":
             _from_detector(data, s)
+        elif role == "memory":
+            _from_leak_detector(data, s)
         elif role == "profile":
             _from_profiler(data, s)
         elif role == "oom":

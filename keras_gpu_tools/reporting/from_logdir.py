@@ -218,6 +218,8 @@ def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> Non
         elif tag.startswith((schema.INPUT_PREFIX, schema.THROUGHPUT_PREFIX)):
             for step, value in zip(points.steps, points.values):
                 scan.window_points.setdefault(step, {})[tag] = value
+        elif tag.startswith(schema.MEMORY_PREFIX):
+            extend(data.memory_series, tag, points)
         elif tag.startswith(schema.OOM_PREFIX):
             data.oom_seen = True
             extend(data.oom_series, tag, points)
@@ -358,6 +360,11 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
     if verdict is not None:
         data.verdict = verdict[0]
         data.throughput.update(verdict[1])
+    memory = _convert(
+        data, records, schema.MEMORY_VERDICT_DATA, lambda v: rows.memory_verdict_dict(v["verdict"], v.get("fits"))
+    )
+    if memory is not None:
+        data.memory_verdict = memory
     _apply_job(data, scan, records)
     legacy.read_old_prose(data, prose, records, profiles)  # logs written before the JSON tags
     data.profiles = sorted(profiles.values(), key=lambda p: p["start"])

@@ -77,6 +77,7 @@ def render(data: ReportData, pngs: dict[str, bytes], full_page: bool = False) ->
         _step_time,
         _input_pipeline,
         _out_of_memory,
+        _memory_over_time,
         _profiler_windows,
         _mixed_precision,
         _training_curves,
@@ -128,6 +129,9 @@ def badges(data: ReportData) -> list[tuple[str, str]]:
     if data.oom_seen:
         n = data.oom_count() or 0
         out.append((f"{n} OOM recover{'y' if n == 1 else 'ies'}", "warn" if n else "ok"))
+    if data.memory_verdict:
+        cat = data.memory_verdict["category"]
+        out.append((f"memory {cat}", "bad" if cat == "grows" else "ok" if cat == "stable" else "info"))
     if data.profiles:
         out.append((f"{len(data.profiles)} profiler window(s)", "info"))
     if data.findings is not None:
@@ -333,6 +337,22 @@ def _out_of_memory(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
     if rows:
         parts.append(_table(["figure", "value"], rows))
     parts.append(_img(pngs, "oom", "out-of-memory events and micro-batches"))
+    return parts
+
+
+def _memory_over_time(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
+    m = data.memory_verdict
+    if not m:
+        return []
+    scope = f" ({m['scope']})" if m["scope"] else ""
+    parts = [f"<h3>{text.MEMORY_HEADING}</h3>"]
+    parts.append(f'<p><b class="kgt-memory-verdict">memory {e(m["category"])}{e(scope)}</b>: {prose(m["message"])}</p>')
+    parts += [f"<p>{prose(x)}</p>" for x in [*m["exhaustion"][1:], *m["evidence"]]]
+    if m["advice"]:
+        parts.append("<p>What to change:</p>" + _list(m["advice"]))
+    parts.append(_img(pngs, "memory", "memory per epoch and per fit"))
+    if len(m["fits"]) > 1:
+        parts.append(_table(text.MEMORY_FITS_HEADER, text.memory_fit_rows(m)))
     return parts
 
 

@@ -60,6 +60,9 @@ class ReportData:
     # The job's input verdict (InputBoundDetector.job_verdict, or the "job" part of its JSON): each
     # process's steady-state figures, the stragglers, the message and its advice; see rows.job_verdict_dict.
     job_verdict: dict[str, Any] | None = None
+    # MemoryLeakDetector: its verdict (see rows.memory_verdict_dict) and its figures per epoch (`memory/...`).
+    memory_verdict: dict[str, Any] | None = None
+    memory_series: dict[str, Series] = dataclasses.field(default_factory=dict)
     # The job's profiler windows (process 0's job records of ProfilerWindow): see rows.job_profile_row.
     job_profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # Each GPU's figures per epoch (`gpu/<label>/<field>`, `<field>_max` for some; `throughput/joules_per_sample`),

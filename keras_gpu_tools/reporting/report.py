@@ -227,6 +227,8 @@ def _fill_from(data: ReportData, other: ReportData) -> None:
         data.oom_seen, data.oom_events, data.oom_series = True, other.oom_events, other.oom_series
     if not data.profiles:
         data.profiles = other.profiles
+    if data.memory_verdict is None:
+        data.memory_verdict, data.memory_series = other.memory_verdict, other.memory_series
     if data.findings is None:
         data.findings = other.findings
     if not data.job:

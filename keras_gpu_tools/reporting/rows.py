@@ -49,6 +49,23 @@ def gpu_row(rec: dict[str, Any]) -> dict[str, str]:
     return row
 
 
+def memory_verdict_dict(rec: dict[str, Any], fits: list[Any] | None = None) -> dict[str, Any]:
+    """The report's memory verdict from a `LeakVerdict` record, and the process's fits (their figures at the end)."""
+    return {
+        "category": str(rec.get("category", "unknown")),
+        "message": str(rec.get("message", "")),
+        "scope": str(rec.get("scope") or ""),
+        "host_mib_per_epoch": finite(rec.get("host_mib_per_epoch")),
+        "device_mib_per_epoch": finite(rec.get("device_mib_per_epoch")),
+        "host_mib_per_fit": finite(rec.get("host_mib_per_fit")),
+        "device_mib_per_fit": finite(rec.get("device_mib_per_fit")),
+        "exhaustion": [str(x) for x in rec.get("exhaustion") or []],
+        "evidence": [str(x) for x in rec.get("evidence") or []],
+        "advice": [str(x) for x in rec.get("advice") or []],
+        "fits": [dict(f) for f in fits or [] if isinstance(f, dict)],
+    }
+
+
 def verdict_dict(rec: dict[str, Any], text: str, fit_figures: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report's verdict from a `Verdict` record and the summary text that goes with it.
 

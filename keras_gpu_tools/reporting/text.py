@@ -55,6 +55,7 @@ def sections(data: ReportData) -> list[Section]:
         _step_time(data),
         _input_pipeline(data),
         _out_of_memory(data),
+        _memory_over_time(data),
         _profiler_windows(data),
         _mixed_precision(data),
         _training_curves(data),
@@ -273,6 +274,40 @@ def _out_of_memory(data: ReportData) -> Section | None:
     if data.oom_count() and not data.oom_events:
         body.append("(The log directory holds the counts; the callback's `summary()` has each recovery.)")
     return "Out of memory", body
+
+
+MEMORY_HEADING = "Memory over time"
+MEMORY_FITS_HEADER = ("fit", "model", "epochs", "host RSS at its end", "device in use")
+
+
+def memory_fit_rows(m: dict[str, Any]) -> list[tuple[str, ...]]:
+    """The process's fits as table rows (MiB at each fit's end)."""
+    return [
+        (
+            str(f.get("fit", "")),
+            str(f.get("model", "")),
+            str(f.get("epochs", "")),
+            format_bytes(f["host_rss_mib"] * 2**20) if f.get("host_rss_mib") is not None else "-",
+            format_bytes(f["device_in_use_mib"] * 2**20) if f.get("device_in_use_mib") is not None else "-",
+        )
+        for f in m["fits"]
+    ]
+
+
+def _memory_over_time(data: ReportData) -> Section | None:
+    m = data.memory_verdict
+    if not m:
+        return None
+    scope = f" ({m['scope']})" if m["scope"] else ""
+    body = [f"Verdict: memory {m['category']}{scope}", m["message"]]
+    body += list(m["exhaustion"][1:]) + list(m["evidence"])
+    if m["advice"]:
+        body += ["What to change:"] + [f"- {a}" for a in m["advice"]]
+    if len(m["fits"]) > 1:
+        table = [MEMORY_FITS_HEADER, *memory_fit_rows(m)]
+        widths = [max(len(r[i]) for r in table) for i in range(len(MEMORY_FITS_HEADER))]
+        body += ["Fits of this process:"] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    return MEMORY_HEADING, body
 
 
 def _profiler_windows(data: ReportData) -> Section | None:

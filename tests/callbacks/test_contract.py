@@ -35,6 +35,7 @@ MODULES = {
     "GPUUtilizationLogger": "keras_gpu_tools.callbacks.gpu_utilization_logger",
     "InputBoundDetector": "keras_gpu_tools.callbacks.input_bound_detector",
     "LiveView": "keras_gpu_tools.callbacks.live_view",
+    "MemoryLeakDetector": "keras_gpu_tools.callbacks.memory_leak_detector",
     "MixedPrecisionCheck": "keras_gpu_tools.callbacks.mixed_precision_check",
     "OOMBatchSizeReducer": "keras_gpu_tools.callbacks.oom_batch_size_reducer",
     "ProfilerWindow": "keras_gpu_tools.callbacks.profiler_window",
@@ -47,6 +48,8 @@ ACTIVE = {
     # Outside a notebook LiveView is off by default; with a display it redraws.
     "LiveView": {"interval": 0.01, "enabled": True, "display": lambda html: None},
     "ProfilerWindow": {"start_step": 2, "num_steps": 2, "verbose": 0},
+    # No warm-up and a tiny threshold: a growth rate (and maybe a heap count) from the third epoch on.
+    "MemoryLeakDetector": {"warmup_epochs": 0, "min_growth_mib": 1e-6, "verbose": 2},
 }
 
 CASES = [pytest.param(name, "defaults", id=f"{name}-defaults") for name in MODULES] + [
@@ -146,6 +149,7 @@ def _classes():
         GPUUtilizationLogger,
         InputBoundDetector,
         LiveView,
+        MemoryLeakDetector,
         MixedPrecisionCheck,
         OOMBatchSizeReducer,
         ProfilerWindow,
@@ -155,6 +159,7 @@ def _classes():
         "GPUUtilizationLogger": GPUUtilizationLogger,
         "InputBoundDetector": InputBoundDetector,
         "LiveView": LiveView,
+        "MemoryLeakDetector": MemoryLeakDetector,
         "MixedPrecisionCheck": MixedPrecisionCheck,
         "OOMBatchSizeReducer": OOMBatchSizeReducer,
         "ProfilerWindow": ProfilerWindow,
@@ -166,6 +171,8 @@ BOOLEAN_ARGUMENTS = [
     ("GPUUtilizationLogger", "gpm"),
     ("GPUUtilizationLogger", "epoch_logs"),
     ("InputBoundDetector", "epoch_logs"),
+    ("MemoryLeakDetector", "epoch_logs"),
+    ("MemoryLeakDetector", "count_tensors"),
     ("ProfilerWindow", "python_tracer"),
     ("ProfilerWindow", "device_tracer"),
     ("ProfilerWindow", "analyze"),
@@ -178,6 +185,7 @@ RUN_NAMES = {
     "InputBoundDetector": "input",
     "ProfilerWindow": "profile",
     "OOMBatchSizeReducer": "oom",
+    "MemoryLeakDetector": "memory",
 }
 
 
@@ -228,19 +236,21 @@ def test_bytes_log_dir_is_a_clear_type_error(name, tmp_path):
         _construct(name, tmp_path, log_dir=bad)
 
 
-@pytest.mark.parametrize("name", ["ProfilerWindow", "OOMBatchSizeReducer", "InputBoundDetector"])
+@pytest.mark.parametrize("name", ["ProfilerWindow", "OOMBatchSizeReducer", "InputBoundDetector", "MemoryLeakDetector"])
 @pytest.mark.parametrize("bad", ["loud", 3, -1, None, 1.5])
 def test_verbose_is_checked(name, bad, tmp_path):
     with pytest.raises(ValueError, match=re.escape(f"argument `verbose`. Received: verbose={bad!r}")):
         _construct(name, tmp_path, verbose=bad)
 
 
-@pytest.mark.parametrize("name", ["ProfilerWindow", "OOMBatchSizeReducer", "InputBoundDetector"])
+@pytest.mark.parametrize("name", ["ProfilerWindow", "OOMBatchSizeReducer", "InputBoundDetector", "MemoryLeakDetector"])
 def test_verbose_levels_like_keras(name, tmp_path):
     assert [_construct(name, tmp_path, verbose=x).verbose for x in (0, 1, 2, True, False)] == [0, 1, 2, 1, 0]
 
 
-@pytest.mark.parametrize("name", ["GPUUtilizationLogger", "InputBoundDetector", "OOMBatchSizeReducer"])
+@pytest.mark.parametrize(
+    "name", ["GPUUtilizationLogger", "InputBoundDetector", "OOMBatchSizeReducer", "MemoryLeakDetector"]
+)
 def test_progress_bar_is_checked_and_alike_in_every_callback_with_epoch_figures(name, tmp_path):
     assert [_construct(name, tmp_path, progress_bar=x).progress_bar for x in ("brief", "all", "none")] == [
         "brief",

@@ -6,6 +6,7 @@ that donates its state; see each concern's module for what it does on JAX.
 
 from __future__ import annotations
 
+from keras_gpu_tools.backends.jax.leaks import JaxLeaks
 from keras_gpu_tools.backends.jax.memory import JaxMemory
 from keras_gpu_tools.backends.jax.planner import JaxPlanner
 from keras_gpu_tools.backends.jax.profiler import JaxProfiler
@@ -14,7 +15,7 @@ from keras_gpu_tools.backends.jax.step import JaxStep
 from keras_gpu_tools.backends.jax.topology import JaxTopology
 
 
-class JaxBackend(JaxStep, JaxProfiler, JaxRecovery, JaxMemory, JaxPlanner, JaxTopology):
+class JaxBackend(JaxStep, JaxProfiler, JaxRecovery, JaxMemory, JaxLeaks, JaxPlanner, JaxTopology):
     """JAX (jitted steps with donated state, ``jax.profiler``, XLA memory analysis)."""
 
     install_hint = "install the CUDA plugin: `pip install -U 'jax[cuda13]'` (or jax[cuda12] for CUDA 12 drivers)"

@@ -6,6 +6,7 @@ TensorFlow's train function is ``f(iterator)`` (``tf.data`` in the graph,
 
 from __future__ import annotations
 
+from keras_gpu_tools.backends.tensorflow.leaks import TFLeaks
 from keras_gpu_tools.backends.tensorflow.memory import TFMemory
 from keras_gpu_tools.backends.tensorflow.planner import TFPlanner
 from keras_gpu_tools.backends.tensorflow.profiler import TFProfiler
@@ -14,7 +15,7 @@ from keras_gpu_tools.backends.tensorflow.step import TFStep
 from keras_gpu_tools.backends.tensorflow.topology import TFTopology
 
 
-class TensorFlowBackend(TFStep, TFProfiler, TFRecovery, TFMemory, TFPlanner, TFTopology):
+class TensorFlowBackend(TFStep, TFProfiler, TFRecovery, TFMemory, TFLeaks, TFPlanner, TFTopology):
     """TensorFlow (``tf.data`` in the graph, ``tf.function`` steps, ``tf.profiler``)."""
 
     install_hint = (

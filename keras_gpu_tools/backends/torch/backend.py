@@ -6,6 +6,7 @@ the call; see each concern's module for what it does on torch.
 
 from __future__ import annotations
 
+from keras_gpu_tools.backends.torch.leaks import TorchLeaks
 from keras_gpu_tools.backends.torch.memory import TorchMemory
 from keras_gpu_tools.backends.torch.planner import TorchPlanner
 from keras_gpu_tools.backends.torch.profiler import TorchProfiler
@@ -14,7 +15,7 @@ from keras_gpu_tools.backends.torch.step import TorchStep
 from keras_gpu_tools.backends.torch.topology import TorchTopology
 
 
-class TorchBackend(TorchStep, TorchProfiler, TorchRecovery, TorchMemory, TorchPlanner, TorchTopology):
+class TorchBackend(TorchStep, TorchProfiler, TorchRecovery, TorchMemory, TorchLeaks, TorchPlanner, TorchTopology):
     """torch (batches fetched before the step, CUDA syncs, ``torch.profiler``)."""
 
     install_hint = "install a CUDA build of torch (see pytorch.org for the command matching your driver's CUDA version)"

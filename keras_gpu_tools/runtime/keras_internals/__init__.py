@@ -33,6 +33,7 @@ import logging
 
 from keras_gpu_tools.runtime.keras_internals.callback_list import epoch_log_readers, view_epoch_end
 from keras_gpu_tools.runtime.keras_internals.compiled_step import (
+    compiled_in,
     jax_batch_step,
     jax_step_function,
     tf_batch_step,
@@ -80,6 +81,7 @@ from keras_gpu_tools.runtime.keras_internals.model import (
     jax_state_of,
     jax_state_parts,
     jax_write_variables,
+    named_objects,
     training_kwargs,
     variables_of,
 )
@@ -108,6 +110,7 @@ __all__ = [
     "build_for_training",
     "capture_apply",
     "check_keras_version",
+    "compiled_in",
     "compute_loss_of",
     "counted_additional_losses",
     "describe_pipeline",
@@ -137,6 +140,7 @@ __all__ = [
     "loss_parts",
     "loss_reduction_problem",
     "muted_loss_metrics",
+    "named_objects",
     "optimizer_variables_list",
     "other_optimizers",
     "routed_losses",

@@ -88,3 +88,36 @@ def _closure_var(fn, name: str):
         return None
     cell = dict(zip(code.co_freevars, cells)).get(name)
     return cell.cell_contents if cell is not None else None
+
+
+def compiled_in(function: Callable | None, marker: str, depth: int = 4) -> list[Any]:
+    """The compiled functions a Keras train/test/predict function closes over: objects with attribute ``marker``.
+
+    ``marker`` names what tells a compiled function of the framework
+    (``"experimental_get_tracing_count"`` for a ``tf.function``, ``"_cache_size"``
+    for a ``jax.jit`` function). The step hook's wrapper is looked through
+    (``__wrapped__``); closures are followed ``depth`` levels deep.
+    """
+    found: dict[int, Any] = {}
+    seen: set[int] = set()
+
+    def visit(obj: Any, level: int) -> None:
+        if obj is None or id(obj) in seen or level > depth:
+            return
+        seen.add(id(obj))
+        if hasattr(obj, marker) and not isinstance(obj, type):
+            found[id(obj)] = obj
+            return
+        inner = getattr(obj, "__wrapped__", None)
+        if inner is not None and callable(inner):
+            visit(inner, level)
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(value):
+                visit(value, level + 1)
+
+    visit(function, 0)
+    return list(found.values())

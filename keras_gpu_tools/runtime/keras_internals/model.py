@@ -163,3 +163,24 @@ def global_seed_generator():
         raise internals_error("`keras.src.backend.common.global_state`") from e
     found = global_state.get_global_attribute("global_seed_generator")
     return found if hasattr(found, "state") else None
+
+
+def named_objects() -> int | None:
+    """Keras objects (layers, models, optimizers, ...) named since the last ``keras.backend.clear_session()``.
+
+    The sum of Keras's global name counters (``object_name_uids``), which
+    ``clear_session()`` resets: it grows with every model built without one.
+    None where this Keras keeps them elsewhere.
+    """
+    try:
+        from keras.src.backend.common import global_state
+
+        uids = global_state.get_global_attribute("object_name_uids")
+    except Exception:
+        return None
+    if uids is None:
+        return 0
+    try:
+        return int(sum(uids.values()))
+    except Exception:
+        return None

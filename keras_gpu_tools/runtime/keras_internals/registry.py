@@ -166,4 +166,15 @@ INTERNALS: tuple[Internal, ...] = (
         "tensorflow/python/data/ops/dataset_ops.py; tensorflow/python/data/ops/readers.py",
         "InputBoundDetector's advice reads the pipeline's transformations",
     ),
+    Internal(
+        "train/test/predict functions close over their compiled per-batch steps (a tf.function, a jax.jit function)",
+        "keras/src/backend/tensorflow/trainer.py, keras/src/backend/jax/trainer.py: _make_function(), make_*_function()",
+        "MemoryLeakDetector counts their traces per epoch (a retrace every epoch keeps a program per trace)",
+    ),
+    Internal(
+        "Keras's global name counters (global_state object_name_uids) grow with each object named; "
+        "clear_session() resets them",
+        "keras/src/utils/naming.py: uniquify(); keras/src/backend/common/global_state.py: clear_session()",
+        "MemoryLeakDetector tells a model built in a loop without clear_session()",
+    ),
 )
