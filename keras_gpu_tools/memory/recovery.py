@@ -9,6 +9,7 @@ explains what was tried when nothing fits.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 from keras_gpu_tools.errors import InexactAccumulationError, OutOfMemoryError, UnrecoverableOOM
 from keras_gpu_tools.memory.agreement import Agreement
 from keras_gpu_tools.memory.events import OOMEvent
-from keras_gpu_tools.memory.freeing import free_failed_step, held_since, in_use
+from keras_gpu_tools.memory.freeing import free_failed_step, held_since, in_use, older_frozen
 from keras_gpu_tools.memory.split import SplitController, describe_split, split_sizes
 from keras_gpu_tools.runtime.units import format_bytes
 
@@ -246,40 +247,43 @@ class Recovery:
                 snap = runner.protect(state, guarded)
                 before = in_use(self.memory) if guarded else None  # what a failure leaves held is measured against
                 lap("protect")
-                try:
-                    result = runner.run(batch, n, k, state, guarded)
-                except InexactAccumulationError:
-                    # Refused before the update was applied: put back what the micro-batches changed.
-                    self.restored_state = runner.restore(snap, state)
-                    raise
-                except Exception as e:
-                    if self.classify(e) is None:
-                        raise  # not ours: unchanged, with its traceback
-                    if job:
-                        raise UnrecoverableOOM(
-                            "OOMBatchSizeReducer: out of memory in a step of a job of several processes, after every "
-                            f"process had fitted this split ({n} as {describe_split(n, k, ctl.granule)}) in its "
-                            "rehearsal. The other processes may be waiting in the step's collective for this one "
-                            "(they do not time out: a CPU job over gloo waits for good), so it cannot be retried; "
-                            "stop the whole job. Lower the batch size, or set `plan=` to a micro-batch size with "
-                            "headroom."
-                        ) from e
-                    failure = e
-                    predicting = predicting or self.predict_after_oom
-                    lap("run")
-                    try:  # while the failed step's memory is still held: the allocator's view of it
-                        explanation = self.explain(e, context)
-                    except Exception:
-                        logger.debug("keras_gpu_tools: explaining the out-of-memory error failed", exc_info=True)
-                        explanation = None
-                    lap("explain")
-                else:
-                    self.known.add((signature, k))
-                    ctl.on_success(n, k)
-                    self.last_split = k
-                    return result, k
-                # Outside the except block, where the failed step's frames no longer run.
-                free_failed_step(failure, held_since(self.memory, before))
+                with older_frozen(guarded):  # a full collection of the failure's cycles costs milliseconds
+                    try:
+                        result = runner.run(batch, n, k, state, guarded)
+                    except InexactAccumulationError:
+                        # Refused before the update was applied: put back what the micro-batches changed.
+                        self.restored_state = runner.restore(snap, state)
+                        raise
+                    except Exception as e:
+                        if self.classify(e) is None:
+                            raise  # not ours: unchanged, with its traceback
+                        if job:
+                            raise UnrecoverableOOM(
+                                "OOMBatchSizeReducer: out of memory in a step of a job of several processes, after every "
+                                f"process had fitted this split ({n} as {describe_split(n, k, ctl.granule)}) in its "
+                                "rehearsal. The other processes may be waiting in the step's collective for this one "
+                                "(they do not time out: a CPU job over gloo waits for good), so it cannot be retried; "
+                                "stop the whole job. Lower the batch size, or set `plan=` to a micro-batch size with "
+                                "headroom."
+                            ) from e
+                        failure = e
+                        predicting = predicting or self.predict_after_oom
+                        lap("run")
+                        try:  # while the failed step's memory is still held: the allocator's view of it
+                            explanation = self.explain(e, context)
+                        except Exception:
+                            logger.debug("keras_gpu_tools: explaining the out-of-memory error failed", exc_info=True)
+                            explanation = None
+                        lap("explain")
+                    else:
+                        self.known.add((signature, k))
+                        ctl.on_success(n, k)
+                        self.last_split = k
+                        return result, k
+                    # Outside the except block, where the failed step's frames no longer run.
+                    free_failed_step(failure, held_since(self.memory, before))
+                if held_since(self.memory, before)():  # still held, by a cycle through older objects: all of them
+                    gc.collect()
                 lap("free")
                 try:
                     state = runner.restore(snap, state)
