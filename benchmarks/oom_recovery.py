@@ -22,10 +22,19 @@ Output: one row per run and a verdict: `throughput_ratio_after_recovery` (goal: 
 no more than the compilations of the failed splits), `samples_kept` and `updates_kept`.
 
 On a GPU the model's hidden activation is (batch, 65536) float32: batch 2**19 needs ~400 GiB.
-`--smoke` (CPU) uses a small model whose one layer materialises 1 TiB per sample above a batch
-limit, which the CPU allocator refuses (TensorFlow with `TF_ENABLE_ONEDNN_OPTS=0`, so at once).
+`--model conv`: three Conv2D layers (32, 64, 64 filters) on 128x128x3 images, about 30 MiB of
+activations per sample in training: batch 8192 needs ~240 GiB. `--smoke` (CPU) uses a small model
+whose one layer materialises 1 TiB per sample above a batch limit, which the CPU allocator refuses
+(TensorFlow with `TF_ENABLE_ONEDNN_OPTS=0`, so at once).
+
+`recovery_seconds` is the time of the failed (or predicted) attempts, `recovery_phases` where it
+went (see `OOMEvent.phases`); `--probe` is the reducer's argument (default `auto`: on JAX with a
+GPU each new split is predicted from XLA's memory analysis; `false` runs the first attempt).
+`probe_cost_when_it_fits_seconds` is what the reducer's first epoch costs over the same fit
+without it where nothing runs out of memory (the prediction's compile, on JAX with a GPU).
 
     python benchmarks/oom_recovery.py --backend jax              # a GPU
+    python benchmarks/oom_recovery.py --backend jax --model conv --probe false
     python benchmarks/oom_recovery.py --backend torch --smoke    # CPU check, seconds
 """
 
@@ -50,7 +59,10 @@ def _parse():
     p.add_argument("--steps", type=int, default=None, help="batches per epoch (default 4; --smoke 8)")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--cliff", action="store_true", help="the CPU model with a memory cliff (implied by --smoke)")
+    p.add_argument("--model", choices=("dense", "conv"), default="dense", help="Dense(8 -> 65536) or a conv net")
+    p.add_argument("--probe", choices=("auto", "true", "false"), default="auto", help="OOMBatchSizeReducer's probe")
     args = p.parse_args()
+    args.probe = {"auto": "auto", "true": True, "false": False}[args.probe]
     if args.smoke:
         args.epochs = min(args.epochs, 3)
     return args
@@ -105,11 +117,18 @@ def _counter():
     return Count()
 
 
-def _model(cliff, accumulation=None, limit=None):
+def _build(cliff, accumulation=None, limit=None, conv=False):
     import keras
 
     keras.utils.set_random_seed(0)
-    if cliff:
+    if conv:  # on the CPU (cliff): 8 x 8 images, the cliff after the pooling
+        layers = [keras.Input((8, 8, 3) if cliff else (128, 128, 3))]
+        layers += [keras.layers.Conv2D(f, 3, padding="same", activation="relu") for f in (32, 64, 64)]
+        layers.append(keras.layers.GlobalAveragePooling2D())
+        if cliff and limit is not None:
+            layers.append(_cliff_layer(limit))
+        layers += [_counter(), keras.layers.Dense(10)]
+    elif cliff:
         layers = [keras.Input((32,))]
         if limit is not None:
             layers.append(_cliff_layer(limit))
@@ -126,12 +145,25 @@ def _model(cliff, accumulation=None, limit=None):
     return model
 
 
-def _data(n, cliff):
+def _data(n, cliff, conv=False):
     import numpy as np
 
     rng = np.random.default_rng(0)
+    if conv:
+        side = 8 if cliff else 128
+        x = rng.standard_normal((n, side, side, 3), dtype="float32")
+        return x, rng.standard_normal((n, 10), dtype="float32")
     x = rng.standard_normal((n, 32 if cliff else 8), dtype="float32")
     return x, (x.sum(1, keepdims=True) * 0.1).astype("float32")
+
+
+def _phases(events) -> dict:
+    """Seconds of each part of the recovery, over its events (see OOMEvent.phases)."""
+    out: dict = {}
+    for e in events:
+        for name, v in e.phases.items():
+            out[name] = round(out.get(name, 0.0) + v, 4)
+    return out
 
 
 def _timed_fit(model, x, y, batch, epochs, callbacks=()):
@@ -171,13 +203,17 @@ def measure(args) -> list[dict]:
     from keras_gpu_tools import OOMBatchSizeReducer
 
     cliff = args.cliff or args.smoke
-    batch = args.batch or (256 if cliff else 2**19)
-    steps = args.steps or (8 if cliff else 4)
+    conv = args.model == "conv"
+    batch = args.batch or (256 if cliff else 8192 if conv else 2**19)
+    steps = args.steps or (8 if cliff else 2 if conv else 4)
     limit = batch // 4 if cliff else None  # the cliff: 4 x (batch / 4) is the split that fits
-    x, y = _data(batch * steps, cliff)
+    x, y = _data(batch * steps, cliff, conv)
     samples = batch * steps
 
-    reducer = OOMBatchSizeReducer(verbose=0)
+    def _model(cliff, accumulation=None, limit=None):
+        return _build(cliff, accumulation, limit, conv)
+
+    reducer = OOMBatchSizeReducer(verbose=0, probe=args.probe)
     t0 = time.perf_counter()
     model = _model(cliff, limit=limit)
     rec = _summary("recovering", model, _timed_fit(model, x, y, batch, args.epochs, [reducer]), samples)
@@ -187,13 +223,15 @@ def measure(args) -> list[dict]:
     model = _model(cliff, accumulation=acc, limit=limit)
     hand = _summary("by_hand", model, _timed_fit(model, x, y, batch // k, args.epochs), samples)
     model = _model(cliff, accumulation=acc, limit=limit)
-    hand_times = _timed_fit(model, x, y, batch // k, args.epochs, [OOMBatchSizeReducer(verbose=0)])
+    hand_times = _timed_fit(model, x, y, batch // k, args.epochs, [OOMBatchSizeReducer(verbose=0, probe=args.probe)])
     hand_r = _summary("by_hand_with_reducer", model, hand_times, samples)
     rec.update(
         {
             "split": k,
             "events": [e.line() for e in reducer.events],
             "failed_attempt_seconds": round(reducer.recovery_seconds, 4),
+            "recovery_seconds": round(reducer.recovery_seconds, 4),
+            "recovery_phases": _phases(reducer.events),
             "wall_seconds": round(rec_wall, 3),
         }
     )
@@ -210,8 +248,19 @@ def measure(args) -> list[dict]:
         "samples_kept": rec["samples_trained"] == samples * args.epochs,
         "updates_kept": rec["optimizer_iterations"] == hand["optimizer_iterations"],
         "reducer_overhead_when_it_never_fires": round(1 - hand_r["samples_per_sec"] / hand["samples_per_sec"], 4),
+        "probe_cost_when_it_fits_seconds": round(
+            hand_r["first_epoch_extra_seconds"] - hand["first_epoch_extra_seconds"], 4
+        ),
+        "recovery_seconds": rec["recovery_seconds"],
     }
-    meta = {"batch": batch, "steps_per_epoch": steps, "epochs": args.epochs, "cliff": cliff}
+    meta = {
+        "batch": batch,
+        "steps_per_epoch": steps,
+        "epochs": args.epochs,
+        "cliff": cliff,
+        "model": args.model,
+        "probe": args.probe,
+    }
     return [dict(meta, **r) for r in (rec, hand, hand_r, verdict)]
 
 
@@ -230,6 +279,10 @@ def _table(results) -> str:
         f"epoch {v['extra_first_epoch_seconds_vs_by_hand']:+.3f} s (within compile cost: "
         f"{v['recovery_within_compile_cost']}), samples kept: {v['samples_kept']}, updates kept: {v['updates_kept']}, "
         f"reducer idle overhead {100 * v['reducer_overhead_when_it_never_fires']:.1f}%"
+    )
+    lines.append(
+        f"recovery {v['recovery_seconds']:.3f} s (probe={results[0]['probe']!r}): {results[0]['recovery_phases']}; "
+        f"the probe's cost where nothing runs out of memory: {v['probe_cost_when_it_fits_seconds']:+.3f} s"
     )
     return "\n".join(lines)
 

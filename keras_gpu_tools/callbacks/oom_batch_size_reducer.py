@@ -65,9 +65,11 @@ class OOMBatchSizeReducer(FitCallback):
     current and peak memory and the largest buffers, as far as the backend
     tells. It goes to the log, `summary()`, the report and, with `log_dir`, to
     TensorBoard (`oom/explanation`) and a file per event in
-    `log_dir/<run_name>/oom_events`. On JAX, after a real out-of-memory error
-    the next splits are chosen from XLA's memory analysis of their compiled
-    steps (never run), so a split that cannot fit is not run.
+    `log_dir/<run_name>/oom_events`. On JAX on a GPU (`probe="auto"`) each
+    new batch shape and split is compiled first, never run, and XLA's memory
+    analysis says whether it fits: a split that cannot fit never runs. A fit
+    that never runs out of memory pays for it one compile without autotuning
+    per new batch shape (none on a CPU, whose call reuses that compile).
 
     Nothing is lost or repeated: the failed batch is retried (on TensorFlow
     it is fetched in Python first, so the error cannot consume it), and the
@@ -75,9 +77,8 @@ class OOMBatchSizeReducer(FitCallback):
     metrics are put back as they were before the failed attempt. A batch
     shape that already ran whole runs Keras's own step inside a `try`, with
     no copy of the state, at next to no cost: an out-of-memory error there
-    raises `UnrecoverableOOM` with the reason (see `late_recovery`). On JAX,
-    Keras's step donates the state, so such an error cannot be retried
-    either way; `probe=True` avoids running steps predicted not to fit.
+    raises `UnrecoverableOOM` with the reason (see `late_recovery`); on JAX
+    Keras's step donated the state, so it cannot be retried either way.
 
     Data parallelism (`keras.distribution.DataParallel` on JAX,
     `tf.distribute.MirroredStrategy`): each device's share of the batch is
@@ -112,10 +113,11 @@ class OOMBatchSizeReducer(FitCallback):
             micro-batches again, so one spike does not slow a whole run (a
             failed trial doubles the wait); `None` keeps the split. Defaults to `None`.
         mode: `"accumulate"` or `"split"` (see above). Defaults to `"accumulate"`.
-        probe: before a batch shape first runs, predict whether the step fits
-            from the compiled step's memory analysis against the device's
-            memory limit, and start at the split that fits (JAX on GPU; other
-            backends warn once). Defaults to `False`.
+        probe: `"auto"`: before a batch shape or split first runs, predict
+            whether it fits from XLA's memory analysis of the compiled step
+            against the device's memory limit, where that can be told (JAX on
+            a GPU); `True`: the same, warning once where it cannot; `False`:
+            run the first attempt and retry after its error. Defaults to `"auto"`.
         log_dir: TensorBoard log directory, or `None` for none. Defaults to `None`.
         run_name: TensorBoard run of the scalars. Defaults to `"oom"`.
         verbose: print each recovery under its epoch's progress bar line (0: one short line a fit)
@@ -152,7 +154,7 @@ class OOMBatchSizeReducer(FitCallback):
         min_batch_size: int = 1,
         regrow_after: int | None = None,
         mode: str = "accumulate",
-        probe: bool = False,
+        probe: bool | str = "auto",
         log_dir: str | os.PathLike | None = None,
         run_name: str = "oom",
         verbose: int = 0,
@@ -167,7 +169,7 @@ class OOMBatchSizeReducer(FitCallback):
         self.min_batch_size = check.check_int("min_batch_size", min_batch_size, low=1)
         self.regrow_after = check.check_int("regrow_after", regrow_after, low=1, allow_none=True)
         self.mode = check.check_choice("mode", mode, ("accumulate", "split"))
-        self.probe = check.check_bool("probe", probe)
+        self.probe = check.check_choice("probe", probe, checks.PROBE_CHOICES)
         self.log_dir = check.check_log_dir("log_dir", log_dir)
         self.run_name = check.check_run_name("run_name", run_name)
         check.check_run_dir(self.log_dir, self.run_name)
@@ -244,8 +246,6 @@ class OOMBatchSizeReducer(FitCallback):
         st.recovery.agree = st.agreement = st.new_agreement(
             self.topology.exchange, scope, "test", self._replicas, timeout
         )
-        if self.probe:
-            checks.warn_probe(backend, self.warnings)
         if self.record_memory_history:
             checks.start_memory_history(backend, self.warnings)
         # Array inputs: an epoch's full batches need no check once their shape ran whole (IdlePath.free).

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from keras_gpu_tools.memory.explain import OOMExplanation, explanation_of
 from keras_gpu_tools.memory.split import describe_split
 from keras_gpu_tools.runtime.topology import ExchangeError
+from keras_gpu_tools.runtime.units import format_bytes
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -100,16 +101,22 @@ class JobAgreement:
         self.warn = warn
         self.abort = abort
         self.rounds = 0  # rounds of agreement in this scope (every process counts the same)
+        # Predict each rehearsal from the runner's memory analysis (``predict_alone``) before running it:
+        # a split predicted not to fit here is voted out of memory without running (the reducer's probe).
+        self.predict = False
 
     def __call__(self, runner, batch, n: int, k: int, state) -> Agreement:
-        """Rehearses ``n`` as ``k`` here, then gathers every process's outcome."""
-        error = self._rehearse(runner, batch, n, k, state)
+        """Rehearses ``n`` as ``k`` here (or predicts it does not fit), then gathers every process's outcome."""
+        need = self._predicted_need(runner, batch, n, k, state)
+        error = self._rehearse(runner, batch, n, k, state) if need is None else None
         if self.scope is None:
             _EVAL_SERIAL[(self.run_name, self.kind)] += 1
             self.scope = f"{self.kind}{_EVAL_SERIAL[(self.run_name, self.kind)]}"
         self.rounds += 1
         first_line = (str(error).strip().splitlines() or [""])[0][:300] if error is not None else ""
-        mine = {"n": n, "k": k, "oom": error is not None, "error": first_line}
+        if need is not None:
+            first_line = f"predicted to need {format_bytes(need)} more, from XLA's memory analysis; not run"
+        mine = {"n": n, "k": k, "oom": error is not None or need is not None, "error": first_line}
         key = f"{self.run_name}/{self.scope}/agree{self.rounds}"
         try:
             votes = self.exchange.gather(key, mine, self.timeout_s)
@@ -137,9 +144,24 @@ class JobAgreement:
         )
         context = {"runner": runner, "batch": batch, "n": n, "k": k, "state": state}
         kind = (self.classify(error) or "agreed") if error is not None else "agreed"
+        if need is not None:  # this process's own prediction
+            kind, context["predicted_need"] = "predicted", need
+            context["program"] = getattr(runner, "alone_memory", {}).get((n, k))  # no second analysis
         return Agreement(
             fits=False, error=error, kind=kind, note=note, explanation=self._explanation(error, note, context)
         )
+
+    def _predicted_need(self, runner, batch, n: int, k: int, state) -> int | None:
+        """The bytes the rehearsal would need where it is predicted not to fit here; None where it may fit."""
+        predict = getattr(runner, "predict_alone", None) if self.predict else None
+        if predict is None:
+            return None
+        try:
+            fits, need = predict(batch, n, k, state)
+        except Exception:
+            logger.debug("keras_gpu_tools: predicting the rehearsal failed", exc_info=True)
+            return None
+        return int(need or 0) if fits is False else None
 
     def _rehearse(self, runner, batch, n: int, k: int, state) -> BaseException | None:
         """This process's own out-of-memory error in a rehearsal of the split, or None."""
@@ -163,7 +185,8 @@ class JobAgreement:
     def _explanation(self, error: BaseException | None, note: str, context: dict[str, Any]) -> dict[str, Any]:
         """This process's explanation (its own error's, where it had one), led by who ran out of memory."""
         try:
-            explanation = self.explain(error, context) if error is not None else None
+            own = error is not None or context.get("predicted_need") is not None
+            explanation = self.explain(error, context) if own else None
             if explanation is None:
                 explanation = explanation_of(None).as_dict()
             explanation["notes"] = [note] + list(explanation.get("notes") or [])

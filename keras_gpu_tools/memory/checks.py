@@ -7,7 +7,8 @@
   an equal share per device), with the batch sizes that would work.
 - :func:`uses_batch_statistics`: whether the model normalises by batch
   statistics, which a split changes (each micro-batch by its own).
-- :func:`warn_probe`: why ``probe=True`` can predict nothing here;
+- :func:`resolve_probe`: whether ``probe`` predicts anything here (and,
+  for ``probe=True``, why not);
   :func:`start_memory_history` starts the allocator's record, or says why not.
 - :func:`late_oom_refusal` and :data:`ASYNC_OOM_REFUSAL`: why an out-of-memory
   error at a step that kept no copy of its state cannot be retried, and what
@@ -67,20 +68,40 @@ def refuse_uneven(model, backend, replicas: int, processes: int) -> None:
         raise ValueError(uneven)
 
 
-def warn_probe(backend, warn: Callable[[str, str], None]) -> None:
-    """Warns (``warn(key, message)``) where ``probe=True`` can predict nothing on ``backend`` (a ``Backend``)."""
+PROBE_CHOICES = (True, False, "auto")
+
+
+def resolve_probe(probe: bool | str, backend, warn: Callable[[str, str], None]) -> bool:
+    """Whether to predict each new batch shape's memory before running it, for ``probe`` on ``backend``.
+
+    ``"auto"``: where ``backend`` predicts a compiled step's memory (JAX) and its
+    device reports a memory limit (a GPU), silently off elsewhere. ``True``:
+    the same, with a warning (``warn(key, message)``) where nothing can be
+    predicted. ``False``: never.
+    """
+    if probe is False:
+        return False
     if not backend.predicts_memory:
-        warn(
-            "probe",
-            f"OOMBatchSizeReducer: probe=True needs the JAX backend (XLA's memory analysis); "
-            f"{backend.name} cannot tell before running, so the first step is simply retried if it runs out of memory.",
-        )
-    elif not backend.device_memory().get("bytes_limit"):
-        warn(
-            "probe-device",
-            "OOMBatchSizeReducer: probe=True: this device reports no memory limit "
-            "(CPU); nothing is predicted, out-of-memory errors are retried.",
-        )
+        if probe is True:
+            warn(
+                "probe",
+                f"OOMBatchSizeReducer: probe=True needs the JAX backend (XLA's memory analysis); {backend.name} "
+                "cannot tell before running, so the first step is simply retried if it runs out of memory.",
+            )
+        return False
+    try:
+        limit = (backend.device_memory() or {}).get("bytes_limit")
+    except Exception:
+        limit = None
+    if not limit:
+        if probe is True:
+            warn(
+                "probe-device",
+                "OOMBatchSizeReducer: probe=True: this device reports no memory limit "
+                "(CPU); nothing is predicted, out-of-memory errors are retried.",
+            )
+        return False
+    return True
 
 
 def start_memory_history(backend, warn: Callable[[str, str], None]) -> None:
@@ -140,11 +161,12 @@ def uses_batch_statistics(model) -> bool:
 __all__ = [
     "ASYNC_OOM_REFUSAL",
     "BATCH_STATISTICS_WARNING",
+    "PROBE_CHOICES",
     "late_oom_refusal",
     "refuse_fit",
     "refuse_uneven",
+    "resolve_probe",
     "start_memory_history",
     "uneven_share",
     "uses_batch_statistics",
-    "warn_probe",
 ]

@@ -22,6 +22,9 @@ class OOMEvent:
     phase: str = "train"  # "train", "test" (evaluate() and validation) or "predict"
     explanation: dict[str, Any] | None = None  # why (OOMExplanation.as_dict()), where it could be told
     granule: int = 1  # data-parallel devices (replicas): each one's share is split, see split_sizes
+    # seconds of each part of the attempt: "agree", "predict", "protect" (the state's copy), "run" (to the
+    # error), "explain", "free" (the failed step's memory), "restore" (the state put back)
+    phases: dict[str, float] = field(default_factory=dict)
 
     def why(self) -> list[str]:
         """The explanation's readable lines (empty where none was recorded)."""

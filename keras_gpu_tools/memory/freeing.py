@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -20,7 +21,8 @@ def free_failed_step(exc: BaseException, held: Callable[[], bool | None] | None 
     generations are collected first (about a millisecond). A full collection
     costs far more (a large fraction of a second on a big model), so it runs only where ``held()``
     says the failed step's memory is still allocated, or where nothing can
-    tell (``held`` None, or returning None; see :func:`held_since`).
+    tell (``held`` None, or returning None; see :func:`held_since`); inside
+    :func:`older_frozen` it sees only what was made since, and costs milliseconds.
     """
     import gc
     import traceback
@@ -45,6 +47,28 @@ def free_failed_step(exc: BaseException, held: Callable[[], bool | None] | None 
         still = None
     if still is None or still:
         gc.collect()
+
+
+@contextlib.contextmanager
+def older_frozen(enabled: bool = True) -> Iterator[None]:
+    """Keeps what exists now out of the garbage collector's sight until the block ends (``gc.freeze``).
+
+    A failed step's tensors sit in reference cycles made while it ran; a full
+    collection inside the block looks at those objects only, not at the
+    millions a process with a framework imported holds (seconds a collection,
+    each time an attempt fails). Nothing is lost: everything is handed back to
+    the collector at the end. Left alone where the process froze objects itself.
+    """
+    import gc
+
+    if not enabled or gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def in_use(memory: Callable[[], dict[str, Any]]) -> int | None:

@@ -9,6 +9,7 @@ explains what was tried when nothing fits.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 from keras_gpu_tools.errors import InexactAccumulationError, OutOfMemoryError, UnrecoverableOOM
 from keras_gpu_tools.memory.agreement import Agreement
 from keras_gpu_tools.memory.events import OOMEvent
-from keras_gpu_tools.memory.freeing import free_failed_step, held_since, in_use
+from keras_gpu_tools.memory.freeing import free_failed_step, held_since, in_use, older_frozen
 from keras_gpu_tools.memory.split import SplitController, describe_split, split_sizes
 from keras_gpu_tools.runtime.units import format_bytes
 
@@ -102,6 +103,52 @@ def final_message(
     return "\n".join(lines)
 
 
+def smallest_failing(explanation: dict[str, Any] | None, before: int | None, micro: int) -> int | None:
+    """The smallest micro-batch that certainly runs out of memory too, from a real error's figures; or None.
+
+    When an attempt at micro-batches of ``micro`` failed, what it had allocated
+    (in use at the error, less ``before``, in use before it) plus what it asked
+    for is less than what it needed. Its need grows at most in proportion to
+    the micro-batch (activations grow with it, the rest does not), so a
+    micro-batch of ``m`` needs at least that times ``m / micro``; where that
+    is over the room the device had (its capacity less ``before``, with a
+    tenth to spare for what is not proportional) it cannot fit. Needs the
+    figures a GPU's allocator gives; None elsewhere, or where nothing is certain.
+    """
+    e = explanation or {}
+    asked, held, capacity = e.get("requested_bytes"), e.get("in_use_bytes"), e.get("capacity_bytes")
+    if not asked or held is None or not capacity or before is None:
+        return None
+    least = int(held) - before + int(asked)  # what the failed attempt needed at least
+    room = 1.1 * (int(capacity) - before)
+    if least <= room or room <= 0:
+        return None
+    return math.floor(room * micro / least) + 1
+
+
+def certain_explanation(n: int, k: int, floor: int, granule: int = 1) -> dict[str, Any]:
+    """The explanation of a split skipped because a real error's figures already say it cannot fit."""
+    note = (
+        f"not run: {n} as {describe_split(n, k, granule)} needs at least what the last real error showed, scaled "
+        f"to its micro-batches, which is more than the device holds (micro-batches of {floor} or more cannot fit)"
+    )
+    return {"notes": [note], "lines": [note], "sources": ["the last out-of-memory error's figures"]}
+
+
+class Laps:
+    """The seconds of each named part of an attempt: ``lap(name)`` ends the part called ``name``."""
+
+    def __init__(self, clock: Callable[[], float], start: float):
+        self.clock = clock
+        self.last = start
+        self.phases: dict[str, float] = {}
+
+    def __call__(self, name: str) -> None:
+        now = self.clock()
+        self.phases[name] = self.phases.get(name, 0.0) + now - self.last
+        self.last = now
+
+
 class Recovery:
     """Runs one batch with retries; the backend work is done by ``runner``.
 
@@ -164,6 +211,8 @@ class Recovery:
         self.restored_state = None
         predicting = self.probe  # after a real out-of-memory error too: ask before running the next split
         explanation = None
+        real: BaseException | None = None  # the last real out-of-memory error of this batch
+        floor: int | None = None  # after a real error: micro-batches this large certainly fail too (smallest_failing)
         # A step of the job (its batch spread over several processes' devices), not this process's own one.
         job = self.agree is not None and getattr(runner, "spans_processes", lambda b: True)(batch)
         while True:
@@ -171,59 +220,80 @@ class Recovery:
             trial = ctl.in_trial
             failure: BaseException | None = None
             t0 = self.clock()
+            lap = Laps(self.clock, t0)  # seconds of each part of the attempt, for the event
             predicted = None
             context = {"runner": runner, "batch": batch, "n": n, "k": k, "state": state, "step": step}
             agree = self.agree
             agreed = agree(runner, batch, n, k, state) if agree is not None and guarded and job else None
-            if agreed is None and guarded and predicting and hasattr(runner, "predict"):
+            if agreed is not None:
+                lap("agree")
+            certain = agreed is None and floor is not None and -(-n // k) >= floor
+            if certain:
+                predicted = False  # the last real error's figures already say it cannot fit: neither run nor analysed
+            elif agreed is None and guarded and predicting and hasattr(runner, "predict"):
                 predicted, self.last_need = runner.predict(batch, n, k, state)
+                lap("predict")
             if agreed is not None and not agreed.fits:
                 failure = agreed.error  # this process's own error, or None where another's ran out
                 explanation = agreed.explanation
+            elif certain:
+                failure = None
+                explanation = certain_explanation(n, k, floor or 0, ctl.granule)
             elif predicted is False:
                 failure = None
                 explanation = self.explain(None, dict(context, predicted_need=self.last_need))
+                lap("explain")
             else:
                 snap = runner.protect(state, guarded)
                 before = in_use(self.memory) if guarded else None  # what a failure leaves held is measured against
-                try:
-                    result = runner.run(batch, n, k, state, guarded)
-                except InexactAccumulationError:
-                    # Refused before the update was applied: put back what the micro-batches changed.
-                    self.restored_state = runner.restore(snap, state)
-                    raise
-                except Exception as e:
-                    if self.classify(e) is None:
-                        raise  # not ours: unchanged, with its traceback
-                    if job:
-                        raise UnrecoverableOOM(
-                            "OOMBatchSizeReducer: out of memory in a step of a job of several processes, after every "
-                            f"process had fitted this split ({n} as {describe_split(n, k, ctl.granule)}) in its "
-                            "rehearsal. The other processes may be waiting in the step's collective for this one "
-                            "(they do not time out: a CPU job over gloo waits for good), so it cannot be retried; "
-                            "stop the whole job. Lower the batch size, or set `plan=` to a micro-batch size with "
-                            "headroom."
-                        ) from e
-                    failure = e
-                    predicting = predicting or self.predict_after_oom
-                    try:  # while the failed step's memory is still held: the allocator's view of it
-                        explanation = self.explain(e, context)
-                    except Exception:
-                        logger.debug("keras_gpu_tools: explaining the out-of-memory error failed", exc_info=True)
-                        explanation = None
-                else:
-                    self.known.add((signature, k))
-                    ctl.on_success(n, k)
-                    self.last_split = k
-                    return result, k
-                # Outside the except block, where the failed step's frames no longer run.
-                free_failed_step(failure, held_since(self.memory, before))
+                lap("protect")
+                with older_frozen(guarded):  # a full collection of the failure's cycles costs milliseconds
+                    try:
+                        result = runner.run(batch, n, k, state, guarded)
+                    except InexactAccumulationError:
+                        # Refused before the update was applied: put back what the micro-batches changed.
+                        self.restored_state = runner.restore(snap, state)
+                        raise
+                    except Exception as e:
+                        if self.classify(e) is None:
+                            raise  # not ours: unchanged, with its traceback
+                        if job:
+                            raise UnrecoverableOOM(
+                                "OOMBatchSizeReducer: out of memory in a step of a job of several processes, after every "
+                                f"process had fitted this split ({n} as {describe_split(n, k, ctl.granule)}) in its "
+                                "rehearsal. The other processes may be waiting in the step's collective for this one "
+                                "(they do not time out: a CPU job over gloo waits for good), so it cannot be retried; "
+                                "stop the whole job. Lower the batch size, or set `plan=` to a micro-batch size with "
+                                "headroom."
+                            ) from e
+                        failure = e
+                        predicting = predicting or self.predict_after_oom
+                        lap("run")
+                        try:  # while the failed step's memory is still held: the allocator's view of it
+                            explanation = self.explain(e, context)
+                        except Exception:
+                            logger.debug("keras_gpu_tools: explaining the out-of-memory error failed", exc_info=True)
+                            explanation = None
+                        lap("explain")
+                    else:
+                        self.known.add((signature, k))
+                        ctl.on_success(n, k)
+                        self.last_split = k
+                        return result, k
+                    # Outside the except block, where the failed step's frames no longer run.
+                    free_failed_step(failure, held_since(self.memory, before))
+                if held_since(self.memory, before)():  # still held, by a cycle through older objects: all of them
+                    gc.collect()
+                lap("free")
                 try:
                     state = runner.restore(snap, state)
                 except UnrecoverableOOM as u:
                     raise u from failure
+                lap("restore")
                 self.restored_state = state  # the state from before the failed attempt
                 snap = None
+                floor = smallest_failing(explanation, before, -(-n // k))
+                real = failure
             tried.append((n, k))
             nxt = ctl.on_oom(n, k)
             if agreed is not None and not agreed.fits:
@@ -242,7 +312,9 @@ class Recovery:
                 phase=self.phase,
                 explanation=explanation,
                 granule=ctl.granule,
+                phases={name: round(v, 6) for name, v in lap.phases.items()},
             )
+            logger.debug("keras_gpu_tools: %s; seconds: %s", event.line(), event.phases)
             self.on_event(event)
             if nxt is None:
                 memory = dict(self.memory() or {})
@@ -253,6 +325,8 @@ class Recovery:
                     message += "\nWhy: " + "\n     ".join(event.why())
                 if agreed is not None and not agreed.fits and failure is None:
                     raise OutOfMemoryError(message + f"\n({agreed.note})")
+                if certain and real is not None:  # the last real error, of its own type
+                    raise self.rebuild(real, message + "\n(The last splits were not run: see Why.)") from real
                 if failure is None:
                     raise OutOfMemoryError(message + "\n(Predicted from the compiled step's memory analysis; not run.)")
                 raise self.rebuild(failure, message) from failure

@@ -56,7 +56,7 @@ class ReducerState:
         regrow_after: int | None,
         plan_size: int | None,
         mode: str,
-        probe: bool,
+        probe: bool | str,
         late_recovery: bool,
         verbose: int,
         run_name: str,
@@ -82,7 +82,8 @@ class ReducerState:
         self.run_dir = run_dir
         self.log = EventLog(warn, verbose, run_dir, say)  # each event to the log, TensorBoard and files
         self.headroom = Headroom(plan_size)
-        self.recovery = self.new_recovery(self.controller, probe)
+        self.probe = probe  # the argument: resolved for each fit's backend and device (start_fit)
+        self.recovery = self.new_recovery(self.controller)
         self.evals = EvalRetries(min_batch_size, mode, late_recovery, self.new_recovery, classify, self.unrecoverable)
         self.agreement: JobAgreement | None = None  # a job's: this fit's, or an evaluate()'s outside fit()
         self.model: Any = None  # the model of this fit (not the callback's `model` in a step: on JAX it syncs)
@@ -142,8 +143,12 @@ class ReducerState:
         self.on_event(unrecoverable_event(error, signature, phase, step, self.classify(error), explanation))
 
     def start_fit(self, model) -> None:
-        """A fit of ``model`` starts: its events go to TensorBoard in the run folder, where there is one."""
+        """A fit of ``model`` starts: whether it predicts (``probe``); its events to TensorBoard, where logged."""
         self.model = model
+        predict = checks.resolve_probe(self.probe, self.backend(), self.warn)
+        self.recovery.probe = predict
+        if self.agreement is not None:  # a job's rehearsals predict too, so a split that cannot fit is not run
+            self.agreement.predict = predict
         run_dir = self.run_dir()
         self.log.writer = EventWriter(run_dir) if run_dir is not None else None
         self.log.noticed = False

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import traceback
+import warnings
 
 import keras
 import numpy as np
@@ -24,6 +25,7 @@ import pytest
 from keras import ops
 
 from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+from keras_gpu_tools.errors import OOMWarning
 from keras_gpu_tools.memory.idle import IdlePath
 from tests.helpers.data import numbered_samples
 from tests.helpers.models import (
@@ -629,8 +631,12 @@ def test_arguments_are_validated():
         OOMBatchSizeReducer(regrow_after=0)
     with pytest.raises(ValueError, match="mode"):
         OOMBatchSizeReducer(mode="halve")
-    with pytest.raises(TypeError, match="probe"):
+    with pytest.raises(ValueError, match=r"probe=.yes.*one of True, False, 'auto'"):
         OOMBatchSizeReducer(probe="yes")
+    with pytest.raises(ValueError, match="probe"):
+        OOMBatchSizeReducer(probe=1)
+    assert OOMBatchSizeReducer().probe == "auto"
+    assert OOMBatchSizeReducer(probe=np.bool_(True)).probe is True
     with pytest.raises(TypeError, match="Invalid value for argument `record_memory_history`"):
         OOMBatchSizeReducer(record_memory_history=1)
     with pytest.raises(ValueError, match="Invalid value for argument `plan`"):
@@ -688,6 +694,41 @@ def test_probe_predicts_the_split_without_running_out_of_memory(monkeypatch):
     assert reducer.micro_batches == 4
     np.testing.assert_array_equal(seen(model), np.ones(n))
     assert iterations(model) == 2
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="probe predicts from XLA's memory analysis (JAX)")
+def test_by_default_a_device_with_a_memory_limit_predicts_and_the_fit_is_exact(monkeypatch):
+    from keras_gpu_tools import backends
+
+    # A GPU's memory limit (the CPU reports none): the default predicts, as probe=True does.
+    monkeypatch.setattr(
+        type(backends.get("jax")),
+        "device_memory",
+        lambda self: {"device": "test", "bytes_limit": 8 * 2**30, "bytes_in_use": 0},
+    )
+    n = 40  # batches of 16, 16 and a last one of 8
+    x, y = numbered_samples(n)
+    model = make_model(n, limit=4)
+    reducer = OOMBatchSizeReducer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OOMWarning)  # nothing to warn about
+        model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
+    # 16 and 2 x 8 never ran; the last batch (8 as 2 x 4) is bounded by 4 x 4's analysis: not analysed again.
+    assert [e.kind for e in reducer.events] == ["predicted", "predicted"]
+    assert all(set(e.phases) == {"predict", "explain"} for e in reducer.events)
+    assert reducer.micro_batches == 2  # the last batch of 8 as 2 x 4
+    np.testing.assert_array_equal(seen(model), np.ones(n))
+    assert iterations(model) == 3
+
+
+def test_by_default_a_device_without_a_memory_limit_retries_and_warns_nothing():
+    # A CPU: nothing can be predicted; the first attempt runs and its error is retried, silently.
+    n = 32
+    x, y = numbered_samples(n)
+    model = make_model(n, limit=10**9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OOMWarning)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[OOMBatchSizeReducer()])
 
 
 @pytest.mark.skipif(BACKEND == "jax", reason="JAX can predict")
@@ -763,7 +804,7 @@ def test_after_a_real_oom_the_next_split_is_chosen_from_memory_analysis_without_
     n = 32
     x, y = numbered_samples(n)
     model = make_model(n, limit=4)
-    reducer = OOMBatchSizeReducer()  # no probe: the first attempt runs and fails for real
+    reducer = OOMBatchSizeReducer(probe=False)  # the first attempt runs and fails for real
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[reducer])
     # 16 ran out of memory for real; 2 x 8 was only compiled, its analysis said no; 4 x 4 ran.
     assert [e.kind for e in reducer.events] == ["jax", "predicted"]

@@ -133,3 +133,70 @@ def test_headroom_estimates_the_batch_that_fits_or_takes_the_plans():
     assert planned.rows(16, 0.0)[0]["fits_batch"] == 64 and planned.rows(16, 0.0)[0]["fits_from"] == "plan"
     with pytest.raises(ValueError, match="plan"):
         plan_limit(0)
+
+
+# -- predicting: the default probe, and a job's rehearsals --------------------------------------
+class PredictingRunner(Runner):
+    """A rehearsal that fits up to `limit` samples per micro-batch, told from a memory analysis."""
+
+    def __init__(self, limit):
+        super().__init__()
+        self.limit, self.rehearsed = limit, []
+        self.alone_memory = {}
+
+    def rehearse(self, batch, n, k, state):
+        self.rehearsed.append((n, k))
+
+    def predict_alone(self, batch, n, k, state):
+        need = 100 * -(-n // k)
+        self.alone_memory[(n, k)] = {"temporaries": need, "need": need}
+        return need <= 100 * self.limit, need
+
+
+def test_a_job_predicting_votes_a_split_out_without_rehearsing_it():
+    exchange = FakeExchange([{"n": 8, "k": 1, "oom": False, "error": ""}])
+    agree = agreement(exchange)
+    agree.predict = True
+    runner = PredictingRunner(limit=4)
+    result = agree(runner, None, 8, 1, None)
+    assert not result.fits and result.error is None and result.kind == "predicted"
+    assert runner.rehearsed == []  # predicted not to fit here: neither compiled for running nor run
+    assert "predicted to need 800 B more" in result.note and "not run" in result.note
+    # A split predicted to fit is still rehearsed for real before the job runs it.
+    exchange.others = [{"n": 8, "k": 2, "oom": False, "error": ""}]
+    assert agree(runner, None, 8, 2, None).fits and runner.rehearsed == [(8, 2)]
+
+
+def test_a_job_not_predicting_rehearses_every_split():
+    exchange = FakeExchange([{"n": 8, "k": 1, "oom": False, "error": ""}])
+    runner = PredictingRunner(limit=4)
+    assert agreement(exchange)(runner, None, 8, 1, None).fits  # predict is off until the reducer says so
+    assert runner.rehearsed == [(8, 1)]
+
+
+class Backend:
+    def __init__(self, predicts, limit):
+        self.predicts_memory, self.limit, self.name = predicts, limit, "fake"
+
+    def device_memory(self):
+        return {"bytes_limit": self.limit} if self.limit else {}
+
+
+@pytest.mark.parametrize(
+    "probe, predicts, limit, expected, warned",
+    [
+        ("auto", True, 8 * 2**30, True, []),  # JAX on a GPU
+        ("auto", True, None, False, []),  # JAX on a CPU: off, silently
+        ("auto", False, 8 * 2**30, False, []),  # torch, TensorFlow: off, silently
+        (True, True, 8 * 2**30, True, []),
+        (True, True, None, False, ["probe-device"]),
+        (True, False, 8 * 2**30, False, ["probe"]),
+        (False, True, 8 * 2**30, False, []),
+    ],
+)
+def test_the_probe_predicts_where_the_backend_and_device_can_tell(probe, predicts, limit, expected, warned):
+    from keras_gpu_tools.memory.checks import resolve_probe
+
+    keys = []
+    assert resolve_probe(probe, Backend(predicts, limit), lambda key, message: keys.append(key)) is expected
+    assert keys == warned

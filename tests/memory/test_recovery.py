@@ -420,3 +420,65 @@ def test_held_since_compares_the_device_figure_with_the_one_before_the_attempt()
     assert held_since(lambda: {}, None)() is None  # a CPU: no figure, cannot tell
     assert held_since(memory, None)() is None  # no figure from before the attempt
     assert in_use(lambda: 1 / 0) is None  # a backend that fails to answer
+
+
+def test_each_event_says_where_its_seconds_went(fake_oom):
+    events = []
+    ticks = iter(range(100))
+    rec = Recovery(SplitController(), classify=fake_kind, on_event=events.append, clock=lambda: float(next(ticks)))
+    rec.run(FakeRunner(limit=64), None, 128, "sig")
+    (event,) = events
+    assert list(event.phases) == ["protect", "run", "explain", "free", "restore"]
+    assert all(v == 1.0 for v in event.phases.values()) and sum(event.phases.values()) <= event.seconds
+
+
+def test_smallest_failing_micro_batch_from_a_real_errors_figures():
+    from keras_gpu_tools.memory.recovery import smallest_failing
+
+    gib = 2**30
+    # 8 GiB in use before; the attempt at 1000 samples held 60 GiB more and asked 100: it needed 160 at least.
+    figures = {"requested_bytes": 100 * gib, "in_use_bytes": 68 * gib, "capacity_bytes": 80 * gib}
+    floor = smallest_failing(figures, 8 * gib, 1000)
+    # 160 GiB per 1000 samples against 72 GiB of room (79.2 with a tenth to spare): 496 and more cannot fit.
+    assert floor == 496
+    assert smallest_failing(dict(figures, requested_bytes=gib), 8 * gib, 1000) is None  # 61 GiB: could fit
+    assert smallest_failing({"requested_bytes": 100 * gib}, 8 * gib, 1000) is None  # a CPU: no capacity
+    assert smallest_failing(figures, None, 1000) is None
+
+
+def test_splits_a_real_errors_figures_rule_out_are_not_run(fake_oom):
+    gib = 2**30
+    runner = FakeRunner(limit=100)
+    events = []
+    memory = iter([{"bytes_in_use": 0}, {"bytes_in_use": 70 * gib}])  # before the attempt; at the free
+    # The attempt at 1024 held 70 GiB and asked 700 of 80: it needed 770 GiB, so 512, 256 and 128 cannot fit.
+    explain = lambda e, context: {"requested_bytes": 700 * gib, "in_use_bytes": 70 * gib, "capacity_bytes": 80 * gib}  # noqa: E731
+    rec = Recovery(
+        SplitController(),
+        classify=fake_kind,
+        on_event=events.append,
+        memory=lambda: next(memory, {"bytes_in_use": 0}),
+        explain=explain,
+    )
+    assert rec.run(runner, None, 1024, "sig") == ("logs of 1024 as 16", 16)
+    assert runner.calls == [(1024, 1, True), (1024, 16, True)]  # 2, 4 and 8 never ran
+    assert [(e.failed_split, e.next_split, e.kind) for e in events] == [
+        (1, 2, "fake"),
+        (2, 4, "predicted"),
+        (4, 8, "predicted"),
+        (8, 16, "predicted"),
+    ]
+    assert "not run: 1024 as 2 x 512" in events[1].why()[0]
+
+
+def test_when_the_figures_rule_out_every_split_the_last_real_error_is_raised(fake_oom):
+    gib = 2**30
+    runner = FakeRunner(limit=0)
+    explain = lambda e, context: {"requested_bytes": 900 * gib, "in_use_bytes": 0, "capacity_bytes": 80 * gib}  # noqa: E731
+    rec = Recovery(
+        SplitController(min_batch_size=2), classify=fake_kind, memory=lambda: {"bytes_in_use": 0}, explain=explain
+    )
+    with pytest.raises(MemoryError, match="Batch sizes tried: 8, 8 as 2 x 4, 8 as 4 x 2") as info:
+        rec.run(runner, None, 8, "sig")
+    assert "The last splits were not run" in str(info.value) and isinstance(info.value.__cause__, FakeOOM)
+    assert runner.calls == [(8, 1, True)]

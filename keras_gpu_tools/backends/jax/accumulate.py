@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from keras_gpu_tools.backends.jax.data_parallel import (
+    alone,
     device_micro_batches,
     jit_alone,
     local_copies,
@@ -135,6 +136,9 @@ class JaxRunner(_HostSnapshot):
         self.state_bytes = None
         self.routing = LossRouting(model)
         self._memory: dict[tuple, dict[str, int] | None] = {}  # (batch signature, split) -> memory analysis
+        # (per-sample shapes, whole or split) -> [(micro-batch size, need)]: bounds for smaller batches
+        self._needs: dict[tuple, list[tuple[int, int]]] = {}
+        self.alone_memory: dict[tuple[int, int], dict[str, int]] = {}  # (n, k) -> the rehearsal's analysis
 
     # -- traced functions ------------------------------------------------------
     def _micro(self, tv, ntv, ov, mv, acc, data, w, totals):
@@ -171,6 +175,42 @@ class JaxRunner(_HostSnapshot):
         tv, ntv, ov, mv = (local_copies(p) for p in ki.jax_state_parts(state))
         acc = [self.jnp.zeros_like(a) for a in tv]
         rehearse_alone(self, batch, n, k, lambda part, w, totals: jitted(tv, ntv, ov, mv, acc, part, w, totals))
+
+    def predict_alone(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
+        """(fits, bytes needed) of :meth:`rehearse`'s program on this process's first device, compiled, never run.
+
+        XLA's memory analysis of the rehearsal (see :func:`analysed_memory`):
+        in a job, a split predicted not to fit on this process is voted out of
+        memory without compiling it for running or running it. (None, None)
+        where the device has no memory limit or the analysis fails.
+        """
+        mem = self.device.device_memory()
+        limit, in_use = mem.get("bytes_limit"), mem.get("bytes_in_use", 0)
+        if not limit:
+            return None, None
+        if self._rehearse_jit is None:
+            self._rehearse_jit = jit_alone(self._micro)
+        jitted: Any = self._rehearse_jit
+        tv, ntv, ov, mv = (abstract_arrays(local_copies(p)) for p in ki.jax_state_parts(state))
+        accumulator = sum(nbytes(a) for a in tv)  # made by the rehearsal, next to the state
+        try:
+            lowered = alone(
+                self, batch, n, k, lambda part, w, totals: jitted.lower(tv, ntv, ov, mv, tv, part, w, totals)
+            )
+            host = sum(nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))
+
+            def need(m: dict[str, int]) -> int:
+                return m["temporaries"] + m["outputs"] - m["aliased"] + accumulator + host
+
+            found = analysed_memory(lowered, self.device.async_device(), settled=self._settled(need))
+        except Exception as e:
+            logger.debug("keras_gpu_tools: memory analysis of the rehearsal failed: %s", e)
+            return None, None
+        if found is None:
+            return None, None
+        found["need"] = need(found)
+        self.alone_memory[(n, k)] = found  # for the explanation of a split voted out on this prediction
+        return in_use + found["need"] <= PREDICT_FRACTION * limit, found["need"]
 
     def _apply(self, tv, ov, acc):
         tv2, ov2 = self.model.optimizer.stateless_apply(ov, acc, tv)
@@ -266,15 +306,39 @@ class JaxRunner(_HostSnapshot):
                 finally:
                     self.routing.lenient = False
                 extra = 0 if self._acc is not None else sum(nbytes(a) for a in tv)  # the accumulator
-            found = analysed_memory(lowered, self.device.async_device())
+            host = sum(nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))  # copied in
+
+            def need(m: dict[str, int]) -> int:
+                return m["temporaries"] + m["outputs"] - m["aliased"] + extra + host
+
+            found = analysed_memory(lowered, self.device.async_device(), settled=self._settled(need))
             if found is not None:
-                host = sum(nbytes(x) for x in leaves(batch) if not hasattr(x, "is_deleted"))  # copied in
-                found["need"] = found["temporaries"] + found["outputs"] - found["aliased"] + extra + host
+                found["need"] = need(found)
+                self._needs.setdefault(_family(batch, k), []).append((-(-n // k), found["need"]))
         except Exception as e:
             logger.debug("keras_gpu_tools: memory analysis failed: %s", e)
             found = None
         self._memory[key] = found
         return found
+
+    def _settled(self, need: Callable[[dict[str, int]], int]) -> Callable[[dict[str, int]], bool]:
+        """For :func:`analysed_memory`: whether one compile's analysis already decides the prediction.
+
+        Over the limit, it does not fit whatever a second compile says (the
+        larger one counts); under it with its temporaries twice over, it fits
+        even where the other GEMMs double them. Only in between is the step
+        compiled a second time.
+        """
+        mem = self.device.device_memory()
+        limit, in_use = mem.get("bytes_limit"), mem.get("bytes_in_use", 0)
+
+        def settled(m: dict[str, int]) -> bool:
+            if not limit:
+                return False
+            total = in_use + need(m)
+            return total > PREDICT_FRACTION * limit or total + m["temporaries"] <= PREDICT_FRACTION * limit
+
+        return settled
 
     def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
         """(fits, bytes needed) from XLA's memory analysis, or (None, None) where the device has no limit."""
@@ -285,6 +349,11 @@ class JaxRunner(_HostSnapshot):
         in_use = mem.get("bytes_in_use", 0)
         sig = batch_signature(batch)
         micro = -(-n // k)
+        # A micro-batch no larger than one analysed already, of the same per-sample shapes and program
+        # (whole or split): it needs no more than that one (the last, smaller batch of an epoch, say).
+        bounds = [need for m, need in self._needs.get(_family(batch, k), ()) if m >= micro]
+        if bounds and in_use + min(bounds) <= PREDICT_FRACTION * limit:
+            return True, min(bounds)
         # A larger split than one analysed already: its need scaled by the micro-batch size (an
         # overestimate: the state's part does not shrink). Clearly fitting, it runs with no analysis.
         known = [(-(-n // kk), f["need"]) for (s, kk), f in self._memory.items() if s == sig and f and kk < k]
@@ -298,6 +367,11 @@ class JaxRunner(_HostSnapshot):
             return None, None
         need = found["need"]
         return in_use + need <= PREDICT_FRACTION * limit, need
+
+
+def _family(batch, k: int) -> tuple:
+    """The per-sample shapes and dtypes of ``batch``, and whether it runs whole: batches whose needs compare."""
+    return (k == 1, tuple((tuple(getattr(x, "shape", ())[1:]), str(getattr(x, "dtype", ""))) for x in leaves(batch)))
 
 
 #: The share of the device's memory limit a step may be predicted to use (XLA's

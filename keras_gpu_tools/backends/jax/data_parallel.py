@@ -64,6 +64,19 @@ def rehearse_alone(runner, batch, n: int, k: int, step: Callable) -> None:
     nothing is donated).
     """
     import jax
+
+    out = alone(runner, batch, n, k, step)
+    jax.block_until_ready(out)
+    del out
+
+
+def alone(runner, batch, n: int, k: int, step: Callable) -> Any:
+    """``step(part, w, totals)`` on this process's rows of the first micro-batch, outside the Keras distribution.
+
+    What :func:`rehearse_alone` runs, and what the runner lowers (never runs)
+    to predict the rehearsal's memory: the same program either way.
+    """
+    import jax
     import keras
     import numpy as np
 
@@ -74,9 +87,7 @@ def rehearse_alone(runner, batch, n: int, k: int, step: Callable) -> None:
     keras.distribution.set_distribution(None)
     runner.routing.lenient = True  # the totals' values do not matter: the outputs are dropped
     try:
-        out = step(part, np.float32(w), totals)
-        jax.block_until_ready(out)
-        del out
+        return step(part, np.float32(w), totals)
     finally:
         runner.routing.lenient = False
         keras.distribution.set_distribution(previous)

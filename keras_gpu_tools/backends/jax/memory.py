@@ -32,12 +32,22 @@ def local_gpus() -> list:
 
 
 def abstract_arrays(tree):
-    """Shape-only stand-ins (with their sharding) of the arrays in ``tree``; donated ones included."""
+    """Shape-only stand-ins of the arrays in ``tree``; donated ones included.
+
+    A committed array's stand-in carries its sharding (a mesh's layout, or a
+    device put there on purpose); an uncommitted one's carries none, as JAX
+    sees the array itself when the step is called: then the lowering (and,
+    compiled with the same options, the executable) of a program lowered
+    from the stand-ins is the one the call finds in JAX's caches, not a
+    second one for a different placement.
+    """
     import jax
 
     def spec(a):
         if hasattr(a, "shape") and hasattr(a, "dtype") and hasattr(a, "is_deleted"):
-            sharding = getattr(a, "sharding", None)
+            sharding = getattr(a, "sharding", None) if getattr(a, "committed", True) else None
+            if sharding is None:
+                return jax.ShapeDtypeStruct(a.shape, a.dtype)
             try:
                 return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
             except Exception:
@@ -47,20 +57,28 @@ def abstract_arrays(tree):
     return jax.tree_util.tree_map(spec, tree)
 
 
-def analysed_memory(lowered, asynchronous: bool) -> dict[str, int] | None:
+def analysed_memory(lowered, asynchronous: bool, settled=None) -> dict[str, int] | None:
     """XLA's memory analysis of ``lowered`` (see :func:`program_memory`), compiled but never run.
 
-    On a GPU, compiled without autotuning (autotuning runs candidate kernels on
-    buffers of the real size: seconds at the sizes that run out of memory),
-    twice: XLA's default GEMMs without autotuning are Triton fusions with
-    their epilogue fused, while the autotuner may pick cuBLAS, whose output is
-    a buffer of its own (a wide Dense layer's temporaries can double). The
-    larger of the two is what the step may ask.
+    On a CPU, compiled as the jitted call compiles it: a later call of the
+    same function on arrays of these shapes and placements reuses the
+    executable (JAX keeps it with the lowering), so predicting costs nothing
+    there. On a GPU, compiled without autotuning (autotuning runs candidate
+    kernels on buffers of the real size: seconds at the sizes that run out
+    of memory), so the call compiles again, with autotuning; and twice:
+    XLA's default GEMMs without autotuning are Triton fusions with their
+    epilogue fused, while the autotuner may pick cuBLAS, whose output is a
+    buffer of its own (a wide Dense layer's temporaries can double). The
+    larger of the two is what the step may ask. ``settled(memory)``, where
+    given, says whether the first compile's analysis already decides (then
+    the second is skipped).
     """
     if not asynchronous:
         return program_memory(lowered.compile())
     found = None
     for options in ({"xla_gpu_enable_triton_gemm": False}, {}):
+        if found is not None and settled is not None and settled(found):
+            break
         try:
             memory = program_memory(lowered.compile(compiler_options={"xla_gpu_autotune_level": 0, **options}))
         except Exception as e:  # an XLA without these options
@@ -196,14 +214,15 @@ class JaxMemory(Backend):
         except Exception:
             pass
         runner = context.get("runner")
-        if hasattr(runner, "memory_of"):
+        program = context.get("program")  # a job's rehearsal, analysed already (JaxRunner.predict_alone)
+        if program is None and hasattr(runner, "memory_of"):
             program = runner.memory_of(context["batch"], context["n"], context["k"], context["state"])
-            if program:
-                figures["program"] = {k: v for k, v in program.items() if k != "need"}
-                figures["sources"].append("XLA's memory analysis of the failing program (compiled, not run)")
-                if error is None and context.get("predicted_need") is not None:
-                    figures["requested_bytes"] = int(context["predicted_need"])
-                    figures["allocation"] = f"the step at split {context['k']} (predicted, not run)"
+        if program:
+            figures["program"] = {k: v for k, v in program.items() if k != "need"}
+            figures["sources"].append("XLA's memory analysis of the failing program (compiled, not run)")
+            if error is None and context.get("predicted_need") is not None:
+                figures["requested_bytes"] = int(context["predicted_need"])
+                figures["allocation"] = f"the step at split {context['k']} (predicted, not run)"
         if context.get("files"):
             try:
                 artifacts["device_memory.prof"] = jax.profiler.device_memory_profile()
