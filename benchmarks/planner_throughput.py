@@ -73,11 +73,23 @@ def _data(n: int, shape: tuple[int, ...], kind: str):
     return x, y
 
 
-def _plain_fit(model, shape, kind: str, b: int, smoke: bool) -> float:
-    """samples/s of a plain model.fit at batch ``b``: the median of epochs 1.. (epoch 0 compiles)."""
+def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float | None) -> float:
+    """samples/s of a plain model.fit at batch ``b``: the median of epochs 1.. (epoch 0 compiles).
+
+    Epochs last about a second at the plan's expected speed (at least 5 steps), as a user's epochs
+    are long: an epoch's fixed cost (iterator, logs) would otherwise weigh on small batches only.
+    The arrays stay under about 8 GiB of host memory.
+    """
+    import math
+
     import keras
 
-    steps = 3 if smoke else max(5, min(20, 8192 // b))
+    if smoke:
+        steps = 3
+    else:
+        per_sample = 4 * math.prod(shape)
+        steps = math.ceil((expected_sps or 8192) / b)
+        steps = max(5, min(steps, 2000, (8 << 30) // max(1, b * per_sample)))
     x, y = _data(steps * b, shape, kind)
     times: list[float] = []
 
@@ -108,7 +120,8 @@ def measure(args, kind: str) -> dict:
     for c in fitting:
         if c.measured or c is fitting[-1]:
             try:
-                independent[c.batch_size] = round(_plain_fit(model, shape, kind, c.batch_size, args.smoke), 1)
+                expected = c.samples_per_sec or max((m.samples_per_sec or 0 for m in fitting), default=0) or None
+                independent[c.batch_size] = round(_plain_fit(model, shape, kind, c.batch_size, args.smoke, expected), 1)
             except Exception as e:  # an out-of-memory error: recorded, not fatal
                 independent[c.batch_size] = f"{type(e).__name__}: {str(e)[:200]}"
             print(f"  plain fit at {c.batch_size}: {independent[c.batch_size]} samples/s")
