@@ -135,3 +135,39 @@ def test_data_parallel_over_two_devices_plans_per_device_candidates():
     assert all(p is not None and p > 0 for p in memory["peaks"])
     assert memory["peaks"] == sorted(memory["peaks"])
     assert bounded["unchanged"] and memory["unchanged"]
+
+
+MIRRORED_GPUS = """
+import json, keras, numpy as np, tensorflow as tf
+from keras_gpu_tools import plan_batch_size
+gpus = tf.config.list_logical_devices("GPU")
+strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
+r = np.random.RandomState(0)
+x, y = r.rand(256, 512).astype("float32"), r.rand(256, 1).astype("float32")
+with strategy.scope():
+    model = keras.Sequential([keras.Input((512,)), keras.layers.Dense(4096, activation="relu"), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=4096 * len(gpus), max_seconds=120)
+h = model.fit(x, y, batch_size=plan.batch_size, epochs=1, verbose=0).history
+print(json.dumps({"gpus": len(gpus), "devices": plan.devices, "per_device": plan.per_device_batch_size,
+                  "batch_size": plan.batch_size, "capacity": plan.capacity_mib, "trials": len(plan.trials),
+                  "peaks": [c.peak_mib for c in plan.candidates], "text": str(plan), "loss": h["loss"][-1]}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is TensorFlow's; the test starts its own")
+def test_a_mirrored_strategy_over_gpus_plans_each_replicas_memory():
+    from tests.helpers.gpu import HAS_GPU
+
+    if not HAS_GPU:
+        pytest.skip("needs GPUs")
+    out = run_script(MIRRORED_GPUS, "tensorflow")
+    if out["gpus"] < 2:
+        pytest.skip(f"a strategy of 2 replicas or more; this machine has {out['gpus']} GPU")
+    # The memory search ran per replica on each GPU (its capacity, trial fit() steps), then the candidates.
+    assert out["devices"] == out["gpus"] and out["batch_size"] == out["gpus"] * out["per_device"], out["text"]
+    assert len(out["capacity"]) == out["gpus"] and out["trials"] > 0, out["text"]
+    assert all(p is not None for p in out["peaks"]), out["text"]
+    assert out["loss"] == out["loss"]  # the planned batch trains (not NaN)

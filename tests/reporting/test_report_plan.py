@@ -14,6 +14,7 @@ from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.reporting.report import report
 
 pytest.importorskip("matplotlib")
+pytestmark = pytest.mark.multibackend  # the plan is planned on each backend; its JSON and the report are the same
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
