@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from keras_gpu_tools.reporting.report import report
 from tests.distributed.launch import run_job
 
 pytest.importorskip("jax")
@@ -36,3 +37,5 @@ def test_every_process_plans_the_same_batch_from_the_slowest_process_figures(tmp
     assert first["weights"] == second["weights"]
     runs = sorted(d for d, _, files in os.walk(tmp_path / "job" / "logs") if any("tfevents" in f for f in files))
     assert [os.path.relpath(d, tmp_path / "job" / "logs") for d in runs] == ["plan"]
+    shown = report(str(tmp_path / "job" / "logs")).data.plan  # the report reads it
+    assert shown["chosen"] == first["batch_size"] and [c.as_dict() for c in shown["candidates"]] == first["candidates"]
