@@ -58,8 +58,10 @@ def plan_batch_size(
     - TensorFlow: trial steps and `tf.config.experimental.get_memory_info`'s
       peak per device. On a CPU, TensorFlow's allocator keeps statistics only
       with `TF_CPU_ALLOCATOR_USE_BFC=true` set before TensorFlow is imported.
-      A model under a `tf.distribute` strategy is refused (plan it built
-      outside the strategy, on one device).
+      Under `tf.distribute.MirroredStrategy` the trial steps are `fit()`
+      steps, each replica training its share, and the peaks are per replica
+      (on GPUs: the CPU devices of a strategy share one allocator, so a CPU
+      strategy plans by throughput only, bounded by `max_batch_size`).
     - torch: trial steps and `torch.cuda.max_memory_allocated` per device; on
       a CPU the peak of tensor storage alive at once during the step (counted
       op by op), plus the model's state.
@@ -79,6 +81,22 @@ def plan_batch_size(
             defaults to each device's capacity. Set it to plan for a smaller
             card, or on a CPU (which reports none). Defaults to `None`.
         margin: the share of each device's memory left free. Defaults to `0.1`.
+        objective: `"memory"`, the largest batch that fits; or
+            `"throughput"`, the smallest batch within 5% of the fastest
+            samples/s among those that fit, each candidate timed with short
+            `fit()`s (compile time apart). Under data parallelism
+            (`keras.distribution`, `tf.distribute.MirroredStrategy`) the
+            candidates are per device, and every process of a job plans the
+            same batch from the slowest process's figures. Defaults to `"memory"`.
+        global_batch_size: by throughput, a fixed global batch: the plan is
+            its fastest micro-batch (for `OOMBatchSizeReducer(plan=...)`).
+            Defaults to `None`.
+        max_seconds: by throughput, the time planning may take; a candidate
+            that would not finish in what is left is reported as not
+            measured. Defaults to `None` (no limit).
+        log_dir: a TensorBoard log directory: the plan is written to its run
+            `plan` (text, JSON, scalars per batch size, a figure), and
+            `keras_gpu_tools.report(log_dir)` shows it. Defaults to `None`.
 
     Returns:
         A `BatchPlan`: `batch_size` (global), `per_device_batch_size`,
@@ -123,8 +141,6 @@ def plan_batch_size(
         raise ValueError(
             "plan_batch_size needs a compiled model (`model.compile(optimizer, loss)`): it plans a training step."
         )
-    from keras import ops
-
     budget = Budget(max_seconds)
     x, y = one_batch(x, y)
     n_samples = _num_samples(model, x, y)
@@ -159,10 +175,12 @@ def plan_batch_size(
     else:
         capacities = [c for c in reported if c is not None]
     limits = None if capacities is None else [(1.0 - margin) * c for c in capacities]
-    # Trial steps train the model: everything is built first, copied, and put back after; the
-    # backend's restore resets the metrics, whose state (a fit's last results) is put back after it.
+    problem = backend.plan_problem(model, replicas, memory_search=limits is not None)
+    if problem is not None:  # before anything is built or trained
+        raise ValueError(problem)
+    # Trial steps train the model: everything is built first, copied (the metrics' state, a fit's
+    # last results, too), and put back after.
     snapshot = backend.plan_snapshot(model, sample_batch(x, y, replicas, n_samples))
-    metrics = [(v, ops.convert_to_numpy(v.value)) for v in model.metrics_variables]
     side_effects = fit_side_effects(model)
 
     def step_memory(per_device: int) -> tuple[list[float], str]:
@@ -205,8 +223,6 @@ def plan_batch_size(
             method += "; then each candidate timed with model.fit (compile apart, then the steady state)"
     finally:
         backend.plan_restore(model, snapshot)
-        for v, value in metrics:
-            v.assign(value)
         restore_side_effects(model, side_effects)
     peak = next((t.peak_bytes for t in reversed(trials) if t.fits and t.batch_size == best), None)
     if global_batch_size is not None and best > 0:

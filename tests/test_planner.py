@@ -274,7 +274,7 @@ for m in (2, 5, 6):
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is TensorFlow's; the test starts its own")
-def test_a_tf_distribute_strategy_is_refused_before_anything_is_touched():
+def test_a_memory_plan_over_a_strategys_cpu_devices_is_refused_before_anything_is_touched():
     import os
     import subprocess
     import sys
@@ -313,5 +313,7 @@ print("FIT", int(model.optimizer.iterations.numpy()), sorted(h))
     assert out.returncode == 0, out.stderr[-3000:]
     refused = [ln.split(" ", 3) for ln in out.stdout.splitlines() if ln.startswith("REFUSED")]
     assert [r[1:3] for r in refused] == [["True", "False"], ["False", "False"]], out.stdout
-    assert all("MirroredStrategy over 2 replicas" in r[3] for r in refused), out.stdout
+    # Logical CPU devices share one allocator: no replica's own peak.
+    assert all("the 2 replicas of this MirroredStrategy are CPU devices" in r[3] for r in refused), out.stdout
+    assert all("share one allocator" in r[3] and "objective='throughput'" in r[3] for r in refused), out.stdout
     assert "FIT 2 ['loss', 'mae']" in out.stdout, out.stdout + out.stderr[-3000:]

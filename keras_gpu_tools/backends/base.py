@@ -199,23 +199,31 @@ class Backend:
         """Builds what a training step needs for ``batch`` and keeps a host copy of every variable and RNG state.
 
         The variables include the layers' `keras.random.SeedGenerator` states
-        (non-trainable); the random states are Keras's global seed generator's,
-        NumPy's and Python's, and the framework's own (:meth:`rng_state`).
+        (non-trainable) and the metrics' (a fit's last results); the random
+        states are Keras's global seed generator's, NumPy's and Python's, and
+        the framework's own (:meth:`rng_state`).
         """
-        import keras
-
         from keras_gpu_tools.runtime import keras_internals as ki
 
         ki.build_for_training(model, batch)
-        variables = [(v, keras.ops.convert_to_numpy(v.value)) for v in ki.variables_of(model, "all")]
+        variables = [(v, self.host_value(v)) for v in ki.variables_of(model, "all")]
         return {"variables": variables, "rng": self.rng_state()}
 
     def plan_restore(self, model, snapshot) -> None:
         """Puts back what :meth:`plan_snapshot` kept (trial steps trained the model, and drew random numbers)."""
+        model.reset_metrics()  # (first: it zeroes the metrics' variables, whose values are put back below)
         for v, value in snapshot["variables"]:
-            v.assign(value)
-        model.reset_metrics()
+            self.assign_host_value(v, value)
         self.set_rng_state(snapshot["rng"])
+
+    def host_value(self, variable) -> Any:
+        """A host copy of a Keras variable's value, as :meth:`assign_host_value` puts it back."""
+        import keras
+
+        return keras.ops.convert_to_numpy(variable.value)
+
+    def assign_host_value(self, variable, value) -> None:
+        variable.assign(value)
 
     def rng_state(self) -> dict[str, Any]:
         """The random states a training step may advance besides the model's variables (host copies)."""
@@ -244,6 +252,10 @@ class Backend:
         if state["keras"] is not None:
             seeds, value = state["keras"]
             seeds.state.assign(value)
+
+    def plan_problem(self, model, replicas: int, memory_search: bool) -> str | None:
+        """Why ``model`` cannot be planned here (``memory_search``: peaks are measured), or None; asked first."""
+        return None
 
     def plan_step_flops(self, model, batch, replicas: int) -> float | None:
         """The FLOPs of one training step on ``batch`` (shapes suffice), or None where unknown (all but JAX)."""

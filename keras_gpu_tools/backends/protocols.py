@@ -167,6 +167,8 @@ class PlannerBackend(Protocol):
 
     def plan_step_flops(self, model: Any, batch: Any, replicas: int) -> float | None: ...
 
+    def plan_problem(self, model: Any, replicas: int, memory_search: bool) -> str | None: ...
+
 
 @runtime_checkable
 class TopologyBackend(Protocol):

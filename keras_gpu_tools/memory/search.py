@@ -236,6 +236,19 @@ class BatchPlan:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> BatchPlan:
+        """The plan :meth:`as_dict` wrote (its JSON in a log directory); keys it does not know are left out."""
+
+        def known(kind: type, rec: dict[str, Any]) -> dict[str, Any]:
+            names = {f.name for f in dataclasses.fields(kind)}
+            return {k: v for k, v in rec.items() if k in names}
+
+        fields = known(cls, record)
+        fields["trials"] = [Trial(**known(Trial, t)) for t in record.get("trials") or []]
+        fields["candidates"] = [Candidate(**known(Candidate, c)) for c in record.get("candidates") or []]
+        return cls(**fields)
+
     def plot(self) -> Any:
         """A matplotlib `Figure` of the candidates' samples/s and peak memory against the batch size."""
         from keras_gpu_tools.memory import throughput_plot

@@ -171,33 +171,48 @@ def slowest(per_process: Sequence[Sequence[dict[str, Any]]]) -> list[Candidate]:
     return merged
 
 
-def format_table(rows: Sequence[Candidate], chosen: int | None = None) -> str:
-    """The candidates as an aligned table; ``chosen`` is marked with ``*``."""
+TABLE_HEADER = ("batch", "per device", "samples/s", "compile s", "step ms", "peak", "MFU", "note")
+
+
+def table_rows(rows: Sequence[Candidate], chosen: int | None = None) -> list[tuple[str, ...]]:
+    """The candidates' cells under :data:`TABLE_HEADER`; ``chosen`` is marked with ``*``."""
 
     def cell(v: float | None, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
-    head = ("batch", "per device", "samples/s", "compile s", "step ms", "peak", "MFU", "")
-    lines = [head]
-    for r in rows:
-        mark = "*" if r.batch_size == chosen else ""
-        lines.append(
-            (
-                f"{mark}{r.batch_size}",
-                str(r.per_device_batch_size),
-                cell(r.samples_per_sec, ",.0f"),
-                cell(r.compile_seconds, ".2f"),
-                cell(None if r.step_seconds is None else 1e3 * r.step_seconds, ".1f"),
-                "-" if r.peak_mib is None else format_bytes(r.peak_mib * 2**20),
-                "-" if r.mfu is None else f"{100 * r.mfu:.1f}%",
-                ("" if r.fits else "does not fit; ") + (r.reason if not r.measured else ""),
-            )
+    return [
+        (
+            f"{'*' if r.batch_size == chosen else ''}{r.batch_size}",
+            str(r.per_device_batch_size),
+            cell(r.samples_per_sec, ",.0f"),
+            cell(r.compile_seconds, ".2f"),
+            cell(None if r.step_seconds is None else 1e3 * r.step_seconds, ".1f"),
+            "-" if r.peak_mib is None else format_bytes(r.peak_mib * 2**20),
+            "-" if r.mfu is None else f"{100 * r.mfu:.1f}%",
+            ("" if r.fits else "does not fit; ") + (r.reason if not r.measured else ""),
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head) - 1)]
+        for r in rows
+    ]
+
+
+def format_table(rows: Sequence[Candidate], chosen: int | None = None) -> str:
+    """The candidates as an aligned table; ``chosen`` is marked with ``*``."""
+    lines = [(*TABLE_HEADER[:-1], ""), *table_rows(rows, chosen)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(TABLE_HEADER) - 1)]
     return "\n".join(
         "  ".join(c.rjust(w) for c, w in zip(line[:-1], widths)) + (f"  {line[-1]}" if line[-1] else "")
         for line in lines
     )
 
 
-__all__ = ["KNEE_TOLERANCE", "Budget", "Candidate", "candidate_sizes", "format_table", "knee", "slowest"]
+__all__ = [
+    "KNEE_TOLERANCE",
+    "TABLE_HEADER",
+    "Budget",
+    "Candidate",
+    "candidate_sizes",
+    "format_table",
+    "knee",
+    "slowest",
+    "table_rows",
+]

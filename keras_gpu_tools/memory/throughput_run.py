@@ -6,13 +6,15 @@ with :func:`~keras_gpu_tools.memory.timed_fit.time_batch`, smallest first, and
 returns the rows. In a job of several processes whose step spans them
 (``keras.distribution`` over every process's devices), the fits are
 collective: every process decides together, before each candidate, whether it
-is measured (the budget of any process refuses it for all), and the rows are
-merged at the end (each candidate's slowest process), so that every process
+is measured (the budget of any process refuses it for all), every process
+runs the same steps per epoch (a process that ran one step more would wait
+for the others forever), and the rows are merged at the end (each candidate's slowest process), so that every process
 picks the same knee. :func:`one_batch` turns a dataset into one batch's arrays.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Callable
@@ -96,6 +98,10 @@ class ThroughputRun:
             return [value]
         return self.exchange.gather(f"{self.key}/{name}", value, EXCHANGE_TIMEOUT_S)
 
+    def _job_steps(self, per_device: int, steps: int) -> int:
+        """The steps per epoch every process runs: the most any process asks for."""
+        return max(int(s) for s in self._agree(f"steps{per_device}", steps))
+
     def _flops(self, per_device: int) -> float | None:
         if self.peak_flops is None:
             return None
@@ -129,7 +135,11 @@ class ThroughputRun:
             # Each process feeds its share of the global batch (keras.distribution over several processes).
             batch = sample_batch(self.x, self.y, b // self.processes, self.n)
             try:
-                timing = time_batch(self.model, batch, self.pace, out_of_time=lambda: self.budget.left() <= 0)
+                if self.exchange is None:
+                    timing = time_batch(self.model, batch, self.pace, out_of_time=lambda: self.budget.left() <= 0)
+                else:  # collective steps: the same steps in every process (its budget is asked before the fits)
+                    steps = functools.partial(self._job_steps, per_device)
+                    timing = time_batch(self.model, batch, self.pace, job_steps=steps)
             except Exception as e:
                 if not self.backend.is_oom(e):
                     raise

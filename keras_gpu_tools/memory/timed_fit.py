@@ -68,8 +68,22 @@ def _epochs(times: list[tuple[str, int, float]]) -> list[float]:
     return [t - begins[e] for kind, e, t in times if kind == "end" and e in begins]
 
 
-def time_batch(model, batch, pace: Pace, *, out_of_time: Callable[[], bool] | None = None) -> Timing:
-    """Times training on ``batch`` (``(x, y)`` arrays): the first call, then the steady state. See the module."""
+def time_batch(
+    model,
+    batch,
+    pace: Pace,
+    *,
+    out_of_time: Callable[[], bool] | None = None,
+    job_steps: Callable[[int], int] | None = None,
+) -> Timing:
+    """Times training on ``batch`` (``(x, y)`` arrays): the first call, then the steady state. See the module.
+
+    ``out_of_time`` ends the steady state's fit early (at an epoch end);
+    ``job_steps`` turns this process's steps per epoch into the job's: where
+    every step is collective (a step over several processes' devices), every
+    process must run the same steps, so the count is agreed (and
+    ``out_of_time``, which each process would answer alone, is left None).
+    """
     x, y = batch
 
     def repeat():
@@ -81,6 +95,8 @@ def time_batch(model, batch, pace: Pace, *, out_of_time: Callable[[], bool] | No
     model.fit(repeat(), epochs=2, steps_per_epoch=1, shuffle=False, verbose=0, callbacks=[_callback(times, None)])
     first, rough = _epochs(times)
     k = int(min(pace.max_steps_per_epoch, max(2, round(pace.epoch_seconds / max(rough, 1e-6)))))
+    if job_steps is not None:
+        k = job_steps(k)
     times = []
     model.fit(
         repeat(),

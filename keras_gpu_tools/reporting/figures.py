@@ -33,7 +33,8 @@ def available() -> bool:
 
 
 def draw(data: ReportData) -> dict[str, Figure]:
-    """The report's plots by name (``gpu_<i>``, ``health_<i>``, ``host``, ``step_time``, ``oom``, ``memory``, ``training``).
+    """The report's plots by name (``gpu_<i>``, ``health_<i>``, ``host``, ``step_time``, ``oom``, ``memory``,
+    ``training``, ``plan``).
 
     A plot is drawn only where the run has data for it.
     """
@@ -58,6 +59,8 @@ def draw(data: ReportData) -> dict[str, Figure]:
         figs["memory"] = _memory_figure(data)
     if data.training:
         figs["training"] = _training_figure(data)
+    if data.plan is not None and any(c.measured for c in data.plan["candidates"]):
+        figs["plan"] = _plan_figure(data)
     for fig in figs.values():
         _literal(fig)
     return figs
@@ -393,3 +396,11 @@ def _training_figure(data: ReportData) -> Figure:
         ax.legend(fontsize=7)
     fig.suptitle("Training curves", fontsize=11)
     return fig
+
+
+def _plan_figure(data: ReportData) -> Figure:
+    """The throughput plan's candidates: samples/s and peak memory against the batch (the plan's own figure)."""
+    from keras_gpu_tools.memory import throughput_plot
+
+    plan = data.plan or {}
+    return throughput_plot.figure(plan["candidates"], plan["chosen"])

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import to_plain
 from keras_gpu_tools.memory.explain import headroom_lines
+from keras_gpu_tools.memory.search import BatchPlan
 from keras_gpu_tools.reporting import rows
 from keras_gpu_tools.reporting.model import (
     OOM_FAILED_SECONDS,
@@ -260,7 +261,7 @@ def gather(sources: Sequence[Any], title: str | None = None) -> ReportData:
     """Reads the callbacks, History or model given into a `ReportData`.
 
     Each is recognised by its class (a subclass of a package callback
-    counts); anything else (Keras's TensorBoard, a LiveView, ...) has nothing
+    counts; a `BatchPlan` from `plan_batch_size` is shown as the plan); anything else (Keras's TensorBoard, a LiveView, ...) has nothing
     to add and is left out.
     """
     data = ReportData(title=title or "Training report")
@@ -269,6 +270,10 @@ def gather(sources: Sequence[Any], title: str | None = None) -> ReportData:
     for s in flatten(sources):
         if isinstance(s, dict) and all(isinstance(v, list) for v in s.values()):
             _from_history(data, s)  # history.history
+            continue
+        if isinstance(s, BatchPlan):  # plan_batch_size's plan
+            data.sources.append("plan_batch_size")
+            data.plan = rows.plan_row(s.as_dict())
             continue
         role = next((r for r, cls in classes if isinstance(s, cls)), None)
         if role == "model":

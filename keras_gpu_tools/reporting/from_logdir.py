@@ -60,7 +60,8 @@ def gather_log_dir(log_dir: str, title: str | None = None, layout: str = "latest
     several processes (``gpu/process_<p>``, ``gpu/job``, ...) holds two runs of training: the report
     covers one, never a mix. `layout`: ``"latest"`` the one whose event files were written last,
     ``"single"`` the single process's, ``"job"`` the job's. The runs left out are named in a note.
-    Keras's own runs (``train``, ``validation``) belong to neither and are always read.
+    Keras's own runs (``train``, ``validation``) and the batch size plan (``plan``, written by
+    ``plan_batch_size(log_dir=...)``) belong to neither and are always read.
     """
     if layout not in LAYOUTS:
         raise ValueError(
@@ -124,7 +125,8 @@ def _one_layout(
 ) -> list[tuple[str, str, list[str]]]:
     """The runs of one layout (see `gather_log_dir`); a note names the runs of the other one."""
     scan = _layout(runs)
-    keras_runs = {schema.KERAS_TRAIN_RUN, schema.KERAS_VALIDATION_RUN, "."}
+    # Keras's runs, and the plan (written before training, by process 0 alone in a job), belong to neither.
+    keras_runs = {schema.KERAS_TRAIN_RUN, schema.KERAS_VALIDATION_RUN, ".", schema.PLAN_RUN}
     job = [r for r in runs if r[0] in scan.process_of or r[0] in scan.job_runs]
     single = [r for r in runs if r not in job and r[0] not in keras_runs]
     if layout == "job" and not job or layout == "single" and not single:
@@ -335,6 +337,9 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
     )
     if findings is not None:
         data.findings = findings
+    plan = _convert(data, records, schema.PLAN_SUMMARY_DATA, rows.plan_row)  # the last plan written
+    if plan is not None:
+        data.plan = plan
     oom = _convert(
         data,
         records,

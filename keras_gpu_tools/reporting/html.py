@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.memory.throughput import TABLE_HEADER, table_rows
 from keras_gpu_tools.reporting import health, text
 from keras_gpu_tools.reporting.model import ReportData
 from keras_gpu_tools.runtime.units import (
@@ -76,6 +77,7 @@ def render(data: ReportData, pngs: dict[str, bytes], full_page: bool = False) ->
         _job,
         _step_time,
         _input_pipeline,
+        _batch_plan,
         _out_of_memory,
         _memory_over_time,
         _profiler_windows,
@@ -126,6 +128,8 @@ def badges(data: ReportData) -> list[tuple[str, str]]:
         bound = data.verdict.get("speedup_bound")
         label = cat if bound is None or cat == "unknown" else f"{cat} (at most {bound:.2f}x faster without the wait)"
         out.append((label, "bad" if cat.startswith("highly") else "warn" if cat.startswith("moderately") else "ok"))
+    if data.plan is not None:
+        out.append((f"batch plan: {data.plan['chosen']} ({data.plan['objective']})", "info"))
     if data.oom_seen:
         n = data.oom_count() or 0
         out.append((f"{n} OOM recover{'y' if n == 1 else 'ies'}", "warn" if n else "ok"))
@@ -318,6 +322,20 @@ def _input_pipeline(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
     parts += [f"<p>{prose(x)}</p>" for x in v["evidence"]]
     if v["advice"]:
         parts.append("<p>What to change:</p>" + _list(v["advice"]))
+    return parts
+
+
+def _batch_plan(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
+    plan = data.plan
+    if plan is None:
+        return []
+    parts = [f"<h3>{e(text.plan_heading(plan))}</h3>", f'<p class="kgt-plan">{prose(plan["headline"])}</p>']
+    if plan["candidates"]:
+        parts.append(_table(TABLE_HEADER, table_rows(plan["candidates"], plan["chosen"])))
+        parts.append(_img(pngs, "plan", "samples/s and peak memory against the batch size"))
+        parts.append(
+            f'<p class="kgt-src">* the plan; compile time is apart from samples/s; {prose(plan["method"])}</p>'
+        )
     return parts
 
 

@@ -49,6 +49,7 @@ class ReportData:
     oom_seen: bool = False  # an OOM callback (or its logs) was there
     profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # see rows.profile_row
     findings: list[dict[str, str | None]] | None = None  # None: the check did not run
+    plan: dict[str, Any] | None = None  # plan_batch_size's plan (None: none given or written); see rows.plan_row
     training: dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...
     notes: list[str] = dataclasses.field(default_factory=list)
     unreadable: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # event file, what went wrong

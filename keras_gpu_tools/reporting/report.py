@@ -146,15 +146,16 @@ def report(
 
     Pass the callbacks of a `fit()` (any of the package's callbacks, in any
     order, or the list you gave to `fit()`), the `History` or the model
-    (whose mixed-precision setup is then checked), or a TensorBoard log
+    (whose mixed-precision setup is then checked), the `BatchPlan` of
+    `plan_batch_size` (or its `log_dir=`), or a TensorBoard log
     directory to build the report after the fact from what the callbacks
     wrote there. With both, the callbacks' own records are used and the log
     directory fills in what they lack (Keras's training curves, for
     example).
 
     Args:
-        *sources: callbacks, a `History`, a model, lists of these, or one
-            log directory (a path).
+        *sources: callbacks, a `History`, a model, a `BatchPlan`, lists of
+            these, or one log directory (a path).
         log_dir: a TensorBoard log directory to read. Defaults to `None`.
         title: the report's title. Defaults to `None` ("Training report").
         layout: which runs of a log directory reused by a single-process fit
@@ -231,6 +232,8 @@ def _fill_from(data: ReportData, other: ReportData) -> None:
         data.memory_verdict, data.memory_series = other.memory_verdict, other.memory_series
     if data.findings is None:
         data.findings = other.findings
+    if data.plan is None:
+        data.plan = other.plan
     if not data.job:
         data.job = other.job
     if not data.processes:

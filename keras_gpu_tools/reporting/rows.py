@@ -16,6 +16,7 @@ from typing import Any
 from keras_gpu_tools.input.categories import UNKNOWN
 from keras_gpu_tools.input.span import SpanFigure, span_name
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.memory.search import BatchPlan
 from keras_gpu_tools.profiling.capture import steps_name
 
 
@@ -224,3 +225,30 @@ def oom_lines(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]
     known = {f.name for f in dataclasses.fields(OOMEvent)}
     events = [OOMEvent(**{k: r[k] for k in known & set(r)}) for r in records]
     return [e.line() for e in events], [e.why() for e in events]
+
+
+def plan_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """The report's batch size plan from a `BatchPlan.as_dict()` record (its JSON in the log directory).
+
+    ``text`` is the plan as `print(plan)` shows it, ``headline`` its first
+    line, ``candidates`` the throughput plan's `Candidate` rows (empty for the
+    memory objective) and ``chosen`` the planned global batch.
+    """
+    if not isinstance(rec, dict):
+        raise TypeError(f"a plan record is a dict, not {type(rec).__name__}")
+    plan = BatchPlan.from_dict(rec)
+    text = str(plan)
+    return {
+        "objective": plan.objective,
+        "chosen": plan.batch_size,
+        "per_device_batch_size": plan.per_device_batch_size,
+        "devices": plan.devices,
+        "global_batch_size": plan.global_batch_size,
+        "micro_batches": plan.micro_batches,
+        "why": plan.why,
+        "method": plan.method,
+        "plan_seconds": plan.plan_seconds,
+        "text": text,
+        "headline": text.splitlines()[0] if plan.objective == "throughput" and plan.fits else text,
+        "candidates": list(plan.candidates),
+    }

@@ -54,6 +54,7 @@ def sections(data: ReportData) -> list[Section]:
         (job_heading(data), _job(data)) if data.is_job() else None,
         _step_time(data),
         _input_pipeline(data),
+        _batch_plan(data),
         _out_of_memory(data),
         _memory_over_time(data),
         _profiler_windows(data),
@@ -259,6 +260,21 @@ def recoveries(data: ReportData) -> str:
     """``3 recoveries from out-of-memory errors.``"""
     n = data.oom_count() or 0
     return f"{n} recover{'y' if n == 1 else 'ies'} from out-of-memory errors."
+
+
+PLAN_HEADING = "Batch size plan"
+
+
+def plan_heading(plan: dict[str, Any]) -> str:
+    """``Batch size plan (throughput)``."""
+    return f"{PLAN_HEADING} ({plan['objective']})"
+
+
+def _batch_plan(data: ReportData) -> Section | None:
+    """The plan as `print(plan)` shows it: the batch, why, and by throughput the candidates' table."""
+    if data.plan is None:
+        return None
+    return plan_heading(data.plan), data.plan["text"].splitlines()
 
 
 def _out_of_memory(data: ReportData) -> Section | None:
