@@ -194,15 +194,35 @@ class Recovery:
         # splits, so those that cannot fit are neither compiled for running nor run (False: every failing
         # split is compiled and run, for comparison in benchmarks).
         self.predict_after_oom = True
+        # A collection of every object (a large fraction of a second with a framework imported) runs
+        # after a failure only while one has ever freed something: see `_collect_all`.
+        self.deep_collect = True
         self.known: set[tuple[Any, int]] = set()  # (signature, k) that ran without error
         self.last_split = 1
         self.last_need: int | None = None
         self.restored_state = None
+
         # A job of several processes: ``agree(runner, batch, n, k, state) -> Agreement`` before each
         # guarded attempt of a step of the job (``runner.spans_processes(batch)``, where the runner
         # tells); a split that does not fit on some process runs nowhere (see Agreement). A step on
         # this process's own data (a predict() on one process) runs and retries alone.
         self.agree: Callable[..., Agreement] | None = None
+
+    def _collect_all(self) -> None:
+        """A full garbage collection; where it frees nothing, later failures skip it.
+
+        What a failed step still holds after its own cycles were collected is either in a cycle
+        through older objects (freed here) or live: the batch on the device, the allocator's own
+        memory. A collection that freed nothing says it is live, and will be again.
+        """
+        held = in_use(self.memory)
+        gc.collect()
+        now = in_use(self.memory)
+        if held is not None and now is not None and now > held - 64 * 2**20:
+            self.deep_collect = False
+            logger.debug(
+                "keras_gpu_tools: a full collection freed nothing after an out-of-memory error; skipped from now"
+            )
 
     def run(self, runner, batch, n: int, signature, state=None, step: int = 0):
         ctl = self.controller
@@ -282,8 +302,8 @@ class Recovery:
                         return result, k
                     # Outside the except block, where the failed step's frames no longer run.
                     free_failed_step(failure, held_since(self.memory, before))
-                if held_since(self.memory, before)():  # still held, by a cycle through older objects: all of them
-                    gc.collect()
+                if self.deep_collect and held_since(self.memory, before)():
+                    self._collect_all()  # still held, maybe by a cycle through older objects: all of them
                 lap("free")
                 try:
                     state = runner.restore(snap, state)

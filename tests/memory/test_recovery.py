@@ -482,3 +482,38 @@ def test_when_the_figures_rule_out_every_split_the_last_real_error_is_raised(fak
         rec.run(runner, None, 8, "sig")
     assert "The last splits were not run" in str(info.value) and isinstance(info.value.__cause__, FakeOOM)
     assert runner.calls == [(8, 1, True)]
+
+
+@pytest.mark.parametrize("frees", [False, True])
+def test_a_full_collection_that_frees_nothing_is_not_repeated(fake_oom, monkeypatch, frees):
+    # Each failure leaves 256 MiB in use past its own cycles. Where a collection of every object frees
+    # it (a cycle through older objects), every failure gets one; where it frees nothing (live memory:
+    # the batch on the device), only the first does: it costs a large fraction of a second each time.
+    import gc
+
+    mem = {"bytes_in_use": 0}
+    runner = FakeRunner(limit=32)
+    run = runner.run
+
+    def failing_run(*args, **kwargs):
+        try:
+            return run(*args, **kwargs)
+        except FakeOOM:
+            mem["bytes_in_use"] += 256 * 2**20
+            raise
+
+    full_unfrozen = []
+    collect = gc.collect
+
+    def counting_collect(*args):
+        if not args and not gc.get_freeze_count():
+            full_unfrozen.append(mem["bytes_in_use"])
+            if frees:
+                mem["bytes_in_use"] = 0
+        return collect(*args)
+
+    runner.run = failing_run
+    monkeypatch.setattr(gc, "collect", counting_collect)
+    rec = Recovery(SplitController(), classify=fake_kind, memory=lambda: dict(mem))
+    assert rec.run(runner, None, 256, "sig") == ("logs of 256 as 8", 8)
+    assert len(full_unfrozen) == (3 if frees else 1) and rec.deep_collect is frees
