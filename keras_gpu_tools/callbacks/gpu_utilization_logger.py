@@ -53,7 +53,9 @@ class GPUUtilizationLogger(FitCallback):
         - TensorBoard (when `log_dir` is set): one time series per metric in the
           run `log_dir/<run_name>` on the global training-step axis (continued
           across `fit()` calls); each point is the mean of the samples taken since
-          the previous point. Readable on every backend; TensorFlow is not needed.
+          the previous point. At each epoch end, the epoch's figure of every GPU
+          key (the value History gets) as `gpu_epoch/<i>/<field>`, once an epoch.
+          Readable on every backend; TensorFlow is not needed.
         - Epoch logs: the epoch mean of every metric, plus `<key>_max` for memory,
           power, temperature and host memory, added to `logs` in `on_epoch_end`,
           so `History` and `CSVLogger` see them (place this callback before
@@ -283,8 +285,8 @@ class GPUUtilizationLogger(FitCallback):
         except Exception as e:  # monitoring never stops training: the job figures stop instead
             self._job_failed(self._gather, e)
         per_sample = self._health.end_epoch(values, self._epoch_samples)
-        if per_sample and self._writer is not None:
-            self._writer.scalars(per_sample, step=self._global_step)
+        if self._writer is not None:  # the epoch's figures of each GPU (as History's) and the energy per sample
+            self._writer.scalars({**schema.gpu_epoch_figures(values), **per_sample}, step=self._global_step)
         values.update(per_sample)
         self.epoch_history.append(values)
         if self.epoch_logs:

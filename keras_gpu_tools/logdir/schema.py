@@ -66,6 +66,24 @@ def gpu_key(label: str | int, field: str) -> str:
 
 
 GPU_KEY_RE = re.compile(r"^gpu/([^/]+)/(.+)$")
+# The logger's epoch figures of each GPU (the values History gets: epoch means, `<field>_max`, the health
+# fields' shares and sums), written once an epoch at its last step. The report reads one value per epoch
+# from them; the sampled series `gpu/<label>/<field>` (a point every `interval`) are apart. Logs written
+# before these tags have no per-epoch GPU figures.
+GPU_EPOCH_PREFIX = "gpu_epoch/"
+GPU_EPOCH_KEY_RE = re.compile(r"^gpu_epoch/([^/]+)/(.+)$")
+
+
+def gpu_epoch_key(label: str | int, field: str) -> str:
+    """The tag of one GPU's epoch figure, e.g. ``gpu_epoch/0/throttle_power_percent``."""
+    return f"{GPU_EPOCH_PREFIX}{label}/{field}"
+
+
+def gpu_epoch_figures(values: dict[str, float]) -> dict[str, float]:
+    """The GPU keys of an epoch's figures (``gpu/<label>/<field>``) as their epoch tags; other keys left out."""
+    return {GPU_EPOCH_PREFIX + k[4:]: v for k, v in values.items() if k.startswith("gpu/")}  # (cheap: no regex)
+
+
 GPU_UTILIZATION = "utilization_percent"  # the GPU figure Keras's progress bar shows (the first GPU's)
 HOST_RSS_MIB = "host/rss_mib"
 HOST_CPU_PERCENT = "host/cpu_percent"

@@ -47,6 +47,7 @@ class _Scan:
     job_text: str = ""  # the job verdict as process 0 wrote it to the detector's job run
     job_records: dict[str, tuple[float, int, str]] = dataclasses.field(default_factory=dict)  # last JSON of a tag
     joules_per_sample: Series = dataclasses.field(default_factory=lambda: Series(schema.JOULES_PER_SAMPLE))
+    gpu_epochs: dict[str, Series] = dataclasses.field(default_factory=dict)  # the logger's `gpu_epoch/...` figures
 
 
 #: Which runs a report of a log directory covers where it holds both a single process's runs and a job's.
@@ -95,7 +96,7 @@ def gather_log_dir(log_dir: str, title: str | None = None, layout: str = "latest
             + ". Expected TensorBoard event files written by the callbacks."
         )
     _split_of(data, scan.window_points)
-    data.gpu_epochs = health.from_series(data.series)
+    data.gpu_epochs = health.from_series(scan.gpu_epochs)
     if scan.joules_per_sample.values:  # one point per epoch
         data.gpu_epochs[schema.JOULES_PER_SAMPLE] = list(scan.joules_per_sample.values)
     prose, records = _records_of(data, scan)
@@ -176,7 +177,7 @@ def _layout(runs: Iterable[tuple[str, str, list[str]]]) -> _Scan:
 
 def _other_process_tag(tag: str) -> bool:
     """What is read of a process other than the lowest: its GPUs."""
-    return tag.startswith(schema.GPU_PREFIX) or tag == schema.GPU_DEVICES_DATA
+    return tag.startswith((schema.GPU_PREFIX, schema.GPU_EPOCH_PREFIX)) or tag == schema.GPU_DEVICES_DATA
 
 
 def _add_series(data: ReportData, tag: str, points: Series) -> None:
@@ -206,6 +207,8 @@ def _read_other_process_run(data: ReportData, scan: _Scan, run: str, values: Run
     for tag, points in values.scalars.items():
         if tag.startswith(schema.GPU_PREFIX):
             _add_series(data, tag, points)
+        elif tag.startswith(schema.GPU_EPOCH_PREFIX):
+            extend(scan.gpu_epochs, tag, points)
     for tag in (schema.GPU_DEVICES_DATA, UNSUPPORTED_DATA):
         scan.texts += [(run, tag, e.step, e.wall_time, e.text) for e in values.texts.get(tag, [])]
 
@@ -215,6 +218,8 @@ def _read_run(data: ReportData, scan: _Scan, run: str, values: RunValues) -> Non
     for tag, points in values.scalars.items():
         if tag.startswith((schema.GPU_PREFIX, schema.HOST_PREFIX)):
             _add_series(data, tag, points)
+        elif tag.startswith(schema.GPU_EPOCH_PREFIX):  # the logger's, per epoch: the GPU health section's
+            extend(scan.gpu_epochs, tag, points)
         elif tag == schema.JOULES_PER_SAMPLE:  # the logger's, per epoch: the GPU health section's
             scan.joules_per_sample.merge(points)
         elif tag.startswith((schema.INPUT_PREFIX, schema.THROUGHPUT_PREFIX)):

@@ -1,7 +1,7 @@
 """The report's GPU health section: per GPU, only what deserves attention; the energy; what a GPU cannot report.
 
 It reads each GPU's figures per epoch (`ReportData.gpu_epochs`: the logger's epoch
-figures, or, from a log directory, its series averaged over each epoch) and names
+figures, from its ``epoch_history`` or, in a log directory, its ``gpu_epoch/...`` tags) and names
 what deserves attention, by these rules:
 
 - a clock-event (throttle) reason active at least ``THROTTLE_ATTENTION`` (5%)
@@ -23,8 +23,8 @@ GPU or driver could not report are listed with the reason the logger gave.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from keras_gpu_tools.logdir import schema
@@ -46,9 +46,6 @@ THROTTLE_WORDS = {
     "throttle_sync_boost_percent": "sync boost held the clocks to the slowest GPU of its group",
     "throttle_app_clocks_percent": "the application clocks setting capped the clocks",
 }
-# The figures of the plots and rules besides the health fields (the logger's other GPU fields, epoch maxima).
-OTHER_FIELDS = ("sm_clock_mhz", "utilization_percent", "temperature_celsius", "power_watts", "power_limit_watts")
-MAX_FIELDS = ("temperature_celsius", "power_watts")  # their epoch maximum too, as `<field>_max`
 NOTHING = "Nothing in the GPUs' health deserves attention"
 
 
@@ -105,6 +102,8 @@ def gpu_health(data: ReportData) -> list[GPUHealth]:
 def summary_line(gpus: Sequence[GPUHealth]) -> str:
     """The section's one line where nothing deserves attention."""
     n = max((g.epochs for g in gpus), default=0)
+    if not n:  # only the record of unsupported fields: logs written before the per-epoch figures, or no epoch ended
+        return "No GPU health figures per epoch in these logs (an earlier version's, or no epoch ended)."
     return (
         f"{NOTHING}: no throttling, clocks at their maximum under load, no ECC or XID errors, temperature and power "
         f"within limits ({len(gpus)} GPU{'' if len(gpus) == 1 else 's'}, {n} epoch{'' if n == 1 else 's'})."
@@ -273,31 +272,26 @@ def _joules(j: float) -> str:
 
 
 def from_series(series: dict[str, Series]) -> dict[str, list[float | None]]:
-    """Each GPU's figures per epoch, from a log directory's series (the logger's run).
+    """Each GPU's figures per epoch, from the logger's per-epoch series of a log directory.
 
-    A GPU's epoch ends are the steps of its per-epoch health series (written once an epoch,
-    at its last step); each of its other series is averaged over the points of each epoch,
-    ``(end of the one before, its end]``, and the fields of ``MAX_FIELDS`` have their epoch
-    maximum as ``<field>_max`` too. A long series is a bounded sample of its points
-    (`Series`): its epoch means are those of the points kept.
+    The logger writes each GPU's epoch figures (the values History gets) once an epoch, at its
+    last step, as ``gpu_epoch/<label>/<field>``; they are taken as they are, as
+    ``gpu/<label>/<field>`` (the keys of History), never re-averaged from the sampled series. A
+    GPU's epochs are the steps of its epoch figures (None: a field it did not report that epoch).
+    Logs written before these tags give nothing: no per-epoch GPU figures.
     """
-    ends: dict[str, list[int]] = {}
+    by_label: dict[str, dict[str, Series]] = {}
     for key, s in series.items():
-        m = schema.GPU_KEY_RE.match(key)
-        if m and m.group(2) in (*THROTTLE_REASONS, "energy_joules"):
-            ends[m.group(1)] = sorted(set(ends.get(m.group(1), [])) | set(s.steps))
+        m = schema.GPU_EPOCH_KEY_RE.match(key)
+        if m:
+            by_label.setdefault(m.group(1), {})[m.group(2)] = s
     out: dict[str, list[float | None]] = {}
-    for key, s in series.items():
-        m = schema.GPU_KEY_RE.match(key)
-        if not m or m.group(1) not in ends or not (m.group(2) in HEALTH_FIELDS or m.group(2) in OTHER_FIELDS):
-            continue
-        bounds = ends[m.group(1)]
-        groups: list[list[float]] = [[] for _ in bounds]
-        for step, value in zip(s.steps, s.values):
-            k = bisect.bisect_left(bounds, step)
-            if k < len(bounds):
-                groups[k].append(value)
-        out[key] = [sum(g) / len(g) if g else None for g in groups]
-        if m.group(2) in MAX_FIELDS:
-            out[f"{key}_max"] = [max(g) if g else None for g in groups]
+    for label, fields in by_label.items():
+        ends = sorted({step for s in fields.values() for step in s.steps})
+        at = {step: i for i, step in enumerate(ends)}
+        for field, s in fields.items():
+            per_epoch: list[float | None] = [None] * len(ends)
+            for step, value in zip(s.steps, s.values):
+                per_epoch[at[step]] = value if math.isfinite(value) else None
+            out[schema.gpu_key(label, field)] = per_epoch
     return out

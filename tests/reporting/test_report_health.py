@@ -1,7 +1,9 @@
 """The report's GPU health section: only what deserves attention, a plot per such GPU, what a GPU cannot report."""
 
 import json
+import time
 
+import keras
 import numpy as np
 import pytest
 
@@ -12,6 +14,11 @@ from keras_gpu_tools.reporting import health, text
 from keras_gpu_tools.reporting.from_logdir import gather_log_dir
 from keras_gpu_tools.reporting.html import badges
 from keras_gpu_tools.reporting.report import TrainingReport, report
+from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS
+from keras_gpu_tools.telemetry.nvml import NVML
+from tests.helpers.data import regression_data
+from tests.helpers.fake_nvml import FakeGPU, FakeNVML
+from tests.helpers.models import tiny_dense_model
 
 STEPS = 10  # per epoch; the logger samples 5 points an epoch, at steps 2, 4, ..., 10 of it
 UNSUPPORTED = {
@@ -82,8 +89,22 @@ UNSUPPORTED_LINES = [
 ]
 
 
-def write_logger_run(run_dir, gpus, joules_per_sample=(0.5, 0.52, 0.5, 0.51), unsupported=UNSUPPORTED):
-    """A GPUUtilizationLogger's run as the logger writes it: points on the step axis, health at each epoch's end."""
+def epoch_figures(gpus, e):
+    """Epoch `e`'s GPU figures as the logger computes them (History's): means, maxima, the health figures."""
+    h = {}
+    for label, g in gpus.items():
+        for field, per_epoch in g["points"].items():
+            h[schema.gpu_key(label, field)] = float(np.mean(per_epoch[e]))
+            if field in ("temperature_celsius", "power_watts"):
+                h[schema.gpu_key(label, field) + "_max"] = max(per_epoch[e])
+        h.update({schema.gpu_key(label, f): v[e] for f, v in g["epochs"].items()})
+    return h
+
+
+def write_logger_run(run_dir, gpus, joules_per_sample=(0.5, 0.52, 0.5, 0.51), unsupported=UNSUPPORTED, epoch_tags=True):
+    """A GPUUtilizationLogger's run as the logger writes it: every field's sampled points on the step axis
+    (the health fields too: energy as the joules since the previous point), and at each epoch's end the
+    epoch figures as `gpu_epoch/...` (left out with `epoch_tags=False`: the layout of earlier versions)."""
     w = EventWriter(str(run_dir))
     for e in range(4):
         for k in range(5):
@@ -93,12 +114,13 @@ def write_logger_run(run_dir, gpus, joules_per_sample=(0.5, 0.52, 0.5, 0.51), un
                 for label, g in gpus.items()
                 for field, per_epoch in g["points"].items()
             }
+            for label, g in gpus.items():  # sampled health: shares as they were, energy a fifth an epoch each
+                for field, per_epoch in g["epochs"].items():
+                    values[schema.gpu_key(label, field)] = (
+                        per_epoch[e] / 5 if field == "energy_joules" else per_epoch[e]
+                    )
             w.scalars(values, step=step, wall_time=100.0 + step)
-        end = {
-            schema.gpu_key(label, field): per_epoch[e]
-            for label, g in gpus.items()
-            for field, per_epoch in g["epochs"].items()
-        }
+        end = schema.gpu_epoch_figures(epoch_figures(gpus, e)) if epoch_tags else {}
         if joules_per_sample:
             end[schema.JOULES_PER_SAMPLE] = joules_per_sample[e]
         w.scalars(end, step=(e + 1) * STEPS, wall_time=100.0 + (e + 1) * STEPS)
@@ -119,7 +141,9 @@ def test_only_what_deserves_attention_per_gpu_with_energy_and_unsupported_fields
     # GPU 1 is healthy: not listed; GPU 0's findings in the order of the rules.
     assert section(data) == HOT_LINES + ENERGY_LINES + UNSUPPORTED_LINES
     assert data.gpu_unsupported == UNSUPPORTED
-    assert data.gpu_epochs["gpu/0/sm_clock_mhz"] == [1500.0] * 4  # the points of each epoch, averaged
+    # One value per epoch, the logger's own (History's), never the sampled points re-averaged.
+    assert data.gpu_epochs["gpu/0/sm_clock_mhz"] == [1500.0] * 4
+    assert data.gpu_epochs["gpu/0/energy_joules"] == HOT["epochs"]["energy_joules"]
     assert data.gpu_epochs["gpu/0/temperature_celsius_max"] == [84.0, 84.0, 88.0, 84.0]
     r = TrainingReport(data)
     page = r.html()
@@ -152,6 +176,17 @@ def test_nothing_to_note_is_one_line(tmp_path):
     assert '<p class="kgt-health-ok">Nothing in the GPUs' in r.html()
 
 
+def test_logs_of_the_earlier_layout_have_no_per_epoch_health(tmp_path):
+    # Health fields as sampled series alone (no `gpu_epoch/` tags): they are not taken for epochs.
+    write_logger_run(tmp_path / "gpu", {"0": HOT}, joules_per_sample=None, epoch_tags=False)
+    data = gather_log_dir(str(tmp_path))
+    assert data.gpu_epochs == {} and "gpu/0/throttle_power_percent" in data.series
+    assert section(data) == [
+        "No GPU health figures per epoch in these logs (an earlier version's, or no epoch ended).",
+        *UNSUPPORTED_LINES,
+    ]
+
+
 def test_logs_without_health_figures_have_no_section(tmp_path):
     w = EventWriter(str(tmp_path / "gpu"))
     for step in range(1, 6):
@@ -170,13 +205,7 @@ class EpochLogger(GPUUtilizationLogger):
         self.timeline = []
         self.epoch_history = []
         for e in range(4):
-            h = {}
-            for label, g in gpus.items():
-                for field, per_epoch in g["points"].items():
-                    h[schema.gpu_key(label, field)] = float(np.mean(per_epoch[e]))
-                    if field in ("temperature_celsius", "power_watts"):
-                        h[schema.gpu_key(label, field) + "_max"] = max(per_epoch[e])
-                h.update({schema.gpu_key(label, f): v[e] for f, v in g["epochs"].items()})
+            h = epoch_figures(gpus, e)
             h[schema.JOULES_PER_SAMPLE] = (0.5, 0.52, 0.5, 0.51)[e]
             self.epoch_history.append(h)
 
@@ -220,3 +249,34 @@ def test_the_unsupported_record_round_trips_as_json(tmp_path):
         tmp_path / "gpu", {"1": COOL}, unsupported={"1": {"xid_events": "no event set: " + json.dumps("x")}}
     )
     assert gather_log_dir(str(tmp_path)).gpu_unsupported == {"1": {"xid_events": 'no event set: "x"'}}
+
+
+class SlowSteps(keras.callbacks.Callback):
+    """Sleeps a little each step, so the logger samples several points an epoch."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.004)
+
+
+@pytest.mark.multibackend
+def test_a_real_fit_gives_one_health_figure_per_epoch_as_history_has_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    nvml = NVML(FakeNVML([FakeGPU(power_mw=690_000, clock_reasons=0x4, ecc_corrected=2)]))  # at the power cap
+    x, y = regression_data(256)
+    lg = GPUUtilizationLogger(log_dir=tmp_path, interval=0.01, nvml=nvml)
+    history = tiny_dense_model().fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[lg, SlowSteps()])
+    data = gather_log_dir(str(tmp_path))
+    # The sampled series have more points than the fit has epochs; the section reads one value an epoch.
+    assert len(data.series["gpu/0/throttle_power_percent"].values) > 3
+    fields = [f for f in HEALTH_FIELDS if f"gpu/0/{f}" in history.history]
+    assert {"throttle_power_percent", "energy_joules", "sm_clock_max_mhz", "ecc_corrected_errors"} <= set(fields)
+    for field in fields:
+        key = f"gpu/0/{field}"
+        assert data.gpu_epochs[key] == pytest.approx(history.history[key], rel=1e-6), field
+    for key in ("gpu/0/power_watts", "gpu/0/temperature_celsius_max", "gpu/0/utilization_percent"):
+        assert data.gpu_epochs[key] == pytest.approx(history.history[key], rel=1e-6), key
+    lines = section(data)
+    assert lines[0] == "GPU 0:"
+    assert lines[1].startswith("- the power cap held the clocks down 100% of the time over 3 epochs (epochs 1-3;")
+    assert any(line.startswith("- GPU 0: ") and "over 3 epochs" in line for line in lines)  # the energy
+    assert section(report(lg).data) == lines  # the callback's view and the log directory's agree
