@@ -115,8 +115,8 @@ class GPUUtilizationLogger(FitCallback):
             log_dir: directory of the TensorBoard logs (the same you give Keras's
                 `TensorBoard` callback), or None to log to the epoch logs only.
                 Defaults to `"logs"`.
-            interval: seconds between samples, at most 3600. Defaults to
-                `0.25`.
+            interval: seconds between samples, at most 3600 (utilization, power,
+                PCIe and ECC at most once a second). Defaults to `0.25`.
             devices: GPUs to monitor: indices as the framework numbers them
                 (`0` is `GPU:0`) or UUID strings; None monitors every visible
                 GPU. Defaults to `None`.

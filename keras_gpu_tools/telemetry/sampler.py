@@ -66,6 +66,15 @@ HOST_FIELDS: dict[str, str] = {
     "system_cpu_percent": "whole machine's CPU use, % of all cores",
     "rss_mib": "this process's resident memory, MiB",
 }
+# Fields read at most once a SLOW_PERIOD seconds, whatever the interval: NVML computes utilization and
+# power as averages over a window of its own (up to a second), PCIe throughput blocks for its window,
+# ECC counts and the power limit rarely change; utilization and power alone cost milliseconds of CPU a
+# call, most of a tick's. The other fields (clock-event reasons, clocks, energy) are read every tick.
+SLOW_FIELDS = frozenset(
+    {"utilization_percent", "power_watts", "power_limit_watts", "pcie_tx_mib_per_sec", "pcie_rx_mib_per_sec"}
+    | {"ecc_corrected_errors", "ecc_uncorrected_errors"}
+)
+SLOW_PERIOD = 1.0
 # Keys whose epoch maximum is logged too (as `<key>_max`).
 MAX_KEYS = frozenset({"memory_used_mib", "allocator_memory_mib", "power_watts", "temperature_celsius", "rss_mib"})
 
@@ -250,6 +259,8 @@ class GPUProbe:
         self.lost = False
         self._failures: dict[tuple[str, ...], int] = {}
         self.unsupported: dict[str, str] = {}  # field -> why this GPU or driver does not report it
+        self.clock = time.monotonic
+        self._slow_read = {k: -math.inf for k, _ in self.readers if SLOW_FIELDS.intersection(k)}  # keys -> last read
 
     def _drop(self, keys: tuple[str, ...], reason: str) -> None:
         self.readers = [(k, r) for k, r in self.readers if k != keys]
@@ -283,7 +294,13 @@ class GPUProbe:
         if self.lost:
             return {}
         out: dict[str, float] = {}
+        now = self.clock()
         for keys, reader in list(self.readers):
+            last = self._slow_read.get(keys)
+            if last is not None:
+                if now - last < SLOW_PERIOD:
+                    continue  # the epoch's mean is over the samples that carry it
+                self._slow_read[keys] = now
             unsupported: list[str] = []
             try:
                 values = reader(self.gpu.handle, unsupported.append)

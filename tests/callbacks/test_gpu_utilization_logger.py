@@ -15,6 +15,7 @@ import pytest
 
 from keras_gpu_tools import GPUUtilizationLogger
 from keras_gpu_tools.errors import GPUMonitoringWarning
+from keras_gpu_tools.telemetry import sampler
 from keras_gpu_tools.telemetry.nvml import NVML
 from tests.helpers.data import regression_data
 from tests.helpers.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGPU, FakeNVML
@@ -65,7 +66,8 @@ def fake_nvml(**gpu_kwargs):
     return fake, NVML(fake)
 
 
-def test_epoch_logs_and_tensorboard_series(tmp_path):
+def test_epoch_logs_and_tensorboard_series(tmp_path, monkeypatch):
+    monkeypatch.setattr(sampler, "SLOW_PERIOD", 0.0)  # a point of every field at each of these short ticks
     fake, nvml = fake_nvml()
     x, y = regression_data(256)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)

@@ -226,3 +226,23 @@ def test_aggregate_summary_over_fixed_keys():
         "host/rss_mib_max": 7.0,
         "gpu/0/memory_used_mib_max": 100.0,
     }
+
+
+def test_slow_fields_are_read_at_most_once_a_period_and_the_others_every_tick(monkeypatch):
+    # Utilization and power cost milliseconds of CPU a call and are averages over NVML's own window:
+    # at the default interval they are read once a second, the clock-event reasons every tick.
+    from keras_gpu_tools.telemetry import sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "SLOW_PERIOD", 1.0)
+    fake, probe = probe_for(FakeGPU())
+    now = [100.0]
+    probe.clock = lambda: now[0]
+    samples = []
+    for _ in range(8):  # 8 ticks of 0.25 s: t = 100.0 ... 101.75
+        samples.append(probe.read())
+        now[0] += 0.25
+    with_utilization = [i for i, s in enumerate(samples) if "gpu/0/utilization_percent" in s]
+    assert with_utilization == [0, 4]
+    assert [i for i, s in enumerate(samples) if "gpu/0/power_watts" in s] == [0, 4]
+    assert all("gpu/0/throttle_power_percent" in s and "gpu/0/sm_clock_mhz" in s for s in samples)
+    assert fake.count("nvmlDeviceGetUtilizationRates") == 2
