@@ -27,7 +27,7 @@ from keras_gpu_tools.reporting.model import (
 
 
 class GPULoggerRecords(Protocol):
-    """What the report reads of a `GPUUtilizationLogger` (and its optional ``topology``, and ``unsupported()``:
+    """What the report reads of a `GPUUtilizationLogger` (and its optional ``topology``, and ``unsupported_fields``:
     the fields its GPUs cannot report, ``{gpu label: {field: reason}}``)."""
 
     epoch_history: Sequence[dict[str, Any]]  # per epoch: the logged figures, job-wide ones included
@@ -146,10 +146,9 @@ def _from_gpu_logger(data: ReportData, lg: GPULoggerRecords) -> None:
     history = list(lg.epoch_history)
     _add_job_figures(data, history)
     _add_epoch_figures(data, history)
-    unsupported = getattr(lg, "unsupported", None)
-    if callable(unsupported):
-        for label, fields in (unsupported() or {}).items():
-            data.gpu_unsupported.setdefault(str(label), {}).update({str(f): str(r) for f, r in fields.items()})
+    unsupported = getattr(lg, "unsupported_fields", None)
+    for label, fields in (unsupported if isinstance(unsupported, dict) else {}).items():
+        data.gpu_unsupported.setdefault(str(label), {}).update({str(f): str(r) for f, r in fields.items()})
     for wall, step, means in list(lg.timeline):
         if data.t0 is None or wall < data.t0:
             data.t0 = wall

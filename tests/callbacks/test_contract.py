@@ -199,7 +199,7 @@ def _construct(name, tmp_path, **kwargs):
 @pytest.mark.parametrize("name, argument", BOOLEAN_ARGUMENTS, ids=[f"{c}-{a}" for c, a in BOOLEAN_ARGUMENTS])
 @pytest.mark.parametrize("bad", ["abc", 1, None])
 def test_boolean_arguments_take_only_bools(name, argument, bad, tmp_path):
-    error = ValueError if argument == "enabled" else TypeError  # `enabled` is a choice of three
+    error = ValueError if argument in ("enabled", "probe") else TypeError  # each a choice of three
     with pytest.raises(error, match=re.escape(f"argument `{argument}`. Received: {argument}={bad!r}")):
         _construct(name, tmp_path, **{argument: bad})
     cb = _construct(name, tmp_path, **{argument: np.bool_(False)})

@@ -41,7 +41,7 @@ def machine_nvml(gpus: int):
                 uuid=f"GPU-{g:08d}-0000-0000-0000-000000000000",
                 utilization=int(f["utilization_percent"]),
                 memory_used=int(f["memory_used_mib"]) * 2**20,
-                gpm_values={2: f["sm_activity_percent"], 3: 40.0, 5: 50.0},
+                gpm_values={2: f["sm_activity_percent"], 3: 40.0, 5: 50.0, 10: 30.0, 60: 512.0, 61: 512.0},
             )
         )
     return NVML(FakeNVML(fakes))

@@ -209,7 +209,8 @@ class EpochLogger(GPUUtilizationLogger):
             h[schema.JOULES_PER_SAMPLE] = (0.5, 0.52, 0.5, 0.51)[e]
             self.epoch_history.append(h)
 
-    def unsupported(self):
+    @property
+    def unsupported_fields(self):
         return UNSUPPORTED
 
 
@@ -261,7 +262,8 @@ class SlowSteps(keras.callbacks.Callback):
 @pytest.mark.multibackend
 def test_a_real_fit_gives_one_health_figure_per_epoch_as_history_has_it(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    nvml = NVML(FakeNVML([FakeGPU(power_mw=690_000, clock_reasons=0x4, ecc_corrected=2)]))  # at the power cap
+    # At the power cap, and without NVLink: the fields it cannot report are in both views too.
+    nvml = NVML(FakeNVML([FakeGPU(power_mw=690_000, clock_reasons=0x4, ecc_corrected=2, nvlink_links=0)]))
     x, y = regression_data(256)
     lg = GPUUtilizationLogger(log_dir=tmp_path, interval=0.01, nvml=nvml)
     history = tiny_dense_model().fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[lg, SlowSteps()])
@@ -279,4 +281,5 @@ def test_a_real_fit_gives_one_health_figure_per_epoch_as_history_has_it(tmp_path
     assert lines[0] == "GPU 0:"
     assert lines[1].startswith("- the power cap held the clocks down 100% of the time over 3 epochs (epochs 1-3;")
     assert any(line.startswith("- GPU 0: ") and "over 3 epochs" in line for line in lines)  # the energy
+    assert any("nvlink_rx_mib_per_sec" in line for line in lines)
     assert section(report(lg).data) == lines  # the callback's view and the log directory's agree
