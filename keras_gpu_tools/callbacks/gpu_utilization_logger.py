@@ -276,7 +276,7 @@ class GPUUtilizationLogger(FitCallback):
         # The same keys every epoch (those of the fit's first sample), so History's
         # lists line up with the epochs and CSVLogger keeps every column.
         sampler = self._sampler
-        values = sampler.epoch_summary(agg) if sampler is not None else agg.summary()
+        values = sampler.end_epoch(agg) if sampler is not None else agg.summary()
         try:
             job = job_gpu_figures(epoch, values, list(self._labels.values()), self.topology, self._gather)
             if job and (job_writer := self._job_events()) is not None:

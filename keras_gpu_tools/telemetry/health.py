@@ -12,7 +12,9 @@ Everything here runs on the fit session's thread, never on the training thread.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -107,27 +109,54 @@ def energy_increment(previous_mj: int, current_mj: int) -> int:
     return current_mj
 
 
-class _Energy:
-    """The joules used since the previous sample: each sample's share of the counter, summed per epoch."""
+class Energy:
+    """The joules used since the previous reading: each sample's share of the counter, summed per epoch.
 
-    def __init__(self, nvml: NVML):
+    A reading costs milliseconds of CPU (NVML's slowest call by far), so the sampler reads it at most
+    once a second; an epoch's end takes the joules since the last reading from the power
+    (:meth:`split`), and the next reading pays them back, so no joule is counted twice or lost.
+    """
+
+    def __init__(self, nvml: NVML, clock: Callable[[], float] = time.monotonic):
         self.nvml = nvml
+        self.clock = clock
         self.last: int | None = None
+        self.read_at: float | None = None
+        self.owed = 0.0  # joules an epoch's end already counted that the next reading includes
+        self._lock = threading.Lock()
 
     def prime(self, handle) -> None:
         """Reads the counter now, so that the first sample has the energy used since."""
         r = self.nvml.query(ENERGY, handle)
         if r is not NA:
-            self.last = int(r)
+            with self._lock:
+                self.last, self.read_at = int(r), self.clock()
 
     def __call__(self, handle, on_unsupported) -> tuple:
         r = self.nvml.query(ENERGY, handle, on_unsupported=on_unsupported)
         if r is NA:
             return (NA,)
-        previous, self.last = self.last, int(r)
-        if previous is None:
-            return (NA,)
-        return (energy_increment(previous, self.last) / 1000.0,)
+        with self._lock:
+            previous, self.last, self.read_at = self.last, int(r), self.clock()
+            if previous is None:
+                return (NA,)
+            joules = energy_increment(previous, self.last) / 1000.0
+            paid = min(joules, self.owed)
+            self.owed -= paid
+            return (joules - paid,)
+
+    def split(self, watts: float | None) -> float:
+        """Joules since the last reading, from ``watts`` (the power now): counted by the epoch ending now."""
+        if watts is None or not math.isfinite(watts):
+            return 0.0
+        with self._lock:
+            if self.read_at is None:
+                return 0.0
+            now = self.clock()
+            joules = max(0.0, watts) * max(0.0, now - self.read_at)
+            self.read_at = now
+            self.owed += joules
+            return joules
 
 
 def health_readers(nvml: NVML) -> list[tuple[tuple[str, ...], Reader]]:
@@ -137,7 +166,7 @@ def health_readers(nvml: NVML) -> list[tuple[tuple[str, ...], Reader]]:
         (("memory_clock_mhz",), _query(nvml, "nvmlDeviceGetClockInfo", NVML_CLOCK_MEM)),
         (("sm_clock_max_mhz",), _Once(_query(nvml, "nvmlDeviceGetMaxClockInfo", NVML_CLOCK_SM))),
         (("memory_clock_max_mhz",), _Once(_query(nvml, "nvmlDeviceGetMaxClockInfo", NVML_CLOCK_MEM))),
-        (("energy_joules",), _Energy(nvml)),
+        (("energy_joules",), Energy(nvml)),
         (
             ("ecc_corrected_errors",),
             _query(nvml, "nvmlDeviceGetTotalEccErrors", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC),

@@ -66,13 +66,15 @@ HOST_FIELDS: dict[str, str] = {
     "system_cpu_percent": "whole machine's CPU use, % of all cores",
     "rss_mib": "this process's resident memory, MiB",
 }
-# Fields read at most once a SLOW_PERIOD seconds, whatever the interval: NVML computes utilization and
-# power as averages over a window of its own (up to a second), PCIe throughput blocks for its window,
-# ECC counts and the power limit rarely change; utilization and power alone cost milliseconds of CPU a
-# call, most of a tick's. The other fields (clock-event reasons, clocks, energy) are read every tick.
+# Fields read at most once a SLOW_PERIOD seconds, whatever the interval. The total-energy counter costs
+# milliseconds of CPU a reading (NVML's other calls microseconds) and PCIe throughput blocks for its
+# window: read every tick they would take a few % of a core; an epoch's end takes the energy since the
+# last reading from the power (health.Energy.split). Utilization and power are NVML's averages over a
+# window of its own (up to a second); ECC counts and the power limit rarely change. The other fields
+# (clock-event reasons, clocks, memory) are read every tick.
 SLOW_FIELDS = frozenset(
     {"utilization_percent", "power_watts", "power_limit_watts", "pcie_tx_mib_per_sec", "pcie_rx_mib_per_sec"}
-    | {"ecc_corrected_errors", "ecc_uncorrected_errors"}
+    | {"ecc_corrected_errors", "ecc_uncorrected_errors", "energy_joules"}
 )
 SLOW_PERIOD = 1.0
 # Keys whose epoch maximum is logged too (as `<key>_max`).
@@ -260,6 +262,7 @@ class GPUProbe:
         self._failures: dict[tuple[str, ...], int] = {}
         self.unsupported: dict[str, str] = {}  # field -> why this GPU or driver does not report it
         self.clock = time.monotonic
+        self.energy = next((r for k, r in self.readers if isinstance(r, health.Energy)), None)
         self._slow_read = {k: -math.inf for k, _ in self.readers if SLOW_FIELDS.intersection(k)}  # keys -> last read
 
     def _drop(self, keys: tuple[str, ...], reason: str) -> None:
@@ -299,7 +302,9 @@ class GPUProbe:
             last = self._slow_read.get(keys)
             if last is not None:
                 if now - last < SLOW_PERIOD:
-                    continue  # the epoch's mean is over the samples that carry it
+                    # A mean is over the samples that carry it; a count (energy) is 0 until the next reading.
+                    out.update({self.prefix + k: 0.0 for k in keys if k in SUM_FIELDS})
+                    continue
                 self._slow_read[keys] = now
             unsupported: list[str] = []
             try:
@@ -461,6 +466,27 @@ class MetricSampler:
         if keys is None:
             return agg.summary()
         return agg.summary(keys=keys, latest=latest)
+
+    def end_epoch(self, agg: Aggregate) -> dict[str, float]:
+        """`epoch_summary` of the epoch ending now, its energy including the joules since the last reading."""
+        values = self.epoch_summary(agg)
+        for key, joules in self.energy_tails().items():
+            if key in values and math.isfinite(values[key]):
+                values[key] += joules
+        return values
+
+    def energy_tails(self) -> dict[str, float]:
+        """``gpu/<label>/energy_joules`` -> the joules since each GPU's last energy reading, from its power.
+
+        For the epoch ending now (the next reading leaves them out): see `SLOW_FIELDS`.
+        """
+        out = {}
+        with self._lock:
+            latest = dict(self.latest)
+        for probe in self.gpu_probes:
+            if probe.energy is not None and "energy_joules" not in probe.unsupported:
+                out[probe.prefix + "energy_joules"] = probe.energy.split(latest.get(probe.prefix + "power_watts"))
+        return out
 
     def _read(self) -> dict[str, float]:
         out: dict[str, float] = {}

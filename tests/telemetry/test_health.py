@@ -267,3 +267,26 @@ def test_energy_that_stops_reporting_mid_fit_is_nan_never_zero():
     value = sampler.epoch_summary(agg)["gpu/0/energy_joules"]
     assert value != value  # NaN: the column stays, the figure is not measured
     assert "energy_joules" in sampler.unsupported()["0"]
+
+
+def test_an_epoch_end_takes_the_joules_since_the_last_reading_from_the_power_and_the_next_reading_pays_them_back():
+    # The counter costs milliseconds of CPU a reading, so it is read once a second: the epoch ending between
+    # two readings takes its share from the power, and no joule is counted twice or lost.
+    from keras_gpu_tools.telemetry.health import Energy
+
+    counter = {"mj": 0}
+
+    class Counter:
+        def query(self, func, handle, on_unsupported=None):
+            return counter["mj"]
+
+    now = [0.0]
+    energy = Energy(Counter(), clock=lambda: now[0])
+    energy.prime(None)
+    now[0], counter["mj"] = 1.0, 1_000_000  # 1000 J in the first second
+    assert energy(None, None) == (1000.0,)
+    now[0] = 1.5
+    assert energy.split(1000.0) == 500.0  # the epoch ends: half a second at 1000 W
+    now[0], counter["mj"] = 2.0, 2_000_000
+    assert energy(None, None) == (500.0,)  # the second's 1000 J less what the epoch end counted
+    assert energy.split(float("nan")) == 0.0 and energy.split(None) == 0.0  # no power reading: nothing guessed
