@@ -20,16 +20,8 @@ def array_epoch_batches(model) -> int | None:
     ``steps_per_epoch``, a pass of one batch, a ragged or sparse array among
     the inputs): None.
     """
-    ei = find_epoch_iterator(model)
-    adapter = getattr(ei, "data_adapter", None)
-    kind = type(adapter)
-    if (
-        adapter is None
-        or kind.__name__ != "ArrayDataAdapter"
-        or not kind.__module__.startswith("keras.src.trainers.data_adapters")
-    ):
-        return None
-    if getattr(ei, "steps_per_epoch", None) is not None:
+    adapter = _array_adapter(model)
+    if adapter is None:
         return None
     from keras import tree
 
@@ -48,6 +40,18 @@ def array_epoch_samples(model) -> int | None:
     Keras's own ``ArrayDataAdapter`` with no ``steps_per_epoch``: every batch
     of a pass holds ``batch_size`` rows but the last, which holds what is left.
     """
+    adapter = _array_adapter(model)
+    if adapter is None:
+        return None
+    try:
+        batches, size, partial = int(adapter.num_batches), int(adapter.batch_size), adapter.partial_batch_size
+    except Exception:  # the adapter's properties not what they were
+        return None
+    return (batches - 1) * size + (int(partial) if partial else size) if batches > 0 else None
+
+
+def _array_adapter(model) -> Any:
+    """fit()'s data adapter where it is Keras's own ``ArrayDataAdapter`` with no ``steps_per_epoch``, else None."""
     ei = find_epoch_iterator(model)
     adapter = getattr(ei, "data_adapter", None)
     kind = type(adapter)
@@ -58,11 +62,7 @@ def array_epoch_samples(model) -> int | None:
         or getattr(ei, "steps_per_epoch", None) is not None
     ):
         return None
-    try:
-        batches, size, partial = int(adapter.num_batches), int(adapter.batch_size), adapter.partial_batch_size
-    except Exception:  # the adapter's properties not what they were
-        return None
-    return (batches - 1) * size + (int(partial) if partial else size) if batches > 0 else None
+    return adapter
 
 
 def _dense(a) -> bool:
