@@ -49,6 +49,8 @@ benchmarks() {
         part 300 "oom_recovery_$b" python3 benchmarks/oom_recovery.py --backend $b "${MACHINE_ARG[@]}"
         part 300 "planner_$b" python3 benchmarks/planner.py --backend $b "${MACHINE_ARG[@]}"
         part 300 "sampler_cost_$b" python3 benchmarks/sampler_cost.py --backend $b "${MACHINE_ARG[@]}"
+        part 600 "planner_throughput_$b" python3 benchmarks/planner_throughput.py --backend $b "${MACHINE_ARG[@]}" \
+            --max-seconds 110
     done
 }
 
