@@ -44,10 +44,10 @@ class MemoryLeakDetector(FitCallback):
     cache filling; the allocator's cache (reserved grows while in use does
     not: not a leak).
 
-    Cost: about 0.1 ms per epoch end on the training thread, nothing per
-    step. Where live tensors have no registry (TensorFlow, torch) they are
-    counted by a walk over the heap (tens of milliseconds), only once growth
-    is seen and at the fit's end: twice a fit at most.
+    Cost: under a millisecond per epoch end on the training thread, nothing
+    per step. Where live tensors have no registry (TensorFlow, torch) they are
+    counted by a walk over the heap (up to a tenth of a second), only once
+    growth is seen and at the fit's end: twice a fit at most.
 
     Epoch logs (History, CSVLogger); a figure that cannot be read is absent,
     never zero:

@@ -55,6 +55,7 @@ def _demo(args: argparse.Namespace) -> int:
     from keras_gpu_tools.callbacks import GPUUtilizationLogger, MixedPrecisionCheck
     from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
     from keras_gpu_tools.callbacks.live_view import LiveView
+    from keras_gpu_tools.callbacks.memory_leak_detector import MemoryLeakDetector
     from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
     from keras_gpu_tools.layers import MixedPrecisionOutput
     from keras_gpu_tools.logdir.writer import check_log_dir
@@ -89,7 +90,8 @@ def _demo(args: argparse.Namespace) -> int:
     steps_per_epoch = -(-int(n * 0.9) // args.batch_size)
     profiler = ProfilerWindow(log_dir=logdir, start_step=min(steps_per_epoch + 5, 20), num_steps=5, verbose=0)
     mp_check = MixedPrecisionCheck()
-    callbacks = [gpu_logger, detector, profiler, mp_check]
+    leaks = MemoryLeakDetector(log_dir=logdir, verbose=0)
+    callbacks = [gpu_logger, detector, profiler, mp_check, leaks]
     oom = _oom_reducer(logdir)
     if oom is not None:
         callbacks.insert(0, oom)
@@ -134,6 +136,8 @@ def _demo(args: argparse.Namespace) -> int:
             conclusion = c.analysis.conclusion if c.analysis is not None and c.analysis.conclusion else "no conclusion"
             _say(f"ProfilerWindow: {steps_name(c.start_step, c.num_steps)}: xprof: {conclusion}")
     print(f"MixedPrecisionCheck: {len(mp_check.findings)} finding(s)")
+    if leaks.verdict is not None:
+        _say(f"MemoryLeakDetector: {leaks.verdict.message}")
     if oom is not None:
         _say(oom.summary())
 

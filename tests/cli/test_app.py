@@ -100,6 +100,7 @@ def test_demo_writes_tensorboard_logs_and_the_report_then_report_rebuilds_it(tmp
     for run in ("input", "profile", "report"):
         assert (logdir / run).is_dir(), run
     assert "InputBoundDetector: Your program is" in proc.stdout
+    assert "MemoryLeakDetector: " in proc.stdout and (logdir / "memory").is_dir()
     # The profiled window's own input wait, its span named, beside xprof's conclusion.
     assert "ProfilerWindow: " in proc.stdout and "steps 21-25, this window only" in " ".join(proc.stdout.split())
     html_path = logdir / "report.html"
@@ -112,7 +113,14 @@ def test_demo_writes_tensorboard_logs_and_the_report_then_report_rebuilds_it(tmp
     out = tmp_path / "again.html"
     proc = run_cli("report", str(logdir), "--output", str(out), "--png", str(tmp_path / "png"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for heading in ("GPUs and host", "Step time", "Input pipeline", "Profiler windows", "Mixed precision"):
+    for heading in (
+        "GPUs and host",
+        "Step time",
+        "Input pipeline",
+        "Profiler windows",
+        "Mixed precision",
+        "Memory over time",
+    ):
         assert f"\n{heading}\n" in proc.stdout
     assert "No mixed-precision finding." in proc.stdout  # kept in the log dir by the demo
     widest = max(proc.stdout.splitlines(), key=len)
