@@ -502,18 +502,25 @@ def test_a_full_collection_that_frees_nothing_is_not_repeated(fake_oom, monkeypa
             mem["bytes_in_use"] += 256 * 2**20
             raise
 
-    full_unfrozen = []
+    deep = []  # the memory in use at each collection of every object
     collect = gc.collect
 
-    def counting_collect(*args):
-        if not args and not gc.get_freeze_count():
-            full_unfrozen.append(mem["bytes_in_use"])
+    def collecting(*args):
+        if not args and deep and deep[-1] is None:  # the collection of every object
+            deep[-1] = mem["bytes_in_use"]
             if frees:
                 mem["bytes_in_use"] = 0
         return collect(*args)
 
     runner.run = failing_run
-    monkeypatch.setattr(gc, "collect", counting_collect)
+    monkeypatch.setattr(gc, "collect", collecting)
     rec = Recovery(SplitController(), classify=fake_kind, memory=lambda: dict(mem))
+    collect_all = rec._collect_all
+
+    def spied():
+        deep.append(None)
+        collect_all()
+
+    rec._collect_all = spied
     assert rec.run(runner, None, 256, "sig") == ("logs of 256 as 8", 8)
-    assert len(full_unfrozen) == (3 if frees else 1) and rec.deep_collect is frees
+    assert deep == ([256 * 2**20] * 3 if frees else [256 * 2**20]) and rec.deep_collect is frees
