@@ -23,8 +23,10 @@ History. Goals: under 1% of one core; the epoch end under 1 ms.
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import _common
@@ -41,6 +43,13 @@ def _parse():
     p.add_argument("--width", type=int, default=8192)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--interval", type=float, default=None, help="the logger's interval (default: its default)")
+    p.add_argument(
+        "--fake-gpus",
+        type=int,
+        default=0,
+        help="sample N GPUs of the test suite's fake NVML instead of the real ones (the epoch end's cost with many GPUs)",
+    )
+    p.add_argument("--no-log-dir", action="store_true", help="write no TensorBoard events (History only)")
     args = p.parse_args()
     if args.smoke:
         args.seconds, args.batch, args.width, args.depth = 3.0, 64, 64, 2
@@ -83,8 +92,12 @@ def _logger(args, fake: bool):
         from keras_gpu_tools.telemetry.nvml import NVML
         from tests.helpers.fake_nvml import FakeGPU, FakeNVML
 
-        kwargs["nvml"] = NVML(FakeNVML([FakeGPU()]))
-    cb = GPUUtilizationLogger(log_dir=None, **kwargs)
+        gpus = [FakeGPU(uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000") for i in range(max(1, args.fake_gpus))]
+        kwargs["nvml"] = NVML(FakeNVML(gpus))
+        if args.fake_gpus:  # the framework sees no GPU here: monitor the fake ones by index
+            kwargs["devices"] = list(range(args.fake_gpus))
+    log_dir = None if args.no_log_dir else tempfile.mkdtemp(prefix="sampler_cost_")
+    cb = GPUUtilizationLogger(log_dir=log_dir, **kwargs)
     ticks: list[tuple[float, float]] = []  # (CPU s, wall s) of each sample, on the session's thread
     epoch_ends: list[float] = []
     tick, epoch_end = cb._tick, cb.on_epoch_end
@@ -108,7 +121,7 @@ def _logger(args, fake: bool):
 
 
 def measure(args) -> dict:
-    fake = args.smoke or not _common.gpu_names()
+    fake = args.smoke or args.fake_gpus > 0 or not _common.gpu_names()
     model = _model(args)
     model.fit(_data(args, 5), epochs=1, verbose=0)  # compile
     calibration, elapsed = 5, 0.0
@@ -123,12 +136,16 @@ def measure(args) -> dict:
     w0 = time.perf_counter()
     history = model.fit(_data(args, steps), epochs=args.epochs, verbose=0, callbacks=[cb])
     wall = time.perf_counter() - w0
+    if cb.log_dir is not None:
+        shutil.rmtree(cb.log_dir, ignore_errors=True)
     cpu = [c for c, _ in ticks]
     first = cpu[0] if cpu else 0.0  # the fit's first sample (device discovery, GPM priming, the XID event set)
     steady = cpu[1:] or cpu
     health = sorted({k.split("/")[-1] for k in history.history if k.startswith("gpu/")})
     return {
         "nvml": "fake" if fake else "real",
+        "gpus": len(cb.gpus),
+        "log_dir": cb.log_dir is not None,
         "interval_s": cb.interval,
         "steps_per_epoch": steps,
         "fit_seconds": round(wall, 3),

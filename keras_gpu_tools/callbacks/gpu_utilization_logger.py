@@ -24,11 +24,11 @@ from keras_gpu_tools.runtime.validation import (
 )
 from keras_gpu_tools.telemetry import gpus as monitored
 from keras_gpu_tools.telemetry import health
+from keras_gpu_tools.telemetry.aggregate import Aggregate
 from keras_gpu_tools.telemetry.health_fields import SHARED_GPU_HEALTH
 from keras_gpu_tools.telemetry.job import job_gpu_figures
 from keras_gpu_tools.telemetry.nvml import NVML, default_nvml
 from keras_gpu_tools.telemetry.sampler import (
-    Aggregate,
     GPUProbe,
     HostProbe,
     MetricSampler,
@@ -285,8 +285,8 @@ class GPUUtilizationLogger(FitCallback):
         except Exception as e:  # monitoring never stops training: the job figures stop instead
             self._job_failed(self._gather, e)
         per_sample = self._health.end_epoch(values, self._epoch_samples)
-        if self._writer is not None:  # the epoch's figures of each GPU (as History's) and the energy per sample
-            self._writer.scalars({**schema.gpu_epoch_figures(values), **per_sample}, step=self._global_step)
+        if self._writer is not None:  # each GPU's epoch figures (as History's), written by the sampling thread
+            self._writer.scalars_later({**schema.gpu_epoch_figures(values), **per_sample}, step=self._global_step)
         values.update(per_sample)
         self.epoch_history.append(values)
         if self.epoch_logs:
@@ -308,6 +308,8 @@ class GPUUtilizationLogger(FitCallback):
 
     def _write_point(self, now: float) -> None:
         step = self._global_step
+        if self._writer is not None:
+            self._writer.write_later()  # the epoch records handed over since the last point
         with self._lock:
             if not self._point.count or step <= self._last_written_step:
                 return

@@ -122,6 +122,7 @@ class EventWriter:
         )
         self._lock = threading.Lock()
         self._closed = False
+        self._later: list[tuple[dict[str, float], int, float]] = []  # scalars handed over, not yet written
         if isinstance(self._events, _LocalEvents):  # EventFileWriter writes its own first event
             self._add(
                 event_pb2.Event(
@@ -139,6 +140,24 @@ class EventWriter:
             value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v)) for k, v in values.items()]
         )
         self._add(event_pb2.Event(wall_time=wall_time or time.time(), step=int(step), summary=summary))
+
+    def scalars_later(self, values: dict[str, float], step: int) -> None:
+        """Hands ``values`` over to be written by :meth:`write_later` or :meth:`close`, on whichever thread calls them.
+
+        For a large record on the training thread: it then costs a list append,
+        and the sampling thread serializes it (the event keeps this call's time).
+        """
+        if values:
+            with self._lock:
+                if not self._closed:
+                    self._later.append((values, int(step), time.time()))
+
+    def write_later(self) -> None:
+        """Writes what :meth:`scalars_later` handed over, in the order it came."""
+        with self._lock:
+            pending, self._later = self._later, []
+        for values, step, wall_time in pending:
+            self.scalars(values, step, wall_time)
 
     def image(self, tag: str, png: bytes, step: int, width: int, height: int) -> None:
         """A PNG image summary: shown in TensorBoard's Images tab."""
@@ -178,6 +197,7 @@ class EventWriter:
                     self._fail(e)
 
     def close(self) -> None:
+        self.write_later()
         with self._lock:
             if self._closed:
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +17,11 @@ def free_failed_step(exc: BaseException, held: Callable[[], bool | None] | None 
     they sit in reference cycles with the errors, and they hold the failed
     step's tensors: left alone, every retry runs out of memory again and a
     batch that fits as a few micro-batches ends up split far more finely.
+
+    A filtered traceback (Keras keeps only the frames outside Keras) leaves
+    out the frames its frames were called from, but they are still linked to
+    them (``f_back``) and hold the step's tensors as long as the error lives:
+    they are cleared too, up to the first frame still running.
 
     Those cycles are young (made as the error unwound), so the young
     generations are collected first (about a millisecond). A full collection
@@ -34,11 +40,15 @@ def free_failed_step(exc: BaseException, held: Callable[[], bool | None] | None 
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if e.__traceback__ is not None:
+        tb = e.__traceback__
+        if tb is not None:
             try:
-                traceback.clear_frames(e.__traceback__)
+                traceback.clear_frames(tb)
             except Exception:
                 pass
+        while tb is not None:
+            _clear_callers(tb.tb_frame)
+            tb = tb.tb_next
         todo += [e.__cause__, e.__context__]
     gc.collect(1)
     try:
@@ -47,6 +57,21 @@ def free_failed_step(exc: BaseException, held: Callable[[], bool | None] | None 
         still = None
     if still is None or still:
         gc.collect()
+
+
+# A suspended generator's or coroutine's frame is never cleared: clearing it would close it.
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+
+
+def _clear_callers(frame: Any) -> None:
+    """Clears the finished frames ``frame`` was called from (its ``f_back`` chain), up to the first still running."""
+    f = frame.f_back
+    while f is not None and not f.f_code.co_flags & _RESUMABLE:
+        try:
+            f.clear()
+        except RuntimeError:  # still running, and so is every frame it was called from
+            return
+        f = f.f_back
 
 
 @contextlib.contextmanager

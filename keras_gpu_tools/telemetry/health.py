@@ -12,6 +12,7 @@ Everything here runs on the fit session's thread, never on the training thread.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -327,6 +328,13 @@ def _text(value) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+@functools.lru_cache(maxsize=8192)
+def _gpu_key_parts(key: str) -> tuple[str, str] | None:
+    """(label, field) of a ``gpu/<label>/<field>`` key, else None; cached: a fit has a fixed set of keys."""
+    m = schema.GPU_KEY_RE.match(key)
+    return (m.group(1), m.group(2)) if m is not None else None
+
+
 class HealthRecord:
     """The logger's :class:`GPUHealthSource`: the last epoch's GPU figures and the unsupported fields.
 
@@ -348,9 +356,9 @@ class HealthRecord:
         """
         per_gpu: dict[str, dict[str, float]] = {}
         for key, value in values.items():
-            m = schema.GPU_KEY_RE.match(key)
-            if m is not None:
-                per_gpu.setdefault(m.group(1), {})[m.group(2)] = value
+            parts = _gpu_key_parts(key)
+            if parts is not None:
+                per_gpu.setdefault(parts[0], {})[parts[1]] = value
         with self._lock:
             self._last = per_gpu
         energy = [fields.get("energy_joules") for fields in per_gpu.values()]

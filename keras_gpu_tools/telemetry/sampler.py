@@ -1,7 +1,7 @@
 """Reading GPU, allocator and host metrics, and aggregating them.
 
 Nothing here knows about Keras. :class:`MetricSampler` reads one sample (a flat
-``{key: float}`` dict); :class:`Aggregate` folds samples into means and maxima.
+``{key: float}`` dict); :class:`~keras_gpu_tools.telemetry.aggregate.Aggregate` folds them into means and maxima.
 The fit session's thread (:mod:`keras_gpu_tools.runtime.ticker`) runs the
 sampling. A field a GPU cannot report is warned about once, left out, and
 never asked for again.
@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime.warn_once import WarnOnce
 from keras_gpu_tools.telemetry import health
-from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS, LAST_FIELDS, SUM_FIELDS
+from keras_gpu_tools.telemetry.aggregate import Aggregate, field_of
+from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS, SUM_FIELDS
 from keras_gpu_tools.telemetry.nvml import NA, NVML, GPUInfo, NVMLQueryError
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -77,8 +78,13 @@ SLOW_FIELDS = frozenset(
     | {"ecc_corrected_errors", "ecc_uncorrected_errors", "energy_joules"}
 )
 SLOW_PERIOD = 1.0
-# Keys whose epoch maximum is logged too (as `<key>_max`).
-MAX_KEYS = frozenset({"memory_used_mib", "allocator_memory_mib", "power_watts", "temperature_celsius", "rss_mib"})
+# Of those, the two that cost most (the energy counter: milliseconds of CPU; PCIe: most of a millisecond
+# each way) are read every COSTLY_FACTOR slow periods.
+COSTLY_FIELDS = frozenset({"energy_joules", "pcie_tx_mib_per_sec", "pcie_rx_mib_per_sec"})
+COSTLY_FACTOR = 2.0
+# GPM's figures are rates between two of its samples (a fifth of a millisecond of CPU each), so
+# sampling it every GPM_PERIOD still averages over the whole span.
+GPM_PERIOD = 0.5
 
 
 def _simple_readers(nvml: NVML, pcie: bool) -> list[tuple[tuple[str, ...], Callable]]:
@@ -263,6 +269,7 @@ class GPUProbe:
         self.unsupported: dict[str, str] = {}  # field -> why this GPU or driver does not report it
         self.clock = time.monotonic
         self.energy = next((r for k, r in self.readers if isinstance(r, health.Energy)), None)
+        self._gpm_at = -math.inf
         self._slow_read = {k: -math.inf for k, _ in self.readers if SLOW_FIELDS.intersection(k)}  # keys -> last read
 
     def _drop(self, keys: tuple[str, ...], reason: str) -> None:
@@ -301,7 +308,7 @@ class GPUProbe:
         for keys, reader in list(self.readers):
             last = self._slow_read.get(keys)
             if last is not None:
-                if now - last < SLOW_PERIOD:
+                if now - last < SLOW_PERIOD * (COSTLY_FACTOR if COSTLY_FIELDS.intersection(keys) else 1.0):
                     # A mean is over the samples that carry it; a count (energy) is 0 until the next reading.
                     out.update({self.prefix + k: 0.0 for k in keys if k in SUM_FIELDS})
                     continue
@@ -329,7 +336,8 @@ class GPUProbe:
             for key, value in zip(keys, values):
                 if value is not NA:
                     out[self.prefix + key] = value
-        if self.gpm is not None:
+        if self.gpm is not None and now - self._gpm_at >= GPM_PERIOD:
+            self._gpm_at = now
             try:
                 gpm_values = self.gpm.read()
             except Exception as e:  # a GPM failure costs GPM only
@@ -376,21 +384,28 @@ class HostProbe:
         self.process.cpu_percent(None)
         psutil.cpu_percent(None)
         self._cpu_since = time.monotonic()
+        self._complete_at: float | None = None  # the last read with CPU use in it
 
     # Over a shorter span cpu_percent is mostly rounding noise (a sample right
     # after priming can read several times the machine's capacity).
     MIN_CPU_SPAN = FIRST_SPAN
 
+    # Reading /proc costs about half a millisecond of CPU: after the first read with CPU use in it,
+    # at most one a second (a sample in between carries none; the epoch's figures carry the last).
+    PERIOD = SLOW_PERIOD
+
     def read(self) -> dict[str, float]:
         if self.process is None:
             return {}
+        now = time.monotonic()
+        if self._complete_at is not None and now - self._complete_at < self.PERIOD:
+            return {}
         try:
             out = {schema.HOST_RSS_MIB: self.process.memory_info().rss / MIB}
-            now = time.monotonic()
             if now - self._cpu_since >= self.MIN_CPU_SPAN:
                 out[schema.HOST_CPU_PERCENT] = float(self.process.cpu_percent(None))
                 out[schema.HOST_SYSTEM_CPU_PERCENT] = float(self.psutil.cpu_percent(None))
-                self._cpu_since = now
+                self._cpu_since = self._complete_at = now
             return out
         except Exception as e:
             self.warn("host", f"host metrics could not be read ({e}); left out from now on.")
@@ -448,7 +463,7 @@ class MetricSampler:
             self.latest.update(out)
             if self.keys is None:
                 self.keys = tuple(out)
-                self._counts = tuple(k for k in out if k.rsplit("/", 1)[-1] in SUM_FIELDS)
+                self._counts = tuple(k for k in out if field_of(k) in SUM_FIELDS)
             for key in self._counts:
                 if key not in out:  # a count that stopped reporting: not measured (NaN), never 0
                     self.latest[key] = math.nan
@@ -517,82 +532,3 @@ class MetricSampler:
             self.events.close()
         for probe in self.gpu_probes:
             probe.close()
-
-
-class Aggregate:
-    """Running count, sum and max per key."""
-
-    __slots__ = ("count", "sums", "maxs", "counts", "last")
-
-    def __init__(self):
-        self.count = 0
-        self.sums: dict[str, float] = {}
-        self.maxs: dict[str, float] = {}
-        self.counts: dict[str, int] = {}
-        self.last: dict[str, float] = {}
-
-    def add(self, sample: dict[str, float]) -> None:
-        self.count += 1
-        for key, value in sample.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
-            self.counts[key] = self.counts.get(key, 0) + 1
-            prev = self.maxs.get(key)
-            self.maxs[key] = value if prev is None or value > prev else prev
-        self.last = sample
-
-    def counts_only(self) -> Aggregate:
-        """A new aggregate with this one's counts per sample (energy, XID events) alone, nothing else."""
-        out = Aggregate()
-        for key, total in self.sums.items():
-            if key.rsplit("/", 1)[-1] in SUM_FIELDS:
-                out.sums[key], out.counts[key], out.maxs[key] = total, self.counts[key], self.maxs[key]
-        return out
-
-    def means(self) -> dict[str, float]:
-        """Each key's epoch value: the mean; for counts per sample the sum, for running totals the last."""
-        out = {}
-        for key, total in self.sums.items():
-            field = key.rsplit("/", 1)[-1]
-            if field in SUM_FIELDS:
-                out[key] = total
-            elif field in LAST_FIELDS:
-                out[key] = self.maxs[key]  # a running total only grows within a span
-            else:
-                out[key] = total / self.counts[key]
-        return out
-
-    def summary(
-        self,
-        max_keys: frozenset = MAX_KEYS,
-        keys: Sequence[str] | None = None,
-        latest: dict[str, float] | None = None,
-    ) -> dict[str, float]:
-        """Means, plus ``<key>_max`` for the keys where the peak matters.
-
-        With ``keys``, exactly those keys (and their ``_max``) in that order:
-        one with no value here takes its value in ``latest`` (mean and max),
-        but a count per sample (energy, XID events) is 0 (what it counts is in
-        the next sample, and so in the next span), or NaN where it stopped
-        reporting.
-        """
-        means = self.means()
-        if keys is None:
-            out = means
-            for key, peak in self.maxs.items():
-                if key.rsplit("/", 1)[-1] in max_keys:
-                    out[key + "_max"] = peak
-            return out
-        latest = latest or {}
-        out = {}
-        for key in keys:
-            value = means.get(key, latest.get(key))
-            if key not in means and value is not None and key.rsplit("/", 1)[-1] in SUM_FIELDS:
-                value = value if math.isnan(value) else 0.0
-            if value is not None:
-                out[key] = value
-        for key in keys:
-            if key.rsplit("/", 1)[-1] in max_keys:
-                value = self.maxs.get(key, latest.get(key))
-                if value is not None:
-                    out[key + "_max"] = value
-        return out

@@ -68,6 +68,7 @@ def fake_nvml(**gpu_kwargs):
 
 def test_epoch_logs_and_tensorboard_series(tmp_path, monkeypatch):
     monkeypatch.setattr(sampler, "SLOW_PERIOD", 0.0)  # a point of every field at each of these short ticks
+    monkeypatch.setattr(sampler, "GPM_PERIOD", 0.0)
     fake, nvml = fake_nvml()
     x, y = regression_data(256)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)

@@ -45,6 +45,23 @@ def test_events_read_back_by_tensorboard_while_the_writer_is_open(tmp_path):
     assert "late" not in _read(tmp_path / "gpu").Tags()["scalars"]
 
 
+def test_scalars_handed_over_are_written_by_another_thread_or_at_close(tmp_path):
+    w = EventWriter(str(tmp_path / "gpu"))
+    w.scalars_later({"gpu_epoch/0/power_watts": 300.0}, step=7)
+    assert "gpu_epoch/0/power_watts" not in _read(tmp_path / "gpu").Tags()["scalars"]  # handed over: not yet written
+    t = threading.Thread(target=w.write_later)
+    t.start()
+    t.join()
+    assert [(e.step, e.value) for e in _read(tmp_path / "gpu").Scalars("gpu_epoch/0/power_watts")] == [(7, 300.0)]
+    w.write_later()  # nothing pending: nothing written twice
+    w.scalars_later({"gpu_epoch/0/power_watts": 310.0}, step=8)
+    w.close()  # what is still pending is written before the file closes
+    assert [e.step for e in _read(tmp_path / "gpu").Scalars("gpu_epoch/0/power_watts")] == [7, 8]
+    w.scalars_later({"gpu_epoch/0/power_watts": 1.0}, step=9)  # after close: dropped
+    w.write_later()
+    assert [e.step for e in _read(tmp_path / "gpu").Scalars("gpu_epoch/0/power_watts")] == [7, 8]
+
+
 def test_two_writers_in_one_run_dir_never_share_a_file(tmp_path):
     a, b = EventWriter(str(tmp_path / "run")), EventWriter(str(tmp_path / "run"))
     a.close()

@@ -7,11 +7,12 @@ import pytest
 from keras_gpu_tools.errors import GPUMonitoringWarning
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime.warn_once import WarnOnce
+from keras_gpu_tools.telemetry.aggregate import Aggregate
 from keras_gpu_tools.telemetry.devices import visible_gpus
 from keras_gpu_tools.telemetry.health import HealthRecord, XidWatcher, energy_increment
 from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS, THROTTLE_REASONS
 from keras_gpu_tools.telemetry.nvml import NVML
-from keras_gpu_tools.telemetry.sampler import Aggregate, GPUProbe, MetricSampler
+from keras_gpu_tools.telemetry.sampler import GPUProbe, MetricSampler
 from tests.helpers.fake_nvml import NVML_ERROR_UNKNOWN, FakeGPU, FakeNVML
 
 FUNCTION_NOT_FOUND = 13

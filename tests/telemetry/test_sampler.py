@@ -7,10 +7,10 @@ import pytest
 
 from keras_gpu_tools.errors import GPUMonitoringWarning
 from keras_gpu_tools.runtime.warn_once import WarnOnce
+from keras_gpu_tools.telemetry.aggregate import Aggregate
 from keras_gpu_tools.telemetry.devices import visible_gpus
 from keras_gpu_tools.telemetry.nvml import NVML
 from keras_gpu_tools.telemetry.sampler import (
-    Aggregate,
     GPUProbe,
     HostProbe,
     MetricSampler,
@@ -168,6 +168,9 @@ def test_host_cpu_is_not_read_over_a_too_short_span(monkeypatch):
     time.sleep(HostProbe.MIN_CPU_SPAN + 0.02)
     second = host.read()
     assert 0 <= second["host/system_cpu_percent"] <= 100
+    assert host.read() == {}  # then at most one read a period (/proc costs CPU)
+    monkeypatch.setattr(HostProbe, "PERIOD", 0.0)
+    assert host.read()["host/rss_mib"] > 0
 
 
 def test_failing_allocator_warns_once_and_sampling_goes_on():
@@ -182,17 +185,6 @@ def test_failing_allocator_warns_once_and_sampling_goes_on():
     assert sampler.sample()["gpu/0/utilization_percent"] == 87.0
 
 
-def test_aggregate_mean_max_and_summary():
-    agg = Aggregate()
-    agg.add({"gpu/0/utilization_percent": 10.0, "gpu/0/memory_used_mib": 100.0})
-    agg.add({"gpu/0/utilization_percent": 30.0, "gpu/0/memory_used_mib": 300.0})
-    agg.add({"gpu/0/utilization_percent": 20.0})  # a key can miss from a sample
-    assert agg.means() == {"gpu/0/utilization_percent": 20.0, "gpu/0/memory_used_mib": 200.0}
-    summary = agg.summary()
-    assert summary["gpu/0/memory_used_mib_max"] == 300.0
-    assert "gpu/0/utilization_percent_max" not in summary
-
-
 def test_first_sample_has_every_key_and_fixes_the_epoch_keys():
     fake, probe = probe_for(FakeGPU())
     sampler = MetricSampler([probe], HostProbe(WarnOnce()))
@@ -201,39 +193,27 @@ def test_first_sample_has_every_key_and_fixes_the_epoch_keys():
     assert time.monotonic() - t0 >= HostProbe.MIN_CPU_SPAN - 0.01
     assert {"gpu/0/sm_activity_percent", "host/cpu_percent", "host/system_cpu_percent"} <= set(first)
     assert sampler.keys == tuple(first)
-    second = sampler.sample()  # too soon for CPU use: left out of the sample
-    assert "host/cpu_percent" not in second and time.monotonic() - t0 < 1.0
+    second = sampler.sample()  # too soon for the host's figures (at most one read a second): left out
+    assert not any(k.startswith("host/") for k in second) and time.monotonic() - t0 < 1.0
 
     agg = Aggregate()
     agg.add(second)
     summary = sampler.epoch_summary(agg)  # CPU use carried from the first sample
     assert list(summary)[: len(first)] == list(first)
     assert summary["host/cpu_percent"] == first["host/cpu_percent"]
-    assert summary["host/rss_mib_max"] == second["host/rss_mib"]
+    assert summary["host/rss_mib_max"] == first["host/rss_mib"]
     empty = sampler.epoch_summary(Aggregate())  # an epoch without a sample: the latest values
     assert set(empty) == set(summary) and empty["gpu/0/utilization_percent"] == 87.0
     assert MetricSampler([], None).epoch_summary(Aggregate()) == {}
 
 
-def test_aggregate_summary_over_fixed_keys():
-    agg = Aggregate()
-    agg.add({"gpu/0/memory_used_mib": 100.0, "extra": 1.0})
-    latest = {"gpu/0/memory_used_mib": 150.0, "host/rss_mib": 7.0}
-    summary = agg.summary(keys=("host/rss_mib", "gpu/0/memory_used_mib"), latest=latest)
-    assert summary == {
-        "host/rss_mib": 7.0,
-        "gpu/0/memory_used_mib": 100.0,
-        "host/rss_mib_max": 7.0,
-        "gpu/0/memory_used_mib_max": 100.0,
-    }
-
-
 def test_slow_fields_are_read_at_most_once_a_period_and_the_others_every_tick(monkeypatch):
-    # Utilization and power cost milliseconds of CPU a call and are averages over NVML's own window:
-    # at the default interval they are read once a second, the clock-event reasons every tick.
+    # Utilization and power are averages over NVML's own window: read once a second; the energy
+    # counter and PCIe (milliseconds of CPU a reading) every two; the clock-event reasons every tick.
     from keras_gpu_tools.telemetry import sampler as sampler_module
 
     monkeypatch.setattr(sampler_module, "SLOW_PERIOD", 1.0)
+    monkeypatch.setattr(sampler_module, "GPM_PERIOD", 0.5)
     fake, probe = probe_for(FakeGPU())
     now = [100.0]
     probe.clock = lambda: now[0]
@@ -246,3 +226,11 @@ def test_slow_fields_are_read_at_most_once_a_period_and_the_others_every_tick(mo
     assert [i for i, s in enumerate(samples) if "gpu/0/power_watts" in s] == [0, 4]
     assert all("gpu/0/throttle_power_percent" in s and "gpu/0/sm_clock_mhz" in s for s in samples)
     assert fake.count("nvmlDeviceGetUtilizationRates") == 2
+    assert [i for i, s in enumerate(samples) if "gpu/0/pcie_tx_mib_per_sec" in s] == [0]
+    # GPM's rates span the time between two of its samples: every other tick still covers every tick.
+    assert [i for i, s in enumerate(samples) if "gpu/0/sm_activity_percent" in s] == [2, 4, 6]
+    energy = [s.get("gpu/0/energy_joules") for s in samples]  # the first reading is the counter's baseline
+    assert energy[1:] == [0.0] * 7  # not read in between: 0 joules there, none counted twice
+    assert fake.count("nvmlDeviceGetTotalEnergyConsumption") == 1
+    samples.append(probe.read())  # t = 102.0: two periods since the first reading
+    assert "gpu/0/pcie_tx_mib_per_sec" in samples[-1] and samples[-1]["gpu/0/energy_joules"] > 0
