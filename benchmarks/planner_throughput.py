@@ -9,6 +9,7 @@ candidate's, and not below the largest fitting batch's; and the planning wall ti
 
     python benchmarks/planner_throughput.py --backend jax --model conv --max-seconds 110   # H200, ~4 min
     python benchmarks/planner_throughput.py --backend torch --model mlp                   # H200
+    python benchmarks/planner_throughput.py --backend jax --model conv --max-seconds 110 --plan-only  # its time
     python benchmarks/planner_throughput.py --backend jax --smoke                          # CPU check, seconds
 """
 
@@ -29,6 +30,11 @@ def _parse():
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--max-seconds", type=float, default=None, help="plan_batch_size's budget (default: none)")
     p.add_argument("--max-batch-size", type=int, default=None, help="bound the candidates (needed on a CPU)")
+    p.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="the plan and its wall time alone, without the plain fits that check it",
+    )
     args = p.parse_args()
     if args.smoke:
         args.image_size, args.max_batch_size = 16, args.max_batch_size or 32
@@ -117,7 +123,7 @@ def measure(args, kind: str) -> dict:
     print(plan)
     fitting = [c for c in plan.candidates if c.fits]
     independent = {}
-    for c in fitting:
+    for c in fitting if not args.plan_only else []:
         if c.measured or c is fitting[-1]:
             try:
                 expected = c.samples_per_sec or max((m.samples_per_sec or 0 for m in fitting), default=0) or None
@@ -154,6 +160,11 @@ def main() -> int:
         fast = {b: v for b, v in r["independent_samples_per_sec"].items() if isinstance(v, float)}
         chosen = fast.get(r["batch_size"])
         print(f"{kind}: planned in {r['plan_seconds']} s; chosen {r['batch_size']}: {chosen}; all {fast}")
+        if args.max_seconds is not None:
+            check(r["plan_seconds"] <= args.max_seconds, f"{kind}: planned within max_seconds={args.max_seconds:g}")
+        if args.plan_only:
+            check(r["batch_size"] is not None, f"{kind}: a batch was planned ({r['batch_size']})")
+            continue
         check(chosen is not None, f"{kind}: the chosen batch trains ({r['batch_size']})")
         if chosen is None or args.smoke:  # a CPU's timings say nothing of a GPU's knee
             continue

@@ -112,12 +112,27 @@ def knee(rows: Sequence[Candidate], tolerance: float = KNEE_TOLERANCE) -> tuple[
     return chosen, why
 
 
+def expected_seconds(measured: Sequence[tuple[float, float]]) -> float:
+    """What the next, larger candidate is expected to take, from the measured ones' (compile, wall) seconds.
+
+    Compiles grow with the batch (XLA's autotuning about doubles with it): the
+    last compile, grown as it grew over the one before (1x to 4x), plus the
+    last steady-state measurement. 0 before the first.
+    """
+    if not measured:
+        return 0.0
+    compiled, wall = measured[-1]
+    growth = 1.0
+    if len(measured) >= 2 and measured[-2][0] > 0:
+        growth = min(4.0, max(1.0, compiled / measured[-2][0]))
+    return compiled * growth + max(0.0, wall - compiled)
+
+
 class Budget:
     """``max_seconds`` of planning: whether a candidate can still be measured.
 
-    A candidate is expected to take what the previous one took to compile
-    (compiles grow with the batch) plus its steady-state measurement; one that
-    would not finish within what is left is not measured.
+    A candidate is expected to take :func:`expected_seconds`; one that would
+    not finish within what is left is not measured (a compile cannot be cut short).
     """
 
     def __init__(self, max_seconds: float | None, clock: Callable[[], float] = time.perf_counter):
@@ -140,8 +155,8 @@ class Budget:
             return f"the budget of {self.max_seconds:g} s was spent"
         if expected_seconds > left:
             return (
-                f"its compile and measurement would take about {expected_seconds:.1f} s (from the previous "
-                f"candidate's), more than the {left:.1f} s left of max_seconds={self.max_seconds:g}"
+                f"its compile and measurement would take about {expected_seconds:.1f} s (compiles grow with the "
+                f"batch), more than the {left:.1f} s left of max_seconds={self.max_seconds:g}"
             )
         return None
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.memory.search import Trial, sample_batch
-from keras_gpu_tools.memory.throughput import Budget, Candidate, candidate_sizes, slowest
+from keras_gpu_tools.memory.throughput import Budget, Candidate, candidate_sizes, expected_seconds, slowest
 from keras_gpu_tools.memory.timed_fit import Pace, time_batch
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -123,11 +123,12 @@ class ThroughputRun:
         """The rows of every candidate up to ``largest`` per device (dividing ``divides`` where given)."""
         sizes = candidate_sizes(largest, smallest=max(1, largest // SMALLEST_SHARE), divides=divides)
         rows: list[Candidate] = []
-        expected, stop_reason = 0.0, ""
+        measured: list[tuple[float, float]] = []  # (compile, wall) seconds of each measured candidate
+        stop_reason = ""
         for per_device in sizes:
             b = per_device * self.replicas
             peak_mib, fits = self._peak(per_device, trials)
-            reason = stop_reason or (self.budget.refuses(expected) or "")
+            reason = stop_reason or (self.budget.refuses(expected_seconds(measured)) or "")
             reasons = [r for r in self._agree(f"go{per_device}", reason) if r]
             if reasons:
                 rows.append(Candidate(b, per_device, fits, peak_mib=peak_mib, reason=reasons[0]))
@@ -146,7 +147,7 @@ class ThroughputRun:
                 stop_reason = f"not measured: batch {b} ran out of memory when trained"
                 rows.append(Candidate(b, per_device, False, peak_mib=peak_mib, reason="ran out of memory when trained"))
                 continue
-            expected = timing.wall_seconds  # the next candidate compiles at least as long
+            measured.append((timing.compile_seconds, timing.wall_seconds))
             flops = self._flops(per_device)
             mfu = None
             if flops and self.peak_flops:

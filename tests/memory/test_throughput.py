@@ -2,7 +2,15 @@
 
 import pytest
 
-from keras_gpu_tools.memory.throughput import Budget, Candidate, candidate_sizes, format_table, knee, slowest
+from keras_gpu_tools.memory.throughput import (
+    Budget,
+    Candidate,
+    candidate_sizes,
+    expected_seconds,
+    format_table,
+    knee,
+    slowest,
+)
 
 
 def row(b, sps, compile_s=1.0, measured=True, reason=""):
@@ -52,6 +60,15 @@ def test_the_budget_refuses_a_candidate_that_would_not_finish_in_what_is_left():
     now[0] = 11.0
     assert "spent" in budget.refuses(0.0)
     assert budget.elapsed() == 11.0
+
+
+def test_the_next_candidate_is_expected_to_compile_as_much_longer_as_the_last_did():
+    assert expected_seconds([]) == 0.0  # the first candidate is always measured
+    assert expected_seconds([(3.0, 5.0)]) == 5.0  # one compile: as long again, plus the steady part
+    # The planner's JAX conv net on an H200 (compiles 11.7, 22.3 s): the next about 43 s, as it was (43.8 s).
+    assert expected_seconds([(11.7, 14.0), (22.3, 24.6)]) == pytest.approx(22.3 * 22.3 / 11.7 + 2.3)
+    assert expected_seconds([(5.0, 7.0), (4.0, 6.0)]) == 6.0  # a shorter compile: never expected to shrink
+    assert expected_seconds([(0.001, 1.0), (1.0, 2.0)]) == 5.0  # growth capped at 4x (noise of tiny compiles)
 
 
 def test_a_job_takes_each_candidates_slowest_process_and_agrees_on_the_knee():
