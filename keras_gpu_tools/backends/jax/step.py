@@ -74,8 +74,8 @@ def _call_jax(backend: JaxStep, hook, state, iterator):
         else:
             rec.compute = rec.end - rec.start - timer.total
         hook.check_signature(rec, timer.last)
-        if hook.capture_args:  # shapes for an observer's cost analysis
-            rec.extra["jax_args"] = (state, timer.last)
+        if hook.capture_args and not rec.warmup:  # shapes for an observer's cost analysis
+            rec.extra["step_args"] = (state, timer.last)
     timer.it = timer.last = None
     return out
 
