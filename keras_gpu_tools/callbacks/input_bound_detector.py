@@ -84,8 +84,8 @@ class InputBoundDetector(FitCallback):
     | `throughput/flops_per_sec_per_device` | FLOP/s | the same per device that runs the step |
     | `throughput/mfu` | 0..1 | model FLOPs utilization: against the summed dense peaks of the step's devices |
 
-    FLOPs come from XLA's cost analysis on JAX or `flops_per_step`, the peak
-    from a table of NVIDIA GPUs or `peak_flops` (times the step's devices).
+    FLOPs are counted by the backend once per fit (`flops_source` says how) or given as
+    `flops_per_step`, the peak from a table of NVIDIA GPUs or `peak_flops` (times the step's devices).
 
     In a job of several processes each writes its own run,
     ``log_dir/<run_name>/process_<i>``; at each epoch end they exchange their
@@ -131,7 +131,7 @@ class InputBoundDetector(FitCallback):
         progress_bar: which of them Keras's progress bar shows: `"brief"`
             (`input/wait_fraction`), `"all"` or `"none"`. Defaults to `"brief"`.
         flops_per_step: FLOPs of one training step over its global batch
-            (None: XLA cost analysis on JAX). Defaults to `None`.
+            (None: counted by the backend). Defaults to `None`.
         peak_flops: ONE device's peak FLOP/s (None: from the table, for
             NVIDIA GPUs). MFU divides by it times the number of devices that
             run the step. Defaults to `None`.

@@ -65,3 +65,16 @@ def test_the_dtype_of_the_matmuls_picks_the_figure():
     assert peaks.peak_flops("NVIDIA H100 80GB HBM3", peaks.matmul_dtype("float16", tf32=True)) == pytest.approx(
         989.4 * T
     )
+
+
+def test_docs_show_every_row_with_its_figures_and_source():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "mfu.md").read_text(encoding="utf-8")
+
+    def cell(v):
+        return "-" if v is None else f"{v:g}"
+
+    for _, label, figures in peaks._PEAKS:
+        cells = [label, *(cell(figures.get(d)) for d in ("fp32", "tf32", "fp16", "bf16", "fp8")), peaks.SOURCES[label]]
+        assert "| " + " | ".join(cells) + " |" in doc, label
