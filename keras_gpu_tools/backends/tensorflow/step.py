@@ -119,8 +119,10 @@ class TFStep(Backend):
     def step_flops(self, train_function: Callable, specs) -> tuple[float | None, str]:
         """FLOPs of Keras's per-batch step on a batch of ``specs``: XLA's HLO when jit-compiled, else the graph's."""
         function = ki.tf_step_function(train_function)
-        if function is None or specs is None:
+        if specs is None:
             return None, ""
+        if function is None:
+            raise ValueError("the step runs eagerly (run_eagerly=True): there is no traced step to count")
         return step_flops(function, specs)
 
     def uses_tf32(self) -> bool:
