@@ -57,6 +57,18 @@ def test_counting_the_flops_changes_nothing_trained(backend):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.multibackend
+def test_a_second_fit_of_the_model_has_the_same_flops(backend):
+    # TensorFlow and torch keep each batch shape's count for the compiled step: the second fit reuses it.
+    model, per_step = mlp_model(), []
+    for _ in range(2):
+        det = InputBoundDetector(sample_every=2, log_dir=None, verbose=0, peak_flops=PEAK)
+        hist = _fit(model, [det])
+        per_step.append(hist.history["throughput/flops_per_sec"][-1] / hist.history["throughput/steps_per_sec"][-1])
+        assert det.flops_source is not None
+    assert per_step[1] == pytest.approx(per_step[0], rel=1e-6)
+
+
 def test_a_convolution_step_on_tensorflow_counts_forward_and_both_gradients():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("TensorFlow's graph and HLO counts")

@@ -1,9 +1,10 @@
 """The FLOPs of one torch training step: ``torch.utils.flop_counter.FlopCounterMode`` over a real step.
 
 The detector counts the step the user trains anyway: one sampled call of the
-fit, after the first of its batch shape, runs inside the counter, once per fit
-(the count costs that one step Python time per op, so its timing is left out
-like a warm-up step's). Nothing is repeated or added: no second forward pass,
+fit, after the first of its batch shape, runs inside the counter (the count
+costs that one step Python time per op, so its timing is left out like a
+warm-up step's); each batch shape of Keras's train function is counted once,
+and a later fit reuses the count. Nothing is repeated or added: no second forward pass,
 no extra optimizer update, which a count on a copy would need (a copy of the
 model, or a forward and backward pass that moves BatchNorm's statistics and
 the dropout generator). The counter covers the forward and backward matmuls,

@@ -9,7 +9,9 @@ fit()'s epoch iterator, so fetch time is measured by wrapping that iterator
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 from keras_gpu_tools.backends.base import Backend
 from keras_gpu_tools.backends.torch.flops import SOURCE, CountedFlops
@@ -18,6 +20,9 @@ from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import leading_dim
 
 logger = logging.getLogger("keras_gpu_tools")
+
+# Keras's train function -> {batch signature: FLOPs per step}: each shape is counted once.
+_COUNTS: weakref.WeakKeyDictionary[Callable, dict[Any, float]] = weakref.WeakKeyDictionary()
 
 
 def _call_torch(hook, data):
@@ -54,6 +59,10 @@ def _counted_step(hook, rec, data):
     step to run as always.
     """
     hook.capture_args = False  # one count per fit; the observer asks again where it needs one
+    counts = _COUNTS.setdefault(hook.original, {})
+    if rec.signature in counts:  # this step on this batch shape was counted in an earlier fit
+        rec.extra["step_args"] = CountedFlops(counts[rec.signature])
+        return hook.around(rec, lambda: hook.inner(data))
     rec.warmup = True
     try:
         from torch.utils.flop_counter import FlopCounterMode
@@ -67,7 +76,8 @@ def _counted_step(hook, rec, data):
         out = hook.around(rec, lambda: hook.inner(data))
     finally:
         counter.__exit__(None, None, None)
-    rec.extra["step_args"] = CountedFlops(counter.get_total_flops() / max(_steps_of(data), 1))
+    counts[rec.signature] = flops = counter.get_total_flops() / max(_steps_of(data), 1)
+    rec.extra["step_args"] = CountedFlops(flops)
     return out
 
 
