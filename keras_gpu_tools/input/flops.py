@@ -1,8 +1,8 @@
 """MFU's two inputs: the FLOPs of the training step and the peak FLOP/s of the devices that run it.
 
 FLOPs come from the backend, once per fit (``Backend.step_flops``): XLA's
-cost analysis of the step on JAX (where the installed JAX offers none, the
-matmul and convolution FLOPs of the step's jaxpr); on TensorFlow the dots and
+cost analysis of the step on JAX (or the matmul and convolution FLOPs of the
+step's jaxpr, where a loop makes them more or JAX offers no analysis); on TensorFlow the dots and
 convolutions of the step's XLA HLO when it is jit-compiled, else the matmuls
 and convolutions of its traced graph; on torch ``FlopCounterMode`` over one
 real training step. Or they come from the user. The peak comes from a table

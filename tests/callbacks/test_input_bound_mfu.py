@@ -69,6 +69,25 @@ def test_a_second_fit_of_the_model_has_the_same_flops(backend):
     assert per_step[1] == pytest.approx(per_step[0], rel=1e-6)
 
 
+@pytest.mark.multibackend
+def test_a_recurrent_layer_counts_every_timestep(backend):
+    # XLA's HLO and cost analysis count a loop's body once; the graph (TensorFlow) and the jaxpr (JAX)
+    # know the trip count, and torch's Keras LSTM loops in Python.
+    keras.utils.set_random_seed(0)
+    steps, features, units, batch = 32, 64, 32, 32
+    model = keras.Sequential([keras.Input((steps, features)), keras.layers.LSTM(units), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x, y = np.zeros((8 * batch, steps, features), "float32"), np.zeros((8 * batch, 1), "float32")
+    det = InputBoundDetector(sample_every=2, log_dir=None, verbose=0, peak_flops=PEAK)
+    hist = model.fit(x, y, batch_size=batch, epochs=2, verbose=0, callbacks=[det])
+    per_step = hist.history["throughput/flops_per_sec"][-1] / hist.history["throughput/steps_per_sec"][-1]
+    macs = steps * 4 * units * (features + units)  # per sample, every timestep
+    recurrent = steps * 4 * units * units
+    # forward 2x, the kernels' gradients 2x, the hidden state's gradient 2x (none for the input: it is data)
+    hand = batch * (4 * macs + 2 * recurrent)
+    assert per_step == pytest.approx(hand, rel=0.05), det.flops_source
+
+
 def test_a_convolution_step_on_tensorflow_counts_forward_and_both_gradients():
     if keras.backend.backend() != "tensorflow":
         pytest.skip("TensorFlow's graph and HLO counts")

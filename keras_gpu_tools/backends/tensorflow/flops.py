@@ -8,8 +8,10 @@ Two sources, by how the step is compiled:
   ``convolution`` of every computation.
 - otherwise: the ``MatMul``, ``BatchMatMul``, ``Einsum`` and convolution ops
   (forward and their gradients) of the step's traced graph, with their static
-  shapes, nested function bodies included (a ``While`` body counted once, an
-  ``If`` its costlier branch).
+  shapes, nested function bodies included (a ``While`` body times its trip
+  count where the graph fixes it, else once; an ``If`` its costlier branch).
+  The HLO counts a loop's body once, so a step with such a loop (a Keras RNN)
+  is counted from its graph even when jit-compiled.
 
 Both trace Keras's per-batch step function afresh as a new ``tf.function``
 for the batch's shapes: nothing runs, no variable changes and Keras's own
@@ -27,6 +29,7 @@ from typing import Any
 
 XLA_SOURCE = "XLA HLO of the jit-compiled step (dot and convolution FLOPs)"
 GRAPH_SOURCE = "traced TensorFlow graph of the step (MatMul, BatchMatMul, Einsum and convolution FLOPs)"
+LOOP_NOTE = ", its loops times their trip counts (XLA's HLO would count a loop's body once)"
 
 _CACHE: weakref.WeakKeyDictionary[Any, dict[Any, tuple[float | None, str]]] = weakref.WeakKeyDictionary()
 
@@ -200,11 +203,45 @@ def _live_ops(graph) -> list[Any]:
     return [op for op in ops if id(op) in live]
 
 
-def graph_flops(graph, _depth: int = 0) -> float:
+def _static(tensor, depth: int = 0):
+    """The value of a tensor the graph fixes (a constant, or the max/min of one), else None."""
+    import numpy as np
+    import tensorflow as tf
+
+    value = tf.get_static_value(tensor)
+    if value is not None or depth > 8:
+        return value
+    op = tensor.op
+    if op.type == "Identity":
+        return _static(op.inputs[0], depth + 1)
+    if op.type in ("Max", "Min"):
+        x, axis = _static(op.inputs[0], depth + 1), _static(op.inputs[1], depth + 1)
+        if x is None or axis is None:
+            return None
+        reduce = np.max if op.type == "Max" else np.min
+        return reduce(x, axis=tuple(int(a) for a in np.atleast_1d(axis)), keepdims=op.get_attr("keep_dims"))
+    return None
+
+
+def _trip_count(op) -> int | None:
+    """A ``While``'s iterations where its ``maximum_iterations`` input is fixed (a Keras RNN's timesteps)."""
+    if len(op.inputs) < 2:
+        return None
+    try:
+        value = _static(op.inputs[1])
+        n = int(value) if value is not None and getattr(value, "size", 1) == 1 else -1
+    except Exception:
+        return None
+    return n if n > 0 else None
+
+
+def graph_flops(graph, loops: list[int] | None = None, _depth: int = 0) -> float:
     """Matmul, einsum and convolution FLOPs of a TensorFlow graph, its functions' bodies included.
 
     Only ops the graph's outputs or stateful ops (variable updates) depend on
-    count: a gradient no one needs is pruned before the step runs.
+    count: a gradient no one needs is pruned before the step runs. A loop's
+    body counts its trip count times where the graph fixes it (then appended
+    to ``loops``), else once.
     """
     if _depth > 32:
         return 0.0
@@ -220,13 +257,20 @@ def graph_flops(graph, _depth: int = 0) -> float:
                 total += _conv_flops(op)
             elif kind in ("If", "StatelessIf"):
                 branches = _function_graphs(graph, op, "then_branch") + _function_graphs(graph, op, "else_branch")
-                total += max((graph_flops(g, _depth + 1) for g in branches), default=0.0)
+                total += max((graph_flops(g, loops, _depth + 1) for g in branches), default=0.0)
             elif kind in ("Case", "StatelessCase"):
-                total += max((graph_flops(g, _depth + 1) for g in _function_graphs(graph, op, "branches")), default=0.0)
+                branches = _function_graphs(graph, op, "branches")
+                total += max((graph_flops(g, loops, _depth + 1) for g in branches), default=0.0)
             elif kind in ("While", "StatelessWhile"):
-                total += sum(graph_flops(g, _depth + 1) for g in _function_graphs(graph, op, "body"))
+                body = sum(graph_flops(g, loops, _depth + 1) for g in _function_graphs(graph, op, "body"))
+                trips = _trip_count(op)
+                if trips is not None and body:
+                    if loops is not None:
+                        loops.append(trips)
+                    body *= trips
+                total += body
             elif kind in ("PartitionedCall", "StatefulPartitionedCall"):
-                total += sum(graph_flops(g, _depth + 1) for g in _function_graphs(graph, op, "f"))
+                total += sum(graph_flops(g, loops, _depth + 1) for g in _function_graphs(graph, op, "f"))
         except Exception:
             continue  # an op this count does not understand adds nothing
     return total
@@ -253,8 +297,12 @@ def step_flops(function, specs) -> tuple[float | None, str]:
     if key in cached:
         return cached[key]
     python_function = function.python_function
-    result: tuple[float | None, str] = (None, "")
-    if getattr(function, "_jit_compile", False):
+    loops: list[int] = []
+    graph = tf.function(python_function).get_concrete_function(specs).graph
+    result: tuple[float | None, str] = (graph_flops(graph, loops) or None, GRAPH_SOURCE)
+    if loops:
+        result = (result[0], GRAPH_SOURCE + LOOP_NOTE)
+    elif getattr(function, "_jit_compile", False):
         flat = tf.nest.flatten(specs)
 
         def flat_step(*args):
@@ -262,11 +310,8 @@ def step_flops(function, specs) -> tuple[float | None, str]:
 
         try:
             hlo = tf.function(flat_step, jit_compile=True).experimental_get_compiler_ir(*flat)(stage="hlo")
-            result = (hlo_flops(hlo) or None, XLA_SOURCE)
+            result = (hlo_flops(hlo) or result[0], XLA_SOURCE)
         except Exception:
-            result = (None, "")
-    if not result[0]:
-        concrete = tf.function(python_function).get_concrete_function(specs)
-        result = (graph_flops(concrete.graph) or None, GRAPH_SOURCE)
+            pass  # the graph's count stands
     cached[key] = result
     return result
