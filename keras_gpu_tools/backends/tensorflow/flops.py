@@ -278,7 +278,7 @@ def graph_flops(graph, loops: list[int] | None = None, _depth: int = 0) -> float
 
 # -- the step ----------------------------------------------------------------------------
 def _spec_key(tf, specs) -> Any:
-    return tuple((tuple(s.shape.as_list()), s.dtype.name) for s in tf.nest.flatten(specs))
+    return tuple(None if s is None else (tuple(s.shape.as_list()), s.dtype.name) for s in tf.nest.flatten(specs))
 
 
 def step_flops(function, specs) -> tuple[float | None, str]:
@@ -303,10 +303,12 @@ def step_flops(function, specs) -> tuple[float | None, str]:
     if loops:
         result = (result[0], GRAPH_SOURCE + LOOP_NOTE)
     elif getattr(function, "_jit_compile", False):
-        flat = tf.nest.flatten(specs)
+        flat = [s for s in tf.nest.flatten(specs) if s is not None]
 
         def flat_step(*args):
-            return python_function(tf.nest.pack_sequence_as(specs, list(args)))
+            given = iter(args)
+            leaves = [None if s is None else next(given) for s in tf.nest.flatten(specs)]
+            return python_function(tf.nest.pack_sequence_as(specs, leaves))
 
         try:
             hlo = tf.function(flat_step, jit_compile=True).experimental_get_compiler_ir(*flat)(stage="hlo")

@@ -112,7 +112,9 @@ class TFStep(Backend):
         if tf is None:
             return None
         try:
-            return tf.nest.map_structure(lambda a: tf.TensorSpec(tuple(a.shape), tf.as_dtype(a.dtype)), args)
+            return tf.nest.map_structure(
+                lambda a: None if a is None else tf.TensorSpec(tuple(a.shape), tf.as_dtype(a.dtype)), args
+            )
         except Exception:
             return None
 
