@@ -227,3 +227,23 @@ def test_a_tf_data_dataset_is_planned_from_one_batch():
     assert [c.batch_size for c in plan.candidates] == [1, 2, 4]
     with pytest.raises(ValueError, match=r"`y`.*Expected None: the dataset yields the targets"):
         plan_batch_size(model, tf.data.Dataset.from_tensor_slices(x).batch(8), y, objective="throughput")
+
+
+def test_each_candidates_mfu_is_its_hand_counted_flops_over_the_peak(monkeypatch):
+    # No GPU here, so no table peak: the planner is given one. The FLOPs are the backend's own count.
+    from keras_gpu_tools import planner
+    from tests.helpers.models import mlp_model, mlp_step_flops
+
+    monkeypatch.setattr(planner, "table_peak", lambda *args: 1e12)
+    model = mlp_model(widths=(128, 128))
+    x, y = np.random.RandomState(0).rand(64, 16).astype("float32"), np.zeros((64, 1), "float32")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    before = values(model)
+    plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=32)
+    assert all(c.mfu is not None and c.mfu > 0 for c in plan.candidates)
+    # From 16 samples on: below, XLA's count on JAX (every op) is ruled by the update's elementwise work.
+    for c in (c for c in plan.candidates if c.batch_size >= 16):
+        hand = mlp_step_flops(c.batch_size, widths=(128, 128)) / c.step_seconds / 1e12
+        assert c.mfu == pytest.approx(hand, rel=0.10), (c.batch_size, c.mfu, hand)
+    for a, b in zip(values(model), before):  # counting changed nothing the model holds
+        np.testing.assert_array_equal(a, b)

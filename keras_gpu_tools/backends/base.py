@@ -21,7 +21,8 @@ class Backend:
     #: Whether the train function pulls its batches itself (TensorFlow, JAX);
     #: torch's fit() fetches them before calling it.
     fetches_inside_step = True
-    #: Whether a step's FLOPs can be read from its traced program (JAX).
+    #: Whether the backend counts a step's FLOPs (``step_flops``): from its traced program (JAX,
+    #: TensorFlow) or while one real step runs (torch).
     traced_flops = False
     #: Whether the memory a step needs can be predicted before running it (JAX).
     predicts_memory = False
@@ -67,7 +68,7 @@ class Backend:
         return None
 
     def step_flops(self, train_function: Callable, specs) -> tuple[float | None, str]:
-        """FLOPs of one step and how they were counted, from the traced step (JAX)."""
+        """FLOPs of one step and how they were counted (``specs``: what :meth:`shape_specs` returned)."""
         return None, ""
 
     def shape_specs(self, args):
@@ -258,7 +259,7 @@ class Backend:
         return None
 
     def plan_step_flops(self, model, batch, replicas: int) -> float | None:
-        """The FLOPs of one training step on ``batch`` (shapes suffice), or None where unknown (all but JAX)."""
+        """The FLOPs of one training step on ``batch`` (shapes suffice), or None where unknown."""
         return None
 
     def step_memory(self, model, batch, replicas: int) -> tuple[list[float], str]:

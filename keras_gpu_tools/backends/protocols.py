@@ -26,7 +26,7 @@ class StepBackend(Protocol):
     #: Whether the train function pulls its batches itself (TensorFlow, JAX);
     #: torch's fit() fetches them before calling it.
     fetches_inside_step: bool
-    #: Whether a step's FLOPs can be read from its traced program (JAX).
+    #: Whether the backend counts a step's FLOPs (JAX, TensorFlow: its traced program; torch: one real step).
     traced_flops: bool
 
     def sync(self, outputs: Any) -> None: ...

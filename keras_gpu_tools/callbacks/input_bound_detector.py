@@ -84,8 +84,8 @@ class InputBoundDetector(FitCallback):
     | `throughput/flops_per_sec_per_device` | FLOP/s | the same per device that runs the step |
     | `throughput/mfu` | 0..1 | model FLOPs utilization: against the summed dense peaks of the step's devices |
 
-    FLOPs come from XLA's cost analysis on JAX or `flops_per_step`, the peak
-    from a table of NVIDIA GPUs or `peak_flops` (times the step's devices).
+    FLOPs are counted by the backend once per fit (`flops_source` says how) or given as
+    `flops_per_step`, the peak from a table of NVIDIA GPUs or `peak_flops` (times the step's devices).
 
     In a job of several processes each writes its own run,
     ``log_dir/<run_name>/process_<i>``; at each epoch end they exchange their
@@ -131,7 +131,7 @@ class InputBoundDetector(FitCallback):
         progress_bar: which of them Keras's progress bar shows: `"brief"`
             (`input/wait_fraction`), `"all"` or `"none"`. Defaults to `"brief"`.
         flops_per_step: FLOPs of one training step over its global batch
-            (None: XLA cost analysis on JAX). Defaults to `None`.
+            (None: counted by the backend). Defaults to `None`.
         peak_flops: ONE device's peak FLOP/s (None: from the table, for
             NVIDIA GPUs). MFU divides by it times the number of devices that
             run the step. Defaults to `None`.
@@ -195,7 +195,7 @@ class InputBoundDetector(FitCallback):
         self._attachment: Attachment | None = None
         self._window = StepStats()
         self._window_t0 = self._epoch_t0 = time.time()
-        self._gpu_logger = self._jax_specs = None
+        self._gpu_logger = self._step_specs = None
         self._cpu: CpuMeter | None = None
         self._epoch_first_call = self._epoch_last_call = -1
 
@@ -234,8 +234,8 @@ class InputBoundDetector(FitCallback):
     def on_step(self, rec: StepRecord) -> None:
         self._global_step += rec.steps + rec.covers
         self._window.add(rec)
-        if self._jax_specs is None and rec.sampled and not rec.warmup and "jax_args" in rec.extra:
-            self._jax_specs = self.backend.shape_specs(rec.extra["jax_args"])
+        if self._step_specs is None and "step_args" in rec.extra:
+            self._step_specs = self.backend.shape_specs(rec.extra["step_args"])
             if self._attachment is not None:
                 self._attachment.hook.capture_args = False
         # A window needs a synced step: without one its compute (and on TensorFlow its fetch) is unknown.
@@ -250,7 +250,7 @@ class InputBoundDetector(FitCallback):
     def _start_fit(self, session) -> None:
         self.notes = []
         self._window, self._window_t0 = StepStats(), time.time()
-        self._jax_specs = None
+        self._step_specs = None
         self.pipeline = ki.describe_pipeline(self.model)
         self._gpu_logger = self._find_gpu_logger()
         gpu = step_flops.trains_on_gpu(self.backend)  # advice about the GPU is left out where none trains
@@ -295,8 +295,8 @@ class InputBoundDetector(FitCallback):
         self._close_window()  # the epoch's last window, however short: windows never span two epochs
         fit = self._fit
         fit.judge.host = self._cpu.read() if self._cpu is not None else {}
-        if fit.flops is None and self._jax_specs is not None and self._attachment is not None:
-            specs, self._jax_specs, original = self._jax_specs, None, self._attachment.hook.original  # once a fit
+        if fit.flops is None and self._step_specs is not None and self._attachment is not None:
+            specs, self._step_specs, original = self._step_specs, None, self._attachment.hook.original  # once a fit
             fit.flops, source = step_flops.step_flops(self.backend, original, specs, self.warnings)
             self.flops_source = source or self.flops_source
         end = fit.end_epoch(epoch, self._epoch_t0, self._global_step)

@@ -1,9 +1,12 @@
 """MFU's two inputs: the FLOPs of the training step and the peak FLOP/s of the devices that run it.
 
-FLOPs come from XLA's cost analysis of the step on JAX (its HLO, computed once
-per fit; where the installed JAX offers no such analysis, the matmul and
-convolution FLOPs of the step's jaxpr), or from the user; the peak from a
-table of NVIDIA GPUs by NVML name and compute dtype (:mod:`keras_gpu_tools.telemetry.peaks`).
+FLOPs come from the backend, once per fit (``Backend.step_flops``): XLA's
+cost analysis of the step on JAX (or the matmul and convolution FLOPs of the
+step's jaxpr, where a loop makes them more or JAX offers no analysis); on TensorFlow the dots and
+convolutions of the step's XLA HLO when it is jit-compiled, else the matmuls
+and convolutions of its traced graph; on torch ``FlopCounterMode`` over one
+real training step. Or they come from the user. The peak comes from a table
+of NVIDIA GPUs by NVML name and compute dtype (:mod:`keras_gpu_tools.telemetry.peaks`).
 Either unknown leaves MFU out, with a warning once.
 """
 
@@ -49,16 +52,16 @@ def table_peak(backend: Any, compute_dtype: str, warn: Warn) -> float | None:
 
 
 def step_flops(backend: Any, step_function: Any, specs: Any, warn: Warn) -> tuple[float | None, str | None]:
-    """The FLOPs of one training step by XLA's cost analysis, and which analysis gave them (None, None: unknown)."""
+    """The FLOPs of one training step from the backend, and which count gave them (None, None: unknown)."""
     try:
         flops, source = backend.step_flops(step_function, specs)
     except Exception as e:
         warn(
             "flops",
-            f"InputBoundDetector: XLA cost analysis failed ({type(e).__name__}: {e}); FLOP/s and MFU are left out.",
+            f"InputBoundDetector: counting the step's FLOPs failed ({type(e).__name__}: {e}); FLOP/s and MFU are left out.",
         )
         return None, None
     if not flops:
-        warn("flops", "InputBoundDetector: XLA's cost analysis reported no FLOP count; FLOP/s and MFU are left out.")
+        warn("flops", "InputBoundDetector: the step's FLOP count came out empty; FLOP/s and MFU are left out.")
         return flops, None
     return flops, source

@@ -113,7 +113,9 @@ class StepHook:
         self.fetch_overhead = 0.0  # TF: the cost of a Python next() itself, subtracted from fetches
         self.fetch_overhead_unknown = True
         self.fetch_timer = None
-        self.capture_args = False  # keep a sampled call's arguments in record.extra["jax_args"]
+        # Count a step's FLOPs: a sampled, non-warm-up call keeps its arguments (JAX, TensorFlow) or its
+        # counted FLOPs (torch) in record.extra["step_args"], for Backend.shape_specs and step_flops.
+        self.capture_args = False
         self._next_full = 0  # the next call index that leaves the fast path (full or light)
         self._next_heavy = 0  # the next call index that takes the full path
         self._call = backend.step_caller(self)

@@ -1,10 +1,14 @@
-"""Dense peak FLOP/s of NVIDIA GPUs, by NVML name and compute dtype.
+"""Dense peak FLOP/s of NVIDIA GPUs, by NVML name and compute dtype, and where each figure comes from.
 
-Figures are NVIDIA's datasheet numbers for dense math (no structured
+Figures are NVIDIA's published numbers for dense math (no structured
 sparsity: where a datasheet quotes "with sparsity", the figure here is half).
 ``fp32`` is the plain FP32 (CUDA core) rate, ``tf32``/``fp16``/``bf16``/``fp8``
-the Tensor Core rates. A GPU or dtype that is not in the table has no peak,
-and then no MFU is reported: it is never guessed.
+the Tensor Core rates with FP32 accumulation, the ones training uses. On
+GeForce cards (RTX 3090, RTX 4090) the Tensor Core rate with FP32 accumulate
+is half the FP16-accumulate rate their spec pages lead with; the table holds
+the FP32-accumulate one. A GPU or dtype that is not in the table has no peak,
+and then no MFU is reported: it is never guessed. :data:`SOURCES` names the
+document and table behind each row (``docs/mfu.md`` shows them all).
 
 The dtype that matters is that of the matrix multiplications. For a float32
 model that is TF32 where the framework uses it: TensorFlow by default (on
@@ -19,13 +23,13 @@ import re
 T = 1e12
 
 # (pattern matched against the normalised NVML name, label, {dtype: TFLOP/s dense})
-# More specific patterns first.
+# More specific patterns first. NVML names users see are in tests/telemetry/test_peaks.py.
 _PEAKS: tuple[tuple[str, str, dict[str, float]], ...] = (
     (r"gh200", "GH200", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}),
     (r"h200 nvl", "H200 NVL", {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5, "fp8": 1670.5}),
     (r"h200", "H200 SXM", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}),
     (r"h100 nvl", "H100 NVL", {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5, "fp8": 1670.5}),
-    (r"h100 pcie", "H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0, "fp8": 1513.0}),
+    (r"h100 pcie", "H100 PCIe", {"fp32": 51.0, "tf32": 378.0, "fp16": 756.5, "bf16": 756.5, "fp8": 1513.0}),
     (r"h100", "H100 SXM", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}),
     (r"h800", "H800 SXM", {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}),
     (r"b200", "B200", {"fp32": 75.0, "tf32": 1100.0, "fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0}),
@@ -34,13 +38,51 @@ _PEAKS: tuple[tuple[str, str, dict[str, float]], ...] = (
     (r"l40s", "L40S", {"fp32": 91.6, "tf32": 183.0, "fp16": 362.05, "bf16": 362.05, "fp8": 733.0}),
     (r"l40", "L40", {"fp32": 90.5, "tf32": 90.5, "fp16": 181.0, "bf16": 181.0, "fp8": 362.0}),
     (r"\bl4\b", "L4", {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0, "fp8": 242.5}),
+    (r"\ba10g\b", "A10G", {"fp32": 35.0, "tf32": 35.0, "fp16": 70.0, "bf16": 70.0}),
     (r"\ba10\b", "A10", {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}),
     (r"\ba40\b", "A40", {"fp32": 37.4, "tf32": 74.8, "fp16": 149.7, "bf16": 149.7}),
+    (r"\bt4\b", "T4", {"fp32": 8.1, "fp16": 65.0}),
     (r"v100.*pcie", "V100 PCIe", {"fp32": 14.0, "fp16": 112.0}),
     (r"v100", "V100 SXM2", {"fp32": 15.7, "fp16": 125.0}),
     (r"rtx 6000 ada", "RTX 6000 Ada", {"fp32": 91.1, "tf32": 182.1, "fp16": 364.2, "bf16": 364.2, "fp8": 728.5}),
     (r"rtx a6000", "RTX A6000", {"fp32": 38.7, "tf32": 77.4, "fp16": 154.8, "bf16": 154.8}),
+    (r"rtx 4090$", "GeForce RTX 4090", {"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2, "fp8": 330.3}),
+    (r"rtx 3090$", "GeForce RTX 3090", {"fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0}),
 )
+
+_HOPPER_WP = 'NVIDIA H100 Tensor Core GPU Architecture whitepaper, table "NVIDIA H100 compared to A100" (SXM5)'
+#: Where each row's figures come from: the document, and the table in it.
+SOURCES: dict[str, str] = {
+    "GH200": "NVIDIA GH200 Grace Hopper Superchip datasheet, specifications table (sparse figures halved)",
+    "H200 NVL": "NVIDIA H200 Tensor Core GPU datasheet, specifications table, H200 NVL column (sparse figures halved)",
+    "H200 SXM": "NVIDIA H200 Tensor Core GPU datasheet, specifications table, H200 SXM column (sparse figures "
+    "halved; the same GH100 rates as H100 SXM, whose exact dense values are in " + _HOPPER_WP + ")",
+    "H100 NVL": "NVIDIA H100 Tensor Core GPU datasheet, specifications table, H100 NVL column (sparse figures halved)",
+    "H100 PCIe": "NVIDIA H100 Tensor Core GPU datasheet, specifications table, H100 PCIe column (sparse figures halved)",
+    "H100 SXM": _HOPPER_WP + "; NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column",
+    "H800 SXM": "the H100 SXM figures (" + _HOPPER_WP + "): the H800 is an H100 SXM with less NVLink bandwidth",
+    "B200": "NVIDIA Blackwell datasheet (GB200 NVL72 / HGX B200), technical specifications table, HGX B200 "
+    "individual GPU column (tensor figures with sparsity, halved)",
+    "A100": "NVIDIA A100 Tensor Core GPU datasheet, specifications table: the same figures for 40GB/80GB, SXM and PCIe",
+    "A800": "NVIDIA A800 datasheet, specifications table (the A100's compute)",
+    "L40S": "NVIDIA L40S datasheet, specifications table (sparse figures halved)",
+    "L40": "NVIDIA L40 datasheet, specifications table (sparse figures halved)",
+    "L4": "NVIDIA L4 Tensor Core GPU datasheet, specifications table (sparse figures halved)",
+    "A10G": "no NVIDIA datasheet: AWS's figures for the EC2 G5 instances' A10G, as tabled in Baseten's "
+    '"NVIDIA A10 vs A10G for ML model inference" spec sheet (GA102 with GeForce-like tensor rates)',
+    "A10": "NVIDIA A10 Tensor Core GPU datasheet, specifications table (sparse figures halved)",
+    "A40": "NVIDIA A40 datasheet, specifications table: BF16/TF32 with FP32 accumulate (sparse figures halved)",
+    "T4": "NVIDIA T4 Tensor Core GPU datasheet, specifications table: single precision 8.1, mixed precision "
+    "(FP16/FP32) 65 TFLOPS (Turing: no TF32, no BF16)",
+    "V100 PCIe": "NVIDIA V100 Tensor Core GPU datasheet, specifications table, PCIe column",
+    "V100 SXM2": "NVIDIA V100 Tensor Core GPU datasheet, specifications table, SXM2 column",
+    "RTX 6000 Ada": "NVIDIA RTX 6000 Ada Generation datasheet, specifications table (sparse figures halved)",
+    "RTX A6000": "NVIDIA RTX A6000 datasheet, specifications table (sparse figures halved)",
+    "GeForce RTX 4090": 'NVIDIA Ada GPU Architecture whitepaper, appendix table "GeForce RTX 4090": Tensor Core '
+    "rates with FP32 accumulate (FP16-accumulate rates are twice these and do not apply to training)",
+    "GeForce RTX 3090": 'NVIDIA Ampere GA102 GPU Architecture whitepaper, appendix table "GeForce RTX 3090": Tensor '
+    "Core rates with FP32 accumulate (FP16-accumulate rates are twice these and do not apply to training)",
+}
 
 _DTYPE_ALIASES = {
     "float32": "fp32",
@@ -60,6 +102,11 @@ _DTYPE_ALIASES = {
 
 def _normalise(name: str) -> str:
     return re.sub(r"\s+", " ", name.lower().replace("nvidia", "").replace("tesla", "").replace("-", " ")).strip()
+
+
+def source(label: str) -> str | None:
+    """Where the figures of the table's row ``label`` (as :func:`lookup` returns it) come from."""
+    return SOURCES.get(label)
 
 
 def lookup(nvml_name: str) -> tuple[str, dict[str, float]] | None:

@@ -141,3 +141,19 @@ def held_activations_model(limit):
     model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Dense(4, activation=act)(inp)))
     model.compile(keras.optimizers.SGD(0.01), "mse")
     return model, act
+
+
+def mlp_model(inputs: int = 16, widths: tuple[int, ...] = (256, 256), jit_compile="auto", seed: int = 0) -> keras.Model:
+    """A ReLU MLP of ``widths`` with one output; SGD on mse (its step's FLOPs: :func:`mlp_step_flops`)."""
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((inputs,))] + [keras.layers.Dense(w, activation="relu") for w in widths]
+    model = keras.Sequential(layers + [keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=jit_compile)
+    return model
+
+
+def mlp_step_flops(batch: int, inputs: int = 16, widths: tuple[int, ...] = (256, 256)) -> float:
+    """The hand count of one training step of :func:`mlp_model`: 6 x MACs x batch (forward 2x, backward 4x)."""
+    sizes = (inputs, *widths, 1)
+    macs = sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
+    return 6.0 * macs * batch

@@ -74,8 +74,8 @@ def _call_jax(backend: JaxStep, hook, state, iterator):
         else:
             rec.compute = rec.end - rec.start - timer.total
         hook.check_signature(rec, timer.last)
-        if hook.capture_args:  # shapes for an observer's cost analysis
-            rec.extra["jax_args"] = (state, timer.last)
+        if hook.capture_args and not rec.warmup:  # shapes for an observer's cost analysis
+            rec.extra["step_args"] = (state, timer.last)
     timer.it = timer.last = None
     return out
 
@@ -164,15 +164,27 @@ class JaxStep(Backend):
             return None, ""
         # XLA's HLO cost analysis of the un-optimised step, lowered for the CPU
         # platform (a GPU-compiled program hides its matmuls in cuBLAS custom
-        # calls, which count 0). Where this JAX has no lowered cost analysis,
-        # the matmuls and convolutions of the step's jaxpr are counted instead.
-        try:
-            flops = _flops_of(step.trace(*specs).lower(lowering_platforms=("cpu",)).cost_analysis())
-        except Exception:
-            flops = None
-        if flops:
-            return flops, "XLA cost analysis"
+        # calls, which count 0). It counts a loop's body once: where the
+        # matmuls and convolutions of the step's jaxpr, each scan's body times
+        # its length, come to more (a Keras RNN), they are the count; they are
+        # also the count where this JAX has no lowered cost analysis.
         import jax
 
-        flops = gpu_peaks.jaxpr_flops(jax.make_jaxpr(step)(*specs)) or None
-        return flops, "matmul/convolution FLOPs of the step's jaxpr"
+        try:
+            traced = step.trace(*specs)
+            jaxpr = traced.jaxpr
+        except Exception:
+            traced, jaxpr = None, jax.make_jaxpr(step)(*specs)
+        try:
+            flops = _flops_of(traced.lower(lowering_platforms=("cpu",)).cost_analysis()) if traced else None
+        except Exception:
+            flops = None
+        matmuls = gpu_peaks.jaxpr_flops(jaxpr) or None
+        if flops and (matmuls is None or flops >= matmuls):
+            return flops, "XLA cost analysis"
+        if flops:
+            return (
+                matmuls,
+                "matmul/convolution FLOPs of the step's jaxpr, scans times their length (XLA's cost analysis counts a loop's body once)",
+            )
+        return matmuls, "matmul/convolution FLOPs of the step's jaxpr"

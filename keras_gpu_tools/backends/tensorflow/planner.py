@@ -13,8 +13,10 @@ import contextlib
 from typing import Any
 
 from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.backends.tensorflow.flops import step_flops
 from keras_gpu_tools.backends.tensorflow.memory import gpu_total_bytes
 from keras_gpu_tools.runtime import deps
+from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import leading_dim
 
 PLANNED_STRATEGIES = ("MirroredStrategy", "OneDeviceStrategy")  # one process; fit() splits each batch over replicas
@@ -82,6 +84,30 @@ class TFPlanner(Backend):
                 "TensorFlow is imported, or plan on a GPU."
             )
         return peaks, self.plan_method(model)
+
+    def plan_step_flops(self, model, batch, replicas: int) -> float | None:
+        """The FLOPs of one step on ``batch`` (shapes and dtypes suffice), counted as ``step_flops`` does.
+
+        Under a strategy each replica's share is traced: the step's graph holds
+        one copy of the model's work per replica, so the count is the global
+        batch's.
+        """
+        tf = deps.loaded("tensorflow")
+        function = ki.tf_step_function(model.make_train_function())
+        if tf is None or function is None:
+            return None
+        share = max(int(replicas), 1) if _strategy(model) is not None else 1
+
+        def spec(a):
+            shape = tuple(int(d) for d in a.shape)
+            return tf.TensorSpec((shape[0] // share, *shape[1:]), tf.as_dtype(a.dtype))
+
+        specs = tuple(None if a is None else tf.nest.map_structure(spec, a) for a in batch)
+        if specs[-1] is None:
+            specs = specs[:-1]
+        with _scope(model):
+            flops, _ = step_flops(function, specs)
+        return flops
 
     def plan_problem(self, model, replicas: int, memory_search: bool) -> str | None:
         """A strategy a plan cannot be exact for (see :func:`_strategy_problem`), before anything is built."""

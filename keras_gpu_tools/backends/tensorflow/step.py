@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.backends.tensorflow.flops import step_flops
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import leading_dim, leaves
@@ -43,6 +44,8 @@ def _call_tf(hook, iterator):
         n = leading_dim(batches[0])
         rec.samples = n * len(batches) if n is not None else None
         hook.check_signature(rec, batches[0])
+        if hook.capture_args and rec.sampled and not rec.warmup:  # the batch's shapes, for step_flops
+            rec.extra["step_args"] = batches[0]
         out = ki.tf_run_batches(original, batches)
         if rec.sampled:
             hook.sync(out)
@@ -100,6 +103,29 @@ def end_of_data_errors() -> tuple:
 
 class TFStep(Backend):
     """The step hook's side of the TensorFlow backend (see :class:`~keras_gpu_tools.backends.protocols.StepBackend`)."""
+
+    traced_flops = True
+
+    def shape_specs(self, args):
+        """The batch's ``tf.TensorSpec`` structure (None where a leaf is not a dense tensor or array)."""
+        tf = deps.loaded("tensorflow")
+        if tf is None:
+            return None
+        try:
+            return tf.nest.map_structure(
+                lambda a: None if a is None else tf.TensorSpec(tuple(a.shape), tf.as_dtype(a.dtype)), args
+            )
+        except Exception:
+            return None
+
+    def step_flops(self, train_function: Callable, specs) -> tuple[float | None, str]:
+        """FLOPs of Keras's per-batch step on a batch of ``specs``: XLA's HLO when jit-compiled, else the graph's."""
+        function = ki.tf_step_function(train_function)
+        if specs is None:
+            return None, ""
+        if function is None:
+            raise ValueError("the step runs eagerly (run_eagerly=True): there is no traced step to count")
+        return step_flops(function, specs)
 
     def uses_tf32(self) -> bool:
         tf = deps.loaded("tensorflow")

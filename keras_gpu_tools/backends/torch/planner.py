@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.backends.torch.flops import counted
 from keras_gpu_tools.backends.torch.memory import available_cuda
 
 
@@ -130,6 +131,23 @@ class TorchPlanner(Backend):
         with _LiveTensors() as live:
             model.train_on_batch(x, y)
         return [float(state + live.peak)], self.plan_method(model)
+
+    def plan_step_flops(self, model, batch, replicas: int) -> float | None:
+        """The FLOPs torch counts over one trial step on zeros of ``batch``'s shapes (the planner puts the model back)."""
+        import numpy as np
+
+        def zeros(a):
+            if a is None or isinstance(a, np.ndarray):
+                return a
+            if isinstance(a, dict):
+                return {k: zeros(v) for k, v in a.items()}
+            if isinstance(a, (list, tuple)):
+                return type(a)(zeros(v) for v in a)
+            return np.zeros(tuple(a.shape), a.dtype)
+
+        x, y = zeros(batch[0]), zeros(batch[1])
+        _, flops = counted(lambda: model.train_on_batch(x, y))
+        return flops or None
 
     def plan_method(self, model) -> str:
         cuda = available_cuda()

@@ -9,20 +9,34 @@ fit()'s epoch iterator, so fetch time is measured by wrapping that iterator
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.backends.torch.flops import SOURCE, CountedFlops
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import leading_dim
 
 logger = logging.getLogger("keras_gpu_tools")
 
+# Keras's train function -> {batch signature: FLOPs per step}: each shape is counted once.
+_COUNTS: weakref.WeakKeyDictionary[Callable, dict[Any, float]] = weakref.WeakKeyDictionary()
+
 
 def _call_torch(hook, data):
     rec = hook.begin(lambda: hook.sync(True))
+    if rec.sampled:
+        try:
+            hook.check_signature(rec, data[0])
+        except (TypeError, IndexError):
+            pass
     rec.start = hook.clock()
-    out = hook.around(rec, lambda: hook.inner(data))
+    if hook.capture_args and rec.sampled and not rec.warmup:
+        out = _counted_step(hook, rec, data)
+    else:
+        out = hook.around(rec, lambda: hook.inner(data))
     if rec.sampled:
         hook.sync(True)
     rec.end = hook.clock()
@@ -34,10 +48,36 @@ def _call_torch(hook, data):
         pass
     if rec.sampled:
         rec.compute = rec.end - rec.start
-        try:
-            hook.check_signature(rec, data[0])
-        except (TypeError, IndexError):
-            pass
+    return out
+
+
+def _counted_step(hook, rec, data):
+    """The user's step, run once inside torch's FLOP counter (see ``backends.torch.flops``).
+
+    Counting costs the step Python time per op, so its time is left out of
+    the statistics, as a warm-up step's is. A counter that fails leaves the
+    step to run as always.
+    """
+    hook.capture_args = False  # one count per fit; the observer asks again where it needs one
+    counts = _COUNTS.setdefault(hook.original, {})
+    if rec.signature in counts:  # this step on this batch shape was counted in an earlier fit
+        rec.extra["step_args"] = CountedFlops(counts[rec.signature])
+        return hook.around(rec, lambda: hook.inner(data))
+    rec.warmup = True
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False)
+        counter.__enter__()
+    except Exception as e:
+        logger.debug("keras_gpu_tools: torch's FLOP counter is unavailable (%s)", e)
+        return hook.around(rec, lambda: hook.inner(data))
+    try:
+        out = hook.around(rec, lambda: hook.inner(data))
+    finally:
+        counter.__exit__(None, None, None)
+    counts[rec.signature] = flops = counter.get_total_flops() / max(_steps_of(data), 1)
+    rec.extra["step_args"] = CountedFlops(flops)
     return out
 
 
@@ -71,6 +111,15 @@ def _install_fetch_timer(hook) -> None:
 
 class TorchStep(Backend):
     """The step hook's side of the torch backend (see :class:`~keras_gpu_tools.backends.protocols.StepBackend`)."""
+
+    traced_flops = True
+
+    def shape_specs(self, args):
+        """On torch the step's FLOPs were counted as it ran: ``args`` is that count."""
+        return args if isinstance(args, CountedFlops) else None
+
+    def step_flops(self, train_function: Callable, specs) -> tuple[float | None, str]:
+        return (float(specs), SOURCE) if isinstance(specs, CountedFlops) and specs > 0 else (None, "")
 
     def uses_tf32(self) -> bool:
         torch = deps.loaded("torch")
