@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.backends.base import FUNCTIONS, Backend
 from keras_gpu_tools.backends.jax.memory import local_gpus
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki
@@ -43,9 +43,9 @@ class JaxLeaks(Backend):
                 continue
         return len(arrays), total
 
-    def compiled_functions(self, model) -> dict[int, int] | None:
+    def compiled_functions(self, model, names: tuple[str, ...] = FUNCTIONS) -> dict[int, int] | None:
         out: dict[int, int] = {}
-        for name in ("train_function", "test_function", "predict_function"):
+        for name in names:
             for fn in ki.compiled_in(getattr(model, name, None), "_cache_size"):
                 try:
                     out[id(fn)] = int(fn._cache_size())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.backends.base import FUNCTIONS, Backend
 from keras_gpu_tools.leaks.census import heap_census
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki
@@ -22,9 +22,9 @@ class TFLeaks(Backend):
             return None  # TensorFlow keeps no registry of its tensors
         return heap_census((cls,), _nbytes)
 
-    def compiled_functions(self, model) -> dict[int, int] | None:
+    def compiled_functions(self, model, names: tuple[str, ...] = FUNCTIONS) -> dict[int, int] | None:
         out: dict[int, int] = {}
-        for name in ("train_function", "test_function", "predict_function"):
+        for name in names:
             for fn in ki.compiled_in(getattr(model, name, None), "experimental_get_tracing_count"):
                 try:
                     out[id(fn)] = int(fn.experimental_get_tracing_count())

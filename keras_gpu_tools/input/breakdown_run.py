@@ -1,0 +1,95 @@
+"""The detector's step breakdown over one fit: fed the hook's records, closed per epoch, written at the end.
+
+The glue between :class:`~keras_gpu_tools.callbacks.input_bound_detector.InputBoundDetector`
+and :mod:`keras_gpu_tools.input.breakdown`: it reads the backend (trace counts,
+whether the step compiles, its cache line) and the model (trainable bytes), and
+a failure here never reaches training (warned once, the breakdown left out).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from keras_gpu_tools.input.breakdown import StepBreakdown
+from keras_gpu_tools.input.breakdown_advice import LABELS, FitBreakdown, fit_breakdown
+from keras_gpu_tools.logdir import schema
+
+if TYPE_CHECKING:
+    from keras_gpu_tools.input.measure import Measurement
+    from keras_gpu_tools.logdir.writer import EventWriter
+
+TRAIN = ("train_function",)
+
+
+def trainable_bytes(model) -> float | None:
+    """Bytes of the model's trainable weights: what a data-parallel step all-reduces."""
+    try:
+        import numpy as np
+
+        return float(sum(math.prod(w.shape) * np.dtype(w.dtype).itemsize for w in model.trainable_weights))
+    except Exception:
+        return None
+
+
+class BreakdownRun:
+    """One fit's step breakdown, for the detector; ``warn(key, message)`` is its warn-once."""
+
+    def __init__(self, backend, model, devices: int, warn):
+        self.backend, self.model, self.warn = backend, model, warn
+        self.ok = True
+        try:
+            compiles = bool(backend.compiles_step(model))
+            nbytes = trainable_bytes(model) if devices > 1 else None
+            self.steps = StepBreakdown(compiles, devices, nbytes, None, self._traces() if compiles else None)
+            self.steps.compile_line = backend.compile_cache_line
+        except Exception as e:
+            self._failed(e)
+            self.steps = StepBreakdown(False)
+
+    def _failed(self, e: Exception) -> None:
+        self.ok = False
+        self.warn("breakdown", f"InputBoundDetector: the step breakdown is off for this fit(): {e!r}")
+
+    def _traces(self) -> dict[int, int] | None:
+        return self.backend.compiled_functions(self.model, TRAIN)
+
+    def add(self, rec) -> None:
+        if self.ok:
+            self.steps.add(rec)
+
+    def end_epoch(self, m: Measurement, logs: dict[str, float], writer: EventWriter | None, step: int) -> None:
+        """Closes the epoch: its keys into ``logs`` and, with a ``writer``, TensorBoard scalars."""
+        if not self.ok:
+            return
+        try:
+            e = self.steps.end_epoch(m, self._traces() if self.steps.compiles else None)
+        except Exception as ex:
+            self._failed(ex)
+            return
+        out = e.logs()
+        logs.update(out)
+        if writer is not None:
+            writer.scalars(out, step=step)
+
+    def result(self) -> FitBreakdown | None:
+        if not self.ok:
+            return None
+        return fit_breakdown(self.steps, getattr(self.model, "jit_compile", None))
+
+    def lines(self) -> list[str]:
+        """The terminal's line at the end of a fit: the largest part (none before a timed epoch)."""
+        fb = self.result()
+        if fb is None or fb.largest is None:
+            return []
+        return [
+            f"InputBoundDetector: the step's largest part is {LABELS[fb.largest]} "
+            f"(compile/trace {fb.compile_seconds:.2f} s, {fb.retraces} retraces); what to change in summary()."
+        ]
+
+    def write(self, writer: EventWriter, step: int) -> None:
+        fb = self.result()
+        if fb is not None:
+            writer.text(schema.STEP_BREAKDOWN, "\n".join(fb.section()), step=step)
+            record: dict[str, Any] = fb.record()
+            writer.json(schema.STEP_BREAKDOWN_DATA, record, step=step)
