@@ -19,7 +19,9 @@ epoch, the framework's own trace counts of the train step. Per epoch it gives
   input wait, host dispatch (where told apart: JAX on a GPU), device compute,
   collectives (several devices: the all-reduce of the trainable weights,
   where the interconnect's bandwidth is known; else left out, with the
-  reason), other. They add up to ``step``.
+  reason), other (the rest). They add up to ``step``, the measured time per
+  step: the epoch's call intervals (which tile its wall time) over its steps,
+  the compile calls' left out.
 
 What is kept is bounded whatever the fit does: a retrace storm of thousands
 of shapes keeps ``MAX_SHAPES`` of them and ``MAX_CALLS`` timed compile calls
@@ -230,14 +232,14 @@ class StepBreakdown:
         return before
 
     def _split(self, e: EpochBreakdown, m: Measurement, dispatch: float | None) -> None:
-        if not m.step:
+        # The step is the measured one: the intervals between calls tile the wall time, compile calls left out.
+        step = 1.0 / m.steps_per_sec if m.steps_per_sec else m.step
+        if not step:
             return
-        e.step, e.input = m.step, m.wait
-        other = m.other
-        if dispatch is not None and other is not None:  # the detector's `other` holds the dispatch
-            e.dispatch = min(dispatch, other)
-            other -= e.dispatch
-        compute = m.compute
+        e.step, e.input = step, min(m.wait, step) if m.wait is not None else None
+        compute = min(m.compute, step - (e.input or 0.0)) if m.compute is not None else None
+        if dispatch is not None:  # host time the detector's `other` holds: carved out of it
+            e.dispatch = min(dispatch, max(0.0, step - (e.input or 0.0) - (compute or 0.0)))
         if self.devices < 2:
             e.collective_reason = "one device runs the step: no all-reduce"
         elif not self.allreduce_bytes:
@@ -253,7 +255,5 @@ class StepBreakdown:
                 e.collective = min(e.collective, compute)
                 compute -= e.collective
         e.compute = compute
-        if other is None:  # no sampled call: the rest of the step, so that the parts add up
-            known = sum(v for v in (e.input, e.dispatch, e.compute, e.collective) if v is not None)
-            other = max(0.0, m.step - known)
-        e.other = other
+        known = sum(v for v in (e.input, e.dispatch, e.compute, e.collective) if v is not None)
+        e.other = max(0.0, step - known)  # the rest of the measured step: callbacks, Python
