@@ -181,3 +181,24 @@ def test_the_parts_add_up_to_the_measured_step_time():
         assert _adds_up(logs)
         measured = (wall - logs[schema.STEP_COMPILE_SECONDS]) / len(calls) * 1e3
         assert logs[schema.STEP_STEP_MS] == pytest.approx(measured, rel=0.05)
+
+
+def test_the_report_and_the_live_view_show_the_breakdown(tmp_path):
+    from keras_gpu_tools.live.render import breakdown_line
+    from keras_gpu_tools.reporting import html, text
+    from keras_gpu_tools.reporting.from_callbacks import gather
+    from keras_gpu_tools.reporting.from_logdir import gather_log_dir
+
+    x, y = _data(330)
+    det = InputBoundDetector(log_dir=tmp_path, verbose=0)
+    h = tiny_dense_model().fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[det])
+    from_logs, from_callbacks = gather_log_dir(str(tmp_path)), gather([det])
+    assert from_logs.breakdown == from_callbacks.breakdown
+    b = from_logs.breakdown
+    assert b["retraces"] == det.breakdown.retraces and b["largest"] and b["advice"]
+    assert sum(b["parts"].values()) == pytest.approx(b["step"], rel=0.05)
+    page, report = html.render(from_logs, {}), text.render(from_logs)
+    assert "Step breakdown" in page and "Step breakdown" in report
+    assert f"Largest part: {b['largest']}" in report
+    line = breakdown_line({k: v[-1] for k, v in h.history.items()})
+    assert "compute" in line and line.endswith("ms")
