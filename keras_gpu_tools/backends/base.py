@@ -192,6 +192,10 @@ class Backend:
         """Traces of each compiled function of the model's ``names`` functions (train/test/predict), by the function's id."""
         return None
 
+    def trace_counter(self, model, names: tuple[str, ...] = FUNCTIONS) -> Callable[[], dict[int, int] | None]:
+        """A reader of :meth:`compiled_functions` that finds the functions once (cheap to call per epoch)."""
+        return lambda: self.compiled_functions(model, names)
+
     #: The line that turns on the framework's persistent compilation cache of the step, for the advice.
     compile_cache_line: str | None = None
 

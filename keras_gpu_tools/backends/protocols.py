@@ -143,6 +143,8 @@ class LeakBackend(Protocol):
 
     def compiled_functions(self, model: Any, names: tuple[str, ...] = ...) -> dict[int, int] | None: ...
 
+    def trace_counter(self, model: Any, names: tuple[str, ...] = ...) -> Callable[[], dict[int, int] | None]: ...
+
 
 @runtime_checkable
 class PlannerBackend(Protocol):

@@ -212,8 +212,7 @@ class InputBoundDetector(FitViews, FitCallback):
 
     def summary(self) -> str:
         """A report of the last fit(): verdict, figures, phases, evidence, advice, and the step breakdown."""
-        fb = self.breakdown
-        return run_summary(self._fit, self.notes) + ("\n\n" + "\n".join(fb.section()) if fb is not None else "")
+        return run_summary(self._fit, self.notes, self.breakdown)
 
     # -- step observer (called by the step hook, on the training thread) ------------------
     def sample(self, index: int) -> bool:  # see input/schedule.py
@@ -312,12 +311,11 @@ class InputBoundDetector(FitViews, FitCallback):
         self._flush_hook()
         self._close_window()
         self._fit.update(final=True)
+        fb = self.breakdown
         if self._writer is not None and self.verdict is not None:
-            write_fit(self._writer, self._fit, self.notes, self._global_step)
-            self._steps.write(self._writer, self._global_step)  # type: ignore[union-attr]
-        if self.verbose and self.verdict is not None:  # a few lines: the whole report is summary()'s
-            lines = self._steps.lines() if self._steps is not None else []
-            self._print(*fit_lines(self.verdict, self.measurement, self.run_dir, self.log_dir), *lines)
+            write_fit(self._writer, self._fit, self.notes, self._global_step, fb)
+        if self.verbose and self.verdict is not None:  # two lines: the whole report is summary()'s
+            self._print(*fit_lines(self.verdict, self.measurement, self.run_dir, self.log_dir, fb))
         super().on_train_end(logs)
 
     def _flush_hook(self) -> None:

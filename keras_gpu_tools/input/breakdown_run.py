@@ -9,11 +9,11 @@ a failure here never reaches training (warned once, the breakdown left out).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from keras_gpu_tools.input.breakdown import StepBreakdown
-from keras_gpu_tools.input.breakdown_advice import LABELS, FitBreakdown, fit_breakdown
-from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.input.breakdown_advice import FitBreakdown, fit_breakdown
 
 if TYPE_CHECKING:
     from keras_gpu_tools.input.measure import Measurement
@@ -38,6 +38,7 @@ class BreakdownRun:
     def __init__(self, backend, model, devices: int, warn):
         self.backend, self.model, self.warn = backend, model, warn
         self.ok = True
+        self._counter: Callable[[], dict[int, int] | None] | None = None
         try:
             compiles = bool(backend.compiles_step(model))
             nbytes = trainable_bytes(model) if devices > 1 else None
@@ -52,7 +53,12 @@ class BreakdownRun:
         self.warn("breakdown", f"InputBoundDetector: the step breakdown is off for this fit(): {e!r}")
 
     def _traces(self) -> dict[int, int] | None:
-        return self.backend.compiled_functions(self.model, TRAIN)
+        """The framework's trace counts of the train step; its functions found once (again while none is)."""
+        counts = self._counter() if self._counter is not None else None
+        if counts is None:
+            self._counter = self.backend.trace_counter(self.model, TRAIN)
+            counts = self._counter()
+        return counts
 
     def add(self, rec) -> None:
         if self.ok:
@@ -76,20 +82,3 @@ class BreakdownRun:
         if not self.ok:
             return None
         return fit_breakdown(self.steps, getattr(self.model, "jit_compile", None))
-
-    def lines(self) -> list[str]:
-        """The terminal's line at the end of a fit: the largest part (none before a timed epoch)."""
-        fb = self.result()
-        if fb is None or fb.largest is None:
-            return []
-        return [
-            f"InputBoundDetector: the step's largest part is {LABELS[fb.largest]} "
-            f"(compile/trace {fb.compile_seconds:.2f} s, {fb.retraces} retraces); what to change in summary()."
-        ]
-
-    def write(self, writer: EventWriter, step: int) -> None:
-        fb = self.result()
-        if fb is not None:
-            writer.text(schema.STEP_BREAKDOWN, "\n".join(fb.section()), step=step)
-            record: dict[str, Any] = fb.record()
-            writer.json(schema.STEP_BREAKDOWN_DATA, record, step=step)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from keras_gpu_tools.backends.base import FUNCTIONS, Backend
 from keras_gpu_tools.backends.jax.memory import local_gpus
@@ -44,11 +44,19 @@ class JaxLeaks(Backend):
         return len(arrays), total
 
     def compiled_functions(self, model, names: tuple[str, ...] = FUNCTIONS) -> dict[int, int] | None:
-        out: dict[int, int] = {}
-        for name in names:
-            for fn in ki.compiled_in(getattr(model, name, None), "_cache_size"):
+        return self.trace_counter(model, names)()
+
+    def trace_counter(self, model, names: tuple[str, ...] = FUNCTIONS) -> Callable[[], dict[int, int] | None]:
+        """Reads the traces of the compiled functions found now (the closures walked once)."""
+        fns = [fn for name in names for fn in ki.compiled_in(getattr(model, name, None), "_cache_size")]
+
+        def read() -> dict[int, int] | None:
+            out: dict[int, int] = {}
+            for fn in fns:
                 try:
                     out[id(fn)] = int(fn._cache_size())
                 except Exception:
                     continue
-        return out or None
+            return out or None
+
+        return read

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from keras_gpu_tools.backends.base import FUNCTIONS, Backend
 from keras_gpu_tools.leaks.census import heap_census
 from keras_gpu_tools.runtime import deps
@@ -23,11 +25,21 @@ class TFLeaks(Backend):
         return heap_census((cls,), _nbytes)
 
     def compiled_functions(self, model, names: tuple[str, ...] = FUNCTIONS) -> dict[int, int] | None:
-        out: dict[int, int] = {}
-        for name in names:
-            for fn in ki.compiled_in(getattr(model, name, None), "experimental_get_tracing_count"):
+        return self.trace_counter(model, names)()
+
+    def trace_counter(self, model, names: tuple[str, ...] = FUNCTIONS) -> Callable[[], dict[int, int] | None]:
+        """Reads the traces of the compiled functions found now (the closures walked once)."""
+        fns = [
+            fn for name in names for fn in ki.compiled_in(getattr(model, name, None), "experimental_get_tracing_count")
+        ]
+
+        def read() -> dict[int, int] | None:
+            out: dict[int, int] = {}
+            for fn in fns:
                 try:
                     out[id(fn)] = int(fn.experimental_get_tracing_count())
                 except Exception:
                     continue
-        return out or None
+            return out or None
+
+        return read
