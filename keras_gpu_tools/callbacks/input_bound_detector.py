@@ -287,7 +287,7 @@ class InputBoundDetector(FitViews, FitCallback):
         if not self._running:
             return
         self._flush_hook()
-        self._close_window()  # the epoch's last window, however short: windows never span two epochs
+        window = self._close_window(write=False)  # the epoch's last window, however short; written below
         fit = self._fit
         fit.judge.host = self._cpu.read() if self._cpu is not None else {}
         if fit.flops is None and self._jax_specs is not None and self._attachment is not None:
@@ -295,12 +295,12 @@ class InputBoundDetector(FitViews, FitCallback):
             fit.flops, source = step_flops.step_flops(self.backend, original, specs, self.warnings)
             self.flops_source = source or self.flops_source
         end = fit.end_epoch(epoch, self._epoch_t0, self._global_step)
-        if self._steps is not None:
-            self._steps.end_epoch(end.measurement, end.logs, self._writer, self._global_step)
+        steps = self._steps.end_epoch(end.measurement, end.logs) if self._steps is not None else {}
         self.epoch_history.append(end.logs)
         if self.epoch_logs:
             self._epoch_figures(end.logs, logs, brief=schema.INPUT_WAIT_FRACTION)
-        if self._writer is not None:
+        if self._writer is not None:  # the last window and the step breakdown: one event
+            self._writer.scalars({**window, **steps}, step=self._global_step)
             write_epoch(self._writer, f"epoch {epoch + 1}", end, fit.job_verdict, self._global_step)
         if self.verbose > 1:  # under the epoch's progress bar line
             self._print(*epoch_lines(end.verdict, end.measurement, fit.job_verdict))
@@ -323,11 +323,13 @@ class InputBoundDetector(FitViews, FitCallback):
         if att is not None and att.active:
             att.hook.flush()
 
-    def _close_window(self) -> None:
+    def _close_window(self, write: bool = True) -> dict[str, float]:
         w, self._window = self._window, StepStats()
         t0, self._window_t0 = self._window_t0, time.time()
-        if w.steps and (m := self._fit.close_window(w, t0, self._global_step)) is not None and self._writer is not None:
+        m = self._fit.close_window(w, t0, self._global_step) if w.steps else None
+        if write and m is not None and self._writer is not None:
             self._writer.scalars(m.logs(), step=self._global_step)
+        return m.logs() if m is not None and not write else {}
 
     def _find_gpu_logger(self):
         if self.gpu_logger != "auto":

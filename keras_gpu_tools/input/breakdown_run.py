@@ -17,7 +17,6 @@ from keras_gpu_tools.input.breakdown_advice import FitBreakdown, fit_breakdown
 
 if TYPE_CHECKING:
     from keras_gpu_tools.input.measure import Measurement
-    from keras_gpu_tools.logdir.writer import EventWriter
 
 TRAIN = ("train_function",)
 
@@ -64,19 +63,17 @@ class BreakdownRun:
         if self.ok:
             self.steps.add(rec)
 
-    def end_epoch(self, m: Measurement, logs: dict[str, float], writer: EventWriter | None, step: int) -> None:
-        """Closes the epoch: its keys into ``logs`` and, with a ``writer``, TensorBoard scalars."""
+    def end_epoch(self, m: Measurement, logs: dict[str, float]) -> dict[str, float]:
+        """Closes the epoch: its keys into ``logs``, and returned (for TensorBoard)."""
         if not self.ok:
-            return
+            return {}
         try:
-            e = self.steps.end_epoch(m, self._traces() if self.steps.compiles else None)
+            out = self.steps.end_epoch(m, self._traces() if self.steps.compiles else None).logs()
         except Exception as ex:
             self._failed(ex)
-            return
-        out = e.logs()
+            return {}
         logs.update(out)
-        if writer is not None:
-            writer.scalars(out, step=step)
+        return out
 
     def result(self) -> FitBreakdown | None:
         if not self.ok:
