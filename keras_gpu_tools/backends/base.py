@@ -196,6 +196,9 @@ class Backend:
         """A reader of :meth:`compiled_functions` that finds the functions once (cheap to call per epoch)."""
         return lambda: self.compiled_functions(model, names)
 
+    #: Whether Keras runs several steps per train-function call here (``steps_per_execution > 1``; not torch).
+    several_steps_per_call = True
+
     #: The line that turns on the framework's persistent compilation cache of the step, for the advice.
     compile_cache_line: str | None = None
 

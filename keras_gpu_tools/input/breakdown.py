@@ -195,22 +195,26 @@ class StepBreakdown:
         """The epoch's breakdown from its steady figures ``m`` and the framework's trace counts now."""
         e = EpochBreakdown(steps=m.steps)
         dispatch = self._dispatch_sum / self._dispatch_steps if self._dispatch_steps else None
-        self._split(e, m, dispatch)
+        inside = 0.0  # compile seconds inside the steady calls' intervals (retraces on untimed calls)
         if self.compiles:
             counted = traces_added(self._traces, traces)
             if traces is not None:
                 self._traces = traces
-            seconds, e.retraces = self._compile(m, dispatch, counted)
+            seconds, inside, e.retraces = self._compile(m, dispatch, counted)
             e.compile_seconds = float(seconds)
         else:
             e.compile_seconds, e.retraces = 0.0, 0  # nothing compiles
+        self._split(e, m, dispatch, inside)
         self.compile_seconds += e.compile_seconds or 0.0
         self.retraces += e.retraces or 0
         self.epochs.append(e)
         self._reset()
         return e
 
-    def _compile(self, m: Measurement, dispatch: float | None, counted: tuple[int, int] | None) -> tuple[float, int]:
+    def _compile(
+        self, m: Measurement, dispatch: float | None, counted: tuple[int, int] | None
+    ) -> tuple[float, float, int]:
+        """(compile seconds, of which inside untimed calls' intervals, retraces) of the epoch."""
         normal = (m.compute or 0.0) + (dispatch or 0.0)  # a steady call's time per step, fetch left out
         timed = len(self._calls) + self._calls_dropped
         excess = [(max(0.0, s - k * normal), first) for s, k, first in self._calls]
@@ -219,23 +223,25 @@ class StepBreakdown:
         if self._calls_dropped and self._calls:
             seconds *= timed / len(self._calls)
         if counted is None:  # no count from the framework: the new shapes the hook timed, less the first
-            return seconds, max(0, self.signatures_seen - max(self._signatures_counted_before(), 1))
+            return seconds, 0.0, max(0, self.signatures_seen - max(self._signatures_counted_before(), 1))
         new, retraces = counted
-        untimed = new - timed
+        untimed, inside = new - timed, 0.0
         if untimed > 0 and m.step:  # traces on the fast path: their time is inside the longest intervals
             lumps = sorted((i - k * m.step for i, k in self._intervals), reverse=True)[:untimed]
-            seconds += sum(x for x in lumps if x > 0)
-        return seconds, retraces
+            inside = sum(x for x in lumps if x > 0)
+        return seconds + inside, inside, retraces
 
     def _signatures_counted_before(self) -> int:
         before, self._signatures_before = self._signatures_before, self.signatures_seen
         return before
 
-    def _split(self, e: EpochBreakdown, m: Measurement, dispatch: float | None) -> None:
-        # The step is the measured one: the intervals between calls tile the wall time, compile calls left out.
+    def _split(self, e: EpochBreakdown, m: Measurement, dispatch: float | None, inside: float = 0.0) -> None:
+        # The step is the measured one: the intervals between calls tile the wall time, compilation left out
+        # (the compile calls' intervals, and the compile time `inside` the others').
         step = 1.0 / m.steps_per_sec if m.steps_per_sec else m.step
         if not step:
             return
+        step = max(step - inside / max(m.steps, 1), 0.0) if inside else step
         e.step, e.input = step, min(m.wait, step) if m.wait is not None else None
         compute = min(m.compute, step - (e.input or 0.0)) if m.compute is not None else None
         if dispatch is not None:  # host time the detector's `other` holds: carved out of it

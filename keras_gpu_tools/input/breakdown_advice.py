@@ -80,17 +80,23 @@ def steps_per_execution_for(host: float, compute: float) -> int:
     return int(min(max(math.ceil(host / (HOST_SHARE * compute)), 2), MAX_STEPS_PER_EXECUTION))
 
 
-def fit_breakdown(b: StepBreakdown, jit_compile: bool | None = None) -> FitBreakdown | None:
-    """The fit's breakdown from its epochs; None before an epoch with a step time ended."""
+def fit_breakdown(
+    b: StepBreakdown, jit_compile: bool | None = None, several_steps_per_call: bool = True
+) -> FitBreakdown | None:
+    """The fit's breakdown from its epochs; None before an epoch with a step time ended.
+
+    ``jit_compile``: the model's (False: compiling the step is advised to a host-bound one);
+    ``several_steps_per_call``: whether the backend runs ``steps_per_execution > 1`` (torch does not).
+    """
     epochs = [e for e in b.epochs if e.step and e.steps]
     if not epochs:
         return None
     steps = sum(e.steps for e in epochs)
     parts: dict[str, float] = {}
     for name in ("input", "dispatch", "compute", "collective", "other"):
-        known = [(e.steps, v) for e in epochs if (v := getattr(e, name)) is not None]
-        if known:
-            parts[name] = sum(n * v for n, v in known) / sum(n for n, _ in known)
+        # An epoch where a part is unknown holds its time in `other`: counted 0 there, the parts still add up.
+        if any(getattr(e, name) is not None for e in epochs):
+            parts[name] = sum(e.steps * (getattr(e, name) or 0.0) for e in epochs) / steps
     step = sum(e.steps * (e.step or 0.0) for e in epochs) / steps
     shapes = [shape_text(s) for s in b.shapes]
     fb = FitBreakdown(
@@ -102,13 +108,16 @@ def fit_breakdown(b: StepBreakdown, jit_compile: bool | None = None) -> FitBreak
     fb.largest = max(totals, key=lambda k: totals[k])
     if fb.largest == "compile" and b.retraces and b.compile_seconds - b.first_call_seconds > b.first_call_seconds:
         fb.largest = "retraces"
-    fb.advice = _advice(fb, b, totals, jit_compile)
+    fb.advice = _advice(fb, b, totals, jit_compile, several_steps_per_call)
     return fb
 
 
-def _advice(fb: FitBreakdown, b: StepBreakdown, totals: dict[str, float], jit_compile: bool | None) -> list[str]:
+def _advice(
+    fb: FitBreakdown, b: StepBreakdown, totals: dict[str, float], jit_compile: bool | None, several: bool
+) -> list[str]:
     p, step, spent = fb.parts, fb.step or 0.0, sum(totals.values())
     share = format_percent(totals[fb.largest] / spent if spent and fb.largest in totals else None)
+    share += " of the fit's time, compilation included"
     if fb.largest == "retraces":
         shown = ", ".join(fb.shapes[:6]) or "not seen on a timed step"
         return [
@@ -119,18 +128,23 @@ def _advice(fb: FitBreakdown, b: StepBreakdown, totals: dict[str, float], jit_co
         ]
     if fb.largest == "compile":
         cache = b.compile_line or "this backend has no persistent compilation cache for the step"
+        xla = " (it keeps compiled programs: with `jit_compile=True`)" if jit_compile is False else ""
         return [
-            f"Compilation took {fb.compile_seconds:.2f} s, {share} of the fit's time; keep it across runs "
-            f"with the persistent compilation cache: `{cache}`."
+            f"Compilation took {fb.compile_seconds:.2f} s, {share}; keep it across runs "
+            f"with the persistent compilation cache{xla}: `{cache}`."
         ]
     if fb.largest in ("dispatch", "other"):
         host, compute = p.get(fb.largest, 0.0), p.get("compute", 0.0)
         n = steps_per_execution_for(host, compute)
-        tips = [
-            f"The host's {LABELS[fb.largest]} takes {format_ms(host)} of a {format_ms(step)} step "
-            f"(device compute {format_ms(compute)}): run several steps per call, "
-            f"`model.compile(..., steps_per_execution={n})`, so it is paid once per {n} steps."
-        ]
+        said = f"The host's {LABELS[fb.largest]} takes {format_ms(host)} of a {format_ms(step)} step (device compute {format_ms(compute)})"
+        if several:
+            tips = [
+                f"{said}: run several steps per call, `model.compile(..., steps_per_execution={n})`, so it is paid once per {n} steps."
+            ]
+        else:  # torch runs one step per call
+            tips = [
+                f"{said}: it is paid once per step, so a batch {n} times larger pays it once per {n} times the samples."
+            ]
         if jit_compile is False:
             tips.append("Compile the step into one program: `model.compile(..., jit_compile=True)`.")
         return tips

@@ -78,4 +78,5 @@ class BreakdownRun:
     def result(self) -> FitBreakdown | None:
         if not self.ok:
             return None
-        return fit_breakdown(self.steps, getattr(self.model, "jit_compile", None))
+        several = bool(getattr(self.backend, "several_steps_per_call", True))
+        return fit_breakdown(self.steps, getattr(self.model, "jit_compile", None), several)

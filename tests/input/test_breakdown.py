@@ -131,3 +131,19 @@ def test_steps_per_execution_puts_the_host_under_a_tenth_of_compute():
     assert steps_per_execution_for(host=0.008, compute=0.002) == 40
     assert steps_per_execution_for(host=0.0001, compute=0.01) == 2
     assert steps_per_execution_for(host=1.0, compute=0.0) == 1024
+
+
+def test_the_fits_parts_add_up_when_an_epoch_lacks_one():
+    b = StepBreakdown()
+    b.end_epoch(_steady(), traces=None)
+    b.end_epoch(Measurement(steps=100, step=0.010, wait=0.002, compute=None, other=None), traces=None)
+    fb = fit_breakdown(b)
+    assert sum(fb.parts.values()) == pytest.approx(fb.step)
+    assert fb.parts["compute"] == pytest.approx(0.0035)  # the second epoch's compute is inside its `other`
+
+
+def test_a_host_bound_torch_step_is_advised_a_larger_batch():
+    b = StepBreakdown(compiles=False)
+    b.end_epoch(_steady(step=0.010, wait=0.0, compute=0.002, other=0.008), traces=None)
+    fb = fit_breakdown(b, jit_compile=False, several_steps_per_call=False)
+    assert "steps_per_execution" not in fb.advice[0] and "a batch 40 times larger" in fb.advice[0]
