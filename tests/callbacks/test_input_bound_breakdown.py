@@ -172,7 +172,7 @@ def test_the_parts_add_up_to_the_measured_step_time():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
-    x, y = _data(256 * 40, 256)
+    x, y = _data(256 * 60, 256)
     det = InputBoundDetector(log_dir=None, verbose=0, sample_every=10)
     h = model.fit(x, y, batch_size=256, epochs=3, verbose=0, callbacks=[det, timer])
     for e in (1, 2):
