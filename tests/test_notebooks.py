@@ -25,6 +25,7 @@ def test_there_are_notebooks():
         "04_mixed_precision.ipynb",
         "05_profiling.ipynb",
         "06_batch_throughput.ipynb",
+        "07_step_breakdown.ipynb",
     ]
 
 

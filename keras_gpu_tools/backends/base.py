@@ -14,6 +14,8 @@ from typing import Any
 
 from keras_gpu_tools.backends.protocols import ProfilerSession, Stats
 
+FUNCTIONS = ("train_function", "test_function", "predict_function")  # the model's compiled functions
+
 
 class Backend:
     """What keras_gpu_tools needs to know and do per Keras backend."""
@@ -187,9 +189,23 @@ class Backend:
         """
         return None
 
-    def compiled_functions(self, model) -> dict[int, int] | None:
-        """Traces of each compiled function of the model's train/test/predict functions, by the function's id."""
+    def compiled_functions(self, model, names: tuple[str, ...] = FUNCTIONS) -> dict[int, int] | None:
+        """Traces of each compiled function of the model's ``names`` functions (train/test/predict), by the function's id."""
         return None
+
+    def trace_counter(self, model, names: tuple[str, ...] = FUNCTIONS) -> Callable[[], dict[int, int] | None]:
+        """A reader of :meth:`compiled_functions` that finds the functions once (cheap to call per epoch)."""
+        return lambda: self.compiled_functions(model, names)
+
+    #: Whether Keras runs several steps per train-function call here (``steps_per_execution > 1``; not torch).
+    several_steps_per_call = True
+
+    #: The line that turns on the framework's persistent compilation cache of the step, for the advice.
+    compile_cache_line: str | None = None
+
+    def compiles_step(self, model) -> bool:
+        """Whether the train step is compiled or traced (its first call and new shapes cost a compilation)."""
+        return not bool(getattr(model, "run_eagerly", False))
 
     # -- planning the batch size (PlannerBackend) --------------------------------------------------
     def device_capacities(self, model, replicas: int) -> list[int | None]:

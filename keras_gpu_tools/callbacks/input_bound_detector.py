@@ -10,9 +10,11 @@ from typing import Any
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import InputPipelineWarning, KerasInternalsError
 from keras_gpu_tools.input import flops as step_flops
+from keras_gpu_tools.input import schedule
+from keras_gpu_tools.input.breakdown_run import BreakdownRun
 from keras_gpu_tools.input.brief import epoch_lines, fit_lines
 from keras_gpu_tools.input.categories import UNKNOWN
-from keras_gpu_tools.input.fit import InputFit
+from keras_gpu_tools.input.fit import FitViews, InputFit
 from keras_gpu_tools.input.job import JobExchange
 from keras_gpu_tools.input.summary import run_summary, write_epoch, write_fit
 from keras_gpu_tools.input.timing import StepStats
@@ -27,15 +29,8 @@ from keras_gpu_tools.telemetry.cpu_meter import CpuMeter
 
 logger = logging.getLogger("keras_gpu_tools")
 
-FETCH_EVERY = 25  # an unsynced call in this many has its fetch timed (JAX, torch)
 
-
-def _of_fit(name: str, doc: str) -> property:
-    """An attribute of the last fit's analysis (:class:`InputFit`), read and set on the detector."""
-    return property(lambda self: getattr(self._fit, name), lambda self, v: setattr(self._fit, name, v), doc=doc)
-
-
-class InputBoundDetector(FitCallback):
+class InputBoundDetector(FitViews, FitCallback):
     """Measures, while training runs, whether the input pipeline starves the device.
 
     For every training step it splits the time into waiting for the next batch
@@ -83,6 +78,16 @@ class InputBoundDetector(FitCallback):
     | `throughput/flops_per_sec` | FLOP/s | achieved by the step, every device of it together, where the FLOPs are known |
     | `throughput/flops_per_sec_per_device` | FLOP/s | the same per device that runs the step |
     | `throughput/mfu` | 0..1 | model FLOPs utilization: against the summed dense peaks of the step's devices |
+    | `step/compile_seconds` | s | compile/trace calls this epoch (first call, retraces), beyond a normal step |
+    | `step/retraces` | count | traces of the train step beyond its first this epoch (the framework's count) |
+    | `step/input_ms` | ms | the steady step's parts, compilation left out, adding up to `step/step_ms`: input wait |
+    | `step/dispatch_ms` | ms | host launch time the device waits for (where told apart: JAX on a GPU) |
+    | `step/compute_ms` | ms | device compute, collectives left out where estimated |
+    | `step/collective_ms` | ms | gradient all-reduce (several devices, where the interconnect is known) |
+    | `step/other_ms` | ms | callbacks, Python; dispatch where not told apart |
+    | `step/step_ms` | ms | the steady step time |
+
+    `detector.breakdown` names the largest part and what fits it (in `summary()`).
 
     FLOPs are counted by the backend once per fit (`flops_source` says how) or given as
     `flops_per_step`, the peak from a table of NVIDIA GPUs or `peak_flops` (times the step's devices).
@@ -191,6 +196,7 @@ class InputBoundDetector(FitCallback):
         self.notes: list[str] = []
         self.flops_source: str | None = "flops_per_step" if flops_per_step else None
         self._fit = InputFit()  # the last fit's analysis
+        self._steps: BreakdownRun | None = None  # the last fit's step breakdown
         self._running = False
         self._attachment: Attachment | None = None
         self._window = StepStats()
@@ -199,41 +205,29 @@ class InputBoundDetector(FitCallback):
         self._cpu: CpuMeter | None = None
         self._epoch_first_call = self._epoch_last_call = -1
 
-    verdict = _of_fit("verdict", "The run's verdict: its steady state (None before a fit).")
-    measurement = _of_fit("measurement", "The steady state's figures (the verdict's scope).")
-    fit_measurement = _of_fit("fit_measurement", "The whole fit's figures, every phase in.")
-    job_verdict = _of_fit("job_verdict", "The job's verdict (a job of several processes).")
-    epoch_verdicts = _of_fit("epoch_verdicts", "Each epoch's verdict.")
-    window_verdicts = _of_fit("window_verdicts", "(global step, verdict) of each window.")
+    @property
+    def breakdown(self):
+        """The last fit's step breakdown (:class:`~keras_gpu_tools.input.breakdown_advice.FitBreakdown`), or None."""
+        return self._steps.result() if self._steps is not None else None
 
     def summary(self) -> str:
-        """A report of the last fit(): verdict, figures (steady state and whole fit), phases, evidence, advice."""
-        return run_summary(self._fit, self.notes)
+        """A report of the last fit(): verdict, figures, phases, evidence, advice, and the step breakdown."""
+        return run_summary(self._fit, self.notes, self.breakdown)
 
     # -- step observer (called by the step hook, on the training thread) ------------------
-    def sample(self, index: int) -> bool:
-        # Steps 2-4 of the fit, every `sample_every`-th, and the last of each epoch: its sync waits
-        # for work the framework dispatched ahead, so the step intervals add up to the wall time.
-        return index in (1, 2, 3) or (index > 0 and index % self.sample_every == 0) or index == self._epoch_last_call
+    def sample(self, index: int) -> bool:  # see input/schedule.py
+        return schedule.sampled(index, self.sample_every, self._epoch_last_call)
 
     def next_sample(self, index: int) -> int:
-        """The next call the hook must sync and time in full: a sampled one, or the first or last of an epoch."""
-        every = self.sample_every
-        nxt = index if index % every == 0 and index > 0 else index + every - index % every
-        for k in (1, 2, 3, self._epoch_first_call, self._epoch_last_call):
-            if index <= k < nxt:
-                nxt = k
-        return nxt
+        return schedule.next_sampled(index, self.sample_every, self._epoch_first_call, self._epoch_last_call)
 
     def next_fetch(self, index: int) -> int:
-        """The next call whose fetch alone is timed, unsynced (every `FETCH_EVERY`-th; JAX and torch): a synced
-        call's fetch is flattered by the buffer that refilled while the device drained."""
-        f = FETCH_EVERY
-        return index if index % f == 0 else index + f - index % f
+        return schedule.next_fetched(index)
 
     def on_step(self, rec: StepRecord) -> None:
         self._global_step += rec.steps + rec.covers
         self._window.add(rec)
+        self._steps.add(rec)  # type: ignore[union-attr]  # (set before the hook is attached)
         if self._step_specs is None and "step_args" in rec.extra:
             self._step_specs = self.backend.shape_specs(rec.extra["step_args"])
             if self._attachment is not None:
@@ -261,6 +255,7 @@ class InputBoundDetector(FitCallback):
         peak, gather = self.peak_flops or step_flops.table_peak(self.backend, dtype, self.warnings), self._job_gather()
         exchange = JobExchange(gather, devices, self._job_events, session.shared) if gather.active else None
         self._fit = InputFit(judge, self.flops_per_step, peak, devices, exchange, self._job_failed)
+        self._steps = BreakdownRun(self.backend, self.model, devices, self.warnings)
         spe = ki.steps_per_execution(self.model)
         note = self.backend.execution_note(spe) if spe > 1 else None
         if note:
@@ -283,16 +278,16 @@ class InputBoundDetector(FitCallback):
         if att is None or not att.active:
             self._epoch_first_call = self._epoch_last_call = -1
             return
-        calls = -(-int(steps) // max(att.hook.steps_per_execution, 1)) if steps else 0
-        self._epoch_first_call = att.hook.next_index
-        self._epoch_last_call = att.hook.next_index + calls - 1 if steps else -1
+        self._epoch_first_call, self._epoch_last_call = schedule.epoch_calls(
+            att.hook.next_index, steps, att.hook.steps_per_execution
+        )
         att.hook.reschedule()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not self._running:
             return
         self._flush_hook()
-        self._close_window()  # the epoch's last window, however short: windows never span two epochs
+        window = self._close_window(write=False)  # the epoch's last window, however short; written below
         fit = self._fit
         fit.judge.host = self._cpu.read() if self._cpu is not None else {}
         if fit.flops is None and self._step_specs is not None and self._attachment is not None:
@@ -300,10 +295,12 @@ class InputBoundDetector(FitCallback):
             fit.flops, source = step_flops.step_flops(self.backend, original, specs, self.warnings)
             self.flops_source = source or self.flops_source
         end = fit.end_epoch(epoch, self._epoch_t0, self._global_step)
+        steps = self._steps.end_epoch(end.measurement, end.logs) if self._steps is not None else {}
         self.epoch_history.append(end.logs)
         if self.epoch_logs:
             self._epoch_figures(end.logs, logs, brief=schema.INPUT_WAIT_FRACTION)
-        if self._writer is not None:
+        if self._writer is not None:  # the last window and the step breakdown: one event
+            self._writer.scalars({**window, **steps}, step=self._global_step)
             write_epoch(self._writer, f"epoch {epoch + 1}", end, fit.job_verdict, self._global_step)
         if self.verbose > 1:  # under the epoch's progress bar line
             self._print(*epoch_lines(end.verdict, end.measurement, fit.job_verdict))
@@ -314,10 +311,11 @@ class InputBoundDetector(FitCallback):
         self._flush_hook()
         self._close_window()
         self._fit.update(final=True)
+        fb = self.breakdown
         if self._writer is not None and self.verdict is not None:
-            write_fit(self._writer, self._fit, self.notes, self._global_step)
+            write_fit(self._writer, self._fit, self.notes, self._global_step, fb)
         if self.verbose and self.verdict is not None:  # two lines: the whole report is summary()'s
-            self._print(*fit_lines(self.verdict, self.measurement, self.run_dir, self.log_dir))
+            self._print(*fit_lines(self.verdict, self.measurement, self.run_dir, self.log_dir, fb))
         super().on_train_end(logs)
 
     def _flush_hook(self) -> None:
@@ -325,11 +323,13 @@ class InputBoundDetector(FitCallback):
         if att is not None and att.active:
             att.hook.flush()
 
-    def _close_window(self) -> None:
+    def _close_window(self, write: bool = True) -> dict[str, float]:
         w, self._window = self._window, StepStats()
         t0, self._window_t0 = self._window_t0, time.time()
-        if w.steps and (m := self._fit.close_window(w, t0, self._global_step)) is not None and self._writer is not None:
+        m = self._fit.close_window(w, t0, self._global_step) if w.steps else None
+        if write and m is not None and self._writer is not None:
             self._writer.scalars(m.logs(), step=self._global_step)
+        return m.logs() if m is not None and not write else {}
 
     def _find_gpu_logger(self):
         if self.gpu_logger != "auto":

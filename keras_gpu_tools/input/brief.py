@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from keras_gpu_tools.input.breakdown_advice import LABELS
 from keras_gpu_tools.runtime.units import format_ms, format_percent
 
 if TYPE_CHECKING:
+    from keras_gpu_tools.input.breakdown_advice import FitBreakdown
     from keras_gpu_tools.input.measure import Measurement
     from keras_gpu_tools.input.stragglers import JobVerdict
     from keras_gpu_tools.input.verdict import Verdict
@@ -40,10 +42,28 @@ def epoch_lines(v: Verdict, m: Measurement, job: JobVerdict | None) -> list[str]
     return lines
 
 
-def fit_lines(v: Verdict, m: Measurement | None, run_dir: str | None, log_dir: str | None) -> list[str]:
-    """The end of a fit: the run's verdict, and where the details are (with a log directory, its run and the report)."""
+WIDEST = 200  # characters of a terminal line
+
+
+def fit_lines(
+    v: Verdict, m: Measurement | None, run_dir: str | None, log_dir: str | None, breakdown: FitBreakdown | None = None
+) -> list[str]:
+    """The end of a fit: the run's verdict, and where the details are (with a log directory, its run and the report).
+
+    The step's largest part (``breakdown``) joins whichever line it leaves under ``WIDEST`` characters
+    (neither: it is in ``summary()``).
+    """
     where = "InputBoundDetector: details in detector.summary()"
     if run_dir is not None and log_dir is not None:  # the log directory once: a long path stays one line
         run = os.path.relpath(run_dir, log_dir).replace(os.sep, "/")
         where += f", TensorBoard (run {run}) and: keras-gpu-tools report {log_dir}"
-    return [verdict_line("InputBoundDetector", v, m), where]
+    lines = [verdict_line("InputBoundDetector", v, m), where]
+    if breakdown is not None and breakdown.largest is not None:
+        clause = f"the step's largest part: {LABELS[breakdown.largest]}"
+        for i, head in ((1, "InputBoundDetector: "), (0, "")):
+            line = lines[i]
+            new = head + clause + "; " + line[len(head) :] if i == 1 else line.rstrip(".") + f"; {clause}."
+            if len(new) <= WIDEST:
+                lines[i] = new
+                break
+    return lines

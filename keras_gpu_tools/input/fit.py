@@ -29,6 +29,23 @@ class EpochEnd:
     logs: dict[str, float]
 
 
+def _of_fit(name: str, doc: str) -> property:
+    """An attribute of the last fit's analysis (``self._fit``), read and set on its owner."""
+    return property(lambda self: getattr(self._fit, name), lambda self, v: setattr(self._fit, name, v), doc=doc)
+
+
+class FitViews:
+    """The last fit's analysis (``self._fit``, an :class:`InputFit`) as attributes of the detector."""
+
+    _fit: InputFit
+    verdict = _of_fit("verdict", "The run's verdict: its steady state (None before a fit).")
+    measurement = _of_fit("measurement", "The steady state's figures (the verdict's scope).")
+    fit_measurement = _of_fit("fit_measurement", "The whole fit's figures, every phase in.")
+    job_verdict = _of_fit("job_verdict", "The job's verdict (a job of several processes).")
+    epoch_verdicts = _of_fit("epoch_verdicts", "Each epoch's verdict.")
+    window_verdicts = _of_fit("window_verdicts", "(global step, verdict) of each window.")
+
+
 class InputFit:
     """The analysis of one fit(): only windows are measured; epochs, the steady state and the fit are their sums.
 

@@ -11,6 +11,7 @@ from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime.units import format_ms, format_percent
 
 if TYPE_CHECKING:
+    from keras_gpu_tools.input.breakdown_advice import FitBreakdown
     from keras_gpu_tools.input.fit import EpochEnd, InputFit
     from keras_gpu_tools.input.stragglers import JobVerdict
     from keras_gpu_tools.logdir.writer import EventWriter
@@ -85,14 +86,17 @@ def summary_text(
     return "\n".join(lines)
 
 
-def run_summary(fit: InputFit, notes: Sequence[str] = ()) -> str:
-    """The detector's report of a fit: verdict, figures (steady state and whole fit), phases, advice, the job."""
+def run_summary(fit: InputFit, notes: Sequence[str] = (), breakdown: FitBreakdown | None = None) -> str:
+    """The detector's report of a fit: verdict, figures (steady state and whole fit), phases, advice, the job,
+    and the step breakdown."""
     m, v, job = fit.measurement, fit.verdict, fit.job_verdict
     if v is None or m is None:
         return "InputBoundDetector: no training step measured yet."
     text = summary_text("InputBoundDetector", m, v, notes, fit=fit.fit_measurement)
     if job is not None:
         text += f"\n\nThe job ({len(job.processes)} processes; each one's steady state):\n\n" + job.text()
+    if breakdown is not None:
+        text += "\n\n" + "\n".join(breakdown.section())
     return text
 
 
@@ -106,10 +110,16 @@ def write_epoch(writer: EventWriter, scope: str, end: EpochEnd, job: JobVerdict 
     writer.json(schema.INPUT_VERDICT_DATA, record, step=step)
 
 
-def write_fit(writer: EventWriter, fit: InputFit, notes: Sequence[str], step: int) -> None:
-    """The run's verdict: the summary as text, and as JSON for the report (the job's as of the last epoch end)."""
+def write_fit(
+    writer: EventWriter, fit: InputFit, notes: Sequence[str], step: int, breakdown: FitBreakdown | None = None
+) -> None:
+    """The run's verdict: the summary as text, and as JSON for the report (the job's as of the last epoch end);
+    the step breakdown as text and JSON of its own."""
     m = fit.measurement
-    writer.text(schema.INPUT_VERDICT, run_summary(fit, notes), step=step)
+    writer.text(schema.INPUT_VERDICT, run_summary(fit, notes, breakdown), step=step)
+    if breakdown is not None:
+        writer.text(schema.STEP_BREAKDOWN, "\n".join(breakdown.section()), step=step)
+        writer.json(schema.STEP_BREAKDOWN_DATA, breakdown.record(), step=step)
     assert m is not None, "written once the fit has a verdict, which comes with its measurement"
     record: dict[str, Any] = {
         "scope": "fit",

@@ -167,7 +167,28 @@ def _input_rows(det: Any) -> list[tuple[str, str, str]]:
         rows.append((f"run verdict ({fig.span})", e(fig.short()), "InputBoundDetector's; the windows are its parts"))
     if hist and schema.SAMPLES_PER_SEC in hist[-1]:
         rows.append(("samples/s (last epoch)", _fmt(hist[-1][schema.SAMPLES_PER_SEC], "", 0), ""))
+    if hist and schema.STEP_STEP_MS in hist[-1]:
+        rows.append(("step breakdown (last epoch)", e(breakdown_line(hist[-1])), ""))
     return rows
+
+
+_BREAKDOWN_PARTS = (
+    (schema.STEP_INPUT_MS, "input"),
+    (schema.STEP_DISPATCH_MS, "dispatch"),
+    (schema.STEP_COMPUTE_MS, "compute"),
+    (schema.STEP_COLLECTIVE_MS, "collectives"),
+    (schema.STEP_OTHER_MS, "other"),
+)
+
+
+def breakdown_line(logs: dict[str, float]) -> str:
+    """An epoch's step breakdown in one line: ``compute 4.2 · input 1.5 · other 0.3 of 6.0 ms; compile 0.33 s, 1 retrace``."""
+    parts = sorted(((logs[k], name) for k, name in _BREAKDOWN_PARTS if k in logs), reverse=True)
+    text = " · ".join(f"{name} {v:.1f}" for v, name in parts) + f" of {logs[schema.STEP_STEP_MS]:.1f} ms"
+    if logs.get(schema.STEP_COMPILE_SECONDS) or logs.get(schema.STEP_RETRACES):
+        n = int(logs.get(schema.STEP_RETRACES, 0))
+        text += f"; compile {logs.get(schema.STEP_COMPILE_SECONDS, 0.0):.2f} s, {n} retrace{'' if n == 1 else 's'}"
+    return text
 
 
 def render(state: LiveState, now: float) -> str:

@@ -134,7 +134,7 @@ def job_gpu_key(metric: str, stat: str) -> str:
 
 
 # The key groups this package writes into History (a key under another prefix is the user's or Keras's).
-OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "job/", "oom/", "memory/")
+OWN_PREFIXES = ("gpu/", "host/", "input/", "throughput/", "job/", "oom/", "memory/", "step/")
 
 # -- JSON keys of the records above that the report reads.
 JOB = "job"  # the job's verdict inside INPUT_VERDICT_DATA
@@ -157,3 +157,19 @@ KERAS_TRAIN_RUN = "train"
 KERAS_VALIDATION_RUN = "validation"
 # A profiled window's text tag (or xprof's analysis of it): the window's tag and its first and end step.
 PROFILE_WINDOW_TEXT_RE = re.compile(r"^(profile/steps_(\d+)_(\d+))(/input_pipeline)?$")
+
+
+# -- InputBoundDetector's step breakdown, per epoch (History and TensorBoard, run of the detector).
+# Compilation (first call and retraces) is reported apart; the other parts are the steady step's and
+# add up to STEP_STEP_MS. A part that cannot be told apart is left out (its time stays in another).
+STEP_PREFIX = "step/"
+STEP_COMPILE_SECONDS = "step/compile_seconds"  # seconds of compile/trace calls beyond a normal step, this epoch
+STEP_RETRACES = "step/retraces"  # traces of the train step beyond its first, this epoch (exact)
+STEP_INPUT_MS = "step/input_ms"  # waiting for input per step (= input/wait_ms)
+STEP_DISPATCH_MS = "step/dispatch_ms"  # host time launching the step that the device waits for
+STEP_COMPUTE_MS = "step/compute_ms"  # device compute per step, collectives left out where estimated
+STEP_COLLECTIVE_MS = "step/collective_ms"  # the gradient all-reduce per step (several devices, where estimated)
+STEP_OTHER_MS = "step/other_ms"  # the rest: callbacks, Python between steps
+STEP_STEP_MS = "step/step_ms"  # the steady step time the parts add up to
+STEP_BREAKDOWN = "step/breakdown"  # text: the fit's breakdown, its largest part and the advice
+STEP_BREAKDOWN_DATA = STEP_BREAKDOWN + DATA_SUFFIX  # the same as JSON, for the report

@@ -170,6 +170,9 @@ def _from_detector(data: ReportData, det: DetectorRecords) -> None:
     if det.verdict is not None:
         fit = getattr(det, "fit_measurement", None)
         data.verdict = rows.verdict_dict(to_plain(det.verdict), det.summary(), fit.logs() if fit is not None else None)
+    fb = getattr(det, "breakdown", None)
+    if fb is not None:
+        data.breakdown = rows.breakdown_dict(fb.record())
     job_verdict = getattr(det, "job_verdict", None)
     if job_verdict is not None:  # a job of several processes: every process has the same
         data.job_verdict = rows.job_verdict_dict(to_plain(job_verdict), job_verdict.text())

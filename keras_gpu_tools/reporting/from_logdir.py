@@ -370,6 +370,9 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
     if verdict is not None:
         data.verdict = verdict[0]
         data.throughput.update(verdict[1])
+    breakdown = _convert(data, records, schema.STEP_BREAKDOWN_DATA, rows.breakdown_dict)
+    if breakdown is not None:
+        data.breakdown = breakdown
     memory = _convert(
         data, records, schema.MEMORY_VERDICT_DATA, lambda v: rows.memory_verdict_dict(v["verdict"], v.get("fits"))
     )

@@ -77,6 +77,7 @@ def render(data: ReportData, pngs: dict[str, bytes], full_page: bool = False) ->
         _job,
         _step_time,
         _input_pipeline,
+        _step_breakdown,
         _batch_plan,
         _out_of_memory,
         _memory_over_time,
@@ -322,6 +323,23 @@ def _input_pipeline(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
     parts += [f"<p>{prose(x)}</p>" for x in v["evidence"]]
     if v["advice"]:
         parts.append("<p>What to change:</p>" + _list(v["advice"]))
+    return parts
+
+
+def _step_breakdown(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
+    b = data.breakdown
+    if not b:
+        return []
+    step = b["step"]
+    rows_ = [
+        (label, format_milliseconds(v * 1e3), format_percent(v / step if step else None))
+        for label, v in b["parts"].items()
+    ]
+    rows_.append(("step", format_milliseconds(step * 1e3 if step is not None else None), "100%"))
+    parts = [f"<h3>{text.BREAKDOWN_HEADING}</h3>", _table(["part (steady step)", "per step", "share"], rows_)]
+    parts.append(f"<p>{prose(text.compile_line(b))}</p>")
+    if b["largest"]:
+        parts.append(f"<p>Largest part: <b>{e(b['largest'])}</b>.</p>" + (_list(b["advice"]) if b["advice"] else ""))
     return parts
 
 

@@ -41,6 +41,7 @@ class ReportData:
     split: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
     throughput: dict[str, float] = dataclasses.field(default_factory=dict)  # last figures of the run
     verdict: dict[str, Any] | None = None  # category, message, evidence, advice, text
+    breakdown: dict[str, Any] | None = None  # the step breakdown; see rows.breakdown_dict
     oom_events: list[str] = dataclasses.field(default_factory=list)
     oom_details: list[list[str]] = dataclasses.field(default_factory=list)  # why, per event (may be shorter)
     oom_headroom: list[str] = dataclasses.field(default_factory=list)  # peak against capacity, per device

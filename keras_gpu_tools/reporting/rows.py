@@ -252,3 +252,37 @@ def plan_row(rec: dict[str, Any]) -> dict[str, Any]:
         "headline": text.splitlines()[0] if plan.objective == "throughput" and plan.fits else text,
         "candidates": list(plan.candidates),
     }
+
+
+BREAKDOWN_LABELS = {
+    "compile": "compile/trace",
+    "retraces": "retraces",
+    "input": "input wait",
+    "dispatch": "host dispatch",
+    "compute": "device compute",
+    "collective": "collectives",
+    "other": "other (callbacks, Python)",
+}
+
+
+def breakdown_dict(rec: dict[str, Any]) -> dict[str, Any]:
+    """The report's step breakdown from the detector's record (``FitBreakdown.record()``).
+
+    ``parts`` are the steady step's parts in seconds per step (label -> value, in order),
+    ``step`` the step they add up to, ``compile_seconds`` and ``retraces`` the fit's
+    compilation, ``largest`` the largest part's label and ``advice`` what fits it.
+    """
+    parts = {
+        BREAKDOWN_LABELS.get(str(k), str(k)): float(v) for k, v in dict(rec["parts"]).items() if finite(v) is not None
+    }
+    largest = rec.get("largest")
+    return {
+        "parts": parts,
+        "step": finite(rec.get("step")),
+        "compile_seconds": float(rec["compile_seconds"]),
+        "retraces": int(rec["retraces"]),
+        "shapes": [str(s) for s in rec.get("shapes") or []],
+        "largest": BREAKDOWN_LABELS.get(str(largest), str(largest)) if largest else None,
+        "advice": [str(a) for a in rec.get("advice") or []],
+        "collective_reason": rec.get("collective_reason"),
+    }

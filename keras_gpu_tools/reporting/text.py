@@ -54,6 +54,7 @@ def sections(data: ReportData) -> list[Section]:
         (job_heading(data), _job(data)) if data.is_job() else None,
         _step_time(data),
         _input_pipeline(data),
+        _step_breakdown(data),
         _batch_plan(data),
         _out_of_memory(data),
         _memory_over_time(data),
@@ -254,6 +255,33 @@ def _input_pipeline(data: ReportData) -> Section | None:
     if v["advice"]:
         body += ["What to change:"] + [f"- {a}" for a in v["advice"]]
     return "Input pipeline", body
+
+
+BREAKDOWN_HEADING = "Step breakdown"
+
+
+def compile_line(b: dict[str, Any]) -> str:
+    """``Compile/trace: 0.91 s over the fit, 1 retrace (shapes: ...).``"""
+    n = b["retraces"]
+    shapes = f" (shapes: {'; '.join(b['shapes'][:4])})" if n and b["shapes"] else ""
+    return f"Compile/trace: {b['compile_seconds']:.2f} s over the fit, {n} retrace{'' if n == 1 else 's'}{shapes}."
+
+
+def _step_breakdown(data: ReportData) -> Section | None:
+    """The steady step's parts (compilation apart), the compilation, the largest part and its advice."""
+    b = data.breakdown
+    if not b:
+        return None
+    step = b["step"]
+    body = [
+        f"{label}: {format_milliseconds(v * 1e3)} ({format_percent(v / step if step else None)})"
+        for label, v in b["parts"].items()
+    ]
+    body += [f"step: {format_milliseconds(step * 1e3 if step is not None else None)}", compile_line(b)]
+    if b["largest"]:
+        body.append(f"Largest part: {b['largest']}.")
+    body += [f"- {a}" for a in b["advice"]]
+    return BREAKDOWN_HEADING, body
 
 
 def recoveries(data: ReportData) -> str:

@@ -24,6 +24,7 @@ class JaxBackend(JaxStep, JaxProfiler, JaxRecovery, JaxMemory, JaxLeaks, JaxPlan
     predicts_memory = True
     even_shares = True
     counts_idle_batches = True
+    compile_cache_line = 'jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax"))'
 
     def __init__(self):
         super().__init__("jax")

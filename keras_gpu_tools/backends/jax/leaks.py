@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.backends.base import FUNCTIONS, Backend
 from keras_gpu_tools.backends.jax.memory import local_gpus
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki
@@ -43,12 +43,20 @@ class JaxLeaks(Backend):
                 continue
         return len(arrays), total
 
-    def compiled_functions(self, model) -> dict[int, int] | None:
-        out: dict[int, int] = {}
-        for name in ("train_function", "test_function", "predict_function"):
-            for fn in ki.compiled_in(getattr(model, name, None), "_cache_size"):
+    def compiled_functions(self, model, names: tuple[str, ...] = FUNCTIONS) -> dict[int, int] | None:
+        return self.trace_counter(model, names)()
+
+    def trace_counter(self, model, names: tuple[str, ...] = FUNCTIONS) -> Callable[[], dict[int, int] | None]:
+        """Reads the traces of the compiled functions found now (the closures walked once)."""
+        fns = [fn for name in names for fn in ki.compiled_in(getattr(model, name, None), "_cache_size")]
+
+        def read() -> dict[int, int] | None:
+            out: dict[int, int] = {}
+            for fn in fns:
                 try:
                     out[id(fn)] = int(fn._cache_size())
                 except Exception:
                     continue
-        return out or None
+            return out or None
+
+        return read

@@ -23,6 +23,10 @@ class TensorFlowBackend(TFStep, TFProfiler, TFRecovery, TFMemory, TFLeaks, TFPla
         "TensorFlow's GPU builds are for Linux/WSL2)"
     )
 
+    # XLA's cache of compiled clusters (`jit_compile=True`), set before TensorFlow is imported; a tf.function's
+    # tracing itself is redone in each process.
+    compile_cache_line = 'os.environ["TF_XLA_FLAGS"] = "--tf_xla_persistent_cache_directory=/tmp/xla_cache"'
+
     def __init__(self):
         super().__init__("tensorflow")
         self._gpu_count = None

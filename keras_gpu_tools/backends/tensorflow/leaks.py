@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from keras_gpu_tools.backends.base import Backend
+from collections.abc import Callable
+
+from keras_gpu_tools.backends.base import FUNCTIONS, Backend
 from keras_gpu_tools.leaks.census import heap_census
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki
@@ -22,12 +24,22 @@ class TFLeaks(Backend):
             return None  # TensorFlow keeps no registry of its tensors
         return heap_census((cls,), _nbytes)
 
-    def compiled_functions(self, model) -> dict[int, int] | None:
-        out: dict[int, int] = {}
-        for name in ("train_function", "test_function", "predict_function"):
-            for fn in ki.compiled_in(getattr(model, name, None), "experimental_get_tracing_count"):
+    def compiled_functions(self, model, names: tuple[str, ...] = FUNCTIONS) -> dict[int, int] | None:
+        return self.trace_counter(model, names)()
+
+    def trace_counter(self, model, names: tuple[str, ...] = FUNCTIONS) -> Callable[[], dict[int, int] | None]:
+        """Reads the traces of the compiled functions found now (the closures walked once)."""
+        fns = [
+            fn for name in names for fn in ki.compiled_in(getattr(model, name, None), "experimental_get_tracing_count")
+        ]
+
+        def read() -> dict[int, int] | None:
+            out: dict[int, int] = {}
+            for fn in fns:
                 try:
                     out[id(fn)] = int(fn.experimental_get_tracing_count())
                 except Exception:
                     continue
-        return out or None
+            return out or None
+
+        return read

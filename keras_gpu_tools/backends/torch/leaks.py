@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from keras_gpu_tools.backends.base import Backend
+from keras_gpu_tools.backends.base import FUNCTIONS, Backend
 from keras_gpu_tools.backends.torch.memory import available_cuda
 from keras_gpu_tools.leaks.census import heap_census
 from keras_gpu_tools.runtime import deps
@@ -36,8 +36,8 @@ class TorchLeaks(Backend):
             return None  # torch keeps no registry of its tensors
         return heap_census((torch.Tensor,), _nbytes)
 
-    def compiled_functions(self, model) -> dict[int, int] | None:
-        """Graphs torch.compile (``jit_compile=True``) made in this process; None where it never ran."""
+    def compiled_functions(self, model, names: tuple[str, ...] = FUNCTIONS) -> dict[int, int] | None:
+        """Graphs torch.compile (``jit_compile=True``) made in this process, whatever ``names``; None where it never ran."""
         dynamo_utils = deps.loaded("torch._dynamo.utils")
         counters = getattr(dynamo_utils, "counters", None) if dynamo_utils is not None else None
         if counters is None:

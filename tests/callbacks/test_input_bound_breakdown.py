@@ -1,0 +1,204 @@
+"""InputBoundDetector's step breakdown end to end: real fit(), compile and retraces, parts that add up."""
+
+import statistics
+import time
+
+import keras
+import numpy as np
+import pytest
+
+from keras_gpu_tools.backends import get as get_backend
+from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+from keras_gpu_tools.input import breakdown as bd
+from keras_gpu_tools.logdir import schema
+from tests.helpers.models import tiny_dense_model
+
+BACKEND = keras.backend.backend()
+COMPILES = BACKEND != "torch"  # torch without jit_compile runs eagerly: nothing compiles
+PARTS = (schema.STEP_INPUT_MS, schema.STEP_DISPATCH_MS, schema.STEP_COMPUTE_MS, schema.STEP_COLLECTIVE_MS)
+
+
+class BatchTimes(keras.callbacks.Callback):
+    """Keras's own batch hooks around each train-function call: each call's wall time, and each epoch's from
+    its first call's start to its last call's end (the epoch's own set-up, its iterator, left out)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.calls, self.first = [], None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.t = time.perf_counter()
+        self.first = self.t if self.first is None else self.first
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.last = time.perf_counter()
+        self.calls.append(self.last - self.t)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs = getattr(self, "epochs", []) + [(self.last - self.first, list(self.calls))]
+
+
+def _data(n, features=8):
+    rng = np.random.default_rng(0)
+    return rng.random((n, features), dtype="float32"), rng.random((n, 1), dtype="float32")
+
+
+def _framework_retraces(model):
+    """The framework's own count, read apart: every trace of the train step's functions but each one's first."""
+    traces = get_backend().compiled_functions(model, ("train_function",)) or {}
+    return sum(traces.values()) - sum(1 for c in traces.values() if c)
+
+
+def _adds_up(logs):
+    parts = sum(logs.get(k, 0.0) for k in PARTS) + logs[schema.STEP_OTHER_MS]
+    return parts == pytest.approx(logs[schema.STEP_STEP_MS], rel=0.05)
+
+
+@pytest.mark.multibackend
+def test_a_smaller_last_batch_is_one_retrace_counted_exactly(tmp_path):
+    x, y = _data(330)  # 10 batches of 32 and one of 10
+    det = InputBoundDetector(log_dir=tmp_path, verbose=0)
+    model = tiny_dense_model()
+    h = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[det])
+    retraces, compile_s = h.history[schema.STEP_RETRACES], h.history[schema.STEP_COMPILE_SECONDS]
+    if COMPILES:
+        # JAX compiles the step once per batch shape; TensorFlow's fit() loop takes any batch size, and the
+        # per-batch tf.function of the timed calls (reduce_retracing) traces again or not: its own count says.
+        assert retraces == ([1, 0] if BACKEND == "jax" else [_framework_retraces(model), 0])
+        assert compile_s[0] > 0.01 and compile_s[1] < compile_s[0]
+        assert "(10, 8) (10, 1)" in det.breakdown.shapes
+    else:
+        assert retraces == [0, 0] and compile_s == [0.0, 0.0]
+    for e in range(2):
+        assert _adds_up({k: v[e] for k, v in h.history.items()})
+    fb = det.breakdown
+    assert fb.largest is not None and fb.advice
+    assert "Step breakdown" in det.summary()
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "input"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    assert [e.value for e in acc.Scalars(schema.STEP_RETRACES)] == retraces
+    text = acc.Tensors(schema.STEP_BREAKDOWN)[-1].tensor_proto.string_val[0].decode()
+    assert "Largest part" in text
+
+
+@pytest.mark.multibackend
+def test_compile_seconds_match_the_first_calls_timed_by_kerass_batch_hooks():
+    if not COMPILES:
+        pytest.skip("torch without jit_compile compiles nothing")
+    x, y = _data(32 * 40)  # no partial batch: the first call(s) compile, nothing retraces
+    timer = BatchTimes()
+    det = InputBoundDetector(log_dir=None, verbose=0)
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+    x = np.repeat(x, 8, axis=1)
+    h = model.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[det, timer])
+    calls = timer.epochs[0][1]
+    normal = statistics.median(calls)
+    by_hand = sum(t - normal for t in calls if t > 10 * normal)  # the compiling calls' lumps
+    assert by_hand > 0.05
+    assert h.history[schema.STEP_COMPILE_SECONDS][0] == pytest.approx(by_hand, rel=0.10)
+    # TensorFlow's count has a retrace where the first call creates the optimizer's variables (Adam)
+    assert h.history[schema.STEP_RETRACES] == [_framework_retraces(model) if BACKEND == "tensorflow" else 0]
+
+
+@pytest.mark.multibackend
+def test_a_custom_train_step_is_broken_down_too():
+    class Custom(keras.Sequential):
+        calls = 0
+
+        def train_step(self, *args):
+            Custom.calls += 1  # traced (TF, JAX) or run (torch)
+            return super().train_step(*args)
+
+    keras.utils.set_random_seed(0)
+    model = Custom([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x, y = _data(330)
+    det = InputBoundDetector(log_dir=None, verbose=0)
+    h = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[det])
+    assert Custom.calls > 0
+    assert h.history[schema.STEP_RETRACES] == [_framework_retraces(model) if COMPILES else 0, 0]
+    if BACKEND == "jax":
+        assert h.history[schema.STEP_RETRACES] == [1, 0]
+    assert all(_adds_up({k: v[e] for k, v in h.history.items()}) for e in range(2))
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="jit_compile=False: TensorFlow's tf.function without XLA")
+def test_tensorflow_without_xla_traces_and_retraces():
+    model = tiny_dense_model()
+    model.compile("sgd", "mse", jit_compile=False)
+    x, y = _data(330)
+    det = InputBoundDetector(log_dir=None, verbose=0)
+    h = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[det])
+    assert h.history[schema.STEP_RETRACES] == [_framework_retraces(model), 0]
+    assert h.history[schema.STEP_COMPILE_SECONDS][0] > 0.01
+    assert all(_adds_up({k: v[e] for k, v in h.history.items()}) for e in range(2))
+
+
+def _storm(sizes):
+    rng = np.random.default_rng(0)
+    while True:
+        for n in sizes:
+            yield rng.random((n, 8), dtype="float32"), rng.random((n, 1), dtype="float32")
+
+
+@pytest.mark.slow
+@pytest.mark.multibackend
+def test_a_retrace_storm_is_counted_exactly_and_keeps_little(monkeypatch):
+    monkeypatch.setattr(bd, "MAX_SHAPES", 4)
+    sizes = list(range(2, 32))  # 30 shapes, each once an epoch
+    model = tiny_dense_model()
+    det = InputBoundDetector(log_dir=None, verbose=0, sample_every=7)
+    h = model.fit(_storm(sizes), steps_per_epoch=len(sizes), epochs=2, verbose=0, callbacks=[det])
+    retraces = h.history[schema.STEP_RETRACES]
+    if not COMPILES:
+        assert retraces == [0, 0]
+    else:
+        assert sum(retraces) == _framework_retraces(model) and retraces[1] == 0
+        if BACKEND == "jax":
+            assert retraces == [len(sizes) - 1, 0]  # a jitted step compiles once per shape
+    steps = det._steps.steps
+    assert len(steps.shapes) <= 4 and len(steps._seen) <= 5
+    assert len(steps._calls) <= bd.MAX_CALLS and len(steps._intervals) <= bd.MAX_INTERVALS
+
+
+@pytest.mark.slow
+@pytest.mark.multibackend
+def test_the_parts_add_up_to_the_measured_step_time():
+    """Steady epochs: step/step_ms against the wall time per step between Keras's own batch hooks, within 5%."""
+    timer = BatchTimes()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((256,)), keras.layers.Dense(1024, activation="relu"), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x, y = _data(256 * 60, 256)
+    det = InputBoundDetector(log_dir=None, verbose=0, sample_every=10)
+    h = model.fit(x, y, batch_size=256, epochs=3, verbose=0, callbacks=[det, timer])
+    for e in (1, 2):
+        wall, calls = timer.epochs[e]
+        logs = {k: v[e] for k, v in h.history.items()}
+        assert _adds_up(logs)
+        measured = (wall - logs[schema.STEP_COMPILE_SECONDS]) / len(calls) * 1e3
+        assert logs[schema.STEP_STEP_MS] == pytest.approx(measured, rel=0.05)
+
+
+def test_the_report_and_the_live_view_show_the_breakdown(tmp_path):
+    from keras_gpu_tools.live.render import breakdown_line
+    from keras_gpu_tools.reporting import html, text
+    from keras_gpu_tools.reporting.from_callbacks import gather
+    from keras_gpu_tools.reporting.from_logdir import gather_log_dir
+
+    x, y = _data(330)
+    det = InputBoundDetector(log_dir=tmp_path, verbose=0)
+    h = tiny_dense_model().fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[det])
+    from_logs, from_callbacks = gather_log_dir(str(tmp_path)), gather([det])
+    assert from_logs.breakdown == from_callbacks.breakdown
+    b = from_logs.breakdown
+    assert b["retraces"] == det.breakdown.retraces and b["largest"] and b["advice"]
+    assert sum(b["parts"].values()) == pytest.approx(b["step"], rel=0.05)
+    page, report = html.render(from_logs, {}), text.render(from_logs)
+    assert "Step breakdown" in page and "Step breakdown" in report
+    assert f"Largest part: {b['largest']}" in report
+    line = breakdown_line({k: v[-1] for k, v in h.history.items()})
+    assert "compute" in line and line.endswith("ms")
