@@ -10,7 +10,7 @@ calls is added here, to the base ``Backend`` and to each framework's module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -63,6 +63,9 @@ class ProfilerSession(Protocol):
     def step(self, step_num: int) -> AbstractContextManager: ...
 
     def stop(self, outputs: Any = None) -> None: ...
+
+    #: Puts a profiler range around each ``(layer, path)``'s calls for a window (torch); returns their removal.
+    def scope_layers(self, layers: Sequence[tuple[Any, str]]) -> Callable[[], None]: ...
 
 
 @runtime_checkable

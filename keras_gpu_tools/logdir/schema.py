@@ -157,3 +157,15 @@ KERAS_TRAIN_RUN = "train"
 KERAS_VALIDATION_RUN = "validation"
 # A profiled window's text tag (or xprof's analysis of it): the window's tag and its first and end step.
 PROFILE_WINDOW_TEXT_RE = re.compile(r"^(profile/steps_(\d+)_(\d+))(/input_pipeline)?$")
+
+# ---------------------------------------------------------------------------
+# ProfilerWindow's time per Keras layer (profiling/layer_table.py writes, reporting/ reads)
+# ---------------------------------------------------------------------------
+LAYERS = "layers"  # profile/steps_<a>_<b>/layers: the window's layer table as Markdown text
+LAYERS_DATA_SUFFIX = f"/{LAYERS}{DATA_SUFFIX}"  # .../layers/data: the LayerTable as JSON (rows heaviest first)
+LAYERS_CHART_SUFFIX = "/chart"  # .../layers/chart: an image, a bar chart of the heaviest layers' ms per step
+
+
+def profile_layers(start: int, stop: int) -> str:
+    """The tag of the layer table of the profiled window of steps ``start`` to ``stop`` (exclusive)."""
+    return f"{profile_window(start, stop)}/{LAYERS}"

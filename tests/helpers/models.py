@@ -141,3 +141,25 @@ def held_activations_model(limit):
     model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Dense(4, activation=act)(inp)))
     model.compile(keras.optimizers.SGD(0.01), "mse")
     return model, act
+
+
+def one_heavy_layer_model(features: int = 256, heavy: int = 4096, seed: int | None = 0) -> keras.Model:
+    """A functional model ``net`` whose FLOPs sit in one layer, with a shared layer and a nested model.
+
+    ``heavy`` (Dense ``features`` -> ``heavy`` units) holds about 99% of the
+    multiply-adds; ``proj`` brings it down to 8; ``shared`` (Dense 8) is
+    called twice; ``inner`` is a nested Sequential with ``small`` (Dense 8);
+    ``head`` gives one output. Adam on mse.
+    """
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    inner = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, name="small")], name="inner")
+    shared = keras.layers.Dense(8, name="shared")
+    inputs = keras.Input((features,))
+    h = keras.layers.Dense(heavy, activation="relu", name="heavy")(inputs)
+    h = keras.layers.Dense(8, name="proj")(h)
+    h = shared(shared(h))
+    h = inner(h)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(h), name="net")
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    return model

@@ -30,7 +30,8 @@ class _Torch:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available() and options.device_tracer_level:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._prof = torch.profiler.profile(activities=activities, with_stack=options.python_tracer)
+        # with_flops: the matmuls' and convolutions' FLOPs, for the layer table
+        self._prof = torch.profiler.profile(activities=activities, with_stack=options.python_tracer, with_flops=True)
         self._prof.start()
         self._run_dir = run_dir
 
@@ -52,6 +53,12 @@ class _Torch:
         folder = os.path.join(self._run_dir, "plugins", "profile", time.strftime("%Y_%m_%d_%H_%M_%S"))
         os.makedirs(folder, exist_ok=True)
         prof.export_chrome_trace(os.path.join(folder, f"{socket.gethostname()}.pt.trace.json"))
+
+    def scope_layers(self, layers):
+        """A ``keras_layer::<path>`` range around each layer's calls (``layer_scopes.py``); returns their removal."""
+        from keras_gpu_tools.backends.torch.layer_scopes import install
+
+        return install(layers)
 
 
 class TorchProfiler(Backend):
