@@ -30,8 +30,7 @@ class _Torch:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available() and options.device_tracer_level:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        # with_flops: the matmuls' and convolutions' FLOPs, for the layer table
-        self._prof = torch.profiler.profile(activities=activities, with_stack=options.python_tracer, with_flops=True)
+        self._prof = torch.profiler.profile(activities=activities, with_stack=options.python_tracer)
         self._prof.start()
         self._run_dir = run_dir
 
