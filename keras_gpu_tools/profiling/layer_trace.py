@@ -22,6 +22,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from keras_gpu_tools.profiling.layers import OpTime
 from keras_gpu_tools.profiling.xplane import parse_hlo, read_xspace, stat_value
@@ -215,8 +216,8 @@ def _walk_thread(evs: list[dict], seq_layer: dict, launches: dict, top: list, ca
         while stack and stack[-1][0] <= ts:
             stack.pop()
         name, cat = str(e.get("name", "")), e.get("cat")
-        layer = next((p for end, kind, p in reversed(stack) if kind == "layer"), None)
-        outer = next((p for end, kind, p in reversed(stack) if kind == "op"), None)
+        layer: Any = next((p for end, kind, p in reversed(stack) if kind == "layer"), None)
+        outer: Any = next((p for end, kind, p in reversed(stack) if kind == "op"), None)
         skipped = any(kind == "skip" for _, kind, _ in stack)
         args = e.get("args") or {}
         if cat == "user_annotation":
@@ -243,5 +244,5 @@ def _walk_thread(evs: list[dict], seq_layer: dict, launches: dict, top: list, ca
             stack.append((ts + dur, "op", op))
         elif outer is not None:
             if flops:
-                outer.flops = (outer.flops or 0.0) + float(flops)  # type: ignore[attr-defined]
+                outer.flops = (outer.flops or 0.0) + float(flops)
             stack.append((ts + dur, "op", outer))  # nested: its time is its top-level op's

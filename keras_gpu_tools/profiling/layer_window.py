@@ -32,7 +32,7 @@ class LayerTables:
     def start_fit(self, model: Any) -> None:
         """The model's layer tree (once per fit: a model may change between fits)."""
         self._tree = layer_tree(model)
-        objects = {}
+        objects: dict[int, tuple[Any, str]] = {}
         for layer in _walk(model, ""):
             objects.setdefault(id(layer[0]), layer)
         self._layers = [pair for pair in objects.values() if pair[1]]
