@@ -210,23 +210,22 @@ def torch_ops(paths: Iterable[str]) -> TraceOps:
 def _walk_thread(evs: list[dict], seq_layer: dict, launches: dict, top: list, calls: dict) -> None:
     """One thread's events: layer ranges, top-level ops (with their layer), launches and sequence numbers."""
     evs.sort(key=lambda e: (float(e.get("ts", 0)), -float(e.get("dur", 0))))
-    stack: list[tuple[float, str, object]] = []  # (end, kind, payload): kind "layer" (path), "op" (OpTime), "skip"
+    # Each open range: (end, innermost layer path, its top-level op, inside the data loader), as of inside it.
+    stack: list[tuple[float, Any, Any, bool]] = []
     for e in evs:
         ts, dur = float(e.get("ts", 0)), float(e.get("dur", 0))
         while stack and stack[-1][0] <= ts:
             stack.pop()
+        _, layer, outer, skipped = stack[-1] if stack else (0.0, None, None, False)
         name, cat = str(e.get("name", "")), e.get("cat")
-        layer: Any = next((p for end, kind, p in reversed(stack) if kind == "layer"), None)
-        outer: Any = next((p for end, kind, p in reversed(stack) if kind == "op"), None)
-        skipped = any(kind == "skip" for _, kind, _ in stack)
         args = e.get("args") or {}
         if cat == "user_annotation":
             if name.startswith(TORCH_SCOPE):
                 path = name[len(TORCH_SCOPE) :]
                 calls[path] = calls.get(path, 0) + 1
-                stack.append((ts + dur, "layer", path))
+                stack.append((ts + dur, path, outer, skipped))
             elif name.startswith("enumerate(DataLoader)"):
-                stack.append((ts + dur, "skip", None))
+                stack.append((ts + dur, layer, outer, True))
             continue
         if cat in ("cuda_runtime", "cuda_driver"):
             if outer is not None and "correlation" in args:
@@ -241,8 +240,8 @@ def _walk_thread(evs: list[dict], seq_layer: dict, launches: dict, top: list, ca
             op = OpTime(name, int(dur * 1e6), backward, float(flops) if flops else None, path=layer, resolved=True)
             e["_seq"] = seq
             top.append((op, e))
-            stack.append((ts + dur, "op", op))
-        elif outer is not None:
-            if flops:
+            stack.append((ts + dur, layer, op, skipped))
+        else:
+            if outer is not None and flops:
                 outer.flops = (outer.flops or 0.0) + float(flops)
-            stack.append((ts + dur, "op", outer))  # nested: its time is its top-level op's
+            stack.append((ts + dur, layer, outer, skipped))  # nested: its time is its top-level op's
