@@ -64,8 +64,9 @@ class ProfilerSession(Protocol):
 
     def stop(self, outputs: Any = None) -> None: ...
 
-    #: Puts a profiler range around each ``(layer, path)``'s calls for a window (torch); returns their removal.
-    def scope_layers(self, layers: Sequence[tuple[Any, str]]) -> Callable[[], None]: ...
+    #: Puts a profiler range around each ``(layer, path)``'s calls for a window (torch): their removal, and
+    #: why the window gets no layer table ("" when it does).
+    def scope_layers(self, model: Any, layers: Sequence[tuple[Any, str]]) -> tuple[Callable[[], None], str]: ...
 
 
 @runtime_checkable

@@ -27,6 +27,7 @@ class LayerTables:
         self._tree: LayerNode | None = None
         self._layers: list[tuple[Any, str]] = []
         self._unscope: Callable[[], None] | None = None
+        self._why_not: dict[int, str] = {}  # by window start: why the window gets no table
         self._lock = threading.Lock()
 
     def start_fit(self, model: Any) -> None:
@@ -37,10 +38,12 @@ class LayerTables:
             objects.setdefault(id(layer[0]), layer)
         self._layers = [pair for pair in objects.values() if pair[1]]
 
-    def start_window(self, profiler: Any) -> None:
-        """Puts the backend's per-layer ranges in place for the window (torch; nothing elsewhere)."""
+    def start_window(self, profiler: Any, model: Any, start: int) -> None:
+        """Puts the backend's per-layer ranges in place for the window starting at step ``start`` (torch)."""
         self.stop_window()
-        self._unscope = profiler.scope_layers(self._layers)
+        self._unscope, why = profiler.scope_layers(model, self._layers)
+        if why:
+            self._why_not[start] = why
 
     def stop_window(self) -> None:
         unscope, self._unscope = self._unscope, None
@@ -49,7 +52,7 @@ class LayerTables:
 
     def analyze(self, capture: WindowCapture, writer: EventWriter | None, say: Callable[[str], None]) -> None:
         """The window's table from its trace (run off the training thread), written and said in one line."""
-        why = "" if capture.files else "the window left no trace file"
+        why = self._why_not.pop(capture.start_step, "") or ("" if capture.files else "the window left no trace file")
         table = build_table(capture.start_step, capture.num_steps, capture.files, self._tree, why)
         with self._lock:
             self.tables.append(table)

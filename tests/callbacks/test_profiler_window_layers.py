@@ -15,6 +15,7 @@ from keras_gpu_tools.errors import ProfilerWarning
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.reader import read_event_file, read_run
 from keras_gpu_tools.profiling.layers import OUTSIDE
+from tests.helpers.callbacks import InterruptAt
 from tests.helpers.models import one_heavy_layer_model
 
 pytestmark = pytest.mark.multibackend
@@ -39,11 +40,12 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-def fit(model, cb, steps=12, batch=64, features=256, **kw):
+def fit(model, cb, steps=12, batch=64, features=256, callbacks_extra=(), **kw):
     rng = np.random.default_rng(0)
     x = rng.random((steps * batch, features), dtype=np.float32)
     y = rng.random((steps * batch, 1), dtype=np.float32)
-    return model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[cb], **kw)
+    callbacks = [cb, *callbacks_extra]
+    return model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=callbacks, **kw)
 
 
 def window(tmp_path, **kw):
@@ -91,6 +93,18 @@ def test_tensorflow_without_xla(tmp_path):
     fit(model, cb)
     check_heavy_first(cb.layer_table())
     assert layer_rows(cb.layer_table())["shared"].calls == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile")
+def test_a_compiled_torch_step_gets_no_table_and_says_why(tmp_path):
+    model = one_heavy_layer_model(heavy=256)
+    model.compile(keras.optimizers.Adam(1e-3), "mse", jit_compile=True)
+    cb = window(tmp_path)
+    fit(model, cb)
+    table = cb.layer_table()
+    assert not table.rows and "jit_compile=True" in table.error and "recompile" in table.error
+    assert all("call" not in vars(layer) for layer in model._flatten_layers())  # the compiled step untouched
 
 
 class CustomStep(keras.Model):
@@ -173,6 +187,19 @@ def _has_matplotlib():
         return True
     except ImportError:
         return False
+
+
+@needs_profiler
+def test_a_fit_that_raises_in_a_window_leaves_the_layers_as_they_were_and_a_table_of_its_steps(tmp_path):
+    model = one_heavy_layer_model()
+    cb = ProfilerWindow(log_dir=tmp_path, start_step=2, num_steps=50, verbose=0, analyze=False)
+    with pytest.raises(KeyboardInterrupt):
+        fit(model, cb, steps=12, callbacks_extra=[InterruptAt(5)])
+    fit(model, keras.callbacks.Callback(), steps=2)  # torch: the next step on the training thread stops it
+    assert all("call" not in vars(layer) for layer in model._flatten_layers())
+    table = cb.layer_table()
+    assert cb.captures[0].reason == "cut short" and (table.start_step, table.num_steps) == (2, 4)
+    assert table.rows and not table.error
 
 
 @needs_profiler

@@ -54,9 +54,9 @@ class _JAX:
             jax.block_until_ready(outputs)  # let the window's kernels finish inside the trace
         jax.profiler.stop_trace()
 
-    def scope_layers(self, layers):
+    def scope_layers(self, model, layers):
         """Nothing to do: the ops' name scopes already carry the layers' names."""
-        return _nothing
+        return _nothing, ""
 
 
 class JaxProfiler(Backend):

@@ -38,9 +38,9 @@ class _TF:
 
         tf.profiler.experimental.stop()
 
-    def scope_layers(self, layers):
+    def scope_layers(self, model, layers):
         """Nothing to do: the ops' name scopes already carry the layers' names."""
-        return _nothing
+        return _nothing, ""
 
 
 class TFProfiler(Backend):
