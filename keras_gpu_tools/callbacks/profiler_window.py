@@ -346,4 +346,5 @@ class ProfilerWindow(FitCallback):
         self._profiler = None
         self._job = None
         self.wait_for_analysis()
+        self._layers.draw_charts(self._writer)  # after the steps: matplotlib is slow to import
         self._close_writers()

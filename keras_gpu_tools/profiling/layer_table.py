@@ -106,13 +106,16 @@ def build_table(
     return table
 
 
-def write_table(writer: EventWriter | None, table: LayerTable, chart: Callable[[LayerTable], tuple] | None) -> None:
-    """The table as text and JSON under ``profile/steps_<a>_<b>/layers``, its chart (``chart(table)``) as an image."""
+def write_table(
+    writer: EventWriter | None, table: LayerTable, chart: Callable[[LayerTable], tuple] | None, text: bool = True
+) -> None:
+    """The table as text and JSON under ``profile/steps_<a>_<b>/layers`` (``text``), its chart (``chart(table)``)."""
     if writer is None:
         return
     tag = schema.profile_layers(table.start_step, table.start_step + table.num_steps)
-    writer.text(tag, table.text(), step=table.start_step)
-    writer.json(tag + schema.DATA_SUFFIX, table, step=table.start_step)
+    if text:
+        writer.text(tag, table.text(), step=table.start_step)
+        writer.json(tag + schema.DATA_SUFFIX, table, step=table.start_step)
     if chart is not None and table.rows:
         try:
             png, width, height = chart(table)

@@ -28,6 +28,7 @@ class LayerTables:
         self._layers: list[tuple[Any, str]] = []
         self._unscope: Callable[[], None] | None = None
         self._why_not: dict[int, str] = {}  # by window start: why the window gets no table
+        self._undrawn: list[LayerTable] = []  # tables whose chart is drawn when the fit ends
         self._lock = threading.Lock()
 
     def start_fit(self, model: Any) -> None:
@@ -56,8 +57,16 @@ class LayerTables:
         table = build_table(capture.start_step, capture.num_steps, capture.files, self._tree, why)
         with self._lock:
             self.tables.append(table)
+            self._undrawn.append(table)
         say(table.line())
-        write_table(writer, table, _chart)
+        write_table(writer, table, None)
+
+    def draw_charts(self, writer: EventWriter | None) -> None:
+        """Draws this fit's tables' charts as it ends (matplotlib takes a second at first use: never beside steps)."""
+        with self._lock:
+            tables, self._undrawn = self._undrawn, []
+        for table in tables:
+            write_table(writer, table, _chart, text=False)
 
     def table(self, window: int = -1) -> LayerTable | None:
         with self._lock:

@@ -91,9 +91,16 @@ def _names(seg: str) -> tuple[str, ...]:
 
 @dataclass
 class Matcher:
-    """Matches op names to layer paths of one model's tree (cached per op name)."""
+    """Matches op names to layer paths of one model's tree (cached per op name).
+
+    ``seen``: every scope segment of the trace. TensorFlow may make every scope unique
+    (``dense_1`` for the layer ``dense``, ``dense_1_1`` for the layer ``dense_1``): a segment that
+    is both a layer's name and another's with a suffix is read as the suffixed one where the
+    trace also holds that first layer's name with a suffix of its own.
+    """
 
     tree: LayerNode
+    seen: frozenset[str] = frozenset()
     _cache: dict[str, tuple[str | None, str]] = field(default_factory=dict)
 
     def match(self, op_name: str) -> tuple[str | None, str]:
@@ -106,7 +113,7 @@ class Matcher:
     def _match(self, segs: list[str]) -> tuple[str | None, str]:
         node, matched, prefix = self.tree, None, []
         for seg in segs:
-            child = _child(node, seg)
+            child = _child(node, seg, self.seen)
             if child is not None:
                 node, matched = child, child
                 prefix.append(seg)  # the layers' own scopes only: a call's, whatever function runs it
@@ -117,13 +124,18 @@ class Matcher:
         return (matched.path, "/".join(prefix)) if matched is not None else (None, "")
 
 
-def _child(node: LayerNode, seg: str) -> LayerNode | None:
+def _child(node: LayerNode, seg: str, seen: frozenset[str] = frozenset()) -> LayerNode | None:
+    by_name = {c.name: c for c in node.children}
     names = _names(seg)
-    for want in names:  # an exact name first: "dense_1" is the layer dense_1 before dense's 2nd scope
-        for c in node.children:
-            if c.name == want:
-                return c
-    return None
+    if len(names) == 2 and names[0] in by_name and names[1] in by_name:  # "dense_1": dense_1's, or dense's?
+        suffixed = re.compile(re.escape(seg) + r"_\d+$")
+        return by_name[names[1]] if any(suffixed.match(s) for s in seen) else by_name[names[0]]
+    return next((by_name[n] for n in names if n in by_name), None)
+
+
+def segments_of(names: Iterable[str]) -> frozenset[str]:
+    """Every scope segment of these op names (what :class:`Matcher` reads TensorFlow's unique names by)."""
+    return frozenset(seg for name in names for seg in scope_segments(name))
 
 
 @dataclass
@@ -168,13 +180,13 @@ def attribute(
     else the distinct scopes the forward ops carry (TensorFlow names each call's
     scope apart), at least Keras's symbolic call count.
     """
-    matcher = Matcher(tree)
+    ops = list(ops)
+    matcher = Matcher(tree, segments_of({op.name for op in ops if not op.resolved}))
     steps = max(1, steps)
     fwd: dict[str, int] = {}
     bwd: dict[str, int] = {}
     flops: dict[str, float] = {}
     scopes: dict[str, set[str]] = {}
-    ops = list(ops)
     per_step: dict[str, dict[int, int]] | None = {} if any(op.step is not None for op in ops) else None
     for op in ops:
         if per_step is not None and op.step is None:

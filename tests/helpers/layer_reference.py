@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from keras_gpu_tools.profiling.layers import OUTSIDE, Matcher, layer_tree
+from keras_gpu_tools.profiling.layers import OUTSIDE, Matcher, layer_tree, segments_of
 from keras_gpu_tools.profiling.trace import tool_data
 
 
@@ -18,10 +18,10 @@ def xprof_layer_shares(model, xplane_files) -> dict[str, float]:
     data = tool_data(xplane_files, "hlo_stats")
     table = data[0] if isinstance(data, list) else data
     cols = [c["id"] for c in table["cols"]]
-    matcher = Matcher(layer_tree(model))
+    recs = [dict(zip(cols, [c.get("v") if isinstance(c, dict) else None for c in row["c"]])) for row in table["rows"]]
+    matcher = Matcher(layer_tree(model), segments_of(str(r.get("tf_op_name") or "") for r in recs))
     totals: dict[str, float] = {}
-    for row in table["rows"]:
-        rec = dict(zip(cols, [c.get("v") if isinstance(c, dict) else None for c in row["c"]]))
+    for rec in recs:
         path = matcher.match(str(rec.get("tf_op_name") or ""))[0] or OUTSIDE
         totals[path] = totals.get(path, 0.0) + float(rec.get("total_self_time") or 0.0)
     return _shares(totals)

@@ -2,7 +2,15 @@
 
 import pytest
 
-from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode, Matcher, OpTime, attribute, scope_segments
+from keras_gpu_tools.profiling.layers import (
+    OUTSIDE,
+    LayerNode,
+    Matcher,
+    OpTime,
+    attribute,
+    scope_segments,
+    segments_of,
+)
 
 
 def tree():
@@ -33,6 +41,13 @@ def tree():
 )
 def test_op_names_of_each_framework_find_their_layer(op, path):
     assert Matcher(tree()).match(op)[0] == path
+
+
+def test_tensorflow_unique_scopes_are_read_as_the_trace_writes_them():
+    """TensorFlow named the scope of layer `dense` "dense_1", and layer `dense_1`'s "dense_1_1"."""
+    ops = ["sequential_1/dense_1/MatMul", "sequential_1/dense_1_1/MatMul"]
+    matcher = Matcher(tree(), segments_of(ops))
+    assert [matcher.match(op)[0] for op in ops] == ["dense", "dense_1"]
 
 
 def test_scope_segments_take_off_jax_wrappers():
