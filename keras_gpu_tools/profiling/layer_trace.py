@@ -5,10 +5,11 @@ count; on a CPU the ops' own times on the host threads do (an op's time
 without the counted ops nested in it, so nothing counts twice).
 
 - ``.xplane.pb`` (TensorFlow, JAX): a GPU kernel is named after its framework
-  op by its ``tf_op`` stat, else by its ``hlo_op`` looked up in the HLO modules
-  the trace keeps (``/host:metadata``: each instruction's ``op_name``
-  metadata); a CPU XLA thunk by its HLO instruction's name; a TensorFlow op
-  run without XLA by its event ``<op name>:<op type>``.
+  op by its ``tf_op`` stat, else by its ``hlo_op`` (or its own name) looked up
+  in the HLO modules the trace keeps (``/host:metadata``: each instruction's
+  ``op_name`` metadata), else by the annotation of its launch (``level 0``);
+  a CPU XLA thunk by its HLO instruction's name; a TensorFlow op run without
+  XLA by its event ``<op name>:<op type>``.
 - ``.pt.trace.json`` (torch): an op belongs to the innermost
   ``keras_layer::<path>`` range around it (forward); a backward op to the
   layer of the forward op with the same autograd sequence number; a GPU
@@ -127,16 +128,17 @@ def xplane_ops(paths: Iterable[str]) -> TraceOps:
 
 def _device_op(ev, names, stat_names, hlo, hlo_by_module) -> OpTime:
     stats = {stat_names.get(s.metadata_id, ""): s for s in ev.stats}
-    op_name = ""
-    for key in ("tf_op", "long_name"):
-        if key in stats:
-            op_name = str(stat_value(stats[key], stat_names) or "")
-            break
+
+    def stat(key: str) -> str:
+        return str(stat_value(stats[key], stat_names) or "") if key in stats else ""
+
+    op_name = stat("tf_op")
     if not op_name:
-        hlo_op = str(stat_value(stats["hlo_op"], stat_names) or "") if "hlo_op" in stats else ""
-        module = str(stat_value(stats["hlo_module"], stat_names) or "") if "hlo_module" in stats else ""
+        hlo_op, module = stat("hlo_op"), stat("hlo_module")
         name = hlo_op or names.get(ev.metadata_id, "")
         op_name = hlo_by_module.get((module, name)) or hlo.get(name, "")
+    if not op_name and stat("level 0"):  # the launch's annotation: "outer::op_name:OpType#key=value#"
+        op_name = stat("level 0").split("::")[-1].split("#")[0]
     flops = stat_value(stats["flops"], stat_names) if "flops" in stats else None
     return OpTime(op_name, ev.duration_ps, _is_backward(op_name), float(flops) if flops else None)
 

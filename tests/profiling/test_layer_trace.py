@@ -136,3 +136,21 @@ def test_an_unreadable_trace_gives_a_table_that_says_why(tmp_path):
     table = build_table(0, 2, [str(bad)], TREE)
     assert table.error.startswith("the trace could not be read") and not table.rows
     assert "none (the trace could not be read" in table.text()
+
+
+def test_a_kernel_known_only_by_its_launch_annotation_goes_to_its_layer(tmp_path):
+    c = _classes()
+    space = c["XSpace"]()
+    gpu = space.planes.add(name="/device:GPU:0")
+    gpu.stat_metadata.add(key=1).value.name = "level 0"
+    gpu.event_metadata.add(key=1).value.name = "volta_sgemm_128x64_nn"
+    line = gpu.lines.add(name="Stream #7(Compute)")
+    for t, annotation in enumerate(["train::net_1/heavy_1/MatMul:MatMul", "gradient_tape/net_1/heavy_1/MatMul/MatMul"]):
+        ev = line.events.add(metadata_id=1, offset_ps=t * 1000 * US, duration_ps=400 * US)
+        ev.stats.add(metadata_id=1, str_value=annotation)
+    path = tmp_path / "host.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+    table = build_table(0, 1, [str(path)], TREE)
+    assert [(r.path, r.forward_ms, r.backward_ms) for r in table.rows] == [
+        ("heavy", pytest.approx(0.4), pytest.approx(0.4))
+    ]
