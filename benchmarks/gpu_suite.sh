@@ -51,6 +51,7 @@ benchmarks() {
         part 300 "sampler_cost_$b" python3 benchmarks/sampler_cost.py --backend $b "${MACHINE_ARG[@]}"
         part 600 "planner_throughput_$b" python3 benchmarks/planner_throughput.py --backend $b "${MACHINE_ARG[@]}" \
             --max-seconds 110
+        part 300 "layer_table_cost_$b" python3 benchmarks/layer_table_cost.py --backend $b "${MACHINE_ARG[@]}"
     done
 }
 

@@ -10,7 +10,7 @@ calls is added here, to the base ``Backend`` and to each framework's module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -63,6 +63,10 @@ class ProfilerSession(Protocol):
     def step(self, step_num: int) -> AbstractContextManager: ...
 
     def stop(self, outputs: Any = None) -> None: ...
+
+    #: Puts a profiler range around each ``(layer, path)``'s calls for a window (torch): their removal, and
+    #: why the window gets no layer table ("" when it does).
+    def scope_layers(self, model: Any, layers: Sequence[tuple[Any, str]]) -> tuple[Callable[[], None], str]: ...
 
 
 @runtime_checkable

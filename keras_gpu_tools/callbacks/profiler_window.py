@@ -16,9 +16,11 @@ from keras_gpu_tools.input.profiled import ProfiledWindows
 from keras_gpu_tools.input.xprof import WindowJoin, report_input
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.profiling import window as profiled
-from keras_gpu_tools.profiling.analysis import in_background
+from keras_gpu_tools.profiling.analysis import in_background, report_job, run_in_background
 from keras_gpu_tools.profiling.capture import WindowCapture, write_capture
 from keras_gpu_tools.profiling.job_session import JobSessions
+from keras_gpu_tools.profiling.layer_table import LayerTable
+from keras_gpu_tools.profiling.layer_window import LayerTables
 from keras_gpu_tools.profiling.schedule import WindowSchedule
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import validation as check
@@ -34,62 +36,53 @@ _END_OF_DATA = ("StopIteration", "OutOfRangeError")
 class ProfilerWindow(FitCallback):
     """Captures a profiler trace of chosen training steps, with step markers.
 
-    Each profiled step is marked for the profiler (TensorFlow's `Trace("train",
-    step_num=...)`, JAX's `StepTraceAnnotation`, torch's `ProfilerStep#N`), so
-    TensorBoard's Profile tab gets the per-step breakdown that Keras's own
-    `TensorBoard(profile_batch=...)` trace lacks ("No step time measured").
+    Each profiled step is marked for the profiler (TensorFlow's `Trace("train", step_num=...)`, JAX's
+    `StepTraceAnnotation`, torch's `ProfilerStep#N`), so TensorBoard's Profile tab gets the per-step breakdown that
+    Keras's own `TensorBoard(profile_batch=...)` trace lacks ("No step time measured").
 
-    Steps are counted globally (across epochs and `fit()` calls, from 0); a
-    step is one call of Keras's train function (N batches with
-    `steps_per_execution=N`).
+    Steps are counted globally (across epochs and `fit()` calls, from 0); a step is one call of Keras's train
+    function (N batches with `steps_per_execution=N`).
 
-    Traces go to `log_dir/<run_name>/plugins/profile/<timestamp>/`, which
-    TensorBoard's Profile tab shows (`tensorboard-plugin-profile`): `.xplane.pb`
-    on TensorFlow and JAX (JAX needs Python 3.12 or newer); torch writes a
-    Chrome trace `.pt.trace.json`: open it at https://ui.perfetto.dev.
+    Traces go to `log_dir/<run_name>/plugins/profile/<timestamp>/`, which TensorBoard's Profile tab shows
+    (`tensorboard-plugin-profile`): `.xplane.pb` on TensorFlow and JAX (JAX needs Python 3.12 or newer); torch
+    writes a Chrome trace `.pt.trace.json`: open it at https://ui.perfetto.dev.
 
-    Steps are named from 1, as Keras counts them (`start_step=20, num_steps=5`
-    is "steps 21-25"). After each window a line gives the trace's path, size and
-    mean step time, and one its input wait as `InputBoundDetector` measures it
-    (its first and last steps synced for it) beside, with `analyze=True`
-    (TensorFlow and JAX, with xprof), xprof's conclusion on the same steps and
-    why they differ where they do (`captures[i].input`, also as text under
+    Steps are named from 1, as Keras counts them (`start_step=20, num_steps=5` is "steps 21-25"). After each window
+    a line gives the trace's path, size and mean step time, and one its input wait as `InputBoundDetector` measures
+    it (its first and last steps synced for it) beside, with `analyze=True` (TensorFlow and JAX, with xprof),
+    xprof's conclusion on the same steps and why they differ where they do (`captures[i].input`, also as text under
     `profile/steps_<a>_<b>/input_pipeline`); the run's verdict is the detector's.
 
-    In a job of several processes (JAX, `keras.distribution.initialize`)
-    every process traces the same steps, and a window's traces form one
-    multi-host session of the run `log_dir/<run_name>/job`. Each process
-    writes its own line and conclusion to `log_dir/<run_name>/process_<i>`;
-    process 0 also writes the job's (every process's mean step time, xprof's
-    conclusion over all traces) to the job's run and `captures[i].job_*`.
-    Without the job's key-value store each process keeps its sessions in its
-    own run. Call `trigger()` on every process.
+    In a job of several processes (JAX, `keras.distribution.initialize`) every process traces the same steps, and a
+    window's traces form one multi-host session of the run `log_dir/<run_name>/job`. Each process writes its own
+    line and conclusion to `log_dir/<run_name>/process_<i>`; process 0 also writes the job's (every process's mean
+    step time, xprof's conclusion over all traces) to the job's run and `captures[i].job_*`. Without the job's
+    key-value store each process keeps its sessions in its own run. Call `trigger()` on every process.
 
-    A profiler session started by someone else (Keras's `profile_batch`) is
-    left alone: the window is skipped with a warning. A profiler error never
-    stops training; the profiler is always stopped, also when fit() raises.
+    A profiler session started by someone else (Keras's `profile_batch`) is left alone: the window is skipped with a
+    warning. A profiler error never stops training; the profiler is always stopped, also when fit() raises.
+
+    After each window (with `layers=True`) its time per Keras layer, forward and backward together, is worked out
+    off the training thread on every backend: `layer_table()`, a line, and a table and bar chart under
+    `profile/steps_<a>_<b>/layers`.
 
     Args:
         log_dir: directory of the TensorBoard logs. Defaults to `"logs"`.
-        start_step: first step of the (first) window, past compilation and
-            warm-up. Defaults to `10`.
+        start_step: first step of the (first) window, past compilation and warm-up. Defaults to `10`.
         num_steps: steps per window. Defaults to `5`.
-        windows: a list of `(start_step, num_steps)` pairs to capture instead
-            of one window; they may not overlap. Defaults to `None`.
-        every_n_steps: repeat the window every N steps from `start_step`
-            (N >= `num_steps`). Defaults to `None`.
-        every_n_epochs: capture a window in every N-th epoch (epochs 0, N,
-            2N, ... of each fit), starting `start_step` steps into the epoch.
+        windows: a list of `(start_step, num_steps)` pairs to capture instead of one window; they may not overlap.
             Defaults to `None`.
-        host_tracer_level: 1 (your annotations), 2 (also the runtime's
-            events) or 3 (verbose); TensorFlow and JAX. Defaults to `2`.
-        python_tracer: also trace Python function calls (slower, bigger
-            traces). Defaults to `False`.
+        every_n_steps: repeat the window every N steps from `start_step` (N >= `num_steps`). Defaults to `None`.
+        every_n_epochs: capture a window in every N-th epoch (epochs 0, N, 2N, ... of each fit), starting
+            `start_step` steps into the epoch. Defaults to `None`.
+        host_tracer_level: 1 (your annotations), 2 (also the runtime's events) or 3 (verbose); TensorFlow and JAX.
+            Defaults to `2`.
+        python_tracer: also trace Python function calls (slower, bigger traces). Defaults to `False`.
         device_tracer: trace GPU activity. Defaults to `True`.
-        analyze: convert each TensorFlow/JAX trace with xprof and report its
-            input-pipeline conclusion. Defaults to `True`.
-        run_name: TensorBoard run for the traces and the text. Defaults to
-            `"profile"`.
+        analyze: convert each TensorFlow/JAX trace with xprof and report its input-pipeline conclusion. Defaults to
+            `True`.
+        layers: after each window, its time per Keras layer (`layer_table()`). Defaults to `True`.
+        run_name: TensorBoard run for the traces and the text. Defaults to `"profile"`.
         verbose: print a line per captured window, under its epoch's progress bar. Defaults to `1`.
 
     Example:
@@ -117,6 +110,7 @@ class ProfilerWindow(FitCallback):
         python_tracer: bool = False,
         device_tracer: bool = True,
         analyze: bool = True,
+        layers: bool = True,
         run_name: str = "profile",
         verbose: int = 1,
     ):
@@ -133,6 +127,8 @@ class ProfilerWindow(FitCallback):
         device_tracer_level = int(check.check_bool("device_tracer", device_tracer))
         self.options = prof.TracerOptions(host_tracer_level, python_tracer, device_tracer_level)
         self.analyze = check.check_bool("analyze", analyze)
+        self.layers = check.check_bool("layers", layers)
+        self._layers = LayerTables()
         self.verbose = check.check_verbose("verbose", verbose)
 
         self.captures: list[WindowCapture] = []
@@ -158,10 +154,20 @@ class ProfilerWindow(FitCallback):
         self._reschedule()
 
     def wait_for_analysis(self, timeout: float = 120.0) -> None:
-        """Waits for the xprof conversions still running."""
+        """Waits for the windows' analyses still running (xprof's conversions, the layer tables)."""
         deadline = time.monotonic() + timeout
         for t in list(self._analyses):
             t.join(max(0.0, deadline - time.monotonic()))
+
+    def layer_table(self, window: int = -1) -> LayerTable | None:
+        """Time per Keras layer in a profiled window (the last by default; `window` indexes them by start step).
+
+        `rows` (`LayerRow`: `path`, `calls`, `ms_per_step`, `share`, `forward_ms`, `backward_ms`, `flops_per_step`,
+        `peak_activation_bytes`; None where the trace gives none) come heaviest first; the loss and optimizer are
+        `"(outside layers)"`. Waits for the analysis; None before any window or without a profiler (said once).
+        """
+        self.wait_for_analysis()
+        return self._layers.table(window)
 
     def _start_fit(self, session) -> None:
         self._fit_start_step = self._global_step
@@ -172,6 +178,8 @@ class ProfilerWindow(FitCallback):
             self.warnings("unavailable", f"ProfilerWindow: {why}. No trace will be captured in this run.")
             return
         self._profiler = profiler
+        if self.layers:
+            self._layers.start_fit(self.model)
         os.makedirs(self._required_run_dir, exist_ok=True)
         self._job = None
         if self.topology.multi_process:  # one session name for every process, from process 0's clock
@@ -274,6 +282,8 @@ class ProfilerWindow(FitCallback):
                 self._job.gather.give_up(f"process {self.topology.process_index} skipped a window: {why}")
             return
         self._sessions_before, self._active = before, window
+        if self.layers:
+            self._layers.start_window(self._profiler, self.model, window.start)
         self._inputs.start(window.start, window.steps)
         if self._stop_on_training_thread() and self._session is not None:
             self._session.watch_unwind(True)  # stop it on the training thread the moment fit() raises
@@ -292,33 +302,27 @@ class ProfilerWindow(FitCallback):
             capture, session = profiled.stop(
                 self._profiler, self._required_run_dir, before, window, done, wall, reason, outputs, job, self.warnings
             )
+            self._layers.stop_window()
             self.captures.append(capture)
             if capture.num_steps and capture.size_bytes:
                 self._bytes_per_step = capture.size_bytes / capture.num_steps
             self._say(capture.line())
             write_capture(self._writer, capture, capture.line())
             if job is not None and session is not None and meet and job.meet(window, capture, session):
-                self._report_job(capture)
+                report_job(self._analyses, capture, self._job_writer, self._say, self.analyze)
             xplanes = [f for f in capture.files if f.endswith(".xplane.pb")]
             analyze = bool(self.analyze and xplanes and prof.xprof_available())
             join = WindowJoin(analyze, lambda lines, fig: report_input(capture, lines, fig, self._say, self._writer))
             self._inputs.stop(window.start, done, join, complete=reason != "cut short")
+            after = (lambda: self._layers.analyze(capture, self._writer, self._say)) if self.layers else None
             if analyze:
                 name, isolated, done_ = "keras_gpu_tools-ProfilerWindow-xprof", job is not None, join.xprof
                 in_background(
-                    self._analyses, capture, xplanes, self._writer, self._say, name=name, isolated=isolated, done=done_
-                )
-
-    def _report_job(self, capture: WindowCapture) -> None:
-        """Process 0: the job's line for the window, and xprof's conclusion over every process's trace."""
-        line = capture.job_line()
-        self._say(line)
-        write_capture(self._job_writer, capture, line)
-        if self.analyze and len(capture.job_files) > 1 and prof.xprof_available():
-            # In the session's folder: xprof's cache there is then the whole job's, which TensorBoard serves.
-            paths = list(capture.job_files)
-            name = "keras_gpu_tools-ProfilerWindow-xprof-job"
-            in_background(self._analyses, capture, paths, self._job_writer, self._say, name=name, job=True)
+                    self._analyses, capture, xplanes, self._writer, self._say, name=name, isolated=isolated,
+                    done=done_, after=after,
+                )  # fmt: skip
+            elif after is not None:
+                run_in_background(self._analyses, after, "keras_gpu_tools-ProfilerWindow-layers")
 
     def _stop_fit(self, aborted: bool) -> None:
         self._sync_step()
@@ -342,4 +346,5 @@ class ProfilerWindow(FitCallback):
         self._profiler = None
         self._job = None
         self.wait_for_analysis()
+        self._layers.draw_charts(self._writer)  # after the steps: matplotlib is slow to import
         self._close_writers()

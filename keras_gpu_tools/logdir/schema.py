@@ -173,3 +173,16 @@ STEP_OTHER_MS = "step/other_ms"  # the rest: callbacks, Python between steps
 STEP_STEP_MS = "step/step_ms"  # the steady step time the parts add up to
 STEP_BREAKDOWN = "step/breakdown"  # text: the fit's breakdown, its largest part and the advice
 STEP_BREAKDOWN_DATA = STEP_BREAKDOWN + DATA_SUFFIX  # the same as JSON, for the report
+
+
+# ---------------------------------------------------------------------------
+# ProfilerWindow's time per Keras layer (profiling/layer_table.py writes, reporting/ reads)
+# ---------------------------------------------------------------------------
+LAYERS = "layers"  # profile/steps_<a>_<b>/layers: the window's layer table as Markdown text
+LAYERS_DATA_SUFFIX = f"/{LAYERS}{DATA_SUFFIX}"  # .../layers/data: the LayerTable as JSON (rows heaviest first)
+LAYERS_CHART_SUFFIX = "/chart"  # .../layers/chart: an image, a bar chart of the heaviest layers' ms per step
+
+
+def profile_layers(start: int, stop: int) -> str:
+    """The tag of the layer table of the profiled window of steps ``start`` to ``stop`` (exclusive)."""
+    return f"{profile_window(start, stop)}/{LAYERS}"

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter
-from keras_gpu_tools.profiling.capture import WindowCapture, steps_name
-from keras_gpu_tools.profiling.trace import TraceAnalysis, analyze_input_pipeline
+from keras_gpu_tools.profiling.capture import WindowCapture, steps_name, write_capture
+from keras_gpu_tools.profiling.trace import TraceAnalysis, analyze_input_pipeline, xprof_available
 
 
 def analyze_window(
@@ -52,8 +52,40 @@ def analyze_window(
         writer.text(tag, text, step=start)
 
 
-def in_background(threads: list[threading.Thread], *args, name: str, **kwargs) -> None:
-    """Runs :func:`analyze_window` on a daemon thread, appended to ``threads`` (to be joined)."""
-    t = threading.Thread(target=analyze_window, args=args, kwargs=kwargs, name=name, daemon=True)
+def in_background(
+    threads: list[threading.Thread], *args, name: str, after: Callable[[], None] | None = None, **kwargs
+) -> None:
+    """Runs :func:`analyze_window`, then ``after()``, on a daemon thread appended to ``threads`` (to be joined)."""
+
+    def run() -> None:
+        try:
+            analyze_window(*args, **kwargs)
+        finally:
+            if after is not None:
+                after()
+
+    run_in_background(threads, run, name)
+
+
+def run_in_background(threads: list[threading.Thread], job: Callable[[], None], name: str) -> None:
+    """Runs ``job()`` on a daemon thread appended to ``threads`` (to be joined): a window's analyses, one after another."""
+    t = threading.Thread(target=job, name=name, daemon=True)
     threads.append(t)
     t.start()
+
+
+def report_job(
+    threads: list[threading.Thread],
+    capture: WindowCapture,
+    writer: EventWriter | None,
+    say: Callable[[str], None],
+    analyze: bool,
+) -> None:
+    """Process 0 of a job: the job's line for the window, and xprof's conclusion over every process's trace."""
+    line = capture.job_line()
+    say(line)
+    write_capture(writer, capture, line)
+    if analyze and len(capture.job_files) > 1 and xprof_available():
+        # In the session's folder: xprof's cache there is then the whole job's, which TensorBoard serves.
+        paths = list(capture.job_files)
+        in_background(threads, capture, paths, writer, say, name="keras_gpu_tools-ProfilerWindow-xprof-job", job=True)

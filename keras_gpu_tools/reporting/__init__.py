@@ -23,7 +23,7 @@ What is read (a missing one leaves its part of the report out):
 |---|---|
 | `GPUUtilizationLogger`: `device_records()`, `timeline` | `gpu`: scalars `gpu/<i>/*`, `host/*`; JSON `gpu/devices/data` |
 | `InputBoundDetector`: `epoch_history`, `measurement`, `verdict`, `job_verdict` | `input`: scalars `input/*`, `throughput/*`; JSON `input/verdict/data` |
-| `ProfilerWindow`: `captures` | `profile`: JSON `profile/steps_<a>_<b>/data`, `.../input_pipeline/data` |
+| `ProfilerWindow`: `captures`, `layer_table()` | `profile`: JSON `profile/steps_<a>_<b>/data`, `.../input_pipeline/data`, `.../layers/data` (the last window's) |
 | `OOMBatchSizeReducer`: `events`, `micro_batches`, `recovery_seconds` | `oom`: scalars `oom/*`; JSON `oom/events/data` |
 | `MixedPrecisionCheck`: `findings` | `report`: JSON `mixed_precision/findings/data` (`TrainingReport.write_to_tensorboard`) |
 | `History` (or the model's) | `train`, `validation`: Keras's `epoch_*` |

@@ -54,6 +54,8 @@ class ProfilerRecords(Protocol):
 
     def wait_for_analysis(self, timeout: float) -> Any: ...
 
+    def layer_table(self, window: int = -1) -> Any: ...  # the last window's LayerTable (or None)
+
 
 class OOMRecords(Protocol):
     """What the report reads of an `OOMBatchSizeReducer`."""
@@ -198,6 +200,8 @@ def _from_profiler(data: ReportData, prof: ProfilerRecords) -> None:
     prof.wait_for_analysis(timeout=60.0)  # xprof's conclusions, converted in the background
     records = [to_plain(c) for c in list(prof.captures)]
     data.profiles = [rows.profile_row(r) for r in records]
+    table = prof.layer_table() if hasattr(prof, "layer_table") else None
+    data.layer_table = rows.layer_table_dict(to_plain(table)) if table is not None else None
     # Process 0 of a job: the job's windows (the other processes hold no job_* figures).
     data.job_profiles = [row for r in records if (row := rows.job_profile_row(r)) is not None]
     if data.job_profiles:

@@ -326,7 +326,10 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
         data.gpus = gpus
     profiles: dict[str, dict[str, Any]] = {}
     for tag in [
-        t for t in records if t.startswith(schema.PROFILE_PREFIX) and not t.endswith(schema.INPUT_PIPELINE_DATA_SUFFIX)
+        t
+        for t in records
+        if t.startswith(schema.PROFILE_PREFIX)
+        and not t.endswith((schema.INPUT_PIPELINE_DATA_SUFFIX, schema.LAYERS_DATA_SUFFIX))
     ]:
         window = tag[: -len(schema.DATA_SUFFIX)]  # profile/steps_<a>_<b>; xprof's analysis comes in a tag of its own
         analysis = records.get(window + schema.INPUT_PIPELINE_DATA_SUFFIX)
@@ -337,6 +340,10 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
         row = _convert(data, records, tag, window_row)
         if row is not None:
             profiles[window] = row
+    layer_tags = [t for t in records if t.startswith(schema.PROFILE_PREFIX) and t.endswith(schema.LAYERS_DATA_SUFFIX)]
+    if layer_tags:  # the last window's
+        last = max(layer_tags, key=lambda t: int(t.split("_")[1]) if t.split("_")[1].isdigit() else -1)
+        data.layer_table = _convert(data, records, last, rows.layer_table_dict)
     findings = _convert(
         data, records, schema.MIXED_PRECISION_FINDINGS_DATA, lambda v: [rows.finding_dict(r) for r in v]
     )

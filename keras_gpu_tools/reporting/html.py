@@ -82,6 +82,7 @@ def render(data: ReportData, pngs: dict[str, bytes], full_page: bool = False) ->
         _out_of_memory,
         _memory_over_time,
         _profiler_windows,
+        _layer_table,
         _mixed_precision,
         _training_curves,
     ):
@@ -409,6 +410,30 @@ def _profiler_windows(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
     ]
     head = ["steps", "reason", "mean step", "trace", "size", "input wait (this window)", "xprof conclusion"]
     return ["<h3>Profiler windows</h3>", _table(head, rows)]
+
+
+def _layer_table(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
+    t = data.layer_table
+    if t is None:
+        return []
+    head, lines = text.layer_table_lines(t)
+    if t["error"]:
+        return [f"<h3>{e(head)}</h3>", f"<p>{prose(lines[0])}</p>"]
+    rows = [
+        (
+            r["path"],
+            r["calls"] or "-",
+            format_milliseconds(r["ms_per_step"]),
+            f"{100 * r['share']:.1f}%",
+            "-" if r["forward_ms"] is None else format_milliseconds(r["forward_ms"]),
+            "-" if r["backward_ms"] is None else format_milliseconds(r["backward_ms"]),
+        )
+        for r in t["rows"][: text.LAYER_ROWS]
+    ]
+    table = _table(["layer", "calls", "per step", "share", "forward", "backward"], rows)
+    return [f"<h3>{e(head)}</h3>", f"<p>{prose(lines[0])}</p>", table] + [f"<p>{prose(t['note'])}</p>"] * bool(
+        t["note"]
+    )
 
 
 def _mixed_precision(data: ReportData, pngs: dict[str, bytes]) -> list[str]:

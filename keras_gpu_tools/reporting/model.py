@@ -49,6 +49,7 @@ class ReportData:
     oom_summary: dict[str, Any] = dataclasses.field(default_factory=dict)
     oom_seen: bool = False  # an OOM callback (or its logs) was there
     profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # see rows.profile_row
+    layer_table: dict[str, Any] | None = None  # the last profiled window's time per layer; see rows.layer_table_dict
     findings: list[dict[str, str | None]] | None = None  # None: the check did not run
     plan: dict[str, Any] | None = None  # plan_batch_size's plan (None: none given or written); see rows.plan_row
     training: dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...

@@ -160,6 +160,31 @@ def profile_row(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def layer_table_dict(rec: dict[str, Any]) -> dict[str, Any]:
+    """A profiled window's time per Keras layer from a `LayerTable` record: its steps, source, error and rows."""
+    start, n = int(rec["start_step"]), int(rec["num_steps"])
+    return {
+        "start": start,
+        "span": steps_name(start, n),
+        "source": str(rec.get("source") or ""),
+        "total_ms": finite(rec.get("total_ms_per_step")),
+        "error": str(rec.get("error") or ""),
+        "note": str(rec.get("note") or ""),
+        "rows": [
+            {
+                "path": str(r["path"]),
+                "calls": int(r.get("calls") or 0),
+                "ms_per_step": finite(r.get("ms_per_step")) or 0.0,
+                "share": finite(r.get("share")) or 0.0,
+                "forward_ms": finite(r.get("forward_ms")),
+                "backward_ms": finite(r.get("backward_ms")),
+                "flops": finite(r.get("flops_per_step")),
+            }
+            for r in rec.get("rows") or []
+        ],
+    }
+
+
 def window_input(rec: dict[str, Any] | None, start: int, n: int) -> dict[str, Any]:
     """A profiled window's input wait as the detector measures it, beside xprof's, from a `WindowInput` record.
 

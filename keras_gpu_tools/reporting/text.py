@@ -59,6 +59,7 @@ def sections(data: ReportData) -> list[Section]:
         _out_of_memory(data),
         _memory_over_time(data),
         _profiler_windows(data),
+        _layer_table(data),
         _mixed_precision(data),
         _training_curves(data),
     ]
@@ -365,6 +366,33 @@ def _profiler_windows(data: ReportData) -> Section | None:
         body.append(f"{p.get('span') or 'steps ' + p['steps']} ({p['reason'] or '?'}): {where} ({size}{mean})")
         body += window_input_lines(p, data.verdict)
     return "Profiler windows", body
+
+
+LAYER_ROWS = 10  # rows of the layer table the report shows (the heaviest)
+
+
+def layer_table_lines(t: dict[str, Any]) -> tuple[str, list[str]]:
+    """A window's time per layer: its heading and the heaviest rows as text (or why there is none)."""
+    head = f"Time per layer ({t['span']})"
+    if t["error"]:
+        return head, [f"none: {t['error']}"]
+    total = "" if t["total_ms"] is None else f", {format_milliseconds(t['total_ms'])} per step in all"
+    body = [f"{t['source']}{total}; forward and backward together:"]
+    width = max([len(r["path"]) for r in t["rows"][:LAYER_ROWS]] + [5])
+    for r in t["rows"][:LAYER_ROWS]:
+        calls = f"  x{r['calls']}" if r["calls"] > 1 else ""
+        body.append(
+            f"  {r['path'].ljust(width)}  {format_milliseconds(r['ms_per_step']):>9}  {100 * r['share']:5.1f}%{calls}"
+        )
+    if len(t["rows"]) > LAYER_ROWS:
+        body.append(f"  ... {len(t['rows']) - LAYER_ROWS} more rows (ProfilerWindow.layer_table())")
+    if t["note"]:
+        body.append(t["note"])
+    return head, body
+
+
+def _layer_table(data: ReportData) -> Section | None:
+    return layer_table_lines(data.layer_table) if data.layer_table is not None else None
 
 
 def window_input_lines(p: dict[str, Any], verdict: dict[str, Any] | None) -> list[str]:

@@ -157,3 +157,25 @@ def mlp_step_flops(batch: int, inputs: int = 16, widths: tuple[int, ...] = (256,
     sizes = (inputs, *widths, 1)
     macs = sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
     return 6.0 * macs * batch
+
+
+def one_heavy_layer_model(features: int = 256, heavy: int = 4096, seed: int | None = 0) -> keras.Model:
+    """A functional model ``net`` whose FLOPs sit in one layer, with a shared layer and a nested model.
+
+    ``heavy`` (Dense ``features`` -> ``heavy`` units) holds about 99% of the
+    multiply-adds; ``proj`` brings it down to 8; ``shared`` (Dense 8) is
+    called twice; ``inner`` is a nested Sequential with ``small`` (Dense 8);
+    ``head`` gives one output. Adam on mse.
+    """
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    inner = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, name="small")], name="inner")
+    shared = keras.layers.Dense(8, name="shared")
+    inputs = keras.Input((features,))
+    h = keras.layers.Dense(heavy, activation="relu", name="heavy")(inputs)
+    h = keras.layers.Dense(8, name="proj")(h)
+    h = shared(shared(h))
+    h = inner(h)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(h), name="net")
+    model.compile(keras.optimizers.Adam(1e-3), "mse")
+    return model

@@ -82,6 +82,8 @@ from keras_gpu_tools.runtime.keras_internals.model import (
     jax_state_parts,
     jax_write_variables,
     named_objects,
+    sublayers,
+    symbolic_calls,
     training_kwargs,
     variables_of,
 )
@@ -105,6 +107,8 @@ __all__ = [
     "TESTED_KERAS",
     "Internal",
     "all_layers",
+    "sublayers",
+    "symbolic_calls",
     "array_epoch_batches",
     "array_epoch_samples",
     "build_for_training",

@@ -19,6 +19,19 @@ def all_layers(model) -> list[Any]:
     return [model, *getattr(model, "layers", [])]
 
 
+def sublayers(layer) -> list[Any]:
+    """The layers ``layer`` tracks directly (``Layer._flatten_layers(recursive=False)``), nested ones not included."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    if callable(flatten):
+        return list(flatten(include_self=False, recursive=False))
+    return list(getattr(layer, "layers", []))
+
+
+def symbolic_calls(layer) -> int:
+    """How many times ``layer`` was called on symbolic inputs (``Layer._inbound_nodes``): a shared layer's call count."""
+    return len(getattr(layer, "_inbound_nodes", None) or ())
+
+
 def training_kwargs(model, training: bool) -> dict[str, Any]:
     """``{"training": training}`` where the model's ``call`` takes it: ``stateless_call`` passes keywords on as they are."""
     return {"training": training} if getattr(model, "_call_has_training_arg", True) else {}

@@ -154,7 +154,12 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         "Layer._flatten_layers(include_self, recursive)",
         "keras/src/layers/layer.py",
-        "finding BatchNormalization and activity regularizers in nested models",
+        "finding BatchNormalization and activity regularizers in nested models; the layer tree of ProfilerWindow's layer table",
+    ),
+    Internal(
+        "Layer._inbound_nodes: one Node per call of the layer on symbolic inputs",
+        "keras/src/layers/layer.py; keras/src/ops/operation.py: Operation.__call__ -> Node",
+        "a shared layer's call count in ProfilerWindow's layer table where the trace cannot tell its calls apart",
     ),
     Internal(
         "Keras disables JAX profiling on Python < 3.12",

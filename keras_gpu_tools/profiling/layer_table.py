@@ -1,0 +1,124 @@
+"""A profiled window's time per Keras layer: built from its trace off the training thread, written for TensorBoard.
+
+TensorBoard gets it under ``profile/steps_<a>_<b>/layers`` as a Markdown table
+(text), ``.../layers/data`` as JSON (for the report) and ``.../layers/chart``
+as a bar chart image (with matplotlib).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.logdir.writer import EventWriter
+from keras_gpu_tools.profiling.capture import steps_name
+from keras_gpu_tools.profiling.layer_trace import TraceOps, torch_ops, xplane_ops
+from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode, LayerRow, attribute
+
+logger = logging.getLogger("keras_gpu_tools")
+
+#: Rows a text table or chart shows (the heaviest; the JSON keeps every row).
+SHOWN_ROWS = 15
+
+
+@dataclass
+class LayerTable:
+    """Time per Keras layer in one profiled window, heaviest first (see ``ProfilerWindow.layer_table``)."""
+
+    start_step: int
+    num_steps: int
+    rows: list[LayerRow] = field(default_factory=list)
+    total_ms_per_step: float | None = None  # every op the trace counts, per step
+    source: str = ""  # "device kernels" (a GPU) or "host ops" (a CPU)
+    note: str = ""  # what the table cannot tell (e.g. nothing in a layer: a compiled torch step)
+    error: str = ""  # why there is no table
+    seconds: float | None = None  # how long the analysis took
+
+    def text(self, limit: int = SHOWN_ROWS) -> str:
+        """The table as Markdown (TensorBoard's text tab renders it), or why there is none."""
+        head = f"Time per layer, {steps_name(self.start_step, self.num_steps)}"
+        if self.error:
+            return f"{head}: none ({self.error})."
+        lines = [
+            f"{head} ({self.source}; {self.total_ms_per_step or 0:.3f} ms per step in all):",
+            "",
+            "| layer | calls | ms/step | share | forward ms | backward ms | FLOPs/step |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in self.rows[:limit]:
+            flops = "-" if r.flops_per_step is None else f"{r.flops_per_step:.3g}"
+            lines.append(
+                f"| {r.path} | {r.calls or '-'} | {r.ms_per_step:.3f} | {100 * r.share:.1f}% | "
+                f"{r.forward_ms:.3f} | {r.backward_ms:.3f} | {flops} |"
+            )
+        if len(self.rows) > limit:
+            lines.append(f"| ... {len(self.rows) - limit} more | | | | | | |")
+        if self.note:
+            lines += ["", self.note]
+        return "\n".join(lines)
+
+    def line(self) -> str:
+        """One line for the terminal: the heaviest layer and its share."""
+        head = f"ProfilerWindow: {steps_name(self.start_step, self.num_steps)}: time per layer"
+        if self.error:
+            return f"{head}: none ({self.error})."
+        top = [r for r in self.rows if r.path != OUTSIDE][:3]
+        if not top:
+            return f"{head}: no op in a layer. {self.note}".rstrip()
+        parts = ", ".join(f"{r.path} {100 * r.share:.0f}% ({r.ms_per_step:.2f} ms)" for r in top)
+        return f"{head}: {parts} (layer_table() for all)."
+
+
+def build_table(
+    start_step: int, num_steps: int, files: Sequence[str], tree: LayerNode | None, why_not: str = ""
+) -> LayerTable:
+    """The window's table from its trace files and the model's layer tree (never raises: ``error`` says why not)."""
+    table = LayerTable(start_step, num_steps)
+    t0 = time.perf_counter()
+    try:
+        if why_not or tree is None:
+            table.error = why_not or "the model's layers are unknown"
+            return table
+        xplanes = [f for f in files if f.endswith(".xplane.pb")]
+        torch_files = [f for f in files if f.endswith(".pt.trace.json")]
+        if not xplanes and not torch_files:
+            table.error = "the window left no trace file"
+            return table
+        found: TraceOps = xplane_ops(xplanes) if xplanes else torch_ops(torch_files)
+        steps = found.steps or num_steps
+        table.rows, table.total_ms_per_step = attribute(found.ops, tree, steps, found.calls)
+        table.source = found.source
+        if not found.ops:
+            table.error = "the trace has no op times (a device tracer off, or steps that ran nothing)"
+        elif all(r.path == OUTSIDE for r in table.rows):
+            table.note = (
+                "No op carries a layer's name scope: a compiled torch step (jit_compile=True) or a "
+                "train_step that calls no layer."
+            )
+    except Exception as e:  # a trace this reader does not know: said, training goes on
+        logger.exception("ProfilerWindow: the layer table could not be built")
+        table.error = f"the trace could not be read ({type(e).__name__}: {e})"
+    finally:
+        table.seconds = time.perf_counter() - t0
+    return table
+
+
+def write_table(
+    writer: EventWriter | None, table: LayerTable, chart: Callable[[LayerTable], tuple] | None, text: bool = True
+) -> None:
+    """The table as text and JSON under ``profile/steps_<a>_<b>/layers`` (``text``), its chart (``chart(table)``)."""
+    if writer is None:
+        return
+    tag = schema.profile_layers(table.start_step, table.start_step + table.num_steps)
+    if text:
+        writer.text(tag, table.text(), step=table.start_step)
+        writer.json(tag + schema.DATA_SUFFIX, table, step=table.start_step)
+    if chart is not None and table.rows:
+        try:
+            png, width, height = chart(table)
+        except ImportError:  # no matplotlib: the text table says the same
+            return
+        writer.image(tag + schema.LAYERS_CHART_SUFFIX, png, table.start_step, width, height)

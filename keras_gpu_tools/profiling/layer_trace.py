@@ -1,0 +1,249 @@
+"""A trace's op times for the layer table: XLA/TensorFlow ops from ``.xplane.pb``, torch ops from its Chrome trace.
+
+Where the trace has a device plane with kernels (a GPU), the kernels' times
+count; on a CPU the ops' own times on the host threads do (an op's time
+without the counted ops nested in it, so nothing counts twice).
+
+- ``.xplane.pb`` (TensorFlow, JAX): a GPU kernel is named after its framework
+  op by its ``tf_op`` stat, else by its ``hlo_op`` (or its own name) looked up
+  in the HLO modules the trace keeps (``/host:metadata``: each instruction's
+  ``op_name`` metadata), else by the annotation of its launch (``level 0``);
+  a CPU XLA thunk by its HLO instruction's name; a TensorFlow op run without
+  XLA by its event ``<op name>:<op type>``.
+- ``.pt.trace.json`` (torch): an op belongs to the innermost
+  ``keras_layer::<path>`` range around it (forward); a backward op to the
+  layer of the forward op with the same autograd sequence number; a GPU
+  kernel to the op that launched it (its ``correlation``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from keras_gpu_tools.profiling.layers import OpTime
+from keras_gpu_tools.profiling.xplane import parse_hlo, read_xspace, stat_value
+
+#: The name of the torch range around one call of a layer: ``keras_layer::<path>``.
+TORCH_SCOPE = "keras_layer::"
+
+_TF_OP = re.compile(r"^([^:\s]+):([A-Za-z_]\w*)$")
+_TF_NOT_COMPUTE = ("PartitionedCall", "StatefulPartitionedCall", "IteratorGetNext", "XlaLaunch", "XlaLaunchV2")
+_DERIVED_LINES = {"Steps", "XLA Modules", "XLA Ops", "XLA TraceMe", "Framework Name Scope", "Framework Ops"}
+_DEVICE_PLANE = re.compile(r"^/device:(GPU|TPU)")
+
+
+@dataclass
+class TraceOps:
+    """What a trace gives the layer table."""
+
+    ops: list[OpTime] = field(default_factory=list)
+    source: str = ""  # "device kernels" or "host ops"
+    calls: dict[str, int] | None = None  # counted calls per layer path, per step (torch)
+    steps: int | None = None  # steps marked in the trace (torch)
+
+
+# ---------------------------------------------------------------------------
+# .xplane.pb
+# ---------------------------------------------------------------------------
+def _hlo_names(planes) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+    """HLO instruction name -> op_name (of the largest module that has it), and (module, name) -> op_name."""
+    by_name: dict[str, tuple[int, str]] = {}
+    by_module: dict[tuple[str, str], str] = {}
+    for plane in planes:
+        if plane.name != "/host:metadata":
+            continue
+        stat_names = {e.key: e.value.name for e in plane.stat_metadata}
+        for entry in plane.event_metadata:
+            for s in entry.value.stats:
+                if stat_names.get(s.metadata_id) != "Hlo Proto" or not s.bytes_value:
+                    continue
+                module = parse_hlo(s.bytes_value).hlo_module
+                names = [(i.name, i.metadata.op_name) for c in module.computations for i in c.instructions]
+                size = len(names)
+                for name, op in names:
+                    if not op:
+                        continue
+                    by_module[(module.name, name)] = op
+                    if by_name.get(name, (-1, ""))[0] < size:
+                        by_name[name] = (size, op)
+    return {k: v[1] for k, v in by_name.items()}, by_module
+
+
+def _self_times(events: list[tuple[int, int, OpTime]]) -> None:
+    """Takes the counted events nested in a counted event (same line) off its time."""
+    events.sort(key=lambda e: (e[0], -e[1]))
+    stack: list[tuple[int, OpTime]] = []
+    for start, dur, op in events:
+        while stack and stack[-1][0] <= start:
+            stack.pop()
+        if stack:
+            stack[-1][1].ps -= dur
+        stack.append((start + dur, op))
+    for _, _, op in events:
+        op.ps = max(op.ps, 0)
+
+
+def _is_backward(op_name: str) -> bool:
+    return "gradient_tape/" in op_name or "transpose(" in op_name
+
+
+def xplane_ops(paths: Iterable[str]) -> TraceOps:
+    """The op times of ``.xplane.pb`` traces (every host's: a job's processes add up)."""
+    out = TraceOps()
+    device: list[OpTime] = []
+    host: list[OpTime] = []
+    for path in paths:
+        planes = list(read_xspace(path).planes)
+        hlo, hlo_by_module = _hlo_names(planes)
+        for plane in planes:
+            on_device = bool(_DEVICE_PLANE.match(plane.name))
+            if not on_device and plane.name != "/host:CPU":
+                continue
+            names = {e.key: e.value.name for e in plane.event_metadata}
+            stat_names = {e.key: e.value.name for e in plane.stat_metadata}
+            lines = [ln for ln in plane.lines if ln.name not in _DERIVED_LINES]
+            if on_device and any(ln.name.startswith("Stream") for ln in lines):
+                lines = [ln for ln in lines if ln.name.startswith("Stream")]
+            for line in lines:
+                if not on_device and line.name.startswith("tf_data"):
+                    continue  # the input pipeline's threads
+                counted: list[tuple[int, int, OpTime]] = []
+                for ev in line.events:
+                    op = _device_op(ev, names, stat_names, hlo, hlo_by_module) if on_device else None
+                    if not on_device:
+                        op = _host_op(names.get(ev.metadata_id, ""), ev.duration_ps, hlo)
+                    if op is not None:
+                        counted.append((ev.offset_ps, ev.duration_ps, op))
+                if not on_device:
+                    _self_times(counted)
+                (device if on_device else host).extend(op for _, _, op in counted)
+    out.ops, out.source = (device, "device kernels") if device else (host, "host ops")
+    return out
+
+
+def _device_op(ev, names, stat_names, hlo, hlo_by_module) -> OpTime:
+    stats = {stat_names.get(s.metadata_id, ""): s for s in ev.stats}
+
+    def stat(key: str) -> str:
+        return str(stat_value(stats[key], stat_names) or "") if key in stats else ""
+
+    op_name = stat("tf_op")
+    if not op_name:
+        hlo_op, module = stat("hlo_op"), stat("hlo_module")
+        name = hlo_op or names.get(ev.metadata_id, "")
+        op_name = hlo_by_module.get((module, name)) or hlo.get(name, "")
+    if not op_name and stat("level 0"):  # the launch's annotation: "outer::op_name:OpType#key=value#"
+        op_name = stat("level 0").split("::")[-1].split("#")[0]
+    flops = stat_value(stats["flops"], stat_names) if "flops" in stats else None
+    return OpTime(op_name, ev.duration_ps, _is_backward(op_name), float(flops) if flops else None)
+
+
+def _host_op(name: str, ps: int, hlo: dict[str, str]) -> OpTime | None:
+    if name in hlo:  # an XLA thunk on the CPU
+        return OpTime(hlo[name], ps, _is_backward(hlo[name]))
+    m = _TF_OP.match(name)
+    if m is None:
+        return None
+    op_name, op_type = m.groups()
+    if op_type.startswith("__") or op_type.startswith("_Xla") or op_type in _TF_NOT_COMPUTE:
+        return None  # a function call or an XLA launch (its ops counted on their own), or the input
+    return OpTime(op_name, ps, _is_backward(op_name))
+
+
+# ---------------------------------------------------------------------------
+# torch's Chrome trace
+# ---------------------------------------------------------------------------
+def torch_ops(paths: Iterable[str]) -> TraceOps:
+    """The op times of torch Chrome traces, resolved to layer paths (see the module's docstring)."""
+    out = TraceOps(calls={}, steps=0)
+    kernels: list[dict] = []
+    ops: list[OpTime] = []
+    calls: dict[str, int] = {}
+    steps = 0
+    for path in paths:
+        with open(path) as f:
+            events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+        marks = sorted(
+            (float(e.get("ts", 0)), float(e.get("ts", 0)) + float(e.get("dur", 0)), n)
+            for n, e in enumerate(e for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
+        )
+        steps += len(marks)
+        by_tid: dict = {}
+        for e in events:
+            cat = e.get("cat")
+            if cat in ("kernel", "gpu_memcpy", "gpu_memset"):
+                kernels.append(e)
+            elif cat in ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"):
+                by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        seq_layer: dict = {}
+        launches: dict = {}  # correlation -> the top-level op (OpTime) that launched it
+        top: list[tuple[OpTime, dict]] = []
+        for evs in by_tid.values():
+            _walk_thread(evs, seq_layer, launches, top, calls)
+        starts = [m[0] for m in marks]
+        for op, e in top:  # a backward op: the layer of its forward op
+            if op.path is None and op.backward:
+                op.path = seq_layer.get(e["_seq"])
+            i = bisect.bisect_right(starts, float(e.get("ts", 0))) - 1
+            op.step = marks[i][2] if i >= 0 and float(e.get("ts", 0)) <= marks[i][1] else None
+        ops.extend(op for op, _ in top)
+        if kernels:
+            device = []
+            for k in kernels:
+                launcher = launches.get((k.get("args") or {}).get("correlation"))
+                path_ = launcher.path if launcher is not None else None
+                bwd = launcher.backward if launcher is not None else False
+                step = launcher.step if launcher is not None else None
+                ps = int(float(k.get("dur", 0)) * 1e6)
+                device.append(OpTime("", ps, bwd, path=path_, resolved=True, step=step))
+            ops, kernels = device, []
+            out.source = "device kernels"
+    out.source = out.source or "host ops"
+    out.ops, out.steps = ops, steps
+    out.calls = {p: max(1, round(n / max(steps, 1))) for p, n in calls.items()}
+    return out
+
+
+def _walk_thread(evs: list[dict], seq_layer: dict, launches: dict, top: list, calls: dict) -> None:
+    """One thread's events: layer ranges, top-level ops (with their layer), launches and sequence numbers."""
+    evs.sort(key=lambda e: (float(e.get("ts", 0)), -float(e.get("dur", 0))))
+    # Each open range: (end, innermost layer path, its top-level op, inside the data loader), as of inside it.
+    stack: list[tuple[float, Any, Any, bool]] = []
+    for e in evs:
+        ts, dur = float(e.get("ts", 0)), float(e.get("dur", 0))
+        while stack and stack[-1][0] <= ts:
+            stack.pop()
+        _, layer, outer, skipped = stack[-1] if stack else (0.0, None, None, False)
+        name, cat = str(e.get("name", "")), e.get("cat")
+        args = e.get("args") or {}
+        if cat == "user_annotation":
+            if name.startswith(TORCH_SCOPE):
+                path = name[len(TORCH_SCOPE) :]
+                calls[path] = calls.get(path, 0) + 1
+                stack.append((ts + dur, path, outer, skipped))
+            elif name.startswith("enumerate(DataLoader)"):
+                stack.append((ts + dur, layer, outer, True))
+            continue
+        if cat in ("cuda_runtime", "cuda_driver"):
+            if outer is not None and "correlation" in args:
+                launches[args["correlation"]] = outer
+            continue
+        seq = args.get("Sequence number")
+        if seq is not None and layer is not None:
+            seq_layer.setdefault(seq, layer)
+        flops = args.get("flops")
+        if outer is None and not skipped:
+            backward = name.startswith("autograd::engine::evaluate_function") or name.endswith("Backward0")
+            op = OpTime(name, int(dur * 1e6), backward, float(flops) if flops else None, path=layer, resolved=True)
+            e["_seq"] = seq
+            top.append((op, e))
+            stack.append((ts + dur, layer, op, skipped))
+        else:
+            if outer is not None and flops:
+                outer.flops = (outer.flops or 0.0) + float(flops)
+            stack.append((ts + dur, layer, outer, skipped))  # nested: its time is its top-level op's
