@@ -219,8 +219,8 @@ def attribute(
     for key, typ in typical.items():
         ps = fwd.get(key, 0) + bwd.get(key, 0)
         n = nodes.get(key)
-        if calls is not None and key in calls:
-            count = calls[key]
+        if calls is not None and key in calls:  # counted ranges; never fewer than the model's own calls
+            count = max(calls[key], n.calls if n is not None else 0)
         else:
             count = max(len(scopes.get(key, ())), n.calls if n is not None else 0) if key != OUTSIDE else 0
         rows.append(

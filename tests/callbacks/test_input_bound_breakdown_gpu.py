@@ -11,6 +11,10 @@ from keras_gpu_tools.logdir import schema
 
 pytestmark = pytest.mark.gpu
 
+# The step's matmul FLOPs (6 x MACs x batch) and the fastest any card in the peak table runs them.
+FLOPS = 6.0 * 512 * (1024 * 4096 + 2 * 4096 * 4096 + 4096)
+PEAK_FLOPS = 1100e12  # B200, TF32 (telemetry/peaks.py)
+
 PARTS = (
     schema.STEP_INPUT_MS,
     schema.STEP_DISPATCH_MS,
@@ -50,7 +54,11 @@ def test_the_parts_add_up_to_the_measured_step_on_a_gpu():
     span = CallSpan()
     det = InputBoundDetector(log_dir=None, verbose=0, sample_every=50)
     h = model.fit(x, y, batch_size=512, epochs=3, verbose=0, callbacks=[det, span])
-    assert h.history[schema.STEP_COMPILE_SECONDS][0] > h.history[schema.STEP_COMPILE_SECONDS][2]
+    compiles = h.history[schema.STEP_COMPILE_SECONDS]
+    if keras.backend.backend() == "torch":  # eager torch compiles nothing: no compile time is claimed
+        assert compiles == [0.0, 0.0, 0.0]
+    else:
+        assert compiles[0] > compiles[2]
     for e in (1, 2):
         logs = {k: v[e] for k, v in h.history.items()}
         parts = sum(logs.get(k, 0.0) for k in PARTS)
@@ -58,5 +66,7 @@ def test_the_parts_add_up_to_the_measured_step_on_a_gpu():
         seconds, calls = span.epochs[e]
         measured = (seconds - logs[schema.STEP_COMPILE_SECONDS]) / calls * 1e3
         assert logs[schema.STEP_STEP_MS] == pytest.approx(measured, rel=0.05)
-        assert logs[schema.STEP_COMPUTE_MS] > 0.5 * logs[schema.STEP_STEP_MS]  # a GPU-heavy step
+        # The device's part is at least what the step's FLOPs need at the GPU's peak (on an H200 about
+        # 0.24 ms of a ~2 ms step: Keras's per-step host work is most of this model's step).
+        assert FLOPS / PEAK_FLOPS * 1e3 <= logs[schema.STEP_COMPUTE_MS] <= logs[schema.STEP_STEP_MS]
     print(det.summary())
