@@ -71,11 +71,15 @@ def _model(kind: str, image: int, smoke: bool):
 
 
 def _data(n: int, shape: tuple[int, ...], kind: str):
+    """``n`` samples: a block of at most 64 Ki random rows, repeated (drawing gigabytes of normals takes a minute)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((n, *shape), dtype="float32")
-    y = rng.integers(0, 10, (n,)) if kind == "conv" else rng.standard_normal((n, 1), dtype="float32")
+    block = min(n, 65536)
+    x = rng.standard_normal((block, *shape), dtype="float32")
+    y = rng.integers(0, 10, (block,)) if kind == "conv" else rng.standard_normal((block, 1), dtype="float32")
+    if block < n:
+        x, y = np.resize(x, (n, *shape)), np.resize(y, (n, *y.shape[1:]))
     return x, y
 
 
