@@ -144,6 +144,20 @@ def save(path: Path, benchmark: str, backend: str, doc: dict) -> None:
     path.write_text(json.dumps({"benchmark": benchmark, "runs": runs}, indent=1, default=str) + "\n")
 
 
+def measure_and_save(args: argparse.Namespace, benchmark: str, measure: Callable[[argparse.Namespace], dict]) -> dict:
+    """Sets the backend up, runs ``measure(args)``, prints each figure and saves the run; returns its result."""
+    backend = setup(args)
+    out = out_path(args, benchmark)
+    result = measure(args)
+    for key, value in result.items():
+        print(f"{key}: {value}")
+    device = (gpu_devices() or ["CPU"])[0]
+    doc = {**environment(backend), "device": device, "args": vars(args)}
+    save(out, benchmark, backend, {**doc, "result": result})
+    print("written to", out)
+    return result
+
+
 class Checks:
     """The sanity checks of a run: each failed one is printed; `exit_code` is 1 if any failed."""
 

@@ -75,15 +75,7 @@ def measure(args) -> dict:
 
 def main() -> int:
     args = _parse()
-    backend = _common.setup(args)
-    out = _common.out_path(args, BENCHMARK)
-    result = measure(args)
-    for key, value in result.items():
-        print(f"{key}: {value}")
-    device = (_common.gpu_devices() or ["CPU"])[0]
-    doc = {**_common.environment(backend), "device": device, "args": vars(args)}
-    _common.save(out, BENCHMARK, backend, {**doc, "result": result})
-    print("written to", out)
+    result = _common.measure_and_save(args, BENCHMARK, measure)
 
     check = _common.Checks()
     check(not result.get("error"), f"a layer table was built ({result.get('error') or 'ok'})")

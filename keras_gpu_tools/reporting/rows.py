@@ -13,6 +13,7 @@ import math
 import os
 from typing import Any
 
+from keras_gpu_tools.input.breakdown_advice import LABELS
 from keras_gpu_tools.input.categories import UNKNOWN
 from keras_gpu_tools.input.span import SpanFigure, span_name
 from keras_gpu_tools.logdir import schema
@@ -279,17 +280,6 @@ def plan_row(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-BREAKDOWN_LABELS = {
-    "compile": "compile/trace",
-    "retraces": "retraces",
-    "input": "input wait",
-    "dispatch": "host dispatch",
-    "compute": "device compute",
-    "collective": "collectives",
-    "other": "other (callbacks, Python)",
-}
-
-
 def breakdown_dict(rec: dict[str, Any]) -> dict[str, Any]:
     """The report's step breakdown from the detector's record (``FitBreakdown.record()``).
 
@@ -297,9 +287,7 @@ def breakdown_dict(rec: dict[str, Any]) -> dict[str, Any]:
     ``step`` the step they add up to, ``compile_seconds`` and ``retraces`` the fit's
     compilation, ``largest`` the largest part's label and ``advice`` what fits it.
     """
-    parts = {
-        BREAKDOWN_LABELS.get(str(k), str(k)): float(v) for k, v in dict(rec["parts"]).items() if finite(v) is not None
-    }
+    parts = {LABELS.get(str(k), str(k)): float(v) for k, v in dict(rec["parts"]).items() if finite(v) is not None}
     largest = rec.get("largest")
     return {
         "parts": parts,
@@ -307,7 +295,7 @@ def breakdown_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "compile_seconds": float(rec["compile_seconds"]),
         "retraces": int(rec["retraces"]),
         "shapes": [str(s) for s in rec.get("shapes") or []],
-        "largest": BREAKDOWN_LABELS.get(str(largest), str(largest)) if largest else None,
+        "largest": LABELS.get(str(largest), str(largest)) if largest else None,
         "advice": [str(a) for a in rec.get("advice") or []],
         "collective_reason": rec.get("collective_reason"),
     }
