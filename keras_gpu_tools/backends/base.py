@@ -77,6 +77,14 @@ class Backend:
         """Shape-only stand-ins of a sampled call's arguments, for :meth:`step_flops`."""
         return None
 
+    def layer_flops(self, train_function: Callable, specs) -> tuple[list[tuple[str, float]] | None, str]:
+        """Each counted op of one step, ``(scope name or layer path, FLOPs)``, and the count's source (or why none).
+
+        The layer table groups the ops by the Keras layers their names carry
+        (``profiling.layers.assign_flops``); they add up to the step's count.
+        """
+        return None, f"the {self.name} backend counts no FLOPs"
+
     def uses_tf32(self) -> bool:
         """Whether float32 matmuls run as TF32 (their peak FLOP/s is TF32's)."""
         return False

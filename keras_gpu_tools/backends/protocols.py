@@ -43,6 +43,10 @@ class StepBackend(Protocol):
 
     def shape_specs(self, args: Any) -> Any: ...
 
+    #: Each counted op of one step as ``(scope name or layer path, FLOPs)``, and the count's source; None and
+    #: why not where the backend cannot tell (the layer table's FLOPs per layer).
+    def layer_flops(self, train_function: Callable, specs: Any) -> tuple[list[tuple[str, float]] | None, str]: ...
+
     def uses_tf32(self) -> bool: ...
 
 

@@ -62,9 +62,8 @@ class ProfilerWindow(FitCallback):
     A profiler session started by someone else (Keras's `profile_batch`) is left alone: the window is skipped with a
     warning. A profiler error never stops training; the profiler is always stopped, also when fit() raises.
 
-    After each window (with `layers=True`) its time per Keras layer, forward and backward together, is worked out
-    off the training thread on every backend: `layer_table()`, a line, and a table and bar chart under
-    `profile/steps_<a>_<b>/layers`.
+    After each window (with `layers=True`) its time and FLOPs per Keras layer, forward and backward together, are
+    worked out off the training thread on every backend: `layer_table()`, a line, a table and chart under `.../layers`.
 
     Args:
         log_dir: directory of the TensorBoard logs. Defaults to `"logs"`.
@@ -179,7 +178,7 @@ class ProfilerWindow(FitCallback):
             return
         self._profiler = profiler
         if self.layers:
-            self._layers.start_fit(self.model)
+            self._layers.start_fit(self.model, self.backend)
         os.makedirs(self._required_run_dir, exist_ok=True)
         self._job = None
         if self.topology.multi_process:  # one session name for every process, from process 0's clock
@@ -214,9 +213,10 @@ class ProfilerWindow(FitCallback):
         step, w = self._step0 + index - self._index0, self._active
         if w is None:  # a window starting here
             return self._schedule.triggered is not None or self._schedule.next_start(step) == step
-        return self._inputs.wants_sync(step, w.start, w.end)
+        return self._inputs.wants_sync(step, w.start, w.end) or self._layers.wants_step(step)
 
     def on_step(self, record: StepRecord) -> None:
+        self._layers.on_step(record)  # a window's step's shapes, for its FLOPs per layer
         self._inputs.on_step(record, self._step0 + record.index - self._index0)
 
     def on_detach(self, stale: bool) -> None:
@@ -283,7 +283,7 @@ class ProfilerWindow(FitCallback):
             return
         self._sessions_before, self._active = before, window
         if self.layers:
-            self._layers.start_window(self._profiler, self.model, window.start)
+            self._layers.start_window(self._profiler, self.model, window.start, self._attachment)
         self._inputs.start(window.start, window.steps)
         if self._stop_on_training_thread() and self._session is not None:
             self._session.watch_unwind(True)  # stop it on the training thread the moment fit() raises

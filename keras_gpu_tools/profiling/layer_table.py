@@ -16,7 +16,7 @@ from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.profiling.capture import steps_name
 from keras_gpu_tools.profiling.layer_trace import TraceOps, torch_ops, xplane_ops
-from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode, LayerRow, attribute
+from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode, LayerRow, assign_flops, attribute
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -36,6 +36,8 @@ class LayerTable:
     note: str = ""  # what the table cannot tell (e.g. nothing in a layer: a compiled torch step)
     error: str = ""  # why there is no table
     seconds: float | None = None  # how long the analysis took
+    flops_per_step: float | None = None  # the step's counted FLOPs, which the rows' FLOPs add up to
+    flops_source: str = ""  # how they were counted, or why no row has FLOPs
 
     def text(self, limit: int = SHOWN_ROWS) -> str:
         """The table as Markdown (TensorBoard's text tab renders it), or why there is none."""
@@ -56,6 +58,8 @@ class LayerTable:
             )
         if len(self.rows) > limit:
             lines.append(f"| ... {len(self.rows) - limit} more | | | | | | |")
+        if self.flops_per_step is not None:
+            lines += ["", f"FLOPs/step: {self.flops_per_step:.3g} in all, forward and backward ({self.flops_source})."]
         if self.note:
             lines += ["", self.note]
         return "\n".join(lines)
@@ -73,9 +77,18 @@ class LayerTable:
 
 
 def build_table(
-    start_step: int, num_steps: int, files: Sequence[str], tree: LayerNode | None, why_not: str = ""
+    start_step: int,
+    num_steps: int,
+    files: Sequence[str],
+    tree: LayerNode | None,
+    why_not: str = "",
+    flops: Callable[[], tuple[list[tuple[str, float]] | None, str]] | None = None,
 ) -> LayerTable:
-    """The window's table from its trace files and the model's layer tree (never raises: ``error`` says why not)."""
+    """The window's table from its trace files and the model's layer tree (never raises: ``error`` says why not).
+
+    ``flops()``: one step's counted ops ``(scope name or layer path, FLOPs)``
+    and their source, or None and why not (``Backend.layer_flops``).
+    """
     table = LayerTable(start_step, num_steps)
     t0 = time.perf_counter()
     try:
@@ -98,12 +111,32 @@ def build_table(
                 "No op carries a layer's name scope: a compiled torch step (jit_compile=True) or a "
                 "train_step that calls no layer."
             )
+        if flops is not None and table.rows:
+            _add_flops(table, tree, flops)
     except Exception as e:  # a trace this reader does not know: said, training goes on
         logger.exception("ProfilerWindow: the layer table could not be built")
         table.error = f"the trace could not be read ({type(e).__name__}: {e})"
     finally:
         table.seconds = time.perf_counter() - t0
     return table
+
+
+def _add_flops(table: LayerTable, tree: LayerNode, flops: Callable) -> None:
+    """The rows' FLOPs per step from the backend's count; where there is none, why (once, in the note)."""
+    try:
+        named, source = flops()
+    except Exception as e:  # a count this backend could not make: said, the times stand
+        logger.debug("ProfilerWindow: FLOPs per layer could not be counted", exc_info=True)
+        named, source = None, f"the count failed ({type(e).__name__}: {e})"
+    if named is None:
+        for r in table.rows:
+            r.flops_per_step = None
+        table.flops_source = source
+        note = f"FLOPs per layer: none ({source})."
+        table.note = f"{table.note}\n\n{note}" if table.note else note
+        return
+    table.flops_per_step = assign_flops(table.rows, named, tree)
+    table.flops_source = source
 
 
 def write_table(

@@ -236,3 +236,27 @@ def attribute(
         )
     rows.sort(key=lambda r: (-r.ms_per_step, r.path))
     return rows, in_all / 1e9
+
+
+def assign_flops(rows: list[LayerRow], named: Iterable[tuple[str, float]], tree: LayerNode) -> float:
+    """Sets each row's ``flops_per_step`` from one step's counted ops ``(scope name or layer path, FLOPs)``.
+
+    Each op goes to the deepest layer its name carries, as a trace's ops do
+    (a layer path is its own scope name); the ops in no layer to
+    :data:`OUTSIDE`. A layer with counted FLOPs but no time of its own gets a
+    row of 0 ms; a row with none counts 0. The rows add up to the returned total.
+    """
+    named = list(named)
+    matcher = Matcher(tree, segments_of(name for name, _ in named))
+    by_path: dict[str, float] = {}
+    for name, flops in named:
+        path = matcher.match(name)[0] or OUTSIDE
+        by_path[path] = by_path.get(path, 0.0) + float(flops)
+    nodes = {n.path: n for n in tree.walk()}
+    have = {r.path for r in rows}
+    for path in sorted(set(by_path) - have):
+        if by_path[path]:
+            rows.append(LayerRow(path, nodes[path].calls if path in nodes else 0, 0.0, 0.0))
+    for row in rows:
+        row.flops_per_step = by_path.get(row.path, 0.0)
+    return sum(by_path.values())

@@ -155,18 +155,38 @@ def jaxpr_flops(jaxpr) -> float:
     ``length`` times, a ``cond`` its most expensive branch, a ``while`` its
     body once (its trip count is not known before it runs).
     """
+    return sum(flops for _, flops in jaxpr_op_flops(jaxpr))
+
+
+def _eqn_flops(eqn) -> float:
+    name = eqn.primitive.name
+    if name == "dot_general":
+        (contract, _), _ = eqn.params["dimension_numbers"]
+        lhs = eqn.invars[0].aval.shape
+        return 2.0 * _prod(eqn.outvars[0].aval.shape) * _prod(lhs[i] for i in contract)
+    if name == "conv_general_dilated":
+        rhs = eqn.invars[1].aval.shape
+        spec = eqn.params["dimension_numbers"].rhs_spec  # (out feature, in feature, spatial...)
+        return 2.0 * _prod(eqn.outvars[0].aval.shape) * rhs[spec[1]] * _prod(rhs[d] for d in spec[2:])
+    return 0.0
+
+
+def jaxpr_op_flops(jaxpr, scope: str = "") -> list[tuple[str, float]]:
+    """Each matmul's and convolution's FLOPs in a (closed) jaxpr, with its name stack (as :func:`jaxpr_flops` counts).
+
+    The name stack is the equation's own under its callers' (``jvp(net)/heavy``,
+    ``transpose(jvp(net))/heavy`` for the backward pass): what Keras's layer
+    scopes became. A ``scan``'s ops count ``length`` times, a ``cond``'s are
+    its costliest branch's.
+    """
     inner = getattr(jaxpr, "jaxpr", jaxpr)
-    total = 0.0
+    out: list[tuple[str, float]] = []
     for eqn in inner.eqns:
-        name = eqn.primitive.name
-        if name == "dot_general":
-            (contract, _), _ = eqn.params["dimension_numbers"]
-            lhs = eqn.invars[0].aval.shape
-            total += 2.0 * _prod(eqn.outvars[0].aval.shape) * _prod(lhs[i] for i in contract)
-        elif name == "conv_general_dilated":
-            rhs = eqn.invars[1].aval.shape
-            spec = eqn.params["dimension_numbers"].rhs_spec  # (out feature, in feature, spatial...)
-            total += 2.0 * _prod(eqn.outvars[0].aval.shape) * rhs[spec[1]] * _prod(rhs[d] for d in spec[2:])
+        stack = str(eqn.source_info.name_stack)
+        here = f"{scope}/{stack}" if scope and stack else scope or stack
+        flops = _eqn_flops(eqn)
+        if flops:
+            out.append((here, flops))
         subs = []
         for value in eqn.params.values():
             for v in value if isinstance(value, (tuple, list)) else (value,):
@@ -174,11 +194,12 @@ def jaxpr_flops(jaxpr) -> float:
                     subs.append(v)
         if not subs:
             continue
-        counts = [jaxpr_flops(s) for s in subs]
-        if name == "cond":
-            total += max(counts)
-        elif name == "scan":
-            total += sum(counts) * int(eqn.params.get("length", 1))
+        found = [jaxpr_op_flops(s, here) for s in subs]
+        if eqn.primitive.name == "cond":
+            out.extend(max(found, key=lambda ops: sum(f for _, f in ops)))
+        elif eqn.primitive.name == "scan":
+            length = int(eqn.params.get("length", 1))
+            out.extend((name, f * length) for ops in found for name, f in ops)
         else:
-            total += sum(counts)
-    return total
+            out.extend(op for ops in found for op in ops)
+    return out

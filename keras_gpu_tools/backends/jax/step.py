@@ -17,6 +17,9 @@ from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import leading_dim, leaves
 from keras_gpu_tools.telemetry import peaks as gpu_peaks
 
+#: Where the layer table's FLOPs per layer come from on JAX.
+LAYER_SOURCE = "matmul/convolution FLOPs of the step's jaxpr, by the name stack of each op"
+
 
 class _FetchTimer:
     """Wraps the JAX train function's iterator: times and counts each next()."""
@@ -188,3 +191,16 @@ class JaxStep(Backend):
                 "matmul/convolution FLOPs of the step's jaxpr, scans times their length (XLA's cost analysis counts a loop's body once)",
             )
         return matmuls, "matmul/convolution FLOPs of the step's jaxpr"
+
+    def layer_flops(self, train_function: Callable, specs) -> tuple[list[tuple[str, float]] | None, str]:
+        """The matmuls and convolutions of the step's jaxpr, each with its name stack (the Keras layer scopes)."""
+        step: Any = ki.jax_step_function(train_function)
+        if step is None or specs is None:
+            return None, "no step's arguments were seen in the window"
+        import jax
+
+        try:
+            jaxpr = step.trace(*specs).jaxpr
+        except Exception:
+            jaxpr = jax.make_jaxpr(step)(*specs)
+        return gpu_peaks.jaxpr_op_flops(jaxpr), LAYER_SOURCE

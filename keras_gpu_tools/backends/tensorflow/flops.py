@@ -235,44 +235,58 @@ def _trip_count(op) -> int | None:
     return n if n > 0 else None
 
 
-def graph_flops(graph, loops: list[int] | None = None, _depth: int = 0) -> float:
+def graph_flops(graph, loops: list[int] | None = None, _depth: int = 0, found: list | None = None) -> float:
     """Matmul, einsum and convolution FLOPs of a TensorFlow graph, its functions' bodies included.
 
     Only ops the graph's outputs or stateful ops (variable updates) depend on
     count: a gradient no one needs is pruned before the step runs. A loop's
     body counts its trip count times where the graph fixes it (then appended
-    to ``loops``), else once.
+    to ``loops``), else once. ``found``: where each counted op's ``(name,
+    FLOPs)`` is appended, a function body's ops under the name of the op that
+    calls it (its name scope).
     """
     if _depth > 32:
         return 0.0
     total = 0.0
     for op in _live_ops(graph):
         kind = op.type
+        inner: list[tuple[str, float]] | None = [] if found is not None else None
         try:
             if kind in _MATMULS:
-                total += _matmul_flops(op)
+                flops = _matmul_flops(op)
             elif kind == "Einsum":
-                total += _einsum_flops(op)
+                flops = _einsum_flops(op)
             elif kind in _CONV_FORWARD or kind in _CONV_INPUT_GRAD or kind in _CONV_FILTER_GRAD:
-                total += _conv_flops(op)
-            elif kind in ("If", "StatelessIf"):
-                branches = _function_graphs(graph, op, "then_branch") + _function_graphs(graph, op, "else_branch")
-                total += max((graph_flops(g, loops, _depth + 1) for g in branches), default=0.0)
-            elif kind in ("Case", "StatelessCase"):
-                branches = _function_graphs(graph, op, "branches")
-                total += max((graph_flops(g, loops, _depth + 1) for g in branches), default=0.0)
+                flops = _conv_flops(op)
+            elif kind in ("If", "StatelessIf", "Case", "StatelessCase"):
+                attrs = ("then_branch", "else_branch") if kind.endswith("If") else ("branches",)
+                branches = [g for a in attrs for g in _function_graphs(graph, op, a)]
+                counted = []
+                for g in branches:
+                    ops: list[tuple[str, float]] | None = [] if found is not None else None
+                    counted.append((graph_flops(g, loops, _depth + 1, ops), ops))
+                flops, costliest = max(counted, key=lambda c: c[0], default=(0.0, None))
+                inner = costliest
             elif kind in ("While", "StatelessWhile"):
-                body = sum(graph_flops(g, loops, _depth + 1) for g in _function_graphs(graph, op, "body"))
+                flops = sum(graph_flops(g, loops, _depth + 1, inner) for g in _function_graphs(graph, op, "body"))
                 trips = _trip_count(op)
-                if trips is not None and body:
+                if trips is not None and flops:
                     if loops is not None:
                         loops.append(trips)
-                    body *= trips
-                total += body
+                    flops *= trips
+                    inner = [(name, f * trips) for name, f in inner] if inner is not None else None
             elif kind in ("PartitionedCall", "StatefulPartitionedCall"):
-                total += sum(graph_flops(g, loops, _depth + 1) for g in _function_graphs(graph, op, "f"))
+                flops = sum(graph_flops(g, loops, _depth + 1, inner) for g in _function_graphs(graph, op, "f"))
+            else:
+                continue
         except Exception:
             continue  # an op this count does not understand adds nothing
+        total += flops
+        if found is not None:
+            if inner:
+                found.extend((f"{op.name}/{name}", f) for name, f in inner)
+            elif flops:
+                found.append((op.name, flops))
     return total
 
 
@@ -317,3 +331,18 @@ def step_flops(function, specs) -> tuple[float | None, str]:
             pass  # the graph's count stands
     cached[key] = result
     return result
+
+
+def op_flops(function, specs) -> list[tuple[str, float]]:
+    """Each counted op of Keras's per-batch step on a batch of ``specs``, ``(op name, FLOPs)``, from its traced graph.
+
+    The op names carry the Keras layers' name scopes (``net/heavy/MatMul``,
+    ``gradient_tape/net/heavy/MatMul/MatMul_1``): the layer table groups them.
+    A new ``tf.function`` of the step is traced, as :func:`step_flops` does:
+    nothing runs.
+    """
+    import tensorflow as tf
+
+    found: list[tuple[str, float]] = []
+    graph_flops(tf.function(function.python_function).get_concrete_function(specs).graph, found=found)
+    return found

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.backends.base import Backend
-from keras_gpu_tools.backends.tensorflow.flops import step_flops
+from keras_gpu_tools.backends.tensorflow.flops import GRAPH_SOURCE, op_flops, step_flops
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import leading_dim, leaves
@@ -126,6 +126,15 @@ class TFStep(Backend):
         if function is None:
             raise ValueError("the step runs eagerly (run_eagerly=True): there is no traced step to count")
         return step_flops(function, specs)
+
+    def layer_flops(self, train_function: Callable, specs) -> tuple[list[tuple[str, float]] | None, str]:
+        """The matmul, einsum and convolution ops of the step's traced graph, by op name (the layers' scopes)."""
+        function = ki.tf_step_function(train_function)
+        if specs is None:
+            return None, "no step's batch was seen in the window"
+        if function is None:
+            return None, "the step runs eagerly (run_eagerly=True): there is no traced step to count"
+        return op_flops(function, specs), GRAPH_SOURCE
 
     def uses_tf32(self) -> bool:
         tf = deps.loaded("tensorflow")

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.backends.base import Backend
-from keras_gpu_tools.backends.torch.flops import SOURCE, CountedFlops
+from keras_gpu_tools.backends.torch.flops import LAYER_SOURCE, SOURCE, CountedFlops, layer_counter
+from keras_gpu_tools.backends.torch.layer_scopes import CURRENT
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import leading_dim
@@ -60,14 +61,14 @@ def _counted_step(hook, rec, data):
     """
     hook.capture_args = False  # one count per fit; the observer asks again where it needs one
     counts = _COUNTS.setdefault(hook.original, {})
-    if rec.signature in counts:  # this step on this batch shape was counted in an earlier fit
-        rec.extra["step_args"] = CountedFlops(counts[rec.signature])
+    known = counts.get(rec.signature)
+    if known is not None and (known.by_layer is not None or not CURRENT.installed):
+        rec.extra["step_args"] = known  # this step on this batch shape was counted before (per layer where asked)
         return hook.around(rec, lambda: hook.inner(data))
     rec.warmup = True
+    steps = max(_steps_of(data), 1)
     try:
-        from torch.utils.flop_counter import FlopCounterMode
-
-        counter = FlopCounterMode(display=False)
+        counter = layer_counter(steps)
         counter.__enter__()
     except Exception as e:
         logger.debug("keras_gpu_tools: torch's FLOP counter is unavailable (%s)", e)
@@ -76,8 +77,9 @@ def _counted_step(hook, rec, data):
         out = hook.around(rec, lambda: hook.inner(data))
     finally:
         counter.__exit__(None, None, None)
-    counts[rec.signature] = flops = counter.get_total_flops() / max(_steps_of(data), 1)
-    rec.extra["step_args"] = CountedFlops(flops)
+    counts[rec.signature] = flops = CountedFlops(counter.get_total_flops() / steps)
+    flops.by_layer = counter.by_layer
+    rec.extra["step_args"] = flops
     return out
 
 
@@ -120,6 +122,13 @@ class TorchStep(Backend):
 
     def step_flops(self, train_function: Callable, specs) -> tuple[float | None, str]:
         return (float(specs), SOURCE) if isinstance(specs, CountedFlops) and specs > 0 else (None, "")
+
+    def layer_flops(self, train_function: Callable, specs) -> tuple[list[tuple[str, float]] | None, str]:
+        """The counted step's FLOPs per layer path, where the window's layer ranges were in place as it ran."""
+        by_layer = specs.by_layer if isinstance(specs, CountedFlops) else None
+        if not by_layer:
+            return None, "no step of the window ran inside torch's FLOP counter (a window of one step?)"
+        return list(by_layer.items()), LAYER_SOURCE
 
     def uses_tf32(self) -> bool:
         torch = deps.loaded("torch")
