@@ -16,7 +16,7 @@ from keras_gpu_tools.input.brief import epoch_lines, fit_lines
 from keras_gpu_tools.input.categories import UNKNOWN
 from keras_gpu_tools.input.fit import FitViews, InputFit
 from keras_gpu_tools.input.job import JobExchange
-from keras_gpu_tools.input.summary import run_summary, write_epoch, write_fit
+from keras_gpu_tools.input.summary import run_summary, write_epoch_later, write_fit
 from keras_gpu_tools.input.timing import StepStats
 from keras_gpu_tools.input.verdict import Judge, validate_thresholds
 from keras_gpu_tools.logdir import schema
@@ -260,7 +260,7 @@ class InputBoundDetector(FitViews, FitCallback):
         note = self.backend.execution_note(spe) if spe > 1 else None
         if note:
             self.notes.append(note)
-        self._open_writers(job=gather.active)
+        self._open_writers(job=gather.active, session=session)  # its events written off the training thread
         self._running = True
         try:  # last: nothing can fail after the hook is in place
             self._attachment = StepHook.attach(self.model, self, self.backend, session)
@@ -299,9 +299,9 @@ class InputBoundDetector(FitViews, FitCallback):
         self.epoch_history.append(end.logs)
         if self.epoch_logs:
             self._epoch_figures(end.logs, logs, brief=schema.INPUT_WAIT_FRACTION)
-        if self._writer is not None:  # the last window and the step breakdown: one event
-            self._writer.scalars({**window, **steps}, step=self._global_step)
-            write_epoch(self._writer, f"epoch {epoch + 1}", end, fit.job_verdict, self._global_step)
+        if self._writer is not None:  # the last window and the step breakdown (one event), the verdict
+            scalars, scope = {**window, **steps}, f"epoch {epoch + 1}"
+            write_epoch_later(self._writer, scalars, scope, end, fit.job_verdict, self._global_step)
         if self.verbose > 1:  # under the epoch's progress bar line
             self._print(*epoch_lines(end.verdict, end.measurement, fit.job_verdict))
 
@@ -328,7 +328,7 @@ class InputBoundDetector(FitViews, FitCallback):
         t0, self._window_t0 = self._window_t0, time.time()
         m = self._fit.close_window(w, t0, self._global_step) if w.steps else None
         if write and m is not None and self._writer is not None:
-            self._writer.scalars(m.logs(), step=self._global_step)
+            self._writer.scalars_later(m.logs(), step=self._global_step)
         return m.logs() if m is not None and not write else {}
 
     def _find_gpu_logger(self):
