@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 
 RESCAN_S = 1.0  # the worker processes are looked for at most this often
 
@@ -28,7 +29,9 @@ class CpuMeter:
 
             self.psutil = psutil
             self.proc = psutil.Process()
-            self.start = psutil.cpu_times()
+            self.cores = float(psutil.cpu_count() or 0)
+            self._stat = SystemTimes(psutil)
+            self.start = self._stat()
             self.own_start = self._own()
             self._looked = float("-inf")  # the first reading looks again (workers start with the first batches)
             self.wall = time.monotonic()
@@ -39,7 +42,7 @@ class CpuMeter:
         """Measures from now on (the workers found so far kept: no new look unless one is due)."""
         if self.psutil is not None:
             try:
-                self.start, self.own_start, self.wall = self.psutil.cpu_times(), self._own(), time.monotonic()
+                self.start, self.own_start, self.wall = self._stat(), self._own(), time.monotonic()
             except Exception:
                 pass
         return self
@@ -65,10 +68,10 @@ class CpuMeter:
         if self.psutil is None:
             return {}
         try:
-            now, own, wall = self.psutil.cpu_times(), self._own(), time.monotonic()
+            now, own, wall = self._stat(), self._own(), time.monotonic()
             total = sum(now) - sum(self.start)
             idle = (now.idle + getattr(now, "iowait", 0.0)) - (self.start.idle + getattr(self.start, "iowait", 0.0))
-            cores = float(self.psutil.cpu_count() or 0)
+            cores = self.cores
             out: dict[str, float] = {"cpu_count": cores}
             if total > 0:
                 out["system_cpu_percent"] = 100.0 * (1.0 - idle / total)
@@ -78,6 +81,42 @@ class CpuMeter:
             return out
         except Exception:
             return {}
+
+
+class SystemTimes:
+    """``psutil.cpu_times()``, the same figures: on Linux from ``/proc/stat`` kept open (read twice an epoch).
+
+    psutil opens the file at each call; this reads it from its start again
+    through one descriptor, parses its first line as psutil does (each field
+    in clock ticks over ``SC_CLK_TCK``) and returns psutil's named tuple.
+    Elsewhere, or where the file cannot be read, psutil's call.
+    """
+
+    def __init__(self, psutil):
+        self._psutil = psutil
+        self._fd: int | None = None
+        try:
+            self._ticks = float(os.sysconf("SC_CLK_TCK"))
+            self._fields = psutil.cpu_times()._fields
+            self._type = type(psutil.cpu_times())
+            self._fd = os.open("/proc/stat", os.O_RDONLY)
+            self._finalizer = weakref.finalize(self, os.close, self._fd)
+            self()  # a file psutil reads alike: otherwise psutil's call from now on
+        except Exception:
+            self._fd = None
+
+    def __call__(self):
+        if self._fd is None:
+            return self._psutil.cpu_times()
+        try:
+            line = os.pread(self._fd, 512, 0).split(b"\n", 1)[0].split()
+            if line[0] != b"cpu":
+                raise ValueError("/proc/stat: no cpu line first")
+            values = [float(x) / self._ticks for x in line[1 : len(self._fields) + 1]]
+            return self._type(*values)
+        except Exception:
+            self._fd = None
+            return self._psutil.cpu_times()
 
 
 def descendants(pid: int) -> list[int] | None:

@@ -59,3 +59,15 @@ def test_the_workers_cpu_time_counts_as_this_process(tree):
     own = meter._own() - meter.own_start
     assert own >= 0.4, own
     assert meter.read()["process_cpu_percent"] > 0
+
+
+def test_system_times_are_psutils_figures_read_from_a_file_kept_open():
+    from keras_gpu_tools.telemetry.cpu_meter import SystemTimes
+
+    times = SystemTimes(psutil)
+    ours, theirs = times(), psutil.cpu_times()
+    assert type(ours) is type(theirs)
+    for field in theirs._fields:  # the same counters, a moment apart
+        assert abs(getattr(ours, field) - getattr(theirs, field)) <= 0.5, field
+    later = times()
+    assert sum(later) >= sum(ours)
