@@ -202,7 +202,7 @@ class InputBoundDetector(FitViews, FitCallback):
         self._window = StepStats()
         self._window_t0 = self._epoch_t0 = time.time()
         self._gpu_logger = self._step_specs = None
-        self._cpu: CpuMeter | None = None
+        self._cpu = CpuMeter()  # made again for each fit
         self._epoch_first_call = self._epoch_last_call = -1
 
     @property
@@ -242,9 +242,9 @@ class InputBoundDetector(FitViews, FitCallback):
 
     # -- Keras hooks -----------------------------------------------------------------------
     def _start_fit(self, session) -> None:
-        self.notes = []
+        self.notes, self._step_specs = [], None
         self._window, self._window_t0 = StepStats(), time.time()
-        self._step_specs = None
+        self._cpu = CpuMeter(session.every)  # its looks for worker processes: on the session's thread
         self.pipeline = ki.describe_pipeline(self.model)
         self._gpu_logger = self._find_gpu_logger()
         gpu = step_flops.trains_on_gpu(self.backend)  # advice about the GPU is left out where none trains
@@ -273,7 +273,7 @@ class InputBoundDetector(FitViews, FitCallback):
         self._fit.spans.windows = []
         self._window = StepStats()  # (empty: the last epoch closed its windows)
         self._epoch_t0 = self._window_t0 = time.time()
-        self._cpu = CpuMeter() if self._cpu is None else self._cpu.restart()  # the epoch's CPU use
+        self._cpu.restart()  # the epoch's CPU use
         att, steps = self._attachment, (self.params or {}).get("steps")
         if att is None or not att.active:
             self._epoch_first_call = self._epoch_last_call = -1
@@ -289,7 +289,7 @@ class InputBoundDetector(FitViews, FitCallback):
         self._flush_hook()
         window = self._close_window(write=False)  # the epoch's last window, however short; written below
         fit = self._fit
-        fit.judge.host = self._cpu.read() if self._cpu is not None else {}
+        fit.judge.host = self._cpu.read()
         if fit.flops is None and self._step_specs is not None and self._attachment is not None:
             specs, self._step_specs, original = self._step_specs, None, self._attachment.hook.original  # once a fit
             fit.flops, source = step_flops.step_flops(self.backend, original, specs, self.warnings)

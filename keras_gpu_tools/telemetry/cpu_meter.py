@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 RESCAN_S = 1.0  # the worker processes are looked for at most this often
 
@@ -19,11 +21,18 @@ class CpuMeter:
     thread of the process): with epochs of milliseconds an epoch end costs the
     workers' counters alone, and a worker started in between counts from the
     next look on.
+
+    Args:
+        every: ``every(interval, fn, on_error)`` of a thread that runs periodic jobs
+            (`FitSession.every`): the looks then run there, off the caller's thread,
+            but for the first reading's. None looks on the caller's thread. Defaults to `None`.
     """
 
-    def __init__(self):
+    def __init__(self, every: Callable[..., Any] | None = None):
         self._workers: list | None = None
         self._looked = float("-inf")
+        self._first = True  # until the first reading: it looks itself (workers start with the first batches)
+        self._watched = False
         try:
             import psutil
 
@@ -33,8 +42,10 @@ class CpuMeter:
             self._stat = SystemTimes(psutil)
             self.start = self._stat()
             self.own_start = self._own()
-            self._looked = float("-inf")  # the first reading looks again (workers start with the first batches)
             self.wall = time.monotonic()
+            if every is not None:
+                every(RESCAN_S, self.look, lambda e: None)  # (a failed look keeps the workers found before)
+                self._watched = True
         except Exception:
             self.psutil = None
 
@@ -51,18 +62,20 @@ class CpuMeter:
         """CPU seconds of this process, its reaped children and its live ones (DataLoader, PyDataset workers)."""
         t = os.times()  # the kernel's figures of /proc/<pid>/stat, without reading and parsing the file
         total = t.user + t.system + t.children_user + t.children_system
-        now = time.monotonic()
-        if self._workers is None or now - self._looked >= RESCAN_S:
-            pids = descendants(self.proc.pid)
-            self._workers = self.proc.children(recursive=True) if pids is None else pids
-            self._looked = now
-        for child in self._workers:
+        if self._workers is None or self._first or (not self._watched and time.monotonic() - self._looked >= RESCAN_S):
+            self.look()
+        for child in self._workers or ():
             try:  # a worker may end at any moment
                 c = (self.psutil.Process(child) if isinstance(child, int) else child).cpu_times()
                 total += c.user + c.system
             except self.psutil.Error:
                 pass
         return total
+
+    def look(self) -> None:
+        """Looks for the worker processes now (on whichever thread calls it)."""
+        pids = descendants(self.proc.pid)
+        self._workers, self._looked = (self.proc.children(recursive=True) if pids is None else pids), time.monotonic()
 
     def read(self) -> dict[str, float]:
         if self.psutil is None:
@@ -77,7 +90,7 @@ class CpuMeter:
                 out["system_cpu_percent"] = 100.0 * (1.0 - idle / total)
             if wall > self.wall and cores:
                 out["process_cpu_percent"] = min(100.0, 100.0 * (own - self.own_start) / ((wall - self.wall) * cores))
-            self.start, self.own_start, self.wall = now, own, wall
+            self.start, self.own_start, self.wall, self._first = now, own, wall, False
             return out
         except Exception:
             return {}
