@@ -52,6 +52,8 @@ benchmarks() {
         part 600 "planner_throughput_$b" python3 benchmarks/planner_throughput.py --backend $b "${MACHINE_ARG[@]}" \
             --max-seconds 110
         part 300 "layer_table_cost_$b" python3 benchmarks/layer_table_cost.py --backend $b "${MACHINE_ARG[@]}"
+        part 600 "per_epoch_cost_$b" python3 benchmarks/per_epoch_cost.py --backend $b "${MACHINE_ARG[@]}" \
+            --epochs 1500 --rounds 2
     done
 }
 

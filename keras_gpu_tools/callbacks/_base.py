@@ -36,11 +36,14 @@ from keras_gpu_tools.runtime.fit_output import FitOutput, check_progress_bar
 from keras_gpu_tools.runtime.job_channel import JobChannel
 from keras_gpu_tools.runtime.session import FitSession, run_deferred
 from keras_gpu_tools.runtime.step_hook import StepHook
+from keras_gpu_tools.runtime.ticker import Job
 
 # fit() starts per run name in this process. Every process of a job counts
 # alike, so ``<run name>/fit<n>`` names the same fit() everywhere, also when a
 # new callback is made for each fit() (the job's store refuses a key twice).
 _FIT_SERIAL: collections.Counter = collections.Counter()
+
+WRITE_LATER_S = 0.5  # how often the session's thread writes the events a callback handed over
 
 
 class FitCallback(LeanCallback):
@@ -172,13 +175,25 @@ class FitCallback(LeanCallback):
     _writer: EventWriter | None = None
     _job_writer: EventWriter | None = None
     _job_writer_dir: str | None = None
+    _write_job: Job | None = None
 
-    def _open_writers(self, job: bool) -> None:
-        """This fit's writer of its own run (None without a log_dir); ``job``: the job's run, opened at its first figures."""
+    def _open_writers(self, job: bool, session: FitSession | None = None) -> None:
+        """This fit's writer of its own run (None without a log_dir); ``job``: the job's run, opened at its first figures.
+
+        With ``session``, what is handed over to the writer (``EventWriter.later``) is written by the session's
+        thread every ``WRITE_LATER_S``, and the rest at its close: nothing handed over is lost however fit() ends.
+        """
         run_dir = self.run_dir  # None without a log_dir
         self._writer = EventWriter(run_dir) if run_dir is not None else None
         self._job_writer = None
         self._job_writer_dir = self.job_run_dir if job else None
+        if session is not None and self._writer is not None:
+            self._write_job = session.every(WRITE_LATER_S, self._writer.write_later, self._write_failed)
+
+    def _write_failed(self, error: BaseException) -> None:
+        self.warnings(
+            "write", f"{type(self).__name__}: writing its TensorBoard run failed ({error!r}); training goes on."
+        )
 
     def _job_events(self) -> EventWriter | None:
         """The job run's writer (process 0 of a job; else None), opened on first use."""
@@ -187,6 +202,9 @@ class FitCallback(LeanCallback):
         return self._job_writer
 
     def _close_writers(self) -> None:
+        job, self._write_job = self._write_job, None
+        if job is not None:
+            job.stop()  # (a write under way finishes first; close() writes the rest)
         for name in ("_writer", "_job_writer"):
             writer = getattr(self, name)
             setattr(self, name, None)

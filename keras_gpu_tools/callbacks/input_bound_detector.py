@@ -16,7 +16,7 @@ from keras_gpu_tools.input.brief import epoch_lines, fit_lines
 from keras_gpu_tools.input.categories import UNKNOWN
 from keras_gpu_tools.input.fit import FitViews, InputFit
 from keras_gpu_tools.input.job import JobExchange
-from keras_gpu_tools.input.summary import run_summary, write_epoch, write_fit
+from keras_gpu_tools.input.summary import run_summary, write_epoch_later, write_fit
 from keras_gpu_tools.input.timing import StepStats
 from keras_gpu_tools.input.verdict import Judge, validate_thresholds
 from keras_gpu_tools.logdir import schema
@@ -202,7 +202,7 @@ class InputBoundDetector(FitViews, FitCallback):
         self._window = StepStats()
         self._window_t0 = self._epoch_t0 = time.time()
         self._gpu_logger = self._step_specs = None
-        self._cpu: CpuMeter | None = None
+        self._cpu = CpuMeter()  # made again for each fit
         self._epoch_first_call = self._epoch_last_call = -1
 
     @property
@@ -242,9 +242,9 @@ class InputBoundDetector(FitViews, FitCallback):
 
     # -- Keras hooks -----------------------------------------------------------------------
     def _start_fit(self, session) -> None:
-        self.notes = []
+        self.notes, self._step_specs = [], None
         self._window, self._window_t0 = StepStats(), time.time()
-        self._step_specs = None
+        self._cpu = CpuMeter(session.every)  # its looks for worker processes: on the session's thread
         self.pipeline = ki.describe_pipeline(self.model)
         self._gpu_logger = self._find_gpu_logger()
         gpu = step_flops.trains_on_gpu(self.backend)  # advice about the GPU is left out where none trains
@@ -260,7 +260,7 @@ class InputBoundDetector(FitViews, FitCallback):
         note = self.backend.execution_note(spe) if spe > 1 else None
         if note:
             self.notes.append(note)
-        self._open_writers(job=gather.active)
+        self._open_writers(job=gather.active, session=session)  # its events written off the training thread
         self._running = True
         try:  # last: nothing can fail after the hook is in place
             self._attachment = StepHook.attach(self.model, self, self.backend, session)
@@ -273,7 +273,7 @@ class InputBoundDetector(FitViews, FitCallback):
         self._fit.spans.windows = []
         self._window = StepStats()  # (empty: the last epoch closed its windows)
         self._epoch_t0 = self._window_t0 = time.time()
-        self._cpu = CpuMeter() if self._cpu is None else self._cpu.restart()  # the epoch's CPU use
+        self._cpu.restart()  # the epoch's CPU use
         att, steps = self._attachment, (self.params or {}).get("steps")
         if att is None or not att.active:
             self._epoch_first_call = self._epoch_last_call = -1
@@ -289,7 +289,7 @@ class InputBoundDetector(FitViews, FitCallback):
         self._flush_hook()
         window = self._close_window(write=False)  # the epoch's last window, however short; written below
         fit = self._fit
-        fit.judge.host = self._cpu.read() if self._cpu is not None else {}
+        fit.judge.host = self._cpu.read()
         if fit.flops is None and self._step_specs is not None and self._attachment is not None:
             specs, self._step_specs, original = self._step_specs, None, self._attachment.hook.original  # once a fit
             fit.flops, source = step_flops.step_flops(self.backend, original, specs, self.warnings)
@@ -299,9 +299,9 @@ class InputBoundDetector(FitViews, FitCallback):
         self.epoch_history.append(end.logs)
         if self.epoch_logs:
             self._epoch_figures(end.logs, logs, brief=schema.INPUT_WAIT_FRACTION)
-        if self._writer is not None:  # the last window and the step breakdown: one event
-            self._writer.scalars({**window, **steps}, step=self._global_step)
-            write_epoch(self._writer, f"epoch {epoch + 1}", end, fit.job_verdict, self._global_step)
+        if self._writer is not None:  # the last window and the step breakdown (one event), the verdict
+            scalars, scope = {**window, **steps}, f"epoch {epoch + 1}"
+            write_epoch_later(self._writer, scalars, scope, end, fit.job_verdict, self._global_step)
         if self.verbose > 1:  # under the epoch's progress bar line
             self._print(*epoch_lines(end.verdict, end.measurement, fit.job_verdict))
 
@@ -328,7 +328,7 @@ class InputBoundDetector(FitViews, FitCallback):
         t0, self._window_t0 = self._window_t0, time.time()
         m = self._fit.close_window(w, t0, self._global_step) if w.steps else None
         if write and m is not None and self._writer is not None:
-            self._writer.scalars(m.logs(), step=self._global_step)
+            self._writer.scalars_later(m.logs(), step=self._global_step)
         return m.logs() if m is not None and not write else {}
 
     def _find_gpu_logger(self):

@@ -202,7 +202,7 @@ class MemoryLeakDetector(FitCallback):
         self._epochs_planned = (self.params or {}).get("epochs")
         self._record = PROCESS.begin(self.model, ki.named_objects())
         self._track = EpochTrack(self.warmup_epochs, self._read(-1))
-        self._open_writers(job=False)
+        self._open_writers(job=False, session=session)  # its epochs' figures written off the training thread
         self._running = True
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -210,7 +210,7 @@ class MemoryLeakDetector(FitCallback):
             return
         reading = self._read(epoch)
         self._track.add(reading)
-        g = self._track.growth()
+        g = self._track.growth(brief=True)  # what an epoch end logs; the rest at the fit's end
         growing = grows(g.host, self.min_growth_mib) or grows(g.device, self.min_growth_mib)
         if growing and reading.tensors is None and self.count_tensors and not self._track.censuses:
             self._census(reading)  # once growth is seen: the first of two counts, the second at the fit's end

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -100,21 +101,37 @@ def run_summary(fit: InputFit, notes: Sequence[str] = (), breakdown: FitBreakdow
     return text
 
 
-def write_epoch(writer: EventWriter, scope: str, end: EpochEnd, job: JobVerdict | None, step: int) -> None:
-    """An epoch's verdict as text, and as JSON for the report (``input/verdict/data``)."""
+def write_epoch(
+    writer: EventWriter, scope: str, end: EpochEnd, job: JobVerdict | None, step: int, wall_time: float | None = None
+) -> None:
+    """An epoch's verdict as text, and as JSON for the report (``input/verdict/data``), at ``wall_time`` (now)."""
     m, v = end.measurement, end.verdict
-    writer.text(schema.INPUT_VERDICT, summary_text(scope.capitalize(), m, v), step=step)
+    writer.text(schema.INPUT_VERDICT, summary_text(scope.capitalize(), m, v), step=step, wall_time=wall_time)
     record: dict[str, Any] = {"scope": scope, "verdict": v, "measurement": m, "figures": end.logs}
     if job is not None:
         record[schema.JOB] = job
-    writer.json(schema.INPUT_VERDICT_DATA, record, step=step)
+    writer.json(schema.INPUT_VERDICT_DATA, record, step=step, wall_time=wall_time)
+
+
+def write_epoch_later(
+    writer: EventWriter, scalars: dict[str, float], scope: str, end: EpochEnd, job: JobVerdict | None, step: int
+) -> None:
+    """The epoch end's events, handed over to be written off the training thread (``EventWriter.later``).
+
+    ``scalars`` (the last window's figures, the step breakdown's) and the verdict, as :func:`write_epoch`
+    writes it, with this call's time; nothing of them changes after the epoch's end.
+    """
+    writer.scalars_later(scalars, step)
+    wall_time = time.time()
+    writer.later(lambda: write_epoch(writer, scope, end, job, step, wall_time))
 
 
 def write_fit(
     writer: EventWriter, fit: InputFit, notes: Sequence[str], step: int, breakdown: FitBreakdown | None = None
 ) -> None:
     """The run's verdict: the summary as text, and as JSON for the report (the job's as of the last epoch end);
-    the step breakdown as text and JSON of its own."""
+    the step breakdown as text and JSON of its own; what was handed over to ``writer`` first, in its order."""
+    writer.write_later()
     m = fit.measurement
     writer.text(schema.INPUT_VERDICT, run_summary(fit, notes, breakdown), step=step)
     if breakdown is not None:

@@ -77,7 +77,8 @@ def fit_lines(v: LeakVerdict, run_dir: str | None) -> list[str]:
 
 
 def write_epoch(writer: EventWriter, figures: dict[str, float], step: int) -> None:
-    writer.scalars(figures, step=step)
+    """An epoch's figures, handed over to be written off the training thread (``EventWriter.scalars_later``)."""
+    writer.scalars_later(figures, step=step)
 
 
 def write_fit(
@@ -88,7 +89,8 @@ def write_fit(
     fits: Sequence[FitRecord],
     step: int,
 ) -> None:
-    """The fit's verdict: text for TensorBoard's Text tab, JSON for the report."""
+    """The fit's verdict: text for TensorBoard's Text tab, JSON for the report (after what was handed over)."""
+    writer.write_later()
     writer.text(schema.MEMORY_VERDICT, text, step=step)
     record = {"verdict": to_plain(v), "epochs": list(epochs), "fits": [f.row() for f in fits]}
     writer.json(schema.MEMORY_VERDICT_DATA, record, step=step)

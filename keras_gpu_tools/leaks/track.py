@@ -84,7 +84,8 @@ class EpochTrack:
             return None
         return (pts[-1].wall - pts[0].wall) / (pts[-1].epoch - pts[0].epoch)
 
-    def growth(self) -> Growth:
+    def growth(self, brief: bool = False) -> Growth:
+        """The growth rates; ``brief``: those of the host and of the devices together only (an epoch end's figures)."""
         usable = self.usable
         g = Growth(epochs=len(usable))
         if self.readings and self.warmup_epochs:
@@ -95,6 +96,8 @@ class EpochTrack:
         pts = self.points()
         g.host = _slope(pts, lambda r: r.host_rss, MIB)
         g.device = _slope(pts, lambda r: r.device_in_use, MIB)
+        if brief:
+            return g
         for i in pts[-1].in_use:
             s = _slope(pts, _device(i), MIB)
             if s is not None:

@@ -8,6 +8,7 @@ every few seconds without slowing training, and it needs no plotting library.
 
 from __future__ import annotations
 
+import functools
 import html
 import itertools
 import math
@@ -45,6 +46,12 @@ class NotebookDisplay:
         self._handle.update(self._html(markup))
 
 
+@functools.lru_cache(maxsize=64)
+def _xs(width: int, n: int) -> tuple[str, ...]:
+    """The x coordinates of a sparkline's ``n`` points, formatted (the same every redraw)."""
+    return tuple(f"{2 + (width - 4) * i / (n - 1):.1f}," for i in range(n))
+
+
 def sparkline(
     values: Sequence[float],
     width: int = 160,
@@ -60,10 +67,9 @@ def sparkline(
     lo = min(vals) if low is None else low
     hi = max(vals) if high is None else high
     span = (hi - lo) or 1.0
-    n = len(vals)
+    top, inner = height - 2, height - 4
     pts = " ".join(
-        f"{2 + (width - 4) * i / (n - 1):.1f},{height - 2 - (height - 4) * (min(max(v, lo), hi) - lo) / span:.1f}"
-        for i, v in enumerate(vals)
+        f"{x}{top - inner * (min(max(v, lo), hi) - lo) / span:.1f}" for x, v in zip(_xs(width, len(vals)), vals)
     )
     return (
         f'<svg width="{width}" height="{height}" style="vertical-align:middle">'

@@ -23,6 +23,7 @@ text plugin: TensorBoard's Text tab shows the prose alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -33,6 +34,7 @@ import struct
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.errors import KerasGPUToolsWarning
@@ -121,8 +123,9 @@ class EventWriter:
             _remote_events(run_dir) if run_dir.startswith(validation.REMOTE_PREFIXES) else _LocalEvents(run_dir)
         )
         self._lock = threading.Lock()
+        self._writing = threading.Lock()  # held while handed-over events are written: one batch after another
         self._closed = False
-        self._later: list[tuple[dict[str, float], int, float]] = []  # scalars handed over, not yet written
+        self._later: list[Callable[[], None]] = []  # writes handed over, not yet done
         if isinstance(self._events, _LocalEvents):  # EventFileWriter writes its own first event
             self._add(
                 event_pb2.Event(
@@ -148,16 +151,36 @@ class EventWriter:
         and the sampling thread serializes it (the event keeps this call's time).
         """
         if values:
-            with self._lock:
-                if not self._closed:
-                    self._later.append((values, int(step), time.time()))
+            self.later(functools.partial(self.scalars, values, int(step), time.time()))
+
+    def later(self, write: Callable[[], None]) -> None:
+        """Hands ``write()`` (a function that writes to this writer) over to :meth:`write_later` or :meth:`close`.
+
+        What it writes must not change after the call; it keeps its place
+        among the other writes handed over (a writer whose events are all
+        handed over keeps their order in the file).
+        """
+        with self._lock:
+            if not self._closed:
+                self._later.append(write)
 
     def write_later(self) -> None:
-        """Writes what :meth:`scalars_later` handed over, in the order it came."""
-        with self._lock:
-            pending, self._later = self._later, []
-        for values, step, wall_time in pending:
-            self.scalars(values, step, wall_time)
+        """Writes what was handed over, in the order it came; a second caller waits for the first's writes.
+
+        A write that fails warns and is left out: the others are still written.
+        """
+        with self._writing:
+            with self._lock:
+                pending, self._later = self._later, []
+            for write in pending:
+                try:
+                    write()
+                except Exception as e:  # one record that cannot be written: the logs go on without it
+                    warnings.warn(
+                        f"keras_gpu_tools: a record for the TensorBoard run {self.run_dir} was left out ({e!r})",
+                        KerasGPUToolsWarning,
+                        stacklevel=2,
+                    )
 
     def image(self, tag: str, png: bytes, step: int, width: int, height: int) -> None:
         """A PNG image summary: shown in TensorBoard's Images tab."""
@@ -166,7 +189,9 @@ class EventWriter:
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, image=image)])
         self._add(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
-    def text(self, tag: str, text: str, step: int, plugin: str = schema.TEXT_PLUGIN) -> None:
+    def text(
+        self, tag: str, text: str, step: int, plugin: str = schema.TEXT_PLUGIN, wall_time: float | None = None
+    ) -> None:
         """A text summary: shown in TensorBoard's Text tab, or, of another ``plugin``, kept for readers alone."""
         from tensorboard.plugins.text import summary_v2  # no TensorFlow needed
 
@@ -176,7 +201,7 @@ class EventWriter:
             metadata = summary.value[0].metadata
             metadata.plugin_data.plugin_name, metadata.plugin_data.content = plugin, b""
             metadata.data_class = summary_pb2.DATA_CLASS_TENSOR
-        self._add(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+        self._add(event_pb2.Event(wall_time=wall_time or time.time(), step=int(step), summary=summary))
 
     def _add(self, event) -> None:
         with self._lock:
@@ -225,6 +250,8 @@ class EventWriter:
         except Exception:
             pass
 
-    def json(self, tag: str, value: Any, step: int) -> None:
+    def json(self, tag: str, value: Any, step: int, wall_time: float | None = None) -> None:
         """Writes `value` (dicts, lists, dataclasses, numbers, text) as JSON, for readers (not the Text tab)."""
-        self.text(tag, json.dumps(to_plain(value), allow_nan=False), step, plugin=schema.DATA_PLUGIN)
+        self.text(
+            tag, json.dumps(to_plain(value), allow_nan=False), step, plugin=schema.DATA_PLUGIN, wall_time=wall_time
+        )

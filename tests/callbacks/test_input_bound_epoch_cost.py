@@ -7,11 +7,17 @@ in a job, the channel is one of two processes where the other sends the same.
 
 import collections.abc
 import dataclasses
+import json
 import random
+import threading
+import time
 import types
 
 import keras
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from keras_gpu_tools.callbacks import _base
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 from keras_gpu_tools.input import steady as steady_module
 from keras_gpu_tools.input.fit import InputFit
@@ -19,7 +25,9 @@ from keras_gpu_tools.input.measure import Measurement, Sums, aggregate
 from keras_gpu_tools.input.steady import FitSpans, span_label, steady_start
 from keras_gpu_tools.input.verdict import Judge, gpu_means
 from keras_gpu_tools.live import render
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.schema import JOB_STEP_MS_MAX
+from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.runtime.topology import JobGather, Topology
 from tests.helpers.data import uniform_regression_data
 from tests.helpers.models import tiny_dense_model
@@ -177,3 +185,57 @@ def test_an_epoch_keeps_its_windows_only_until_the_next_one_ends():
     epochs = detector._fit.spans.epochs
     assert len(epochs) == 100 and len(detector.window_verdicts) >= 390  # the windows were measured
     assert sum(len(e.parts) for e in epochs) == len(epochs[-1].parts) == 4  # and only the last epoch's are kept
+
+
+def _verdict_scopes(run_dir) -> list[str]:
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    return [json.loads(e.tensor_proto.string_val[0])["scope"] for e in acc.Tensors(schema.INPUT_VERDICT_DATA)]
+
+
+@pytest.mark.multibackend
+def test_epoch_events_are_written_off_the_training_thread_in_order_and_none_is_lost(tmp_path, monkeypatch):
+    monkeypatch.setattr(_base, "WRITE_LATER_S", 0.01)
+    written: list[tuple[bool, int]] = []  # (on the training thread, step) of each event of the detector's run
+    real_add = EventWriter._add
+
+    def add(self, event):
+        if event.HasField("summary") and "input" in self.run_dir:
+            written.append((threading.current_thread() is threading.main_thread(), event.step))
+        real_add(self, event)
+
+    monkeypatch.setattr(EventWriter, "_add", add)
+    slow = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: time.sleep(0.1))  # the thread's turn
+    detector = InputBoundDetector(window=2, sample_every=1, log_dir=tmp_path, verbose=0)
+    x, y = uniform_regression_data(16)
+    tiny_dense_model().fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[detector, slow])
+
+    assert _verdict_scopes(tmp_path / "input") == ["epoch 1", "epoch 2", "epoch 3", "fit"]
+    steps = [step for _, step in written]
+    assert steps == sorted(steps)  # the file's order is the steps' order, as when written at once
+    assert not any(main for main, step in written if step < 8)  # epochs 1 and 2: all by the session's thread
+    acc = EventAccumulator(str(tmp_path / "input"), size_guidance={"scalars": 0})
+    acc.Reload()
+    windows = [e.step for e in acc.Scalars(schema.INPUT_WAIT_FRACTION)]
+    assert windows == sorted(set(windows)) and {4, 8, 12} <= set(windows)  # in order; each epoch's last window
+
+
+@pytest.mark.multibackend
+def test_a_fit_that_raises_loses_none_of_the_epochs_handed_over(tmp_path, monkeypatch):
+    monkeypatch.setattr(_base, "WRITE_LATER_S", 60.0)  # nothing written by the thread before the fit raises
+
+    def interrupt(epoch, logs):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+    detector = InputBoundDetector(window=2, log_dir=tmp_path, verbose=0)
+    x, y = uniform_regression_data(16)
+    with pytest.raises(KeyboardInterrupt):
+        tiny_dense_model().fit(
+            x, y, batch_size=4, epochs=5, verbose=0, callbacks=[detector, keras.callbacks.LambdaCallback(interrupt)]
+        )
+    deadline = time.monotonic() + 5
+    while detector.fit_running and time.monotonic() < deadline:  # the session notices fit()'s end
+        time.sleep(0.02)
+    assert not detector.fit_running
+    assert _verdict_scopes(tmp_path / "input") == ["epoch 1", "epoch 2"]

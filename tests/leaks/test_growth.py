@@ -1,6 +1,8 @@
 """The growth rates: Theil-Sen, the warm-up left out, no rate before three epochs, the process's fits."""
 
 import gc
+import random
+import statistics
 
 import pytest
 
@@ -24,6 +26,23 @@ def test_noise_around_a_flat_line_is_not_a_rise():
     ys = [100, 101, 99, 100.5, 99.5, 100, 101, 99]
     s = theil_sen(range(len(ys)), ys)
     assert abs(s.per_unit) < 0.5 and s.rising < 0.7
+
+
+def test_theil_sen_gives_the_figures_of_the_pairwise_loop_exactly():
+    """Median and share of rising slopes over every pair, as a loop over the pairs and statistics.median give them."""
+    rng = random.Random(0)
+    for _ in range(2000):
+        n = rng.randint(0, MAX_POINTS)  # (more are thinned first)
+        xs = [float(rng.choice([rng.randint(0, 20), rng.random() * 50])) for _ in range(n)]
+        ys = [rng.choice([rng.random() * 2**33, rng.randint(-3, 3), 0.0, -0.0]) for _ in range(n)]
+        slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(i + 1, n) if xs[j] != xs[i]]
+        s = theil_sen(xs, ys)
+        if not slopes:
+            assert s is None
+            continue
+        assert s is not None
+        expected = (statistics.median(slopes), sum(v > 0 for v in slopes) / len(slopes), n)
+        assert (repr(s.per_unit), repr(s.rising), s.points) == tuple(map(repr, expected[:2])) + (n,)
 
 
 def test_long_series_are_thinned_to_a_bounded_cost_with_both_ends_kept():

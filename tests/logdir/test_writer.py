@@ -62,6 +62,33 @@ def test_scalars_handed_over_are_written_by_another_thread_or_at_close(tmp_path)
     assert [e.step for e in _read(tmp_path / "gpu").Scalars("gpu_epoch/0/power_watts")] == [7, 8]
 
 
+def test_writes_handed_over_keep_their_order_their_time_and_survive_one_that_fails(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    w = EventWriter(str(tmp_path / "input"))
+    w.scalars_later({"input/wait_fraction": 0.5}, step=10)
+    w.later(lambda: w.json("input/verdict/data", {"scope": "epoch 1"}, step=10, wall_time=1234.0))
+
+    def broken():
+        raise ValueError("a record that cannot be made")
+
+    w.later(broken)
+    w.scalars_later({"input/wait_fraction": 0.25}, step=20)
+    with pytest.warns(KerasGPUToolsWarning, match="left out"):
+        t = threading.Thread(target=w.write_later)  # the session's thread writes them...
+        t.start()
+        w.write_later()  # ...while fit()'s end waits for those writes, then writes what is left
+    t.join()
+    w.json("input/verdict/data", {"scope": "fit"}, step=20)  # written last, as on_train_end does
+    w.close()
+    events = [e for e in EventFileLoader(w._events.path).Load() if e.HasField("summary")]
+    order = [(e.step, e.summary.value[0].tag) for e in events]
+    assert order == [(10, "input/wait_fraction"), (10, "input/verdict/data"), (20, "input/wait_fraction")] + [
+        (20, "input/verdict/data")
+    ]
+    assert events[1].wall_time == 1234.0
+
+
 def test_two_writers_in_one_run_dir_never_share_a_file(tmp_path):
     a, b = EventWriter(str(tmp_path / "run")), EventWriter(str(tmp_path / "run"))
     a.close()

@@ -59,3 +59,35 @@ def test_the_workers_cpu_time_counts_as_this_process(tree):
     own = meter._own() - meter.own_start
     assert own >= 0.4, own
     assert meter.read()["process_cpu_percent"] > 0
+
+
+def test_system_times_are_psutils_figures_read_from_a_file_kept_open():
+    from keras_gpu_tools.telemetry.cpu_meter import SystemTimes
+
+    times = SystemTimes(psutil)
+    ours, theirs = times(), psutil.cpu_times()
+    assert type(ours) is type(theirs)
+    for field in theirs._fields:  # the same counters, a moment apart
+        assert abs(getattr(ours, field) - getattr(theirs, field)) <= 0.5, field
+    later = times()
+    assert sum(later) >= sum(ours)
+
+
+def test_with_a_periodic_job_the_looks_for_workers_leave_the_callers_thread(monkeypatch):
+    from keras_gpu_tools.telemetry import cpu_meter
+
+    jobs = []
+    meter = CpuMeter(every=lambda interval, fn, on_error: jobs.append((interval, fn)))
+    assert [interval for interval, _ in jobs] == [cpu_meter.RESCAN_S]
+    looks = []
+    real = cpu_meter.descendants
+    monkeypatch.setattr(cpu_meter, "descendants", lambda pid: (looks.append(pid), real(pid))[1])
+    meter.read()  # the first reading looks itself: workers start with the first batches
+    assert len(looks) == 1
+    monkeypatch.setattr(cpu_meter, "RESCAN_S", 0.0)  # a look would be due at every call
+    for _ in range(3):
+        meter.restart()
+        meter.read()
+    assert len(looks) == 1  # none on the caller's thread after the first reading
+    jobs[0][1]()  # the job, as the session's thread runs it
+    assert len(looks) == 2
