@@ -28,7 +28,10 @@ from keras_gpu_tools.input import categories
 N_IMAGES = 384  # 12 batches per epoch
 BATCH = 32
 SIZE = 64
-EPOCHS = 3  # the first fills caches and starts workers; the verdict is on the steady state
+# The first fills caches and starts workers; the verdict is on the steady state. Four: on a loaded
+# 2-core machine a second epoch at twice the third's time is common, and the median of three later
+# epochs keeps the first (the cache filling) apart where that of two did not.
+EPOCHS = 4
 
 
 def write_pngs(directory, n=N_IMAGES):
@@ -192,7 +195,8 @@ def test_tf_data_image_files_advice_applied_step_by_step(tmp_path, backend):
     v = cached.verdict
     assert v.category in (categories.MODERATE, categories.NOT), cached.summary()
     # The cache fills in epoch 1: a phase named and left out, not the run's character.
-    assert v.scope == "epochs 2-3" and [p.steady for p in v.phases] == [False, True, True], cached.summary()
+    assert v.scope == f"epochs 2-{EPOCHS}", cached.summary()
+    assert [p.steady for p in v.phases] == [False] + [True] * (EPOCHS - 1), cached.summary()
     assert "Left out: epoch 1, which waited" in v.message and "while the cache filled" in v.message
     assert v.fit_wait_fraction > v.wait_fraction
     assert "interleave" not in "\n".join(v.advice)  # nothing is read from files once the cache serves
