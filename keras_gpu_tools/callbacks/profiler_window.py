@@ -283,7 +283,7 @@ class ProfilerWindow(FitCallback):
             return
         self._sessions_before, self._active = before, window
         if self.layers:
-            self._layers.start_window(self._profiler, self.model, window.start, self._attachment)
+            self._layers.start_window(self._profiler, window.start, self._attachment)  # never self.model in a step
         self._inputs.start(window.start, window.steps)
         if self._stop_on_training_thread() and self._session is not None:
             self._session.watch_unwind(True)  # stop it on the training thread the moment fit() raises

@@ -32,6 +32,7 @@ class LayerTables:
         self.tables: list[LayerTable] = []
         self._tree: LayerNode | None = None
         self._layers: list[tuple[Any, str]] = []
+        self._model: Any = None
         self._unscope: Callable[[], None] | None = None
         self._why_not: dict[int, str] = {}  # by window start: why the window gets no table
         self._backend: Any = None
@@ -44,19 +45,22 @@ class LayerTables:
 
     def start_fit(self, model: Any, backend: Any = None) -> None:
         """The model's layer tree (once per fit: a model may change between fits)."""
-        self._tree, self._backend = layer_tree(model), backend
+        self._tree, self._backend, self._model = layer_tree(model), backend, model
         objects: dict[int, tuple[Any, str]] = {}
         for layer in _walk(model, ""):
             objects.setdefault(id(layer[0]), layer)
         self._layers = [pair for pair in objects.values() if pair[1]]
 
-    def start_window(self, profiler: Any, model: Any, start: int, attachment: Any = None) -> None:
+    def start_window(self, profiler: Any, start: int, attachment: Any = None) -> None:
         """Puts the backend's per-layer ranges in place for the window starting at step ``start`` (torch).
 
-        With the step hook's ``attachment``, asks it for one step's arguments (FLOPs per layer).
+        The model is the one of :meth:`start_fit`: a window starts inside a step, where JAX's
+        ``Callback.model`` would sync the training state into the variables (and the step's donated
+        state would be gone). With the step hook's ``attachment``, asks it for one step's arguments
+        (FLOPs per layer).
         """
         self.stop_window()
-        self._unscope, why = profiler.scope_layers(model, self._layers)
+        self._unscope, why = profiler.scope_layers(self._model, self._layers)
         if why:
             self._why_not[start] = why
         self._window = start

@@ -36,7 +36,7 @@ def torch_layer_shares(model, run_steps, steps: int = 5) -> dict[str, float]:
 
     tables = LayerTables()
     tables.start_fit(model)
-    tables.start_window(backends.get("torch").profiler(), model, 0)
+    tables.start_window(backends.get("torch").profiler(), 0)
     try:
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as prof:
