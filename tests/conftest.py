@@ -96,3 +96,19 @@ def backend():
     import keras
 
     return keras.backend.backend()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch's multi-threaded CPU kernels stall tiny ops for tens of ms at random on a busy 2-core host
+    (threads spinning for a core another process holds): one thread keeps the step time steady and
+    leaves the other core to the loader's workers. Nothing on the other backends."""
+    if BACKEND != "torch":
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

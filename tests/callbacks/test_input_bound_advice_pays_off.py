@@ -243,19 +243,6 @@ def test_pydataset_slow_getitem_advice_applied(tmp_path, backend):
     assert advised.verdict.category in (categories.MODERATE, categories.NOT), advised.summary()
 
 
-@pytest.fixture
-def one_torch_thread():
-    """torch's multi-threaded CPU kernels slow down 10-30x at random on a busy 2-core host (threads
-    spinning for a core another process holds); one thread keeps the step time steady and leaves the
-    other core to the loader's workers."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
 @pytest.mark.multibackend
 def test_torch_dataloader_advice_applied(tmp_path, backend, request):

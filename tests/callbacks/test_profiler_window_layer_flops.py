@@ -15,26 +15,13 @@ from keras_gpu_tools.logdir.reader import read_run
 from keras_gpu_tools.profiling.layers import OUTSIDE, LayerRow, assign_flops, layer_tree
 from tests.helpers.models import one_heavy_layer_model
 
-pytestmark = pytest.mark.multibackend
+pytestmark = [pytest.mark.multibackend, pytest.mark.usefixtures("one_torch_thread")]
 
 BACKEND = keras.backend.backend()
 BATCH, FEATURES, HEAVY = 64, 256, 4096
 needs_profiler = pytest.mark.skipif(
     BACKEND == "jax" and sys.version_info < (3, 12), reason="Keras disables JAX profiling on Python < 3.12"
 )
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    if BACKEND != "torch":
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def data(steps=12):

@@ -18,26 +18,12 @@ from keras_gpu_tools.profiling.layers import OUTSIDE
 from tests.helpers.callbacks import InterruptAt
 from tests.helpers.models import one_heavy_layer_model
 
-pytestmark = pytest.mark.multibackend
+pytestmark = [pytest.mark.multibackend, pytest.mark.usefixtures("one_torch_thread")]
 
 BACKEND = keras.backend.backend()
 JAX_UNAVAILABLE = BACKEND == "jax" and sys.version_info < (3, 12)
 needs_profiler = pytest.mark.skipif(JAX_UNAVAILABLE, reason="Keras disables JAX profiling on Python < 3.12")
 LAYERS = {"heavy", "proj", "shared", "inner/small", "head"}
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """torch on a shared 2-core machine: its thread pool, oversubscribed, stalls tiny ops for tens of ms."""
-    if BACKEND != "torch":
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def fit(model, cb, steps=12, batch=64, features=256, callbacks_extra=(), **kw):
