@@ -129,7 +129,8 @@ def test_a_power_throttled_gpu_is_named_as_the_cause(tmp_path):
     (s,) = [s for s in record["job"]["stragglers"] if s["process"] == 1]
     assert [c["field"] for c in s["causes"]] == ["throttle_power_percent", "sm_clock_mhz"]
     if s["kind"] == "GPU health":  # its steps, in step with the others', look alike
-        assert r0["job_message"].startswith("Process 1's GPU holds the job back: ")
+        # (after a step-time straggler's sentences, if the loaded machine made one)
+        assert "Process 1's GPU holds the job back: " in r0["job_message"]
     # The report of the job's log directory shows it in the job's section.
     from keras_gpu_tools import report
 
