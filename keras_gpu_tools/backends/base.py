@@ -313,6 +313,10 @@ class Backend:
 
         return topology.single()
 
+    def time_allreduce(self, model, nbytes: int) -> tuple[float | None, str]:
+        """Seconds of one all-reduce of ``nbytes`` over the step's devices, timed alone, and how; None with why not."""
+        return None, f"the {self.name} backend runs the step on one device: no all-reduce"
+
     def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
         """What ``doctor`` says of scaling out with this framework: ``(level, text)`` pairs.
 

@@ -83,7 +83,7 @@ class InputBoundDetector(FitViews, FitCallback):
     | `step/input_ms` | ms | the steady step's parts, compilation left out, adding up to `step/step_ms`: input wait |
     | `step/dispatch_ms` | ms | host launch time the device waits for (where told apart: JAX on a GPU) |
     | `step/compute_ms` | ms | device compute, collectives left out where estimated |
-    | `step/collective_ms` | ms | gradient all-reduce (several devices, where the interconnect is known) |
+    | `step/collective_ms` | ms | gradient all-reduce, timed alone at fit start (several devices of one process) |
     | `step/other_ms` | ms | callbacks, Python; dispatch where not told apart |
     | `step/step_ms` | ms | the steady step time |
 

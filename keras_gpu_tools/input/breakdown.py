@@ -17,9 +17,9 @@ epoch, the framework's own trace counts of the train step. Per epoch it gives
   without ``jit_compile``, ``run_eagerly``) compiles nothing: 0 and 0.
 - the steady step, compilation left out (the epoch's :class:`Measurement`):
   input wait, host dispatch (where told apart: JAX on a GPU), device compute,
-  collectives (several devices: the all-reduce of the trainable weights,
-  where the interconnect's bandwidth is known; else left out, with the
-  reason), other (the rest). They add up to ``step``, the measured time per
+  collectives (several devices of one process: the all-reduce of the
+  trainable weights, from the bus bandwidth of one all-reduce timed alone at
+  fit start; else left out, with the reason), other (the rest). They add up to ``step``, the measured time per
   step: the epoch's call intervals (which tile its wall time) over its steps,
   the compile calls' left out.
 
@@ -104,7 +104,7 @@ def traces_added(before: dict[int, int] | None, after: dict[int, int] | None) ->
 
 
 def allreduce_seconds(param_bytes: float, devices: int, bandwidth: float | None) -> float | None:
-    """A ring all-reduce of ``param_bytes`` over ``devices``: ``2 (n - 1) / n * bytes / bandwidth`` (bytes/s a link)."""
+    """A ring all-reduce of ``param_bytes`` over ``devices``: ``2 (n - 1) / n * bytes / bandwidth`` (bus bytes/s)."""
     if devices < 2 or not bandwidth or not param_bytes:
         return None
     return 2.0 * (devices - 1) / devices * param_bytes / bandwidth
@@ -119,7 +119,8 @@ class StepBreakdown:
         devices: devices that run one step. Defaults to `1`.
         allreduce_bytes: bytes all-reduced per step (the trainable weights),
             where several devices run it. Defaults to `None`.
-        bandwidth: bytes/s of one link of the interconnect, where known.
+        bandwidth: bus bandwidth of an all-reduce over the step's devices,
+            bytes/s (``2 (n - 1) / n * bytes / seconds``), where measured.
             Defaults to `None`.
         traces: the framework's trace counts at the start of the fit.
             Defaults to `None`.
@@ -147,6 +148,7 @@ class StepBreakdown:
         self.first_call_seconds = 0.0  # of which the fit's first call
         self.retraces = 0
         self.compile_line: str | None = None  # the backend's persistent compilation cache, for the advice
+        self.collective_how: str | None = None  # how `bandwidth` was measured, or why it was not
         self._reset()
 
     def _reset(self) -> None:
@@ -246,20 +248,24 @@ class StepBreakdown:
         compute = min(m.compute, step - (e.input or 0.0)) if m.compute is not None else None
         if dispatch is not None:  # host time the detector's `other` holds: carved out of it
             e.dispatch = min(dispatch, max(0.0, step - (e.input or 0.0) - (compute or 0.0)))
-        if self.devices < 2:
-            e.collective_reason = "one device runs the step: no all-reduce"
-        elif not self.allreduce_bytes:
-            e.collective_reason = "the trainable weights' bytes are unknown"
-        else:
-            e.collective = allreduce_seconds(self.allreduce_bytes, self.devices, self.bandwidth)
-            if e.collective is None:
-                e.collective_reason = (
-                    f"the interconnect's bandwidth is unknown: the all-reduce moves "
-                    f"{self.allreduce_bytes / 2**20:.1f} MiB per step, inside compute"
-                )
-            elif compute is not None:
-                e.collective = min(e.collective, compute)
-                compute -= e.collective
+        if self.devices > 1:  # (one device: no all-reduce, nothing left out)
+            compute = self._collective(e, compute)
         e.compute = compute
         known = sum(v for v in (e.input, e.dispatch, e.compute, e.collective) if v is not None)
         e.other = max(0.0, step - known)  # the rest of the measured step: callbacks, Python
+
+    def _collective(self, e: EpochBreakdown, compute: float | None) -> float | None:
+        """Sets the epoch's collectives (or why they are left out); returns compute without them."""
+        if not self.allreduce_bytes:
+            e.collective_reason = "the trainable weights' bytes are unknown"
+            return compute
+        e.collective = allreduce_seconds(self.allreduce_bytes, self.devices, self.bandwidth)
+        if e.collective is None:
+            why = self.collective_how or "the interconnect's bandwidth is unknown"
+            e.collective_reason = (
+                f"{why}: the all-reduce moves {self.allreduce_bytes / 2**20:.1f} MiB per step, inside compute"
+            )
+        elif compute is not None:
+            e.collective = min(e.collective, compute)
+            compute -= e.collective
+        return compute

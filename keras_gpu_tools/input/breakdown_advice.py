@@ -42,6 +42,7 @@ class FitBreakdown:
     largest: str | None
     advice: list[str]
     collective_reason: str | None = None
+    collective_how: str | None = None  # how the collectives' time was measured, where it was
 
     def section(self) -> list[str]:
         """The report's "Step breakdown" lines (Markdown table, then the compilation and the advice)."""
@@ -54,6 +55,8 @@ class FitBreakdown:
         lines += ["", f"{traced}; {self.retraces} retrace{'s' if self.retraces != 1 else ''}."]
         if self.collective_reason:
             lines.append(f"Collectives left out: {self.collective_reason}.")
+        elif self.collective_how:
+            lines.append(f"Collectives: {collective_note(self.collective_how)}")
         if self.largest is not None:
             lines.append(f"Largest part: {LABELS[self.largest]}.")
         lines += [f"- {a}" for a in self.advice]
@@ -62,6 +65,14 @@ class FitBreakdown:
     def record(self) -> dict[str, Any]:
         """The JSON record the report reads (``step/breakdown/data``)."""
         return dataclasses.asdict(self)
+
+
+def collective_note(how: str) -> str:
+    """How the collectives' figure was measured, and what it does not see."""
+    return (
+        f"{how}. The step's own all-reduce can overlap its backward pass; "
+        "where it does, it costs less than this, and device compute holds the difference."
+    )
 
 
 def shape_text(sig: Any) -> str:
@@ -102,6 +113,7 @@ def fit_breakdown(
     fb = FitBreakdown(
         parts, step, steps, b.compile_seconds, b.first_call_seconds, b.retraces, shapes, None, [],
         next((e.collective_reason for e in reversed(epochs) if e.collective_reason), None),
+        b.collective_how if "collective" in parts else None,
     )  # fmt: skip
     totals = {name: v * steps for name, v in parts.items()}
     totals["compile"] = b.compile_seconds

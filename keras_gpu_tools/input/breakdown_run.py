@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 
 from keras_gpu_tools.input.breakdown import StepBreakdown
 from keras_gpu_tools.input.breakdown_advice import FitBreakdown, fit_breakdown
+from keras_gpu_tools.runtime.units import format_bytes
 
 if TYPE_CHECKING:
     from keras_gpu_tools.input.measure import Measurement
 
 TRAIN = ("train_function",)
+PROBE_BYTES = 32 * 2**20  # the all-reduce timed at fit start moves at most this; larger weights scale linearly
 
 
 def trainable_bytes(model) -> float | None:
@@ -43,9 +45,27 @@ class BreakdownRun:
             nbytes = trainable_bytes(model) if devices > 1 else None
             self.steps = StepBreakdown(compiles, devices, nbytes, None, self._traces() if compiles else None)
             self.steps.compile_line = backend.compile_cache_line
+            if nbytes:
+                self.steps.bandwidth, self.steps.collective_how = self._bus_bandwidth(devices, nbytes)
         except Exception as e:
             self._failed(e)
             self.steps = StepBreakdown(False)
+
+    def _bus_bandwidth(self, devices: int, nbytes: float) -> tuple[float | None, str | None]:
+        """The bus bandwidth (bytes/s) of one all-reduce over the step's devices, timed by the backend once."""
+        size = int(min(nbytes, PROBE_BYTES))
+        try:
+            seconds, how = self.backend.time_allreduce(self.model, size)
+        except Exception as e:  # (a device too full for the probe's buffer, a backend that moved)
+            self.warn(
+                "collective", f"InputBoundDetector: timing an all-reduce failed ({e!r}); collectives are left out."
+            )
+            return None, f"timing an all-reduce failed ({type(e).__name__})"
+        if not seconds:
+            return None, how
+        if nbytes > size:
+            how += f", scaled to the weights' {format_bytes(nbytes)}"
+        return 2.0 * (devices - 1) / devices * size / seconds, how
 
     def _failed(self, e: Exception) -> None:
         self.ok = False

@@ -298,4 +298,5 @@ def breakdown_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "largest": LABELS.get(str(largest), str(largest)) if largest else None,
         "advice": [str(a) for a in rec.get("advice") or []],
         "collective_reason": rec.get("collective_reason"),
+        "collective_how": rec.get("collective_how"),
     }

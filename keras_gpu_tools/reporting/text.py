@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from keras_gpu_tools.input.breakdown_advice import collective_note
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.reporting import health
 from keras_gpu_tools.reporting.model import SPLIT_AND_STEP_KEYS, SPLIT_KEYS, ReportData
@@ -279,6 +280,10 @@ def _step_breakdown(data: ReportData) -> Section | None:
         for label, v in b["parts"].items()
     ]
     body += [f"step: {format_milliseconds(step * 1e3 if step is not None else None)}", compile_line(b)]
+    if b.get("collective_reason"):
+        body.append(f"Collectives left out: {b['collective_reason']}.")
+    elif b.get("collective_how"):
+        body.append(f"Collectives: {collective_note(b['collective_how'])}")
     if b["largest"]:
         body.append(f"Largest part: {b['largest']}.")
     body += [f"- {a}" for a in b["advice"]]

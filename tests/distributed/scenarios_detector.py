@@ -73,4 +73,6 @@ def fit_job(
         "run_dir": det.run_dir,
         "job_run_dir": det.job_run_dir,
         "warnings": det.warnings.messages,
+        "collective_reason": det.breakdown.collective_reason if det.breakdown else None,
+        "history_keys": sorted(hist.history),
     }

@@ -96,6 +96,11 @@ def test_a_balanced_job_names_no_straggler_and_counts_the_flops_of_the_global_st
         ):
             assert per_device == pytest.approx(flops / 4) and mfu == pytest.approx(flops / 4e12)
     assert job_history(results[0]) == job_history(results[1])
+    # No all-reduce is timed outside the step across processes (a process without the callback would hang):
+    # the collectives are left out, with the reason.
+    for r in results:
+        assert "step/collective_ms" not in r["history_keys"] and "step/step_ms" in r["history_keys"]
+        assert r["collective_reason"].startswith("the step's devices are in several processes")
     # XLA counts the global step (the traced arguments are the job's global arrays): the same FLOPs as one
     # process with the same global batch, so FLOP/s is the job's and the per-device figure divides by 4.
     (one,) = run_job(

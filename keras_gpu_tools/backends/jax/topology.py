@@ -104,3 +104,8 @@ class JaxTopology(Backend):
 
     def replicas(self, model) -> int:
         return ki.jax_data_parallel()[0]
+
+    def time_allreduce(self, model, nbytes: int) -> tuple[float | None, str]:
+        from keras_gpu_tools.backends.jax.collective import time_allreduce
+
+        return time_allreduce(nbytes)

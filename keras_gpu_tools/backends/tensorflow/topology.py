@@ -28,6 +28,11 @@ class TFTopology(Backend):
     def replicas(self, model) -> int:
         return int(getattr(getattr(model, "distribute_strategy", None), "num_replicas_in_sync", 1) or 1)
 
+    def time_allreduce(self, model, nbytes: int) -> tuple[float | None, str]:
+        from keras_gpu_tools.backends.tensorflow.collective import time_allreduce
+
+        return time_allreduce(getattr(model, "distribute_strategy", None), nbytes)
+
     def topology(self, model):
         from keras_gpu_tools.runtime import topology
 

@@ -1,0 +1,100 @@
+"""The step breakdown's collectives under data parallelism in one process: an all-reduce timed at fit start.
+
+TensorFlow's MirroredStrategy over 2 logical CPU devices and JAX's
+keras.distribution.DataParallel over 2 host devices: each fit runs in a fresh
+process, since the devices are fixed before the framework initialises them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.multibackend, pytest.mark.slow]
+
+FIT = """
+import contextlib, json, sys, keras, numpy as np
+if keras.backend.backend() == "tensorflow":
+    import tensorflow as tf
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
+    )
+    scope = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope  # a new context per model
+else:
+    keras.distribution.set_distribution(keras.distribution.DataParallel())
+    scope = contextlib.nullcontext
+from keras_gpu_tools import InputBoundDetector, report
+
+out = {}
+for width in (32, 1536):  # 12 KiB and 9.4 MiB of trainable weights
+    r = np.random.RandomState(0)
+    x, y = r.rand(1024, 64).astype("float32"), r.rand(1024, 1).astype("float32")
+    with scope():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(width, activation="relu"),
+                                  keras.layers.Dense(width, activation="relu"), keras.layers.Dense(1)])
+        model.compile("adam", "mse")
+    det = InputBoundDetector(log_dir=sys.argv[1] + f"/{width}", verbose=0)
+    h = model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[det])
+    b = det.breakdown
+    out[width] = {
+        "history": {k: v for k, v in h.history.items() if k.startswith("step/")},
+        "collective_how": b.collective_how, "collective_reason": b.collective_reason,
+        "summary": det.summary(), "report": report(sys.argv[1] + f"/{width}").text(),
+    }
+print(json.dumps(out))
+"""
+
+
+def fit_both(backend: str, log_dir, **env) -> tuple[dict, dict]:
+    """The small and the large model's fits, in a fresh process of ``backend``."""
+    env = dict(
+        os.environ,
+        KERAS_BACKEND=backend,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+        **env,
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", FIT, str(log_dir)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    return out["32"], out["1536"]
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_collectives_are_timed_and_scale_with_the_weights(backend, tmp_path):
+    if os.environ.get("KERAS_BACKEND", "tensorflow") not in (backend, "tensorflow"):
+        pytest.skip("runs once per backend that has data parallelism in one process (torch has none in Keras)")
+    small, large = fit_both(backend, tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    for fit in (small, large):
+        h = fit["history"]
+        assert fit["collective_reason"] is None
+        assert fit["collective_how"].startswith("one all-reduce of ") and " over 2 " in fit["collective_how"]
+        for i, step in enumerate(h["step/step_ms"]):
+            parts = sum(h[k][i] for k in h if k.endswith("_ms") and k != "step/step_ms")
+            assert parts == pytest.approx(step, rel=0.05)
+            assert 0 < h["step/collective_ms"][i] <= step
+        assert "| collectives |" in fit["summary"] and "Collectives: one all-reduce of " in fit["summary"]
+        assert "Collectives: one all-reduce of " in fit["report"]
+    # 780 times the bytes: the all-reduce takes longer (latency bounds the small one).
+    assert large["history"]["step/collective_ms"][-1] > 3 * small["history"]["step/collective_ms"][-1]
+    assert "scaled to the weights'" not in large["collective_how"]  # under the probe's 32 MiB: timed at its size
+
+
+@pytest.mark.gpu
+def test_collectives_on_two_gpus_run_at_the_interconnects_speed(tmp_path):
+    if os.environ.get("KERAS_BACKEND") != "jax":
+        pytest.skip("JAX's keras.distribution over the GPUs of one process")
+    jax = pytest.importorskip("jax")
+    if len([d for d in jax.devices() if d.platform == "gpu"]) < 2:
+        pytest.skip("needs 2 GPUs")
+    _, large = fit_both("jax", tmp_path, CUDA_VISIBLE_DEVICES="0,1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    ms = large["history"]["step/collective_ms"][-1]
+    # 9.4 MiB over 2 GPUs: a bus bandwidth above 10 GB/s (PCIe 4 and later, any NVLink) takes under 1 ms.
+    bus = 9.4 * 2**20 / (ms / 1e3)
+    print(f"collectives: {ms:.3f} ms per step, bus bandwidth {bus / 1e9:.1f} GB/s")
+    assert 0 < ms < 1.0
