@@ -1,6 +1,7 @@
 """LiveView draws on the fit session's thread: a slow, failing or blocked display never holds training up."""
 
 import logging
+import os
 import threading
 import time
 import warnings
@@ -13,6 +14,8 @@ from keras_gpu_tools.callbacks.live_view import LiveView
 from keras_gpu_tools.errors import KerasGPUToolsWarning
 from tests.helpers.data import regression_data
 from tests.helpers.models import tiny_dense_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def package_threads():
@@ -141,3 +144,36 @@ def test_a_fit_that_raises_stops_the_drawing():
     # The same view works in the next fit.
     fit(view, epochs=1)
     assert "<b>Done</b>" in shown[-1] and "epoch 1/1" in shown[-1]
+
+
+_KERNEL_CELL = """
+import numpy as np, keras
+from keras_gpu_tools import LiveView
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+model.compile("sgd", "mse")
+view = LiveView(interval=0.05)
+model.fit(np.zeros((512, 4), "float32"), np.zeros((512, 1), "float32"), batch_size=8, epochs=3, verbose=0,
+          callbacks=[view])
+print("redraws", view.redraws)
+"""
+
+
+@pytest.mark.slow
+def test_in_a_jupyter_kernel_the_pictures_drawn_off_the_training_thread_reach_the_cell(tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(_KERNEL_CELL)]
+    nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    outputs = nb.cells[0].outputs
+    assert not [o for o in outputs if o.output_type == "error"]
+    views = [o for o in outputs if o.output_type == "display_data" and "kgt-live" in o.data.get("text/html", "")]
+    # One display, updated in place: it shows the end of training (the waiting placeholder replaced).
+    assert len(views) == 1 and "<b>Done</b>" in views[0].data["text/html"] and "epoch 3/3" in views[0].data["text/html"]
+    redraws = [o.text for o in outputs if o.output_type == "stream" and "redraws" in o.text]
+    assert redraws and int(redraws[0].split()[-1]) >= 2
