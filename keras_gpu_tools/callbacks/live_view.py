@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 
 from keras_gpu_tools.callbacks._lean import LeanCallback
-from keras_gpu_tools.live.render import LiveState, NotebookDisplay, in_notebook, render
+from keras_gpu_tools.errors import KerasGPUToolsWarning
+from keras_gpu_tools.live.drawer import Drawer, Snapshot
+from keras_gpu_tools.live.render import LiveState, NotebookDisplay, in_notebook
 from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime.session import FitSession
 from keras_gpu_tools.runtime.validation import check_callable, check_choice, check_number
+from keras_gpu_tools.runtime.warn_once import WarnOnce
 
 logger = logging.getLogger("keras_gpu_tools")
 
 EPOCH_GAP_S = 0.05  # an epoch end redraws unless the view was drawn this recently
+FINAL_WAIT_S = 1.0  # how long fit()'s end waits for the last picture (a display that blocks)
+
+
+class _Progress:
+    """Where the fit is, as the training thread counts it (what a snapshot copies)."""
+
+    __slots__ = ("epoch", "logs", "step")
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.step = 0
+        self.logs: dict | None = None
 
 
 class LiveView(LeanCallback):
@@ -29,10 +47,14 @@ class LiveView(LeanCallback):
     epoch end (epochs shorter than 50 ms: at most 20 times a second). Outside a
     notebook it does nothing (the default `enabled="auto"`).
 
-    A redraw is an HTML table with inline SVG sparklines, drawn on the
-    training thread (no matplotlib, no device sync: the loss is read every
-    `interval` seconds, not every step): a redraw costs a few milliseconds,
-    the per-step cost is one clock read.
+    A redraw is an HTML table with inline SVG sparklines (no matplotlib, no
+    device sync: the loss is read every `interval` seconds, not every step),
+    drawn on the fit session's thread: the training thread only copies the
+    step, the epoch and Keras's logs, and hands them over. A redraw due while
+    the last one is still drawing replaces the one waiting: the view shows the
+    newest state and nothing queues up. The last picture (`Done`) is drawn
+    before `fit()` returns; a display that does not return within a second is
+    given up with a warning. The per-step cost is one clock read.
 
     Args:
         interval: seconds between redraws. Defaults to `2.0`.
@@ -62,13 +84,16 @@ class LiveView(LeanCallback):
         self.interval = check_number("interval", interval, low=0, exclusive_low=True, what="number of seconds")
         self.enabled = check_choice("enabled", enabled, ("auto", True, False))
         self.display = check_callable("display", display, what="a function of one HTML string")
-        self.redraws = 0
-        self.redraw_seconds = 0.0  # time spent drawing, for the overhead benchmark
+        self.redraws = 0  # pictures drawn (on the session's thread)
+        self.redraw_seconds = 0.0  # time spent drawing them, for the overhead benchmark
+        self.warnings = WarnOnce(KerasGPUToolsWarning)
         self._active = False
-        self._out: Callable[[str], None] | None = None
-        self._state = LiveState()
+        self._lock = threading.Lock()  # the fit's end, from on_train_end or the session's abort
+        self._session: FitSession | None = None
+        self._drawer: Drawer | None = None
+        self._state = _Progress()
         self._next = 0.0
-        self._last = -math.inf  # when the view was last drawn
+        self._last = -math.inf  # when the view was last handed over to be drawn
         self._epoch_base = 0
         self._steps_cap = 1 << 62  # the fit's steps per epoch, where Keras knows them
 
@@ -77,12 +102,12 @@ class LiveView(LeanCallback):
         return self._active
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._end(aborted=True)  # what a fit() that died unnoticed left
         on = self.enabled is True or (self.enabled == "auto" and (self.display is not None or in_notebook()))
-        self._active = False
         if not on:
             return
         try:
-            self._out = self.display or NotebookDisplay()
+            out = self.display or NotebookDisplay()
         except Exception as e:  # no IPython: nothing to show, never fatal
             logger.info("LiveView: no notebook display (%s: %s); off for this fit().", type(e).__name__, e)
             return
@@ -95,7 +120,20 @@ class LiveView(LeanCallback):
         steps = (self.params or {}).get("steps")
         self._steps_cap = int(steps) if steps else 1 << 62  # read once a fit, not per step
         st.started = time.monotonic()
-        self._state = st
+        drawer = Drawer(st, out, self._drawn, self._display_failed)
+        session: FitSession | None = None
+        try:  # drawn on the session's thread; without one (never expected), on the training thread
+            session = FitSession.current(self.model)
+            session.add(self, functools.partial(self._end, session=session))
+            drawer.start(session.every)
+        except Exception as e:
+            logger.debug("LiveView: drawing on the training thread (%s: %s)", type(e).__name__, e)
+            if session is not None and drawer.job is None:
+                session.release(self)
+                session = None
+        with self._lock:
+            self._session, self._drawer = session, drawer
+        self._state = _Progress()
         self._active = True
         self._next = st.started + min(self.interval, 1.0)  # a first picture soon
         self._last = -math.inf
@@ -134,21 +172,48 @@ class LiveView(LeanCallback):
                 self._redraw(now)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        if self._active:
-            self._state.done = True
-            self._redraw(time.monotonic())
-            self._active = False
+        drawer = self._drawer
+        if self._active and drawer is not None:
+            if not drawer.finish(self._snapshot(time.monotonic(), done=True), FINAL_WAIT_S):
+                self.warnings(
+                    "blocked",
+                    f"LiveView: the display did not return within {FINAL_WAIT_S:g} s; the last picture may be "
+                    "missing, and the view is off for this fit(). Training is not affected.",
+                )
+        self._end(aborted=False)
+
+    def close(self) -> None:
+        """Stops drawing what a fit() that died unnoticed left; safe to call twice."""
+        self._end(aborted=True)
+
+    def _snapshot(self, now: float, done: bool = False) -> Snapshot:
+        st = self._state
+        return Snapshot(now, st.epoch, st.step, dict(st.logs) if st.logs else {}, done)
 
     def _redraw(self, now: float) -> None:
-        t0 = time.perf_counter()
-        try:
-            self._state.note_redraw(now)
-            assert self._out is not None  # set whenever the view is active, the only time it redraws
-            self._out(render(self._state, now))
-        except Exception as e:  # a display problem must never stop training
-            logger.warning("LiveView: redraw failed (%s: %s); the view is off for this fit().", type(e).__name__, e)
-            self._active = False
-        self.redraws += 1
-        self.redraw_seconds += time.perf_counter() - t0
+        drawer = self._drawer
+        if drawer is not None:
+            drawer.hand_over(self._snapshot(now))
         self._next = now + self.interval
         self._last = now
+
+    def _drawn(self, seconds: float) -> None:  # the drawer's thread, after each picture
+        self.redraws += 1
+        self.redraw_seconds += seconds
+
+    def _display_failed(self, e: BaseException) -> None:  # the drawer's thread, once
+        logger.warning("LiveView: redraw failed (%s: %s); the view is off for this fit().", type(e).__name__, e)
+        self._active = False
+
+    def _end(self, aborted: bool, session: FitSession | None = None) -> None:
+        """Stops drawing (``aborted``: fit() raised) and releases the fit's session, once per fit."""
+        with self._lock:
+            if session is not None and self._session is not session:
+                return  # that fit has already ended here
+            drawer, self._drawer = self._drawer, None
+            current, self._session = self._session, None
+            self._active = False
+        if drawer is not None:
+            drawer.stop()
+        if current is not None:
+            current.release(self)

@@ -250,7 +250,7 @@ class OOMBatchSizeReducer(FitCallback):
             checks.start_memory_history(backend, self.warnings)
         # Array inputs: an epoch's full batches need no check once their shape ran whole (IdlePath.free).
         self._idle.reset(ki.array_epoch_batches(model) if backend.counts_idle_batches else None)
-        st.start_fit(model)
+        st.start_fit(model, session.every)
         self._attachment = StepHook.attach(model, self, backend, session)  # last; calls self.inner(fn)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:

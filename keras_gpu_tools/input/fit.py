@@ -8,6 +8,7 @@ the verdicts and figures back.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 
 from keras_gpu_tools.input import stragglers
@@ -76,6 +77,8 @@ class InputFit:
         self._measurement: Measurement | None = None  # the steady state's figures (the verdict's scope)
         self._fit_measurement: Measurement | None = None  # the whole fit's, every phase included
         self._stale = False  # an epoch ended since they were made: made again when next read
+        self._made = 0  # the verdicts' generation: each epoch end and the final verdict add one
+        self._lock = threading.Lock()  # the generation and the verdicts' assignment (read from two threads)
         self.job_verdict: stragglers.JobVerdict | None = None
         self.epoch_verdicts: list[Verdict] = []
         self.window_verdicts: list[tuple[int, Verdict]] = []  # (global step, verdict)
@@ -105,9 +108,24 @@ class InputFit:
 
     def _current(self, name: str):
         if self._stale:
-            self._stale = False
-            self._judge_steady_state(final=False)
+            self._refresh()
         return getattr(self, name)
+
+    def _refresh(self) -> None:
+        """Makes the verdict again when read, from any thread (LiveView draws on the fit session's).
+
+        Made outside the lock and kept only if no epoch ended and no final
+        verdict was made meanwhile: a verdict of older figures never replaces a newer one.
+        """
+        made = self._made
+        s = self.spans.steady_state(self.figures, self.judge.pipeline, False)
+        v = None if s is None else self._steady_verdict(s)
+        with self._lock:
+            if made != self._made or not self._stale:
+                return
+            self._stale = False
+            if s is not None:
+                self._measurement, self._fit_measurement, self._verdict = s.measurement, s.fit, v
 
     def _set(self, name: str, value) -> None:
         self._current(name)
@@ -165,7 +183,9 @@ class InputFit:
         ``final`` (fit() ended, perhaps inside an epoch: its windows so far
         count) makes it now.
         """
-        self._stale = not final
+        with self._lock:
+            self._made += 1
+            self._stale = not final
         if final:
             self._judge_steady_state(final=True)
 
@@ -192,6 +212,9 @@ class InputFit:
         s = self.spans.steady_state(self.figures, self.judge.pipeline, final)
         if s is not None:
             self._measurement, self._fit_measurement = s.measurement, s.fit
-            self._verdict = self.judge(
-                s.measurement, s.since, scope=s.scope, phases=s.phases, fit=s.fit, cache_serves=s.cache_serves
-            )
+            self._verdict = self._steady_verdict(s)
+
+    def _steady_verdict(self, s) -> Verdict:
+        return self.judge(
+            s.measurement, s.since, scope=s.scope, phases=s.phases, fit=s.fit, cache_serves=s.cache_serves
+        )

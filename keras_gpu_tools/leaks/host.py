@@ -1,10 +1,12 @@
-"""This process's resident memory and the host's available memory (psutil; ``/proc`` where it is missing)."""
+"""This process's resident memory (``/proc``, else psutil) and the host's available memory (psutil)."""
 
 from __future__ import annotations
 
 import os
 
 _process = None  # psutil.Process() of this process, made once
+_statm: tuple[int, int] | None = None  # (pid, descriptor of /proc/<pid>/statm), kept open: read at each epoch end
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def _psutil():
@@ -15,19 +17,40 @@ def _psutil():
     return psutil
 
 
+def _statm_rss() -> float | None:
+    """RSS from ``/proc/self/statm`` through a kept descriptor (psutil's figure; None off Linux).
+
+    psutil opens the file at each call: on a loaded machine the open alone
+    took 0.3 ms, at every epoch end. ``pread`` of the kept descriptor costs a few microseconds.
+    """
+    global _statm
+    pid = os.getpid()
+    if _statm is None or _statm[0] != pid:  # a forked child reads its own
+        try:
+            _statm = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY))
+        except OSError:
+            return None
+    try:
+        return float(os.pread(_statm[1], 256, 0).split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def rss_bytes() -> float | None:
-    """This process's resident set size in bytes (None where it cannot be read). About 15 microseconds."""
+    """This process's resident set size in bytes (None where it cannot be read). A few microseconds on Linux."""
     global _process
+    rss = _statm_rss()
+    if rss is not None:
+        return rss
     psutil = _psutil()
     try:
         if psutil is not None:
             if _process is None or _process.pid != os.getpid():  # (a forked child reads its own)
                 _process = psutil.Process()
             return float(_process.memory_info().rss)
-        with open("/proc/self/statm") as f:
-            return float(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except Exception:
-        return None
+        pass
+    return None
 
 
 def available_bytes() -> float | None:

@@ -9,6 +9,7 @@ cost stays the same however many epochs a fit has.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 MAX_POINTS = 24  # at most 276 pairs: a few tens of microseconds (in numpy, a few)
@@ -30,6 +31,16 @@ def evenly(n: int, m: int = MAX_POINTS) -> list[int]:
     return sorted({round(i * (n - 1) / (m - 1)) for i in range(m)})
 
 
+@functools.lru_cache(maxsize=MAX_POINTS + 1)
+def _pairs(n: int):
+    """Every pair i < j of ``range(n)``, in the order of a loop over i then j (made once per ``n``: read-only)."""
+    import numpy as np
+
+    i, j = np.triu_indices(n, 1)
+    i.flags.writeable = j.flags.writeable = False
+    return i, j
+
+
 def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> Slope | None:
     """The median slope over every pair of points with distinct x (None with fewer than 2 of them)."""
     if len(xs) != len(ys):
@@ -38,7 +49,7 @@ def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> Slope | None:
 
     keep = evenly(len(xs))
     px, py = np.array([float(xs[i]) for i in keep]), np.array([float(ys[i]) for i in keep])
-    i, j = np.triu_indices(len(keep), 1)  # every pair i < j, in the order of a loop over i then j
+    i, j = _pairs(len(keep))  # every pair i < j, in the order of a loop over i then j
     dx = px[j] - px[i]
     distinct = dx != 0
     slopes = (py[j] - py[i])[distinct] / dx[distinct]  # IEEE division: the figures of a loop in Python

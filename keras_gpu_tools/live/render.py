@@ -2,8 +2,9 @@
 
 Nothing here imports Keras, IPython or matplotlib at module level. The view is
 one small HTML block (a header line, a table, inline SVG sparklines): drawing it
-takes well under a millisecond, so it can be redrawn on the training thread
-every few seconds without slowing training, and it needs no plotting library.
+takes about half a millisecond and needs no plotting library. LiveView draws it
+on the fit session's thread (``live/drawer.py``), where it still holds the GIL
+while it runs: so it stays cheap.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from keras_gpu_tools.logdir import schema
 
 SPARK_POINTS = 120  # points per sparkline (the latest ones)
+VERDICT_EVERY_S = 2.0  # the run's verdict (made anew each epoch when read: it lists every epoch) read this often
 
 
 def in_notebook() -> bool:
@@ -100,6 +102,8 @@ class LiveState:
         self.step_ms_points: list[float] = []
         self.last_steps: tuple[float, int] = (0.0, 0)
         self.done = False
+        self.run_row: tuple[str, str, str] | None = None  # the detector's run verdict, as last read
+        self.run_row_at = -math.inf  # when it was read
 
     def attach(self, callbacks: Sequence[Any]) -> None:
         for cb in callbacks:
@@ -147,11 +151,13 @@ def step_times(points: Sequence[tuple[float, int, dict[str, float]]]) -> list[fl
     return out
 
 
-def _input_rows(det: Any) -> list[tuple[str, str, str]]:
+def _input_rows(det: Any, state: LiveState, now: float) -> list[tuple[str, str, str]]:
     """The detector's rows: the last window's input wait (its steps named), and the run's verdict so far.
 
     Every figure is the detector's own, worded by its verdicts (``Verdict.figure()``), so the view
-    says what the detector, ProfilerWindow and the report say for the same steps.
+    says what the detector, ProfilerWindow and the report say for the same steps. The run's verdict
+    is read at most every ``VERDICT_EVERY_S`` (after an epoch, reading it makes it, over every
+    epoch so far: milliseconds late in a long fit), and at the end of training.
     """
     e = html.escape
     rows: list[tuple[str, str, str]] = []
@@ -164,13 +170,22 @@ def _input_rows(det: Any) -> list[tuple[str, str, str]]:
     elif hist:
         frac = hist[-1].get(schema.INPUT_WAIT_FRACTION)
         rows.append(("input wait (last epoch)", _fmt(None if frac is None else 100 * frac, "%", 1), ""))
-    try:
-        run = det.verdict  # made once per epoch, when first read
-    except Exception:
-        run = None
-    if run is not None and run.wait_fraction is not None:
-        fig = run.figure()
-        rows.append((f"run verdict ({fig.span})", e(fig.short()), "InputBoundDetector's; the windows are its parts"))
+    if state.done or now - state.run_row_at >= VERDICT_EVERY_S:
+        state.run_row_at = now
+        try:
+            run = det.verdict  # made once per epoch, when first read
+        except Exception:
+            run = None
+        state.run_row = None
+        if run is not None and run.wait_fraction is not None:
+            fig = run.figure()
+            state.run_row = (
+                f"run verdict ({fig.span})",
+                e(fig.short()),
+                "InputBoundDetector's; the windows are its parts",
+            )
+    if state.run_row is not None:
+        rows.append(state.run_row)
     if hist and schema.SAMPLES_PER_SEC in hist[-1]:
         rows.append(("samples/s (last epoch)", _fmt(hist[-1][schema.SAMPLES_PER_SEC], "", 0), ""))
     if hist and schema.STEP_STEP_MS in hist[-1]:
@@ -267,7 +282,7 @@ def render(state: LiveState, now: float) -> str:
 
     det = state.detector
     if det is not None:
-        rows += _input_rows(det)
+        rows += _input_rows(det, state, now)
 
     oom = state.oom
     if oom is not None:

@@ -103,11 +103,13 @@ class EventLog:
             self.warn("event-files", f"{_PREFIX}could not write {folder}: {e}")
 
     def end_epoch(self, micro_batches: int, step: int) -> dict[str, float]:
-        """The epoch's figures, written to TensorBoard and returned (for the epoch logs: History)."""
+        """The epoch's figures, handed over to TensorBoard's writer and returned (for the epoch logs: History).
+
+        The writer writes them later, off the training thread (``EventWriter.scalars_later``), with this call's time.
+        """
         values = {schema.OOM_EVENTS: float(self.epoch_events), schema.OOM_MICRO_BATCHES: float(micro_batches)}
         if self.writer is not None:
-            self.writer.scalars(values, step=step)
-            self.writer.flush()
+            self.writer.scalars_later(dict(values), step=step)
         return values
 
     def close(self, headroom: list[dict[str, Any]], step: int) -> None:

@@ -28,6 +28,9 @@ from keras_gpu_tools.memory.explain import Explainer
 from keras_gpu_tools.memory.headroom import Headroom
 from keras_gpu_tools.memory.recovery import Recovery
 from keras_gpu_tools.memory.split import SplitController
+from keras_gpu_tools.runtime.ticker import Job
+
+WRITE_LATER_S = 0.5  # how often the session's thread writes the epoch figures handed over
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -81,6 +84,7 @@ class ReducerState:
         self.explainer = Explainer(lambda error, context: backend().explain_oom(error, context))
         self.run_dir = run_dir
         self.log = EventLog(warn, verbose, run_dir, say)  # each event to the log, TensorBoard and files
+        self._write_job: Job | None = None  # the epochs' figures written on the fit session's thread
         self.headroom = Headroom(plan_size)
         self.probe = probe  # the argument: resolved for each fit's backend and device (start_fit)
         self.recovery = self.new_recovery(self.controller)
@@ -142,8 +146,12 @@ class ReducerState:
         step = self.step() if step is None else step
         self.on_event(unrecoverable_event(error, signature, phase, step, self.classify(error), explanation))
 
-    def start_fit(self, model) -> None:
-        """A fit of ``model`` starts: whether it predicts (``probe``); its events to TensorBoard, where logged."""
+    def start_fit(self, model, every: Callable[..., Job] | None = None) -> None:
+        """A fit of ``model`` starts: whether it predicts (``probe``); its events to TensorBoard, where logged.
+
+        With ``every`` (``FitSession.every``), the epochs' figures handed over to the writer are written on
+        the session's thread every ``WRITE_LATER_S``, and the rest when the fit ends.
+        """
         self.model = model
         predict = checks.resolve_probe(self.probe, self.backend(), self.warn)
         self.recovery.probe = predict
@@ -151,12 +159,18 @@ class ReducerState:
             self.agreement.predict = predict
         run_dir = self.run_dir()
         self.log.writer = EventWriter(run_dir) if run_dir is not None else None
+        self._write_job = None
+        if every is not None and self.log.writer is not None:
+            self._write_job = every(WRITE_LATER_S, self.log.writer.write_later, self._write_failed)
         self.log.noticed = False
         self.explainer.files = self.log.writer is not None
 
     def end_fit(self, step: int) -> None:
         """The fit ends: its headroom for the report (never failing the teardown), the writer closed."""
         self.evals.detach_all()  # validation that raised never reached on_test_end
+        job, self._write_job = self._write_job, None
+        if job is not None:
+            job.stop()  # (a write under way finishes first; the log's close writes the rest)
         try:
             headroom = self.headroom_rows()
         except Exception:
@@ -165,6 +179,9 @@ class ReducerState:
         self.log.close(headroom, step)
         self.explainer.files = False
         self.runner = None
+
+    def _write_failed(self, error: BaseException) -> None:
+        self.warn("write", f"OOMBatchSizeReducer: writing its TensorBoard run failed ({error!r}); training goes on.")
 
     def headroom_rows(self) -> list[dict[str, Any]]:
         """Per device: the allocator's peak, the capacity and the batch that would fit (see Headroom)."""

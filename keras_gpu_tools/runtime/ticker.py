@@ -40,12 +40,23 @@ class Job:
         self.on_error = on_error
         self.next = time.monotonic() + delay  # the first run
         self.stopped = False
+        self.poked = False  # soon() was called: run again at once after the run under way
         self._running = threading.RLock()  # held while fn runs: stop() waits for a run under way
+
+    def soon(self) -> None:
+        """Runs ``fn()`` at once on the ticker's thread (after the job under way), then at its cadence again.
+
+        For work handed over from another thread (the training thread's): a
+        lock and a notify, never a wait for ``fn``. Calls while a run is under
+        way make one run after it.
+        """
+        self._ticker._soon(self)
 
     def run(self) -> None:
         with self._running:
             if self.stopped:
                 return
+            self.poked = False  # what was handed over so far, this run sees
             try:
                 self.fn()
             except BaseException as e:  # a periodic job never ends the thread, nor the other jobs (the watchdog)
@@ -53,8 +64,9 @@ class Job:
                     self.on_error(e)
                 except Exception:  # a warning turned into an error (-W error), say
                     logger.exception("keras_gpu_tools: reporting a failed periodic job failed")
-            # A fixed cadence; after a run longer than the interval, the next is at once.
-            self.next = max(self.next + self.interval, time.monotonic())
+            with self._ticker._changed:  # beside soon(): a call during the run is not lost
+                # A fixed cadence; after a run longer than the interval, or when asked meanwhile, the next is at once.
+                self.next = time.monotonic() if self.poked else max(self.next + self.interval, time.monotonic())
 
     def stop(self, timeout: float = 5.0) -> None:
         """No run after this returns (a run under way is waited for, up to ``timeout`` seconds)."""
@@ -110,6 +122,14 @@ class Ticker:
         t = self._thread
         if t is not None and t.is_alive() and threading.current_thread() is not t:
             t.join(timeout)
+
+    def _soon(self, job: Job) -> None:
+        with self._changed:
+            if job.stopped or self._closed:
+                return
+            job.poked = True
+            job.next = min(job.next, time.monotonic())
+            self._changed.notify()
 
     def _remove(self, job: Job) -> None:
         with self._changed:

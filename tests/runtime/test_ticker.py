@@ -150,3 +150,32 @@ def test_a_job_raising_a_base_exception_does_not_end_the_thread():
     assert wait_until(lambda: len(errors) >= 3 and len(other) >= 3)
     assert all(isinstance(e, SystemExit) for e in errors) and alive("test-ticker-base")
     ticker.close()
+
+
+def test_soon_runs_a_job_at_once_and_a_call_during_a_run_is_not_lost():
+    """LiveView's drawing: a job of a long cadence that runs when work is handed over."""
+    ticker = Ticker("test-ticker-soon")
+    entered, release, calls = threading.Event(), threading.Event(), []
+
+    def draw():
+        calls.append(time.monotonic())
+        if len(calls) == 2:  # the first run asked for: held while another call comes
+            entered.set()
+            release.wait(5)
+
+    job = ticker.every(3600.0, draw, pytest.fail)
+    assert wait_until(lambda: len(calls) == 1)  # the run at once of every()
+    t0 = time.monotonic()
+    job.soon()
+    assert entered.wait(5) and calls[1] - t0 < 1.0
+    job.soon()  # during the run: one more after it
+    job.soon()
+    release.set()
+    assert wait_until(lambda: len(calls) == 3)
+    time.sleep(0.1)
+    assert len(calls) == 3  # the calls during one run make one run, then the long cadence again
+    job.stop()
+    job.soon()  # after stop(): nothing
+    time.sleep(0.05)
+    ticker.close()
+    assert len(calls) == 3
