@@ -204,9 +204,8 @@ def job_verdict(rows: Sequence[dict[str, Any]]) -> JobVerdict:
         p.pop("advice", None)
     found = find_stragglers(rows)
     named = {s.process for s in found}
-    for s in found:
-        if s.kind == "step time":
-            s.causes = health_causes(rows, s.process)
+    for s in found:  # a straggler for its step or its input may have a throttled GPU too: say so beside it
+        s.causes = health_causes(rows, s.process)
     for r in rows:  # held back by its GPU, which neither its step nor its wait shows
         causes = [] if int(r["process"]) in named else health_causes(rows, int(r["process"]))
         if causes:
@@ -235,8 +234,13 @@ def job_verdict(rows: Sequence[dict[str, Any]]) -> JobVerdict:
                 f"gradient all-reduce, so their step time ({others_step}) is inflated too: their wait sits in the "
                 f"collective, not in their input, and the whole job runs at process {s.process}'s input rate."
             )
+            if s.causes:
+                sentences.append(
+                    f"Its GPU needs a look too, though its input is what holds the job back now: "
+                    f"{'; '.join(c.text for c in s.causes)}."
+                )
             tips = list(own.get("advice") or [])
-            advice += [f"Process {s.process}: {t}" for t in tips]
+            advice += [c.advice for c in s.causes] + [f"Process {s.process}: {t}" for t in tips]
             advice.append(
                 f"Process {s.process}: check what differs from the others: its host "
                 f"({by_index[s.process].get('host') or '?'}: other jobs on its CPUs, a slower disk or network), and its "

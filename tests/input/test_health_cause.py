@@ -137,10 +137,21 @@ def test_without_every_process_health_no_cause_is_claimed():
     assert "Its GPU's health does not explain it" in v.message and "GPUUtilizationLogger" not in v.advice[0]
 
 
-def test_an_input_wait_straggler_is_not_blamed_on_its_gpu():
+def test_an_input_wait_straggler_is_not_blamed_on_its_gpu_whose_health_is_still_named():
     rows = [row(0, gpus={"0": healthy()}), row(1, wait=0.4, gpus={"1": healthy(throttle_power_percent=30.0)})]
-    (s,) = sg.job_verdict(rows).stragglers
-    assert (s.process, s.kind, s.causes) == (1, "input wait", [])
+    v = sg.job_verdict(rows)
+    (s,) = v.stragglers
+    assert (s.process, s.kind) == (1, "input wait") and [c.field for c in s.causes] == ["throttle_power_percent"]
+    assert v.message.startswith("Process 1 holds the job back: it waits for input 40.0%")
+    assert v.message.endswith(
+        "Its GPU needs a look too, though its input is what holds the job back now: process 1's GPU 1 was "
+        "power-throttled 30% of the epoch (the other processes' 0%)."
+    )
+    assert v.advice[0] == f"Process 1: {hc.THROTTLES['throttle_power_percent'][1]}."
+    # A healthy GPU beside the slow input: nothing about health.
+    rows[1] = row(1, wait=0.4, gpus={"1": healthy()})
+    v = sg.job_verdict(rows)
+    assert v.stragglers[0].causes == [] and "GPU" not in v.message
 
 
 class _FakeChannel:
