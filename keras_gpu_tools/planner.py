@@ -84,7 +84,9 @@ def plan_batch_size(
         objective: `"memory"`, the largest batch that fits; or
             `"throughput"`, the smallest batch within 5% of the fastest
             samples/s among those that fit, each candidate timed with short
-            `fit()`s (compile time apart). Under data parallelism
+            `fit()`s (compile time apart) on one batch of `x` repeated: the
+            step's own speed; an input pipeline slower than it caps what
+            training reaches at any batch (`InputBoundDetector` says). Under data parallelism
             (`keras.distribution`, `tf.distribute.MirroredStrategy`) the
             candidates are per device, and every process of a job plans the
             same batch from the slowest process's figures. Defaults to `"memory"`.
@@ -220,7 +222,10 @@ def plan_batch_size(
                     else f"plan_batch_size: no candidate batch could be measured: {candidates[0].reason}"
                 )
             best = chosen.per_device_batch_size
-            method += "; then each candidate timed with model.fit (compile apart, then the steady state)"
+            method += (
+                "; then each candidate timed with model.fit on one batch repeated (compile apart, then the steady "
+                "state): the step's speed without your input pipeline's, which InputBoundDetector measures"
+            )
     finally:
         backend.plan_restore(model, snapshot)
         restore_side_effects(model, side_effects)

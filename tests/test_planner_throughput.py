@@ -95,6 +95,7 @@ def test_the_plan_is_the_knee_of_measured_candidates_and_the_model_is_exactly_as
     text = str(plan)
     assert text.startswith(f"batch size {plan.batch_size}, objective 'throughput'")
     assert "samples/s" in text and f"*{plan.batch_size}" in text and "compile" in text
+    assert "without your input pipeline's" in plan.method and plan.method in text  # what the figures leave out
     # exactly as before: weights, optimizer state, BatchNormalization's statistics, the dropout's seed,
     # the metrics, History, and the global random states
     for a, b in zip(values(model), before):
