@@ -3,12 +3,16 @@
 What it measures: for a conv net (three Conv2D layers, `--image-size` x `--image-size` x 3 images,
 128 by default) and an MLP (64 -> 8192 -> 8192 -> 1), the plan by throughput (its wall time,
 compiles included, its chosen batch and its table), then every measured candidate again,
-independently, with a plain `model.fit` on arrays (epoch 0 compiles, then the median of the next
-epochs' samples/s). The checks: the chosen batch's independent samples/s is within 5% of the best
-candidate's, and not below the largest fitting batch's; and the planning wall time.
+independently, with a plain `model.fit` (epoch 0 compiles, then the median of the next epochs'
+samples/s). `--reference arrays` (the default) fits on NumPy arrays, as most users do;
+`--reference batch` fits on one batch repeated (a `PyDataset`), as the plan times its candidates,
+for a backend whose array input is slower than its step: on torch, Keras's array adapter made
+the plain fits input-bound, so they ranked the batches by noise. The checks: the chosen batch's
+independent samples/s is within 5% of the best candidate's, and not below the largest fitting
+batch's; and the planning wall time.
 
     python benchmarks/planner_throughput.py --backend jax --model conv --max-seconds 110   # H200, ~4 min
-    python benchmarks/planner_throughput.py --backend torch --model mlp                   # H200
+    python benchmarks/planner_throughput.py --backend torch --model conv --reference batch  # H200
     python benchmarks/planner_throughput.py --backend jax --model conv --max-seconds 110 --plan-only  # its time
     python benchmarks/planner_throughput.py --backend jax --smoke                          # CPU check, seconds
 """
@@ -30,6 +34,12 @@ def _parse():
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--max-seconds", type=float, default=None, help="plan_batch_size's budget (default: none)")
     p.add_argument("--max-batch-size", type=int, default=None, help="bound the candidates (needed on a CPU)")
+    p.add_argument(
+        "--reference",
+        choices=("arrays", "batch"),
+        default="arrays",
+        help="the plain fits' input: NumPy arrays, or one batch repeated (the plan's own input)",
+    )
     p.add_argument(
         "--plan-only",
         action="store_true",
@@ -83,7 +93,21 @@ def _data(n: int, shape: tuple[int, ...], kind: str):
     return x, y
 
 
-def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float | None) -> float:
+def _repeated(x, y, steps: int):
+    """A ``PyDataset`` of ``steps`` batches, each the whole of ``x`` and ``y`` (one batch, no host slicing)."""
+    import keras
+
+    class Repeated(keras.utils.PyDataset):
+        def __len__(self):
+            return steps
+
+        def __getitem__(self, i):
+            return x, y
+
+    return Repeated()
+
+
+def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float | None, reference: str) -> float:
     """samples/s of a plain model.fit at batch ``b``: the median of epochs 1.. (epoch 0 compiles).
 
     Epochs last about a second at the plan's expected speed (at least 5 steps), as a user's epochs
@@ -100,7 +124,6 @@ def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float
         per_sample = 4 * math.prod(shape)
         steps = math.ceil((expected_sps or 8192) / b)
         steps = max(5, min(steps, 2000, (8 << 30) // max(1, b * per_sample)))
-    x, y = _data(steps * b, shape, kind)
     times: list[float] = []
 
     class Clock(keras.callbacks.Callback):
@@ -110,7 +133,13 @@ def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.t0)
 
-    model.fit(x, y, batch_size=b, epochs=2 if smoke else 4, shuffle=False, verbose=0, callbacks=[Clock()])
+    epochs, clock = 2 if smoke else 4, [Clock()]
+    if reference == "batch":
+        x, y = _data(b, shape, kind)
+        model.fit(_repeated(x, y, steps), epochs=epochs, verbose=0, callbacks=clock)
+    else:
+        x, y = _data(steps * b, shape, kind)
+        model.fit(x, y, batch_size=b, epochs=epochs, shuffle=False, verbose=0, callbacks=clock)
     return steps * b / statistics.median(times[1:])
 
 
@@ -131,7 +160,9 @@ def measure(args, kind: str) -> dict:
         if c.measured or c is fitting[-1]:
             try:
                 expected = c.samples_per_sec or max((m.samples_per_sec or 0 for m in fitting), default=0) or None
-                independent[c.batch_size] = round(_plain_fit(model, shape, kind, c.batch_size, args.smoke, expected), 1)
+                independent[c.batch_size] = round(
+                    _plain_fit(model, shape, kind, c.batch_size, args.smoke, expected, args.reference), 1
+                )
             except Exception as e:  # an out-of-memory error: recorded, not fatal
                 independent[c.batch_size] = f"{type(e).__name__}: {str(e)[:200]}"
             print(f"  plain fit at {c.batch_size}: {independent[c.batch_size]} samples/s")
