@@ -187,6 +187,20 @@ def callback_makers(log_dir: str | None) -> dict[str, Callable[[], Any]]:
     }
 
 
+def same_batch(x, y, steps: int):
+    """A ``keras.utils.PyDataset`` of ``steps`` batches, each ``(x, y)``: one batch repeated, no host slicing."""
+    import keras
+
+    class SameBatch(keras.utils.PyDataset):
+        def __len__(self):
+            return steps
+
+        def __getitem__(self, i):
+            return x, y
+
+    return SameBatch()
+
+
 # --- The package's private names (one place) ----------------------------------------------------
 
 

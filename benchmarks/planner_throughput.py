@@ -93,20 +93,6 @@ def _data(n: int, shape: tuple[int, ...], kind: str):
     return x, y
 
 
-def _repeated(x, y, steps: int):
-    """A ``PyDataset`` of ``steps`` batches, each the whole of ``x`` and ``y`` (one batch, no host slicing)."""
-    import keras
-
-    class Repeated(keras.utils.PyDataset):
-        def __len__(self):
-            return steps
-
-        def __getitem__(self, i):
-            return x, y
-
-    return Repeated()
-
-
 def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float | None, reference: str) -> float:
     """samples/s of a plain model.fit at batch ``b``: the median of epochs 1.. (epoch 0 compiles).
 
@@ -136,7 +122,7 @@ def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float
     epochs, clock = 2 if smoke else 4, [Clock()]
     if reference == "batch":
         x, y = _data(b, shape, kind)
-        model.fit(_repeated(x, y, steps), epochs=epochs, verbose=0, callbacks=clock)
+        model.fit(_common.same_batch(x, y, steps), epochs=epochs, verbose=0, callbacks=clock)
     else:
         x, y = _data(steps * b, shape, kind)
         model.fit(x, y, batch_size=b, epochs=epochs, shuffle=False, verbose=0, callbacks=clock)
