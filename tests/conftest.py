@@ -18,12 +18,18 @@ from importlib import metadata
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# One TensorFlow CPU allocator on every x86 CPU: oneDNN is on by default only where the CPU has
+# AVX-512 (its allocator keeps statistics but retries a failed allocation for 10 s), off elsewhere.
+# Off, a real out-of-memory error is raised at once, and Intel and AMD machines test the same thing.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import pytest  # noqa: E402
 
 from tests.helpers.gpu import HAS_GPU  # noqa: E402
+from tests.helpers.session import ALLOCATOR_STATS, TF_CPU_DEVICES  # noqa: E402
 
 BACKEND = os.environ["KERAS_BACKEND"]
+
 # Keras imports the backend's framework on `import keras`, and every test module imports keras.
 MISSING_FRAMEWORK = BACKEND in ("tensorflow", "jax", "torch") and importlib.util.find_spec(BACKEND) is None
 
@@ -63,6 +69,24 @@ def pytest_report_header(config):
     ]
 
 
+def _allocator_stats_session(config) -> bool:
+    """Whether ``-m`` selects only the allocator-stats tests (``tf_allocator_stats [and (...)]``)."""
+    marks = (config.option.markexpr or "").strip()
+    return BACKEND == "tensorflow" and (marks == ALLOCATOR_STATS or marks.startswith(ALLOCATOR_STATS + " and "))
+
+
+def pytest_configure(config):
+    """Fixes what TensorFlow reads once, before any test imports it: the allocator and the CPU devices."""
+    if BACKEND != "tensorflow" or MISSING_FRAMEWORK:
+        return
+    if _allocator_stats_session(config):
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * TF_CPU_DEVICES)
+
+
 def pytest_ignore_collect(collection_path, config):
     """Without the backend's framework no test module can be imported: collect none of them."""
     if MISSING_FRAMEWORK and collection_path.is_file():
@@ -83,12 +107,18 @@ def pytest_collection_modifyitems(session, config, items):
     if MISSING_FRAMEWORK:
         items[:] = [_BackendNotInstalled.from_parent(session, name=f"keras backend {BACKEND}")]
         return
-    if HAS_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML sees none here)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if BACKEND == "tensorflow" and not _allocator_stats_session(config):
+        apart = pytest.mark.skip(
+            reason=f"reads TensorFlow's CPU allocator statistics: run apart, python -m pytest -m {ALLOCATOR_STATS}"
+        )
+        for item in items:
+            if ALLOCATOR_STATS in item.keywords:
+                item.add_marker(apart)
+    if not HAS_GPU:
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML sees none here)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture

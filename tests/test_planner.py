@@ -22,6 +22,9 @@ pytestmark = pytest.mark.multibackend
 # These plan against the CPU's allocator figures (a device with no memory limit of its own, tensor
 # storage counted op by op); on a GPU the device's own capacity and allocator apply instead.
 cpu_only = pytest.mark.skipif(HAS_GPU, reason="plans against the CPU's allocator; a GPU machine plans against its GPU")
+# TensorFlow plans from its CPU allocator's statistics, kept only by the allocator that a session of
+# their own turns on (tests/conftest.py); on JAX and torch the mark changes nothing.
+allocator_stats = pytest.mark.tf_allocator_stats
 jax_only = pytest.mark.skipif(BACKEND != "jax", reason="JAX plans from shapes; TensorFlow and torch run trial steps")
 
 
@@ -49,6 +52,7 @@ def wide_model(seed=0):
 
 
 @cpu_only
+@allocator_stats
 def test_the_plan_fits_the_limit_a_larger_batch_does_not_and_the_model_is_unchanged():
     model = wide_model()
     x = np.random.RandomState(0).rand(10, 64).astype("float32")
@@ -89,6 +93,7 @@ def test_bad_arguments_are_refused_with_keras_style_messages():
         plan_batch_size(keras.Sequential([keras.Input((64,)), keras.layers.Dense(1)]), x, y, memory_limit_mib=64)
 
 
+@allocator_stats
 def test_the_reducer_starts_split_at_the_plan_and_regrows_only_to_it():
     model = wide_model()
     r = np.random.RandomState(3)
@@ -217,6 +222,7 @@ def test_a_failed_trials_tensors_are_freed_before_the_next_trial():
     assert act.alive and max(act.alive) == 0
 
 
+@allocator_stats
 def test_planning_puts_the_compiled_metrics_state_back():
     model = wide_model()
     r = np.random.RandomState(4)

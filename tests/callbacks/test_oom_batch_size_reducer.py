@@ -2,9 +2,8 @@
 
 The model has a memory cliff (`tests.helpers.models.MemoryCliff`): above `limit` samples
 per step one of its layers materialises a tensor of at least 1 TiB per sample,
-which the backend's own CPU allocator refuses. On TensorFlow the real-OOM tests
-of this file and of `test_oom_exact.py` run in one subprocess whose allocator
-refuses at once (`test_tensorflow_real_oom_suite`).
+which the backend's own CPU allocator refuses (on TensorFlow at once: the
+test session's allocator, `tests/conftest.py`).
 
 Every test counts the samples each step trained on with a non-trainable
 counter in the model (`SeenCounter`), which also checks that a failed attempt's
@@ -14,8 +13,6 @@ state updates are undone.
 import glob
 import os
 import re
-import subprocess
-import sys
 import traceback
 import warnings
 
@@ -30,7 +27,6 @@ from keras_gpu_tools.memory.idle import IdlePath
 from tests.helpers.data import numbered_samples
 from tests.helpers.models import (
     BACKEND,
-    FAST_OOM,
     HUGE_COLS,
     MemoryCliff,
     SeenCounter,
@@ -641,38 +637,6 @@ def test_arguments_are_validated():
         OOMBatchSizeReducer(record_memory_history=1)
     with pytest.raises(ValueError, match="Invalid value for argument `plan`"):
         OOMBatchSizeReducer(plan=2.5)
-
-
-@pytest.mark.slow
-def test_tensorflow_real_oom_suite():
-    """Runs the real-OOM tests (this file, test_oom_exact.py) on TensorFlow with an allocator that fails at once."""
-    if BACKEND != "tensorflow" or FAST_OOM:
-        pytest.skip("only from a TensorFlow run whose allocator retries for 10 s")
-    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="3")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--disable-warnings",
-            "-rfE",
-            os.path.abspath(__file__),
-            os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_oom_exact.py"),
-            "-k",
-            "not test_tensorflow_real_oom_suite",
-        ],
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    print(tail)
-    assert proc.returncode == 0, tail
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="probe predicts from XLA's memory analysis (JAX)")

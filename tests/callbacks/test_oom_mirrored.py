@@ -9,14 +9,8 @@ micro-batch size (TensorFlow's `ResourceExhaustedError`, naming the replica's
 device).
 
 Logical devices are fixed before TensorFlow initialises its devices, and the
-allocator must refuse at once (`TF_ENABLE_ONEDNN_OPTS=0`, see `tests/helpers/models.py`),
-so the tests run in a fresh subprocess (`test_mirrored_strategy_suite`); in
-any other process they are skipped.
+allocator must refuse at once: the test session sets both (`tests/conftest.py`).
 """
-
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -25,19 +19,14 @@ from keras import ops
 
 from keras_gpu_tools import OOMBatchSizeReducer
 from tests.helpers.data import numbered_samples
-from tests.helpers.models import BACKEND, MemoryCliff
+from tests.helpers.models import BACKEND, FAST_OOM, MemoryCliff
+from tests.helpers.session import TF_CPU_DEVICES
 
 REPLICAS = 2
-INSIDE = os.environ.get("KGT_MIRRORED_SUITE") == "1"  # the subprocess of test_mirrored_strategy_suite
-
-if INSIDE and BACKEND == "tensorflow":
-    import tensorflow as tf
-
-    tf.config.set_logical_device_configuration(
-        tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * REPLICAS
-    )
-
-inside = pytest.mark.skipif(not INSIDE, reason="run in a subprocess by test_mirrored_strategy_suite")
+inside = pytest.mark.skipif(
+    BACKEND != "tensorflow" or not FAST_OOM or TF_CPU_DEVICES < REPLICAS,
+    reason="MirroredStrategy over two logical CPU devices whose allocator refuses at once: a TensorFlow test session",
+)
 
 
 class SampleCounter(keras.layers.Layer):
@@ -219,30 +208,3 @@ def test_predict_splits_each_replica_share_and_keeps_the_order():
     assert predicted.shape == expected.shape == (n, 1)
     np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)  # every sample once, in order
     assert len(np.unique(np.round(expected, 5))) == n  # distinct rows: a row out of place would show
-
-
-@pytest.mark.slow
-def test_mirrored_strategy_suite():
-    """Runs this file's tests in a fresh TensorFlow process with 2 logical CPU devices and an allocator that fails at once."""
-    if BACKEND != "tensorflow" or INSIDE:
-        pytest.skip("a TensorFlow run starts the suite")
-    env = dict(
-        os.environ,
-        KERAS_BACKEND="tensorflow",
-        TF_ENABLE_ONEDNN_OPTS="0",
-        TF_CPP_MIN_LOG_LEVEL="3",
-        KGT_MIRRORED_SUITE="1",
-    )
-    here = os.path.abspath(__file__)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--disable-warnings", "-rfEs", here],
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(here))),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    tail = (proc.stdout + proc.stderr)[-6000:]
-    print(tail)
-    assert proc.returncode == 0, tail
-    assert "7 passed" in tail, tail

@@ -9,11 +9,11 @@ least 1 TiB per sample, which the backend's own CPU allocator refuses
 allocating", torch's DefaultCPUAllocator error). Nothing is faked: the errors
 come from the allocators, inside the real step.
 
-TensorFlow's default CPU allocator (oneDNN's) retries a failed
-allocation for 10 s before it raises, and the choice is fixed when TensorFlow
-is imported. So on TensorFlow the real-OOM tests run in a subprocess started
-with `TF_ENABLE_ONEDNN_OPTS=0`, whose allocator refuses at once
-(`tests/callbacks/test_oom_batch_size_reducer.py::test_tensorflow_real_oom_suite`).
+TensorFlow's oneDNN and BFC CPU allocators retry a failed allocation for
+10 s before they raise, and the choice is fixed when TensorFlow is imported.
+The test sessions run with `TF_ENABLE_ONEDNN_OPTS=0` (`tests/conftest.py`),
+whose allocator refuses at once; a session started with oneDNN or the BFC
+allocator on skips the real-OOM tests (`real_oom`).
 """
 
 import os
@@ -24,8 +24,12 @@ import pytest
 from keras import ops
 
 BACKEND = keras.backend.backend()
-FAST_OOM = BACKEND != "tensorflow" or os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0"
-real_oom = pytest.mark.skipif(not FAST_OOM, reason="TensorFlow: run in a subprocess by test_tensorflow_real_oom_suite")
+FAST_OOM = BACKEND != "tensorflow" or (
+    os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0" and os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") != "true"
+)
+real_oom = pytest.mark.skipif(
+    not FAST_OOM, reason="TensorFlow's allocator in this session retries a failed allocation for 10 s (oneDNN or BFC)"
+)
 
 HUGE_COLS = 2**38  # float32 columns per sample above the limit: 1 TiB per sample
 
