@@ -43,7 +43,7 @@ class LayerTable:
         """The table as Markdown (TensorBoard's text tab renders it), or why there is none."""
         head = f"Time per layer, {steps_name(self.start_step, self.num_steps)}"
         if self.error:
-            return f"{head}: none ({self.error})."
+            return f"{head}: none ({self.error})." + (f"\n\n{self.note}" if self.note else "")
         lines = [
             f"{head} ({self.source}; {self.total_ms_per_step or 0:.3f} ms per step in all):",
             "",
@@ -68,7 +68,7 @@ class LayerTable:
         """One line for the terminal: the heaviest layer and its share."""
         head = f"ProfilerWindow: {steps_name(self.start_step, self.num_steps)}: time per layer"
         if self.error:
-            return f"{head}: none ({self.error})."
+            return f"{head}: none ({self.error})." + (f"\n\n{self.note}" if self.note else "")
         top = [r for r in self.rows if r.path != OUTSIDE][:3]
         if not top:
             return f"{head}: no op in a layer. {self.note}".rstrip()
@@ -106,11 +106,20 @@ def build_table(
         table.source = found.source
         if not found.ops:
             table.error = "the trace has no op times (a device tracer off, or steps that ran nothing)"
-        elif all(r.path == OUTSIDE for r in table.rows):
-            table.note = (
-                "No op carries a layer's name scope: a compiled torch step (jit_compile=True) or a "
-                "train_step that calls no layer."
+        elif all(r.path == OUTSIDE for r in table.rows):  # nothing measured per layer: no rows of 0 ms
+            table.error = (
+                f"no op of the trace ({found.source}) carries a layer's name, so time cannot be booked to "
+                "layers: a compiled torch step (jit_compile=True), a train_step that calls no layer, or a "
+                "trace without name-scope metadata (an older JAX, a custom op)"
             )
+            table.rows = []
+            if flops is not None:  # no rows to count FLOPs into: only why there are none, if so
+                try:
+                    named, source = flops()
+                except Exception as e:  # a count this backend could not make: the error above stands
+                    named, source = None, f"the count failed ({type(e).__name__}: {e})"
+                if named is None:
+                    table.note = f"FLOPs per layer: none ({source})."
         if flops is not None and table.rows:
             _add_flops(table, tree, flops)
     except Exception as e:  # a trace this reader does not know: said, training goes on

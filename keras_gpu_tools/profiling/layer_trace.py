@@ -5,9 +5,9 @@ count; on a CPU the ops' own times on the host threads do (an op's time
 without the counted ops nested in it, so nothing counts twice).
 
 - ``.xplane.pb`` (TensorFlow, JAX): a GPU kernel is named after its framework
-  op by its ``tf_op`` stat, else by its ``hlo_op`` (or its own name) looked up
-  in the HLO modules the trace keeps (``/host:metadata``: each instruction's
-  ``op_name`` metadata), else by the annotation of its launch (``level 0``);
+  op by its ``tf_op`` stat, else by the XLA program's HLO (``xla_kernels``:
+  command buffers and library kernels included), else by the annotation of its
+  launch (``level 0``);
   a CPU XLA thunk by its HLO instruction's name; a TensorFlow op run without
   XLA by its event ``<op name>:<op type>``.
 - ``.pt.trace.json`` (torch): an op belongs to the innermost
@@ -25,8 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from keras_gpu_tools.profiling import xla_kernels
 from keras_gpu_tools.profiling.layers import OpTime
-from keras_gpu_tools.profiling.xplane import parse_hlo, read_xspace, stat_value
+from keras_gpu_tools.profiling.xplane import read_xspace, stat_value
 
 #: The name of the torch range around one call of a layer: ``keras_layer::<path>``.
 TORCH_SCOPE = "keras_layer::"
@@ -50,30 +51,6 @@ class TraceOps:
 # ---------------------------------------------------------------------------
 # .xplane.pb
 # ---------------------------------------------------------------------------
-def _hlo_names(planes) -> tuple[dict[str, str], dict[tuple[str, str], str]]:
-    """HLO instruction name -> op_name (of the largest module that has it), and (module, name) -> op_name."""
-    by_name: dict[str, tuple[int, str]] = {}
-    by_module: dict[tuple[str, str], str] = {}
-    for plane in planes:
-        if plane.name != "/host:metadata":
-            continue
-        stat_names = {e.key: e.value.name for e in plane.stat_metadata}
-        for entry in plane.event_metadata:
-            for s in entry.value.stats:
-                if stat_names.get(s.metadata_id) != "Hlo Proto" or not s.bytes_value:
-                    continue
-                module = parse_hlo(s.bytes_value).hlo_module
-                names = [(i.name, i.metadata.op_name) for c in module.computations for i in c.instructions]
-                size = len(names)
-                for name, op in names:
-                    if not op:
-                        continue
-                    by_module[(module.name, name)] = op
-                    if by_name.get(name, (-1, ""))[0] < size:
-                        by_name[name] = (size, op)
-    return {k: v[1] for k, v in by_name.items()}, by_module
-
-
 def _self_times(events: list[tuple[int, int, OpTime]]) -> None:
     """Takes the counted events nested in a counted event (same line) off its time."""
     events.sort(key=lambda e: (e[0], -e[1]))
@@ -99,7 +76,7 @@ def xplane_ops(paths: Iterable[str]) -> TraceOps:
     host: list[OpTime] = []
     for path in paths:
         planes = list(read_xspace(path).planes)
-        hlo, hlo_by_module = _hlo_names(planes)
+        progs = xla_kernels.programs(planes)
         for plane in planes:
             on_device = bool(_DEVICE_PLANE.match(plane.name))
             if not on_device and plane.name != "/host:CPU":
@@ -110,37 +87,48 @@ def xplane_ops(paths: Iterable[str]) -> TraceOps:
             if on_device and any(ln.name.startswith("Stream") for ln in lines):
                 lines = [ln for ln in lines if ln.name.startswith("Stream")]
             for line in lines:
-                if not on_device and line.name.startswith("tf_data"):
+                if on_device:
+                    device.extend(_device_ops(line, names, stat_names, progs))
+                    continue
+                if line.name.startswith("tf_data"):
                     continue  # the input pipeline's threads
                 counted: list[tuple[int, int, OpTime]] = []
                 for ev in line.events:
-                    op = _device_op(ev, names, stat_names, hlo, hlo_by_module) if on_device else None
-                    if not on_device:
-                        op = _host_op(names.get(ev.metadata_id, ""), ev.duration_ps, hlo)
+                    op = _host_op(names.get(ev.metadata_id, ""), ev.duration_ps, progs.any_name)
                     if op is not None:
                         counted.append((ev.offset_ps, ev.duration_ps, op))
-                if not on_device:
-                    _self_times(counted)
-                (device if on_device else host).extend(op for _, _, op in counted)
+                _self_times(counted)
+                host.extend(op for _, _, op in counted)
     out.ops, out.source = (device, "device kernels") if device else (host, "host ops")
     return out
 
 
-def _device_op(ev, names, stat_names, hlo, hlo_by_module) -> OpTime:
-    stats = {stat_names.get(s.metadata_id, ""): s for s in ev.stats}
+def _device_ops(line, names, stat_names, progs: xla_kernels.Programs) -> list[OpTime]:
+    """One stream's kernels as ops: by TensorFlow's op where it names one, else by the XLA program's HLO."""
+    kernels: list[tuple[xla_kernels.Kernel, Any, str]] = []
+    for ev in line.events:
+        stats = {stat_names.get(s.metadata_id, ""): s for s in ev.stats}
 
-    def stat(key: str) -> str:
-        return str(stat_value(stats[key], stat_names) or "") if key in stats else ""
+        def stat(key: str, stats=stats) -> str:
+            return str(stat_value(stats[key], stat_names) or "") if key in stats else ""
 
-    op_name = stat("tf_op")
-    if not op_name:
-        hlo_op, module = stat("hlo_op"), stat("hlo_module")
-        name = hlo_op or names.get(ev.metadata_id, "")
-        op_name = hlo_by_module.get((module, name)) or hlo.get(name, "")
-    if not op_name and stat("level 0"):  # the launch's annotation: "outer::op_name:OpType#key=value#"
-        op_name = stat("level 0").split("::")[-1].split("#")[0]
-    flops = stat_value(stats["flops"], stat_names) if "flops" in stats else None
-    return OpTime(op_name, ev.duration_ps, _is_backward(op_name), float(flops) if flops else None)
+        tf_op = stat("tf_op")
+        if tf_op.startswith("XlaModule:"):  # XLA's own launch, not a framework op
+            tf_op = ""
+        module = progs.module(stat("program_id"), stat("hlo_module")) if not tf_op else None
+        k = xla_kernels.Kernel(
+            ev.offset_ps, stat("correlation_id"), names.get(ev.metadata_id, ""), stat("hlo_op"), module, tf_op
+        )
+        kernels.append((k, ev, stat("level 0")))
+    xla_kernels.resolve([k for k, _, _ in kernels if not k.op_name], progs)
+    out = []
+    for k, ev, launch in kernels:
+        op_name = k.op_name
+        if not op_name and launch:  # the launch's annotation: "outer::op_name:OpType#key=value#"
+            op_name = launch.split("::")[-1].split("#")[0]
+        flops = next((stat_value(s, stat_names) for s in ev.stats if stat_names.get(s.metadata_id) == "flops"), None)
+        out.append(OpTime(op_name, ev.duration_ps, _is_backward(op_name), float(flops) if flops else None))
+    return out
 
 
 def _host_op(name: str, ps: int, hlo: dict[str, str]) -> OpTime | None:

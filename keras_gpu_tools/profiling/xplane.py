@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-_I64, _U64, _DBL, _STR, _BYTES, _MSG = 3, 4, 1, 9, 12, 11
+_I64, _U64, _DBL, _STR, _BYTES, _MSG, _I32 = 3, 4, 1, 9, 12, 11, 5
 _OPT, _REP = 1, 3
 
 _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
@@ -55,9 +55,34 @@ _MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
     ],
     "XStatMetadata": [("id", 1, _I64, _OPT, ""), ("name", 2, _STR, _OPT, "")],
     "HloProto": [("hlo_module", 1, _MSG, _OPT, "HloModuleProto")],
-    "HloModuleProto": [("name", 1, _STR, _OPT, ""), ("computations", 3, _MSG, _REP, "HloComputationProto")],
-    "HloComputationProto": [("name", 1, _STR, _OPT, ""), ("instructions", 2, _MSG, _REP, "HloInstructionProto")],
-    "HloInstructionProto": [("name", 1, _STR, _OPT, ""), ("metadata", 7, _MSG, _OPT, "OpMetadata")],
+    "HloModuleProto": [
+        ("name", 1, _STR, _OPT, ""),
+        ("computations", 3, _MSG, _REP, "HloComputationProto"),
+        ("entry_computation_id", 6, _I64, _OPT, ""),
+        ("schedule", 7, _MSG, _OPT, "HloScheduleProto"),
+    ],
+    "HloComputationProto": [
+        ("name", 1, _STR, _OPT, ""),
+        ("instructions", 2, _MSG, _REP, "HloInstructionProto"),
+        ("id", 5, _I64, _OPT, ""),
+    ],
+    "HloInstructionProto": [
+        ("name", 1, _STR, _OPT, ""),
+        ("opcode", 2, _STR, _OPT, ""),
+        ("shape", 3, _MSG, _OPT, "ShapeProto"),
+        ("metadata", 7, _MSG, _OPT, "OpMetadata"),
+        ("id", 35, _I64, _OPT, ""),
+        ("operand_ids", 36, _I64, _REP, ""),
+        ("called_computation_ids", 38, _I64, _REP, ""),
+    ],
+    "ShapeProto": [
+        ("element_type", 2, _I32, _OPT, ""),
+        ("dimensions", 3, _I64, _REP, ""),
+        ("tuple_shapes", 4, _MSG, _REP, "ShapeProto"),
+    ],
+    "HloScheduleProto": [("sequences", 1, _MSG, _REP, "SequenceEntry")],
+    "SequenceEntry": [("key", 1, _I64, _OPT, ""), ("value", 2, _MSG, _OPT, "InstructionSequence")],
+    "InstructionSequence": [("instruction_ids", 1, _I64, _REP, "")],
     "OpMetadata": [("op_type", 1, _STR, _OPT, ""), ("op_name", 2, _STR, _OPT, "")],
 }
 _PACKAGE = "keras_gpu_tools_xplane"
