@@ -1,9 +1,10 @@
 """What the benchmark scripts share: the backend choice, the machine's name, the result file,
-the environment a figure was measured in, the package's six callbacks, and the sanity checks
-of a `--smoke` run.
+the environment a figure was measured in, the package's six callbacks, and the checks of a run
+(`Checks`: structural checks, always enforced; goals, enforced in full runs only).
 
 Every private name of the package that a benchmark needs is imported here and only here
-(see `train_function`, `set_train_function`, `sync`, `gpu_devices`, `is_oom`, `verdict`),
+(see `train_function`, `set_train_function`, `sync`, `gpu_devices`, `is_oom`, `verdict`,
+`outside_layers`, `trace_op_ms_per_step`),
 so that a change of the package's layout touches one file of `benchmarks/`.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -49,8 +51,15 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="tiny sizes and few rounds (CPU, well under a minute); checks the output and exits non-zero if "
-        "the measurement failed; writes to a temporary file unless --out is given",
+        help="tiny sizes and few rounds (CPU, well under a minute); checks the output's structure (every figure "
+        "computed, finite, in range) and exits non-zero if that fails; prints the goals without enforcing them; "
+        "writes to a temporary file unless --out is given",
+    )
+    p.add_argument(
+        "--enforce-goals",
+        action="store_true",
+        help="with --smoke: exit non-zero when a goal is missed, as a full run does (the smoke sizes are not the "
+        "goals' own: this shows the goal checks work, not that the package meets them)",
     )
     p.add_argument("--out", default=None, help="result file (default: benchmarks/results/<benchmark>_<machine>.json)")
     p.add_argument("--machine", default=None, help="machine name in the result file's name (default: guessed)")
@@ -159,18 +168,50 @@ def measure_and_save(args: argparse.Namespace, benchmark: str, measure: Callable
 
 
 class Checks:
-    """The sanity checks of a run: each failed one is printed; `exit_code` is 1 if any failed."""
+    """The checks of a run, printed as they are made; `exit_code` is 1 if one that counts failed.
 
-    def __init__(self) -> None:
+    - ``check(ok, what)``: structural (the run measured what it says: figures computed, finite,
+      in range). Enforced in every run.
+    - ``check.figure(what, value, low, high)``: a structural check that ``value`` is a finite
+      number within ``[low, high]`` (either bound optional); returns whether it is.
+    - ``check.goal(ok, what)``: a figure against its documented goal. Enforced in a full run
+      (missed: exit 1, named at the end); a smoke run's tiny sizes on a shared CPU say nothing
+      of the goals, so there it is printed, not enforced (``--enforce-goals`` enforces it).
+    """
+
+    def __init__(self, args: argparse.Namespace | None = None) -> None:
         self.failed: list[str] = []
+        self.missed: list[str] = []
+        self.enforce_goals = args is None or not args.smoke or bool(getattr(args, "enforce_goals", False))
 
     def __call__(self, ok: bool, what: str) -> None:
         print(f"check {'ok  ' if ok else 'FAIL'} {what}", flush=True)
         if not ok:
             self.failed.append(what)
 
+    def figure(self, what: str, value: Any, low: float | None = None, high: float | None = None) -> bool:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        ok = ok and (low is None or value >= low) and (high is None or value <= high)
+        bounds = "" if low is None and high is None else f" within [{_num(low, '-inf')}, {_num(high, 'inf')}]"
+        self(ok, f"{what} computed, finite{bounds} ({value})")
+        return ok
+
+    def goal(self, ok: bool, what: str) -> None:
+        note = "" if self.enforce_goals else " (smoke run: not enforced)"
+        print(f"goal {'met' if ok else 'NOT MET'}: {what}{note}", flush=True)
+        if not ok:
+            self.missed.append(what)
+
     def exit_code(self) -> int:
-        return 1 if self.failed else 0
+        if self.failed:
+            print(f"FAILED: {len(self.failed)} check(s): " + "; ".join(self.failed), flush=True)
+        if self.missed and self.enforce_goals:
+            print(f"GOAL MISSED: {len(self.missed)} goal(s): " + "; ".join(self.missed), flush=True)
+        return 1 if self.failed or (self.missed and self.enforce_goals) else 0
+
+
+def _num(bound: float | None, unbounded: str) -> str:
+    return unbounded if bound is None else f"{bound:g}"
 
 
 def callback_makers(log_dir: str | None) -> dict[str, Callable[[], Any]]:
@@ -244,6 +285,31 @@ def verdict(wait_fraction: float | None) -> str:
     from keras_gpu_tools.input.categories import classify
 
     return classify(wait_fraction)
+
+
+def outside_layers() -> str:
+    """The layer table's row of the ops in no layer, by path ("(outside layers)")."""
+    from keras_gpu_tools.profiling.layers import OUTSIDE
+
+    return OUTSIDE
+
+
+def trace_op_ms_per_step(files: list[str], steps: int) -> float | None:
+    """The profiler's own op time per step in a window's trace files, before any op is put in a layer.
+
+    Read with the package's trace reader (device kernels where the trace has them, else host ops),
+    every op summed, over the steps the trace marks (torch: only the ops inside them), else ``steps``.
+    None without a trace file.
+    """
+    from keras_gpu_tools.profiling.layer_trace import torch_ops, xplane_ops
+
+    xplanes = [f for f in files if f.endswith(".xplane.pb")]
+    torch_files = [f for f in files if f.endswith(".pt.trace.json")]
+    if not xplanes and not torch_files:
+        return None
+    found = xplane_ops(xplanes) if xplanes else torch_ops(torch_files)
+    in_steps = [op for op in found.ops if not found.steps or op.step is not None]
+    return sum(op.ps for op in in_steps) / max(1, found.steps or steps) / 1e9
 
 
 def keras_batch_end_on_training_thread() -> None:

@@ -2,7 +2,8 @@
 # Every GPU check of the project, for a machine with a GPU (CONTRIBUTING.md, "GPU runs"):
 # the `gpu`-marked tests on JAX and torch, then each benchmark on JAX and torch. Results go to
 # benchmarks/results/<benchmark>_<machine>.json (one file per benchmark and machine, a run per
-# backend in it), logs to $LOGS (default gpu-logs/). Exits non-zero if any part fails.
+# backend in it), logs to $LOGS (default gpu-logs/). Exits non-zero if any part fails: a test, or a
+# benchmark that crashes, fails a check or misses its goal (benchmarks/README.md).
 #
 #   bash benchmarks/gpu_suite.sh               # tests, then benchmarks
 #   bash benchmarks/gpu_suite.sh tests         # only the gpu-marked tests

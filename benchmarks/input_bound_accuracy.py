@@ -16,6 +16,12 @@ Output: a table, one row per target (truth, measured, error in points, both verd
 moves by several points between runs (JAX dispatches ahead and hides a small fetch): read the
 misses there against that spread.
 
+A full run exits non-zero unless every case is within 5 points with the right verdict, and names
+the cases that are not. Every run checks that each case's truth and wait fraction were measured
+(finite, within [0, 1]) with a verdict; a smoke run (the 0% and 90% targets, a small model on a
+CPU) also that a 90% wait reads at least 0.5 and every case lies within 25 points (the detector
+measures at all), and prints the 5-point goal unenforced.
+
     python benchmarks/input_bound_accuracy.py --backend jax              # a GPU
     python benchmarks/input_bound_accuracy.py --backend torch --smoke    # CPU check, seconds
 """
@@ -187,13 +193,27 @@ def main() -> int:
     _common.save(out, BENCHMARK, backend, {**doc, "results": results})
     print("written to", out)
 
-    check = _common.Checks()
+    check = _common.Checks(args)
+    check(len(results) == len(SMOKE_TARGETS if args.smoke else TARGETS), f"every target measured ({len(results)})")
+    check(all(0.0 <= r["truth"] <= 1.0 for r in results), "every true wait fraction is within [0, 1]")
     check(all(0.0 <= r["measured"] <= 1.0 for r in results), "every measured wait fraction is within [0, 1]")
+    check(all(r["measured_verdict"] for r in results), "every case has a verdict")
     if args.smoke:  # coarse: the smoke run shows the detector measures, not that it meets the goal
         high = results[-1]
         check(high["measured"] >= 0.5, f"a 90% input wait reads >= 0.5 (read {high['measured']:.3f})")
         worst = max(abs(r["error_pp"]) for r in results)
         check(worst <= 25.0, f"every case within 25 points of the truth (worst {worst:.1f})")
+    missed = [
+        f"{100 * r['target']:.0f}%: {r['error_pp']:+.1f} pp"
+        + ("" if r["truth_verdict"] == r["measured_verdict"] else f", '{r['measured_verdict']}'")
+        for r in results
+        if not r["ok"]
+    ]
+    check.goal(
+        not missed,
+        f"every case within 5 points with the right verdict ({summary['ok']}/{summary['cases']}; "
+        f"missed: {'; '.join(missed) or 'none'})",
+    )
     return check.exit_code()
 
 

@@ -24,6 +24,13 @@ How:
 Output, per callback and for "all": `early_ms`, `late_ms`, `late_over_early`, and the A/A's
 `aa_early` and `aa_late`.
 
+Goals (a full run exits non-zero and names the callbacks that miss one): `late_over_early` at
+most 1.1 for "all" and for every callback whose late cost is at least 0.01 ms (below that the
+clock and a shared machine move a ratio by more than 10%, and a growth of a few microseconds an
+epoch is not what the goal is about); "all" at most 1 ms an epoch, early and late (not with
+`--job`, whose epoch ends wait for the other process). A smoke run checks that every callback
+was timed in every round and every time is finite and positive, and prints the goals unenforced.
+
     python benchmarks/per_epoch_cost.py --backend tensorflow             # 3,000 epochs x 2 rounds
     python benchmarks/per_epoch_cost.py --backend jax --job --epochs 1000
     python benchmarks/per_epoch_cost.py --smoke                          # CPU check, seconds
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -51,6 +59,7 @@ CALLBACKS = (*PER_STEP_CALLBACKS, "MemoryLeakDetector")
 BENCHMARK = "per_epoch_cost"
 EARLY = 10  # the epoch the late ones are compared with
 GOAL = 1.10  # late / early at most
+GOAL_FLOOR_MS = 0.01  # late costs below this are left out of the late / early goal: a ratio of noise
 GOAL_ALL_MS = 1.0  # every epoch hook of all the callbacks together, an epoch, at most (on a GPU machine)
 
 
@@ -224,16 +233,20 @@ def main() -> int:
     }
     _common.save(out, BENCHMARK + ("_job" if args.job else ""), backend, doc)
     print(f"result: {out}")
-    check = _common.Checks()
+    check = _common.Checks(args)
     check(all(len(ro) == len(names) + 1 for ro in rounds), "every callback timed in every round")
-    check(all(row["early_ms"] > 0 and row["late_ms"] > 0 for row in table.values()), "every time positive")
-    if not args.smoke:  # a smoke run's few epochs on a shared CPU say the script works, not the goal
-        over = [n for n, row in table.items() if (row["late_over_early"] or 0) > GOAL]
-        print(f"goal (late/early <= {GOAL}): {'met' if not over else 'not met by ' + ', '.join(over)}")
+    times = [t for row in table.values() for t in (row["early_ms"], row["late_ms"])]
+    check(all(math.isfinite(t) and t > 0 for t in times), "every time finite and positive")
+    check.figure("all's late / early", table["all"]["late_over_early"], 0.0)
+    over = [
+        f"{n} {'n/a' if row['late_over_early'] is None else round(row['late_over_early'], 2)}"
+        for n, row in table.items()
+        if (n == "all" or row["late_ms"] >= GOAL_FLOOR_MS) and (row["late_over_early"] or math.inf) > GOAL
+    ]
+    check.goal(not over, f"late / early at most {GOAL} (over: {', '.join(over) or 'none'})")
+    if not args.job:  # a job's epoch end waits for the other process: its time is not the hooks' cost
         worst = max(table["all"]["early_ms"], table["all"]["late_ms"])
-        print(
-            f"goal (all <= {GOAL_ALL_MS} ms an epoch): {'met' if worst <= GOAL_ALL_MS else 'not met'} ({worst:.3f} ms)"
-        )
+        check.goal(worst <= GOAL_ALL_MS, f"all at most {GOAL_ALL_MS} ms an epoch, early and late ({worst:.3f} ms)")
     return check.exit_code()
 
 

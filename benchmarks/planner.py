@@ -17,6 +17,12 @@ batch tried, its peak, whether it fit), `largest_fitting_trial` and `smallest_fa
 (the bracket the search ended on), and on a GPU `planned_batch_trains` and
 `larger_batch_ran_out_of_memory`.
 
+Goals, on a GPU planning for the whole card (a full run exits non-zero and names the one missed):
+the planned batch trains; 1.5 times it runs out of memory. Every run checks the plan's structure:
+a batch planned, its peak within the capacity less the margin, the plan the largest trial that
+fit, and a larger trial that did not (on a CPU with `--memory-limit-mib` that is the whole check:
+no goal applies without a card to run out of).
+
     python benchmarks/planner.py --backend jax                   # a GPU: plans for the whole card
     python benchmarks/planner.py --backend torch --smoke         # CPU check, seconds
 """
@@ -127,7 +133,7 @@ def main() -> int:
     _common.save(out, BENCHMARK, backend, {**doc, "result": result})
     print("written to", out)
 
-    check = _common.Checks()
+    check = _common.Checks(args)
     check(result["batch_size"] > 0, f"a batch fits ({result['batch_size']})")
     limit = [(1 - result["margin"]) * c for c in result["capacity_mib"]]
     check(all(p <= c for p, c in zip(result["peak_mib"], limit)), "the planned peak is within the capacity less margin")
@@ -136,8 +142,13 @@ def main() -> int:
         result["smallest_failing_trial"] is not None and result["smallest_failing_trial"] > result["batch_size"],
         "a larger batch was tried and did not fit",
     )
-    if "planned_batch_trains" in result:
-        check(result["planned_batch_trains"], "the planned batch trains")
+    check.figure("the planning time", result["plan_seconds"], 0.0)
+    if "planned_batch_trains" in result:  # a GPU, the whole card: the plan against what fits
+        check.goal(result["planned_batch_trains"], f"the planned batch trains ({result['batch_size']})")
+        check.goal(
+            result["larger_batch_ran_out_of_memory"],
+            f"1.5 times the planned batch runs out of memory ({result['larger_batch']})",
+        )
     return check.exit_code()
 
 

@@ -7,9 +7,14 @@ independently, with a plain `model.fit` (epoch 0 compiles, then the median of th
 samples/s). `--reference arrays` (the default) fits on NumPy arrays, as most users do;
 `--reference batch` fits on one batch repeated (a `PyDataset`), as the plan times its candidates,
 for a backend whose array input is slower than its step: on torch, Keras's array adapter made
-the plain fits input-bound, so they ranked the batches by noise. The checks: the chosen batch's
-independent samples/s is within 5% of the best candidate's, and not below the largest fitting
-batch's; and the planning wall time.
+the plain fits input-bound, so they ranked the batches by noise.
+
+Goals (a full run exits non-zero and names the one missed): the chosen batch's independent
+samples/s within 5% of the best candidate's, and not below the largest fitting batch's (within
+2%); the conv net planned within 2 minutes, and any model within `--max-seconds` where given.
+Every run checks that a batch was planned and (unless `--plan-only`) that the chosen batch's
+plain fit ran; a smoke run's CPU timings say nothing of a GPU's knee, so it prints the goals
+unenforced.
 
     python benchmarks/planner_throughput.py --backend jax --model conv --max-seconds 110   # H200, ~4 min
     python benchmarks/planner_throughput.py --backend torch --model conv --reference batch  # H200
@@ -26,6 +31,7 @@ import time
 import _common
 
 BENCHMARK = "planner_throughput"
+PLAN_GOAL_SECONDS = {"conv": 120.0}  # the conv net's planning, at most
 
 
 def _parse():
@@ -176,22 +182,35 @@ def main() -> int:
         {**_common.environment(backend), "device": device, "args": vars(args), "result": results},
     )
     print("written to", out)
-    check = _common.Checks()
+    check = _common.Checks(args)
     for kind, r in results.items():
         fast = {b: v for b, v in r["independent_samples_per_sec"].items() if isinstance(v, float)}
         chosen = fast.get(r["batch_size"])
         print(f"{kind}: planned in {r['plan_seconds']} s; chosen {r['batch_size']}: {chosen}; all {fast}")
+        check(r["batch_size"] is not None, f"{kind}: a batch was planned ({r['batch_size']})")
+        check.figure(f"{kind}: the planning time", r["plan_seconds"], 0.0)
         if args.max_seconds is not None:
-            check(r["plan_seconds"] <= args.max_seconds, f"{kind}: planned within max_seconds={args.max_seconds:g}")
+            check.goal(
+                r["plan_seconds"] <= args.max_seconds,
+                f"{kind}: planned within max_seconds={args.max_seconds:g} ({r['plan_seconds']} s)",
+            )
+        if kind in PLAN_GOAL_SECONDS:
+            goal = PLAN_GOAL_SECONDS[kind]
+            check.goal(r["plan_seconds"] <= goal, f"{kind}: planned within {goal:g} s ({r['plan_seconds']} s)")
         if args.plan_only:
-            check(r["batch_size"] is not None, f"{kind}: a batch was planned ({r['batch_size']})")
             continue
         check(chosen is not None, f"{kind}: the chosen batch trains ({r['batch_size']})")
-        if chosen is None or args.smoke:  # a CPU's timings say nothing of a GPU's knee
+        if chosen is None:
             continue
-        check(chosen >= 0.95 * max(fast.values()), f"{kind}: the chosen batch is within 5% of the best measured")
+        best = max(fast.values())
+        check.goal(
+            chosen >= 0.95 * best, f"{kind}: the chosen batch within 5% of the best measured ({chosen / best:.3f})"
+        )
         largest = fast.get(r["largest_fitting"])
-        check(largest is None or chosen >= 0.98 * largest, f"{kind}: the chosen batch is not slower than the largest")
+        check.goal(
+            largest is None or chosen >= 0.98 * largest,
+            f"{kind}: the chosen batch not slower than the largest ({r['largest_fitting']}: {largest})",
+        )
     return check.exit_code()
 
 

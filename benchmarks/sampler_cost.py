@@ -15,7 +15,10 @@ package's own work per sample, not the driver's.
 Output: `ticks`, `tick_cpu_ms_mean`, `tick_cpu_ms_p95`, `tick_wall_ms_mean` (PCIe reads block
 about 20 ms each: wall, not CPU), `sampling_cpu_percent_of_one_core` (the ticks' CPU time over
 the fit's wall time), `epoch_end_ms_max` and `epoch_end_ms_mean`, and the health keys found in
-History. Goals: under 1% of one core; the epoch end under 1 ms.
+History. Goals: under 1% of one core; the epoch end under 1 ms (its slowest). A full run exits
+non-zero and names the goal missed; every run checks that the logger sampled, each sample's CPU
+time and the epoch end's time were measured, and the health fields reached History (a smoke
+run, on the fake NVML, checks that and prints the goals unenforced).
 
     python benchmarks/sampler_cost.py --backend jax                # a GPU, real NVML: ~30 s of load
     python benchmarks/sampler_cost.py --backend tensorflow --smoke # CPU check with the fake NVML
@@ -157,15 +160,15 @@ def main() -> int:
     args = _parse()
     result = _common.measure_and_save(args, BENCHMARK, measure)
 
-    check = _common.Checks()
+    check = _common.Checks(args)
     check(result["ticks"] >= args.epochs, f"the logger sampled during the fit ({result['ticks']} ticks)")
     check(result["tick_cpu_ms_mean"] is not None and result["tick_cpu_ms_mean"] > 0, "each sample's CPU time measured")
+    check.figure("the epoch end's ms", result["epoch_end_ms_max"], 0.0)
     fields = set(result["gpu_fields"])
     check({"energy_joules", "throttle_power_percent", "memory_clock_mhz"} <= fields, "the health fields in History")
-    if not args.smoke:
-        goal = result["sampling_cpu_percent_of_one_core"] < 1.0
-        check(goal, f"sampling under 1% of one core ({result['sampling_cpu_percent_of_one_core']}%)")
-        check(result["epoch_end_ms_max"] < 1.0, f"the epoch end under 1 ms ({result['epoch_end_ms_max']} ms)")
+    share = result["sampling_cpu_percent_of_one_core"]
+    check.goal(share < 1.0, f"sampling under 1% of one core ({share}%)")
+    check.goal(result["epoch_end_ms_max"] < 1.0, f"the epoch end under 1 ms ({result['epoch_end_ms_max']} ms at most)")
     return check.exit_code()
 
 
