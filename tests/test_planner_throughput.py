@@ -13,12 +13,14 @@ import pytest
 from keras import ops
 
 from keras_gpu_tools import OOMBatchSizeReducer, plan_batch_size
+from keras_gpu_tools import planner as planner_module
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.reader import find_runs, read_run
 from keras_gpu_tools.memory import throughput_run
-from keras_gpu_tools.memory.throughput import knee
+from keras_gpu_tools.memory.throughput import Budget, knee
 from keras_gpu_tools.memory.timed_fit import Timing
 from tests.helpers.models import BACKEND
+from tests.helpers.step_records import FakeClock
 
 pytestmark = pytest.mark.multibackend
 
@@ -130,12 +132,18 @@ def test_a_candidate_over_the_budget_is_reported_not_measured(monkeypatch):
         return Timing(t.compile_seconds, t.step_seconds, t.steps, wall_seconds=100.0)
 
     monkeypatch.setattr(throughput_run, "time_batch", slow)
+    # The budget's clock stands still: only the candidates' 100 s count against it, whatever the machine's pace.
+    frozen = FakeClock()
+    monkeypatch.setattr(planner_module, "Budget", lambda max_seconds: Budget(max_seconds, clock=frozen))
     model = bn_model()
     x, y = data()
     plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=8, max_seconds=60)
     assert [c.batch_size for c in plan.candidates] == [1, 2, 4, 8]
     assert [c.measured for c in plan.candidates] == [True, False, False, False]
-    assert "about 100.0 s" in plan.candidates[1].reason and "max_seconds=60" in plan.candidates[1].reason
+    assert (
+        "about 100.0 s" in plan.candidates[1].reason
+        and "the 60.0 s left of max_seconds=60" in plan.candidates[1].reason
+    )
     assert plan.batch_size == 1 and "max_seconds=60" in str(plan)
 
 

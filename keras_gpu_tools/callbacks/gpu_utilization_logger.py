@@ -36,6 +36,8 @@ from keras_gpu_tools.telemetry.sampler import (
 )
 
 MAX_INTERVAL = 3600.0  # seconds: one sample an hour is already no monitoring
+# Seconds (plus the interval) the first epoch end of a fit waits for the fit's first sample, at most.
+FIRST_SAMPLE_WAIT_S = 1.0
 
 
 class GPUUtilizationLogger(FitCallback):
@@ -270,7 +272,7 @@ class GPUUtilizationLogger(FitCallback):
         if not self._first_sample.is_set() and self._running:
             # An epoch shorter than the first sample: wait for it, once per fit,
             # so every epoch's logs carry the same keys.
-            self._first_sample.wait(1.0 + self.interval)
+            self._first_sample.wait(FIRST_SAMPLE_WAIT_S + self.interval)
         with self._lock:
             agg, self._epoch = self._epoch, Aggregate()
         # The same keys every epoch (those of the fit's first sample), so History's

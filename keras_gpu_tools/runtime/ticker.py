@@ -38,7 +38,7 @@ class Job:
         self.interval = interval
         self.fn = fn
         self.on_error = on_error
-        self.next = time.monotonic() + delay  # the first run
+        self.next = ticker.clock() + delay  # the first run
         self.stopped = False
         self.poked = False  # soon() was called: run again at once after the run under way
         self._running = threading.RLock()  # held while fn runs: stop() waits for a run under way
@@ -66,7 +66,8 @@ class Job:
                     logger.exception("keras_gpu_tools: reporting a failed periodic job failed")
             with self._ticker._changed:  # beside soon(): a call during the run is not lost
                 # A fixed cadence; after a run longer than the interval, or when asked meanwhile, the next is at once.
-                self.next = time.monotonic() if self.poked else max(self.next + self.interval, time.monotonic())
+                now = self._ticker.clock()
+                self.next = now if self.poked else max(self.next + self.interval, now)
 
     def stop(self, timeout: float = 5.0) -> None:
         """No run after this returns (a run under way is waited for, up to ``timeout`` seconds)."""
@@ -78,8 +79,9 @@ class Job:
 class Ticker:
     """Runs :class:`Job` s on one daemon thread, started with the first job, ended by :meth:`close`."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, clock: Callable[[], float] = time.monotonic):
         self.name = name
+        self.clock = clock  # the schedule's clock (tests drive it in virtual time)
         self._jobs: list[Job] = []
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -128,7 +130,7 @@ class Ticker:
             if job.stopped or self._closed:
                 return
             job.poked = True
-            job.next = min(job.next, time.monotonic())
+            job.next = min(job.next, self.clock())
             self._changed.notify()
 
     def _remove(self, job: Job) -> None:
@@ -143,7 +145,7 @@ class Ticker:
                 while True:
                     if self._closed:
                         return
-                    now = time.monotonic()
+                    now = self.clock()
                     due = [job for job in self._jobs if job.next <= now]
                     if due:
                         break

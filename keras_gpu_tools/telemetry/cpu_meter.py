@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 RESCAN_S = 1.0  # the worker processes are looked for at most this often
+STAT_PATH = "/proc/stat"  # the machine's CPU times (Linux)
 
 
 class CpuMeter:
@@ -112,7 +113,7 @@ class SystemTimes:
             self._ticks = float(os.sysconf("SC_CLK_TCK"))
             self._fields = psutil.cpu_times()._fields
             self._type = type(psutil.cpu_times())
-            self._fd = os.open("/proc/stat", os.O_RDONLY)
+            self._fd = os.open(STAT_PATH, os.O_RDONLY)
             self._finalizer = weakref.finalize(self, os.close, self._fd)
             self()  # a file psutil reads alike: otherwise psutil's call from now on
         except Exception:

@@ -370,8 +370,9 @@ class GPUProbe:
 class HostProbe:
     """This process's CPU and memory, and the machine's CPU (psutil)."""
 
-    def __init__(self, warn: WarnOnce):
+    def __init__(self, warn: WarnOnce, clock: Callable[[], float] = time.monotonic):
         self.warn = warn
+        self.clock = clock
         try:
             import psutil
         except ImportError:
@@ -383,7 +384,7 @@ class HostProbe:
         # cpu_percent measures since the previous call: prime both counters.
         self.process.cpu_percent(None)
         psutil.cpu_percent(None)
-        self._cpu_since = time.monotonic()
+        self._cpu_since = clock()
         self._complete_at: float | None = None  # the last read with CPU use in it
 
     # Over a shorter span cpu_percent is mostly rounding noise (a sample right
@@ -397,7 +398,7 @@ class HostProbe:
     def read(self) -> dict[str, float]:
         if self.process is None:
             return {}
-        now = time.monotonic()
+        now = self.clock()
         if self._complete_at is not None and now - self._complete_at < self.PERIOD:
             return {}
         try:

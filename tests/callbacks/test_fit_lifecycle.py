@@ -22,6 +22,7 @@ from keras_gpu_tools.runtime.step_hook import MARK, StepHook
 from tests.helpers.callbacks import InterruptAt
 from tests.helpers.data import regression_data
 from tests.helpers.models import tiny_dense_model
+from tests.helpers.timing_live import wait_until
 
 pytestmark = pytest.mark.multibackend
 
@@ -60,10 +61,7 @@ def test_a_later_callbacks_failing_begin_leaves_nothing_behind(tmp_path, monkeyp
         # the next plain fit() is untouched, whether or not the watchdog got there first
         model.fit(x, y, batch_size=8, verbose=0)
     assert not hooked(model)
-    deadline = time.monotonic() + 3
-    while our_threads() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not our_threads()
+    assert wait_until(lambda: not our_threads())  # the watchdog's thread ends once it noticed
     assert cbs[1]._global_step == 0  # the detector saw none of the plain fit's steps
 
 
@@ -134,21 +132,26 @@ def test_a_fit_that_raises_stops_the_loggers_sampling_and_the_thread(tmp_path, m
     model = tiny_dense_model(features=4, hidden=8, activation=None)
     x, y = regression_data(64, features=4)
     logger = GPUUtilizationLogger(log_dir=tmp_path, interval=0.01)
-    ticks = []
+    ticked, jobs = threading.Event(), []
     real_tick = logger._tick
-    monkeypatch.setattr(logger, "_tick", lambda: (ticks.append(1), real_tick()))
+    monkeypatch.setattr(logger, "_tick", lambda: (ticked.set(), real_tick()))
+
+    class Sampling(keras.callbacks.Callback):
+        """Waits, before the interrupt, until the logger has sampled on the session's thread."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 3:
+                assert ticked.wait(30)
+                jobs.append(logger._job)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(KeyboardInterrupt):
-            model.fit(x, y, batch_size=8, epochs=50, verbose=0, callbacks=[logger, InterruptAt(3)])
-    deadline = time.monotonic() + 3
-    while (our_threads() or logger.fit_running) and time.monotonic() < deadline:
-        time.sleep(0.02)
+            model.fit(x, y, batch_size=8, epochs=50, verbose=0, callbacks=[logger, Sampling(), InterruptAt(3)])
+    assert wait_until(lambda: not our_threads() and not logger.fit_running)
     assert not our_threads() and not logger.fit_running and logger._job is None
-    assert ticks  # it had been sampling
-    settled = len(ticks)
-    time.sleep(0.1)
-    assert len(ticks) == settled  # and no longer does
+    # It had been sampling, and no longer does: its job is stopped (a stopped job never runs) and the thread is gone.
+    assert jobs[0] is not None and jobs[0].stopped
 
 
 def test_keras_outside_the_tested_range_warns_once(monkeypatch):
@@ -175,22 +178,30 @@ def test_ending_a_fit_never_waits_for_a_watchdog_that_waits_for_the_callback():
     """The last release closes the session and joins its thread: never while holding the callback's lock."""
     from keras_gpu_tools.callbacks._base import FitCallback
 
-    go = threading.Event()
+    go, events = threading.Event(), []
 
     class SlowStop(FitCallback):
         def _stop_fit(self, aborted):
             if not aborted:
                 go.set()  # the session's thread now aborts this fit and waits for our teardown lock
-                time.sleep(0.2)
+                time.sleep(0.2)  # gives it time to get there (the order asserted below holds either way)
 
     session = FitSession(object(), None)  # no frame: the abort below stands in for the watchdog's
     cb = SlowStop()
     cb._session = session
+    lock = cb._teardown_lock
+    real_close = session._ticker.close
+
+    def close(timeout=2.0):
+        # Whether this thread still holds the callback's lock as it joins the session's thread: then the
+        # watchdog, waiting for that lock, could never end. The join's own timeout is long so a deadlock shows.
+        events.append(("join", lock._is_owned()))
+        real_close(timeout=60)
+
+    session._ticker.close = close
     session.add(cb, lambda aborted: cb._end_fit(aborted, session))
     session.every(0.01, lambda: go.is_set() and session.abort(on_training_thread=False), pytest.fail)
-    t0 = time.monotonic()
     cb._end_fit(aborted=False)
-    took = time.monotonic() - t0
     assert session.closed and not cb.fit_running
-    assert took < 1.5  # with the release under the lock: 2 s, the session's join timing out
+    assert events == [("join", False)]  # joined once, with the lock released
     assert session.thread is not None and not session.thread.is_alive()

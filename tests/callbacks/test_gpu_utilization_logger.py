@@ -14,12 +14,14 @@ import keras
 import pytest
 
 from keras_gpu_tools import GPUUtilizationLogger
+from keras_gpu_tools.callbacks import gpu_utilization_logger
 from keras_gpu_tools.errors import GPUMonitoringWarning
 from keras_gpu_tools.telemetry import sampler
 from keras_gpu_tools.telemetry.nvml import NVML
 from tests.helpers.data import regression_data
 from tests.helpers.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGPU, FakeNVML
 from tests.helpers.models import tiny_dense_model
+from tests.helpers.timing_telemetry import TickAt, manual_sampling
 
 pytestmark = pytest.mark.multibackend
 
@@ -49,7 +51,7 @@ def our_threads():
     return [t for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX) and t.is_alive()]
 
 
-def wait_for_no_threads(timeout=3.0):
+def wait_for_no_threads(timeout=60.0):  # returns as soon as they are gone
     deadline = time.monotonic() + timeout
     while our_threads() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -61,6 +63,12 @@ def no_cuda_env(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def first_sample_awaited(monkeypatch):
+    """The first epoch end waits for the fit's first sample however loaded the machine: an event, not a deadline."""
+    monkeypatch.setattr(gpu_utilization_logger, "FIRST_SAMPLE_WAIT_S", 120.0)
+
+
 def fake_nvml(**gpu_kwargs):
     fake = FakeNVML([FakeGPU(**gpu_kwargs)])
     return fake, NVML(fake)
@@ -69,10 +77,11 @@ def fake_nvml(**gpu_kwargs):
 def test_epoch_logs_and_tensorboard_series(tmp_path, monkeypatch):
     monkeypatch.setattr(sampler, "SLOW_PERIOD", 0.0)  # a point of every field at each of these short ticks
     monkeypatch.setattr(sampler, "GPM_PERIOD", 0.0)
+    jobs = manual_sampling(monkeypatch)  # samples at the batches chosen here, not at the clock's
     fake, nvml = fake_nvml()
     x, y = regression_data(256)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)
-    history = tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, SlowSteps()])
+    history = tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, TickAt(jobs, {3, 7, 15})])
     h = history.history
     # Epoch means of what NVML reported, in the documented units.
     assert h["gpu/0/utilization_percent"] == [87.0, 87.0]
@@ -87,12 +96,11 @@ def test_epoch_logs_and_tensorboard_series(tmp_path, monkeypatch):
     assert cb.global_step == steps
     acc, scalars = read_scalars(os.path.join(str(tmp_path), "gpu"))
     series = scalars["gpu/0/utilization_percent"]
-    assert len(series) >= 3
     assert all(v == 87.0 for _, v in series)
+    # One point per sample, at the global step after the batch it was taken in (batches 3, 7, 15 of each epoch).
     points = [s for s, _ in series]
-    assert points == sorted(set(points)), "one point per step, increasing"
-    # Step 0 holds what was sampled before the first step ended (compilation).
-    assert 0 <= points[0] and points[-1] <= steps
+    assert points == [4, 8, 16, 20, 24, steps]
+    assert len(jobs) == 1 and jobs[0].runs == 6
     assert "host/cpu_percent" in scalars
     # The device table is written as text.
     assert "gpu/devices" in acc.Tags()["tensors"]
@@ -149,26 +157,27 @@ def test_training_thread_makes_no_per_step_nvml_call(tmp_path):
 
     few_main, few_total = main_thread_calls(4)
     many_main, many_total = main_thread_calls(40)
-    # Device discovery at on_train_begin only: the count does not grow with steps,
-    # while the sampler thread keeps calling NVML.
+    # Device discovery at on_train_begin and the close at its end only: the count does not grow with steps.
+    # Both fits took their first sample (the epoch end waits for it), on the sampler thread.
     assert few_main == many_main
-    assert many_total > many_main
+    assert few_total > few_main and many_total > many_main
 
 
-def test_two_fits_continue_the_step_axis(tmp_path):
+def test_two_fits_continue_the_step_axis(tmp_path, monkeypatch):
+    jobs = manual_sampling(monkeypatch)  # samples at chosen batches: the points' steps are exact
+    monkeypatch.setattr(sampler, "SLOW_PERIOD", 0.0)  # every field at every sample, however fast they come
     fake, nvml = fake_nvml()
     x, y = regression_data(256)
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml)
     model = tiny_dense_model()
-    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps()])
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, TickAt(jobs, {7, 15})])
     assert cb.global_step == 16
-    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, SlowSteps()])
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[cb, TickAt(jobs, {7, 15})])
     assert cb.global_step == 32
-    assert len(cb.epoch_history) == 2
+    assert len(cb.epoch_history) == 2 and len(jobs) == 2
     _, scalars = read_scalars(os.path.join(str(tmp_path), "gpu"))
     points = [s for s, _ in scalars["gpu/0/utilization_percent"]]
-    assert points == sorted(set(points))
-    assert any(s <= 16 for s in points) and any(16 < s <= 32 for s in points)
+    assert points == [8, 16, 24, 32]  # the second fit's steps go on from the first's
     assert not wait_for_no_threads()
 
 
@@ -185,9 +194,10 @@ def test_no_thread_outlives_a_fit_that_raised(tmp_path):
     with pytest.raises(RuntimeError, match="user callback failed"):
         model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[cb, SlowSteps(), RaiseAtEpochEnd()])
     assert not wait_for_no_threads(), "sampler or guard thread still running after fit() raised"
-    calls = len(fake.calls)
-    time.sleep(0.1)
-    assert len(fake.calls) == calls, "NVML still being sampled after fit() raised"
+    # Every thread that called NVML but this one has ended: nothing can sample it any more.
+    callers = {tid for _, tid in fake.calls} - {threading.get_ident()}
+    assert callers, "the sampler thread took no sample"
+    assert not [t for t in threading.enumerate() if t.ident in callers], "NVML still being sampled after fit() raised"
     # What was sampled before the failure reached TensorBoard, and the file was closed.
     _, scalars = read_scalars(os.path.join(str(tmp_path), "gpu"))
     assert scalars["gpu/0/utilization_percent"]

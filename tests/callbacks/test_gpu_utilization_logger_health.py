@@ -9,15 +9,19 @@ import keras
 import pytest
 
 from keras_gpu_tools import GPUUtilizationLogger
+from keras_gpu_tools.callbacks import gpu_utilization_logger
 from keras_gpu_tools.errors import GPUMonitoringWarning
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.reader import read_run
 from keras_gpu_tools.runtime.session import session_of
 from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS, SHARED_GPU_HEALTH
 from keras_gpu_tools.telemetry.nvml import NVML
+from keras_gpu_tools.telemetry.sampler import GPUProbe
 from tests.helpers.data import regression_data
 from tests.helpers.fake_nvml import FakeGPU, FakeNVML
 from tests.helpers.models import tiny_dense_model
+from tests.helpers.step_records import FakeClock
+from tests.helpers.timing_telemetry import TickAt, manual_sampling
 
 pytestmark = pytest.mark.multibackend
 
@@ -27,24 +31,34 @@ def no_cuda_env(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def first_sample_awaited(monkeypatch):
+    """The first epoch end waits for the fit's first sample however loaded the machine: an event, not a deadline."""
+    monkeypatch.setattr(gpu_utilization_logger, "FIRST_SAMPLE_WAIT_S", 120.0)
+
+
 class EpochClock(keras.callbacks.Callback):
-    """Sleeps a little each step (so the sampler ticks) and times each epoch."""
+    """Sleeps a little each step, so the sampler thread ticks during the fit."""
 
-    def __init__(self, seconds=0.004, on_batch=None):
+    def __init__(self, seconds=0.004):
         super().__init__()
-        self.seconds, self.on_batch = seconds, on_batch
-        self.spans = []
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.spans.append([time.monotonic(), None])
+        self.seconds = seconds
 
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(self.seconds)
-        if self.on_batch is not None:
-            self.on_batch(batch)
 
-    def on_epoch_end(self, epoch, logs=None):
-        self.spans[-1][1] = time.monotonic()
+
+def clocked_probes(monkeypatch, clock):
+    """The logger's GPU probes read the energy counter, and keep their read periods, by ``clock``."""
+
+    class ClockedProbe(GPUProbe):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.clock = clock
+            if self.energy is not None:
+                self.energy.clock = clock
+
+    monkeypatch.setattr(gpu_utilization_logger, "GPUProbe", ClockedProbe)
 
 
 class ReadsHealth(keras.callbacks.Callback):
@@ -64,12 +78,17 @@ def run_texts(run_dir):
     return {tag: points[-1].text for tag, points in values.texts.items()}, values.scalars
 
 
-def test_health_fields_in_history_energy_per_epoch_and_joules_per_sample(tmp_path):
-    gpu = FakeGPU(power_mw=400_000, clock_reasons=0x4, ecc_corrected=2)  # held at the power cap
+def test_health_fields_in_history_energy_per_epoch_and_joules_per_sample(tmp_path, monkeypatch):
+    # Virtual time: each step takes 3/32 s of a fake clock (1.5 s an epoch), which the GPU's energy counter, the
+    # probe and the epoch ends all read; the samples are taken at every step, on the training thread.
+    clock, jobs = FakeClock(), manual_sampling(monkeypatch)
+    clocked_probes(monkeypatch, clock)
+    gpu = FakeGPU(power_mw=400_000, clock_reasons=0x4, ecc_corrected=2, clock=clock)  # held at the power cap
     nvml = NVML(FakeNVML([gpu]))
     x, y = regression_data(256)
-    cb, clock, reader = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml), EpochClock(), ReadsHealth()
-    history = tiny_dense_model().fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[cb, clock, reader])
+    cb, reader = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=nvml), ReadsHealth()
+    steps = TickAt(jobs, range(16), on_batch=lambda batch: clock.advance(3 / 32))
+    history = tiny_dense_model().fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[cb, steps, reader])
     h = history.history
     for field in set(HEALTH_FIELDS) - {"xid_events"}:
         assert len(h[f"gpu/0/{field}"]) == 3, field
@@ -77,9 +96,10 @@ def test_health_fields_in_history_energy_per_epoch_and_joules_per_sample(tmp_pat
     assert h["gpu/0/throttle_thermal_percent"] == [0.0] * 3
     assert h["gpu/0/memory_clock_mhz"] == [2619.0] * 3 and h["gpu/0/sm_clock_max_mhz"] == [1980.0] * 3
     assert h["gpu/0/ecc_corrected_errors"] == [2.0] * 3 and h["gpu/0/xid_events"] == [0.0] * 3
-    # Energy: the counter's difference over each epoch, 400 W over the epoch's wall time (within a sample).
-    for joules, (start, end) in zip(h["gpu/0/energy_joules"][1:], clock.spans[1:]):
-        assert 400 * (end - start - 0.1) <= joules <= 400 * (end - start + 0.1)
+    # Energy: 400 W over each epoch's time, from the first sample (batch 0 of epoch 1) on: the counter is read
+    # every 2 s, the joules since the last reading are taken from the power at an epoch's end, none counted twice.
+    assert h["gpu/0/energy_joules"] == [400 * 15 * 3 / 32, 400 * 1.5, 400 * 1.5]
+    assert gpu.clock() == 100.0 + 3 * 1.5
     assert h[schema.JOULES_PER_SAMPLE] == pytest.approx([e / 256 for e in h["gpu/0/energy_joules"]])
     # The fit's other callbacks see the last epoch's figures, and no field unsupported.
     last, unsupported = reader.seen[-1]
@@ -131,7 +151,8 @@ def test_joules_per_sample_absent_where_the_epochs_examples_are_unknown(tmp_path
     assert schema.JOULES_PER_SAMPLE not in history.history
 
 
-def test_xid_event_during_fit_warned_once_naming_the_gpu(tmp_path):
+def test_xid_event_during_fit_warned_once_naming_the_gpu(tmp_path, monkeypatch):
+    jobs = manual_sampling(monkeypatch)  # sampled at chosen batches: the event is seen in the epoch it came in
     gpu = FakeGPU(uuid="GPU-feed")
     nvml = NVML(FakeNVML([gpu]))
 
@@ -143,12 +164,12 @@ def test_xid_event_during_fit_warned_once_naming_the_gpu(tmp_path):
     cb = GPUUtilizationLogger(log_dir=None, interval=0.02, nvml=nvml)
     with pytest.warns(GPUMonitoringWarning) as record:
         history = tiny_dense_model().fit(
-            x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, EpochClock(0.004, inject)]
+            x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, TickAt(jobs, {0, 4, 8}, on_batch=inject)]
         )
     xid = [str(w.message) for w in record if "XID" in str(w.message)]
     assert len(xid) == 1 and "GPU 0" in xid[0] and "GPU-feed" in xid[0] and "XID 48" in xid[0]
     assert sum(history.history["gpu/0/xid_events"]) == 2.0  # one in each epoch
-    assert history.history["gpu/0/xid_events"][0] == 1.0
+    assert history.history["gpu/0/xid_events"] == [1.0, 1.0]
 
 
 class RaiseAtBatch(keras.callbacks.Callback):
@@ -163,7 +184,7 @@ def test_event_set_freed_when_fit_raises(tmp_path):
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=NVML(fake))
     with pytest.raises(RuntimeError, match="user callback failed"):
         tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, EpochClock(), RaiseAtBatch()])
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + 60.0  # ends as soon as both are done
     while (fake.live_event_sets or cb.fit_running) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert fake.count("nvmlEventSetCreate") == 1 and fake.live_event_sets == 0

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from keras_gpu_tools.runtime.units import format_bytes
+
 pytestmark = [pytest.mark.multibackend, pytest.mark.slow]
 
 FIT = """
@@ -76,12 +78,15 @@ def test_collectives_are_timed_and_scale_with_the_weights(backend, tmp_path):
         assert fit["collective_how"].startswith("one all-reduce of ") and " over 2 " in fit["collective_how"]
         for i, step in enumerate(h["step/step_ms"]):
             parts = sum(h[k][i] for k in h if k.endswith("_ms") and k != "step/step_ms")
-            assert parts == pytest.approx(step, rel=0.05)
+            assert parts == pytest.approx(step, rel=1e-6)  # the parts are carved out of the step: they add up
+            # timed at fit start and carved out of compute (which is part of the step): positive and in the step
             assert 0 < h["step/collective_ms"][i] <= step
         assert "| collectives |" in fit["summary"] and "Collectives: one all-reduce of " in fit["summary"]
         assert "Collectives: one all-reduce of " in fit["report"]
-    # 780 times the bytes: the all-reduce takes longer (latency bounds the small one).
-    assert large["history"]["step/collective_ms"][-1] > 3 * small["history"]["step/collective_ms"][-1]
+    # What scales with the weights is the all-reduce's size: float32 weights of 3,169 and 2,462,209 parameters
+    # (about 780 times the bytes). How long each takes is measured, so their ratio is left to a benchmark.
+    for fit, params in ((small, 3 * 32 + 64 * 32 + 32 * 32 + 1), (large, 3 * 1536 + 64 * 1536 + 1536 * 1536 + 1)):
+        assert fit["collective_how"].startswith(f"one all-reduce of {format_bytes(4 * params)} over 2 ")
     assert "scaled to the weights'" not in large["collective_how"]  # under the probe's 32 MiB: timed at its size
 
 

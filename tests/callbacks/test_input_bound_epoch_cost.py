@@ -35,6 +35,16 @@ from tests.helpers.models import tiny_dense_model
 _FIELDS = {f.name for f in dataclasses.fields(Measurement)}
 
 
+def wait_until(predicate, timeout=30.0) -> bool:
+    """True once ``predicate()`` holds (checked every 10 ms), False after ``timeout`` s: free when it passes."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 class _Spy(Measurement):
     """An epoch's figures that note, in ``read``, that the epoch was read."""
 
@@ -205,7 +215,14 @@ def test_epoch_events_are_written_off_the_training_thread_in_order_and_none_is_l
         real_add(self, event)
 
     monkeypatch.setattr(EventWriter, "_add", add)
-    slow = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: time.sleep(0.1))  # the thread's turn
+
+    def the_threads_turn(epoch, logs):
+        # The epoch's events, handed over, are written by the session's thread before training goes on:
+        # waited for (a generous bound that costs nothing when it passes), not slept on.
+        expected = (epoch + 1) * 4  # the global step of the epoch's last window (4 steps an epoch)
+        assert wait_until(lambda: any(step == expected for _, step in written)), written
+
+    slow = keras.callbacks.LambdaCallback(on_epoch_end=the_threads_turn)
     detector = InputBoundDetector(window=2, sample_every=1, log_dir=tmp_path, verbose=0)
     x, y = uniform_regression_data(16)
     tiny_dense_model().fit(x, y, batch_size=4, epochs=3, verbose=0, callbacks=[detector, slow])
@@ -234,8 +251,5 @@ def test_a_fit_that_raises_loses_none_of_the_epochs_handed_over(tmp_path, monkey
         tiny_dense_model().fit(
             x, y, batch_size=4, epochs=5, verbose=0, callbacks=[detector, keras.callbacks.LambdaCallback(interrupt)]
         )
-    deadline = time.monotonic() + 5
-    while detector.fit_running and time.monotonic() < deadline:  # the session notices fit()'s end
-        time.sleep(0.02)
-    assert not detector.fit_running
+    assert wait_until(lambda: not detector.fit_running)  # the session notices fit()'s end
     assert _verdict_scopes(tmp_path / "input") == ["epoch 1", "epoch 2"]

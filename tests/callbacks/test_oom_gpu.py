@@ -7,7 +7,8 @@ small (8 inputs), so each run takes seconds. The run recovers to the split
 that fits; a reference trained directly at that split with Keras's own
 gradient accumulation ends with the same weights.
 
-Set `OUT` to a directory to get the figures as JSON (`oom_gpu_<backend>.json`).
+Set `OUT` to a directory to get the figures as JSON (`oom_gpu_<backend>.json`). How fast the recovery is
+(its seconds against a goal) is benchmarks/oom_recovery.py's to measure; these tests check what it did.
 """
 
 import json
@@ -26,7 +27,23 @@ WIDTH = 65536
 INPUTS = 8
 BATCH = 2**19
 STEPS = 3
-RECOVERY_GOAL_S = {"jax": 3.0, "torch": 1.0}  # the first OOM of a batch shape, default arguments
+REAL_ATTEMPT_PHASES = {"protect", "run", "explain", "free", "restore"}  # an attempt run to the error
+
+
+def check_recovery(reducer, split):
+    """What the recovery did, not how long it took: its attempts lead to ``split``, its phases are its kind's."""
+    first = [e for e in reducer.events if not e.regrow]  # the first batch's attempts, each split once
+    assert [e.failed_split for e in first[1:]] == [e.next_split for e in first[:-1]], [e.line() for e in first]
+    splits = [e.failed_split for e in first] + [first[-1].next_split]
+    assert splits[-1] == split and splits == sorted(set(splits)), splits  # each split larger, the last one trains
+    for e in reducer.events:
+        if e.kind == "predicted":  # ruled out by the memory analysis or a real error's figures: never run
+            assert not {"protect", "run", "free", "restore"} & set(e.phases), e.phases
+        else:
+            assert REAL_ATTEMPT_PHASES <= set(e.phases), e.phases
+        # The phases are consecutive laps of the attempt's clock: they add up to at most its seconds.
+        assert all(v >= 0 for v in e.phases.values()) and sum(e.phases.values()) <= e.seconds + 1e-5 * len(e.phases)
+    assert reducer.recovery_seconds == pytest.approx(sum(e.seconds for e in reducer.events))
 
 
 def make_model(accumulation=None):
@@ -86,7 +103,7 @@ def test_a_batch_too_large_for_the_card_trains_to_the_end_and_matches_the_refere
     # runs; torch: the first OOM is real, the splits its figures rule out are not run either.
     assert reducer.events[0].kind == ("predicted" if backend == "jax" else backend)
     assert all(e.kind in (backend, "predicted") for e in reducer.events[1:])
-    assert reducer.recovery_seconds <= RECOVERY_GOAL_S[backend], [e.phases for e in reducer.events]
+    check_recovery(reducer, k)
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2 * STEPS
     assert np.isfinite(history.history["loss"]).all()
 
@@ -156,4 +173,5 @@ def test_a_conv_net_too_large_for_the_card_recovers_within_the_goal_by_default(b
         f"oom_gpu_conv_{backend}",
         {"split": reducer.micro_batches, "recovery_seconds": reducer.recovery_seconds, "phases": phases},
     )
-    assert reducer.recovery_seconds <= RECOVERY_GOAL_S[backend], phases
+    check_recovery(reducer, reducer.micro_batches)
+    assert reducer.events[0].kind == backend  # torch: the first out-of-memory error is real

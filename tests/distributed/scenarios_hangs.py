@@ -78,7 +78,9 @@ def reducer_on_one_process(index: int, count: int, out: Path, other: str | None 
     from keras_gpu_tools import InputBoundDetector, OOMBatchSizeReducer
     from keras_gpu_tools.runtime import job_channel
 
-    job_channel.ROSTER_TIMEOUT_S = 5.0  # what process 0 waits for a process that runs none of ours
+    if other is None:  # what process 0 waits for a process that runs none of ours (short: the test waits it out)
+        job_channel.ROSTER_TIMEOUT_S = 5.0
+    # Else the default 30 s: process 1 posts its callbacks however late a loaded machine starts its fit.
     data_parallel()
     model = tiny_dense_model()
     x, y = shard(index)
@@ -88,9 +90,7 @@ def reducer_on_one_process(index: int, count: int, out: Path, other: str | None 
         callbacks.append(OOMBatchSizeReducer(log_dir=logs))
     elif other is None:
         callbacks = []
-    t0 = time.monotonic()
     result = _outcome(lambda: model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=callbacks))
-    result["seconds"] = time.monotonic() - t0
     result["steps_trained"] = int(model.optimizer.iterations.numpy())
     result["exit_at_once"] = True  # a process left in a collective would hold JAX's shutdown
     if other is not None:  # both refused: they leave together, process 0 (the store's host) last
@@ -103,7 +103,10 @@ def reducer_on_one_process(index: int, count: int, out: Path, other: str | None 
 
 
 def one_wait_per_epoch_end(index: int, count: int, out: Path) -> dict:
-    """Process 1 dawdles 6 s at epoch 0's end before our callbacks; process 0 waits 2 s once, not once per callback."""
+    """Process 1 dawdles 12 s at epoch 0's end before our callbacks; process 0 waits 4 s once, not once per callback.
+
+    (The margins are wide so that a loaded machine's skew between the processes cannot decide the outcome.)
+    """
     from keras_gpu_tools import GPUUtilizationLogger, InputBoundDetector
 
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
@@ -116,12 +119,12 @@ def one_wait_per_epoch_end(index: int, count: int, out: Path) -> dict:
         GPUUtilizationLogger(log_dir=logs, interval=0.05, nvml=machine_nvml(count)),
     ]
     for cb in ours:
-        cb.job_timeout_s = 2.0
+        cb.job_timeout_s = 4.0
 
     class Dawdle(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if index == 1 and epoch == 0:
-                time.sleep(6.0)
+                time.sleep(12.0)
 
     history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[Dawdle(), *ours])
     return {

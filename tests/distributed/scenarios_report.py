@@ -50,43 +50,64 @@ def profile_report(index: int, count: int, out: Path, **args) -> dict:
     return _reported(scenarios_profiler.profile_window, index, count, out, **args)
 
 
-def late_once(index: int, count: int, out: Path, timeout: float = 1.0, late: float = 2.5, epochs: int = 3) -> dict:
+def late_once(index: int, count: int, out: Path, timeout: float = 3.0, late: float = 9.0, epochs: int = 3) -> dict:
     """A logger whose job channel times out once: process 1 reaches its first epoch end ``late`` s after process 0.
 
-    Returns the seconds the logger's ``on_epoch_end`` took at each epoch end (its exchange), and its warnings.
+    Returns, for each epoch end, what the logger's gather did on the job's store (counted, not timed):
+    "answered" (it waited and every process answered), "timed out" (it waited ``timeout`` s in vain) or
+    "skipped" (no wait: the channel was given up, here or by another process); and its warnings.
     """
     import os
     import time
 
     from keras_gpu_tools import GPUUtilizationLogger
+    from keras_gpu_tools.runtime import kv_exchange, topology
     from tests.distributed.scenarios import data_parallel, shard
     from tests.distributed.scenarios_logger import machine_nvml
     from tests.helpers.models import tiny_dense_model
 
     os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    store: list[str] = []  # each wait on the job's store, by its outcome
+    channel: list[str] = []  # what the logger's epoch end did on the store
+    store_gather = kv_exchange.KVExchange.gather
+
+    def counted_store(self, key, *a, **k):
+        try:
+            got = store_gather(self, key, *a, **k)
+        except topology.ExchangeError:
+            store.append("timed out")
+            raise
+        store.append("answered")
+        return got
+
+    kv_exchange.KVExchange.gather = counted_store
     data_parallel()
     model = tiny_dense_model()
     x, y = shard(index)
     logger = GPUUtilizationLogger(log_dir=str(out / "logs"), interval=0.02, nvml=machine_nvml(count))
     logger.job_timeout_s = timeout
-    marks: list[tuple[str, float]] = []
 
-    class Mark(keras.callbacks.Callback):
-        def __init__(self, name, sleep=0.0):
-            super().__init__()
-            self.name, self.sleep = name, sleep
-
+    class Late(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            if epoch == 0 and self.sleep:
-                time.sleep(self.sleep)  # a slow checkpoint of this process, say
-            marks.append((self.name, time.monotonic()))
+            if epoch == 0 and index == 1:
+                time.sleep(late)  # a slow checkpoint of this process, say
 
-    callbacks = [Mark("late", late if index == 1 else 0.0), Mark("before"), logger, Mark("after")]
-    history = model.fit(x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=callbacks)
-    before = [t for name, t in marks if name == "before"]
-    after = [t for name, t in marks if name == "after"]
+    class Before(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.waits = len(store)
+
+    class After(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            waits = store[before.waits :]  # the logger's, between the two
+            channel.append(waits[-1] if waits else "skipped")
+
+    before = Before()
+    try:
+        history = model.fit(x, y, batch_size=16, epochs=epochs, verbose=0, callbacks=[Late(), before, logger, After()])
+    finally:
+        kv_exchange.KVExchange.gather = store_gather
     return {
-        "exchange_seconds": [b - a for a, b in zip(before, after)],
+        "channel": channel,
         "job_keys": [sorted(k for k in values if k.startswith("job/")) for values in logger.epoch_history],
         "loss": [float(v) for v in history.history["loss"]],
         "warnings": list(logger.warnings.messages),

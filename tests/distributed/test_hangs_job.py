@@ -19,9 +19,12 @@ def test_a_dead_process_makes_the_survivors_fit_raise_within_seconds(tmp_path):
     assert r1 is None
     assert r0["raised"] is not None and r0["finally_ran"], r0
     assert "gloo" in r0["message"].lower() or "connection" in r0["message"].lower(), r0["message"]
-    assert r0["ended_at"] - r0["died_at"] < 30.0, r0  # the store's own heartbeat would take 100 s, then abort
+    # The wait ended on the event, the dead process's silence (not its 600 s timeout; the store's own heartbeat
+    # would abort process 0 after 100 s, which run_job reports as a failed exit): no clock is compared.
+    assert r0["ended_at"] >= r0["died_at"], r0
     det, log = r0["warnings"]
     assert det.startswith("InputBoundDetector:") and "process 1 stopped answering" in det, det
+    assert "gave no" not in det, det  # not a timeout
     # The logger did not wait on its own key: it learned of the detector's ended wait.
     assert log.startswith("GPUUtilizationLogger:") and "'input/fit1/epoch0'" in log and "'gpu/" not in log, log
     assert len(r0["warnings"]) == 2
@@ -33,8 +36,10 @@ def test_a_reducer_missing_on_a_process_is_refused_on_every_process(tmp_path):
     for r in (r0, r1):
         assert r["raised"] == "ValueError", r
         assert "OOMBatchSizeReducer (run 'oom') runs on process(es) [0] but not on process(es) [1]" in r["message"]
-        assert r["steps_trained"] == 0  # refused at fit start, before any step
-        assert r["seconds"] < 60.0  # not the agreement's 600 s
+        # Refused at fit start, before any step, on the roster every process sent (not after the agreement's
+        # 600 s wait, which run_job's 200 s would report as a hang).
+        assert r["steps_trained"] == 0
+        assert "gave no" not in r["message"], r["message"]
 
 
 @pytest.mark.slow

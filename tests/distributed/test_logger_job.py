@@ -135,4 +135,5 @@ def test_a_logger_missing_on_the_other_process_costs_no_wait_and_one_warning(tmp
         assert any(key.endswith("/utilization_percent") for key in r["history"])  # its own figures stay
         job_warnings = [w for w in r["warnings"] if "job-wide figures are left out" in w]
         assert len(job_warnings) == 1 and f"does not run on process(es) [{1 - i}]" in job_warnings[0], r["warnings"]
-        assert all(s < 30.0 for s in r["epoch_seconds"]), r["epoch_seconds"]
+        # No epoch end waited its 30 s out (that wait would end in a "gave no ..." warning): no clock is compared.
+        assert len(r["epoch_seconds"]) == 3 and not any("gave no" in w for w in r["warnings"]), r["warnings"]

@@ -28,13 +28,15 @@ def row_of(text, process):
 
 @pytest.mark.slow
 def test_the_report_shows_each_process_and_names_the_straggler(tmp_path, capsys):
-    # Process 1 takes 20 ms to load each batch, process 0 nothing (the detector's own straggler job).
+    # Process 1 takes 20 ms to load each batch, process 0 nothing (the detector's own straggler job, on a fake
+    # clock in each process: 5 ms of compute a step, process 0 waiting for process 1 in the all-reduce).
     results = run_job("scenarios_report.detector_report", tmp_path, processes=2, args={"delays": [0.0, 0.02]})
     logs = tmp_path / "job" / "logs"
     input_runs = logs / "input"
-    # What each process measured of itself, in its own run (the scope of the whole fit).
+    # What each process measured of itself, in its own run (the scope of the whole fit): exact figures.
     own = [read_json(input_runs / f"process_{i}")["figures"] for i in range(2)]
-    assert own[1]["input/wait_fraction"] > 0.4 and own[0]["input/wait_fraction"] < 0.1
+    assert own[1]["input/wait_fraction"] == pytest.approx(0.8) and own[0]["input/wait_fraction"] == 0.0, own
+    assert own[0]["input/step_ms"] == pytest.approx(25.0) and own[1]["input/step_ms"] == pytest.approx(25.0), own
 
     rep = report(str(logs))
     jv = rep.data.job_verdict
@@ -90,14 +92,16 @@ def test_the_report_shows_each_process_and_names_the_straggler(tmp_path, capsys)
 
 @pytest.mark.slow
 def test_a_process_that_gave_up_on_the_channel_costs_the_others_no_second_wait(tmp_path):
-    # Process 1 comes 2.5 s late to its first epoch end: process 0's logger waits 1 s for it, warns and gives up.
+    # Process 1 comes 9 s late to its first epoch end: process 0's logger waits 3 s for it, warns and gives up.
     # Process 1 would then find process 0's figures there, and wait in vain for it at its next epoch end (the
     # job stalled a second time for one late process): it must see that process 0 gave up, and give up too.
-    r0, r1 = run_job("scenarios_report.late_once", tmp_path, args={"timeout": 1.0, "late": 2.5})
+    # The waits are counted on the job's store, not timed (the margins only keep a loaded machine's skew
+    # between the processes from deciding who is late).
+    r0, r1 = run_job("scenarios_report.late_once", tmp_path, args={"timeout": 3.0, "late": 9.0})
     assert len(r0["loss"]) == len(r1["loss"]) == 3  # training went on
-    assert r0["exchange_seconds"][0] >= 0.9 and max(r0["exchange_seconds"][1:]) < 0.5, r0["exchange_seconds"]
+    assert r0["channel"] == ["timed out", "skipped", "skipped"], r0["channel"]  # one wait, in vain
+    assert r1["channel"] == ["skipped", "skipped", "skipped"], r1["channel"]  # no wait at all, at no epoch end
     assert [len(k) > 0 for k in r0["job_keys"]] == [False, False, False]
-    assert max(r1["exchange_seconds"]) < 0.5, r1["exchange_seconds"]  # no wait at all, at no epoch end
     assert r1["job_keys"] == r0["job_keys"]  # the same keys in every History: none
     for r in (r0, r1):  # one warning each
         job = [w for w in r["warnings"] if "job-wide figures are left out" in w]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -58,7 +59,7 @@ class FakeGPU:
     mem_clock_max: int = 2619
     clock_reasons: int = 0  # nvmlClocksEventReason* bits active now
     # NVML's total-energy counter (mJ): ``energy_mj`` when set, else ``energy_base_mj`` plus what
-    # ``power_mw`` has used since the fake GPU was made (mW x s = mJ), like the driver's counter.
+    # ``power_mw`` has used since the fake GPU was made (mW x s = mJ, by ``clock``), like the driver's counter.
     energy_mj: int | None = None
     energy_base_mj: int = 5_000_000
     ecc_corrected: int = 0
@@ -77,7 +78,13 @@ class FakeGPU:
     gpu_instance_id: int | None = None
     parent: FakeGPU | None = None
     delay: float = 0.0  # seconds each utilization query blocks, like PCIe throughput does
-    made_at: float = field(default_factory=time.monotonic)
+    # The energy counter's clock: a test passes a fake one to make the joules exact.
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    made_at: float | None = None  # when the counter started (``clock()`` at construction when None)
+
+    def __post_init__(self):
+        if self.made_at is None:
+            self.made_at = self.clock()
 
 
 class _Metric:
@@ -245,7 +252,7 @@ class FakeNVML:
         self._call("nvmlDeviceGetTotalEnergyConsumption", h)
         if h.energy_mj is not None:
             return h.energy_mj
-        return h.energy_base_mj + int(h.power_mw * (time.monotonic() - h.made_at))
+        return h.energy_base_mj + int(h.power_mw * (h.clock() - h.made_at))
 
     def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
         self._call("nvmlDeviceGetTotalEccErrors", h, error_type)

@@ -1,9 +1,7 @@
 """The report's GPU health section: only what deserves attention, a plot per such GPU, what a GPU cannot report."""
 
 import json
-import time
 
-import keras
 import numpy as np
 import pytest
 
@@ -19,6 +17,7 @@ from keras_gpu_tools.telemetry.nvml import NVML
 from tests.helpers.data import regression_data
 from tests.helpers.fake_nvml import FakeGPU, FakeNVML
 from tests.helpers.models import tiny_dense_model
+from tests.helpers.timing_telemetry import TickAt, manual_sampling
 
 STEPS = 10  # per epoch; the logger samples 5 points an epoch, at steps 2, 4, ..., 10 of it
 UNSUPPORTED = {
@@ -252,24 +251,20 @@ def test_the_unsupported_record_round_trips_as_json(tmp_path):
     assert gather_log_dir(str(tmp_path)).gpu_unsupported == {"1": {"xid_events": 'no event set: "x"'}}
 
 
-class SlowSteps(keras.callbacks.Callback):
-    """Sleeps a little each step, so the logger samples several points an epoch."""
-
-    def on_train_batch_end(self, batch, logs=None):
-        time.sleep(0.004)
-
-
 @pytest.mark.multibackend
 def test_a_real_fit_gives_one_health_figure_per_epoch_as_history_has_it(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     # At the power cap, and without NVLink: the fields it cannot report are in both views too.
     nvml = NVML(FakeNVML([FakeGPU(power_mw=690_000, clock_reasons=0x4, ecc_corrected=2, nvlink_links=0)]))
     x, y = regression_data(256)
+    jobs = manual_sampling(monkeypatch)  # four samples an epoch, taken at these batches whatever the load
     lg = GPUUtilizationLogger(log_dir=tmp_path, interval=0.01, nvml=nvml)
-    history = tiny_dense_model().fit(x, y, batch_size=16, epochs=3, verbose=0, callbacks=[lg, SlowSteps()])
+    history = tiny_dense_model().fit(
+        x, y, batch_size=16, epochs=3, verbose=0, callbacks=[lg, TickAt(jobs, {3, 7, 11, 15})]
+    )
     data = gather_log_dir(str(tmp_path))
     # The sampled series have more points than the fit has epochs; the section reads one value an epoch.
-    assert len(data.series["gpu/0/throttle_power_percent"].values) > 3
+    assert len(data.series["gpu/0/throttle_power_percent"].values) == 4 * 3
     fields = [f for f in HEALTH_FIELDS if f"gpu/0/{f}" in history.history]
     assert {"throttle_power_percent", "energy_joules", "sm_clock_max_mhz", "ecc_corrected_errors"} <= set(fields)
     for field in fields:

@@ -1,6 +1,7 @@
 """A log dir reused by a single-process fit and a job of two processes: the report covers one of them."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -25,6 +26,56 @@ def _single_process_fit(logs):
     return lg, det
 
 
+def _job_runs(logs):
+    """The runs a job of two processes' detectors writes (input/process_0, input/process_1, input/job), from fixed
+    figures through the package's own verdicts and EventWriter: process 1 waits 20 ms of its 25 ms step for input,
+    process 0 none (it waits for process 1 in the all-reduce), as the detector's job test measures on a fake clock.
+    """
+    from keras_gpu_tools.input.measure import Measurement
+    from keras_gpu_tools.input.stragglers import job_logs, job_verdict, process_row
+    from keras_gpu_tools.input.verdict import verdict_for
+    from keras_gpu_tools.logdir import schema
+    from keras_gpu_tools.logdir.writer import EventWriter
+
+    steps, fetches = 90, (0.0, 0.02)
+    ms = [
+        Measurement(
+            steps=steps,
+            sampled_steps=9,
+            fetch=f,
+            compute=0.025 - f,
+            other=0.0,
+            step=0.025,
+            wait=f,
+            wait_fraction=f / 0.025,
+            steps_per_sec=40.0,
+            samples_per_sec=640.0,
+        )
+        for f in fetches
+    ]
+    pipeline = {"kind": "generator"}
+    verdicts = [verdict_for(m, pipeline=pipeline, scope="the whole fit", fit=m) for m in ms]
+    rows = [
+        process_row(i, "host", m.logs(), m.logs(), "the whole fit", v.category, v.advice)
+        for i, (m, v) in enumerate(zip(ms, verdicts))
+    ]
+    jv = job_verdict(rows)
+    for i, (m, v) in enumerate(zip(ms, verdicts)):  # as InputBoundDetector's write_fit
+        w = EventWriter(str(logs / "input" / f"process_{i}"))
+        for epoch in (1, 2, 3):
+            w.scalars(m.logs(), step=30 * epoch)
+        record = {"scope": "fit", "verdict": v, "measurement": m, "figures": m.logs(), "fit_figures": m.logs()}
+        w.text(schema.INPUT_VERDICT, v.message, step=steps)
+        w.json(schema.INPUT_VERDICT_DATA, {**record, "notes": [], schema.JOB: jv}, step=steps)
+        w.close()
+    w = EventWriter(str(logs / "input" / "job"))  # process 0's job run
+    for epoch in (1, 2, 3):
+        w.scalars(job_logs(rows), step=30 * epoch)
+    w.text(schema.INPUT_JOB_VERDICT, jv.text(), step=steps)
+    w.close()
+    return jv
+
+
 def _touch(logs, runs, when):
     for run in runs:
         for name in os.listdir(logs / run):
@@ -34,11 +85,9 @@ def _touch(logs, runs, when):
 
 @pytest.mark.slow
 def test_a_single_run_and_a_job_in_one_log_dir_are_reported_apart(tmp_path, capsys):
-    pytest.importorskip("jax")
-    from tests.distributed.launch import run_job
-
-    run_job("scenarios_report.detector_report", tmp_path, processes=2, args={"delays": [0.0, 0.02]})
     logs = tmp_path / "job" / "logs"  # input/process_0, input/process_1, input/job
+    assert _job_runs(logs).straggler_processes == [1]
+    _touch(logs, ["input/process_0", "input/process_1", "input/job"], time.time() - 3600)  # surely the older
     lg, det = _single_process_fit(logs)  # then input, gpu: written last
 
     # By default the runs written last: the single process's, alone; the job's are named, not mixed in.

@@ -9,6 +9,7 @@ import pytest
 from keras_gpu_tools.runtime import session as lifecycle
 from keras_gpu_tools.runtime.keras_internals import find_fit_frame
 from keras_gpu_tools.runtime.session import FitSession, run_deferred
+from tests.helpers.timing_live import wait_until
 
 
 class Recorder:
@@ -46,13 +47,6 @@ class SessionCallback:
     def on_train_end(self):
         self.stopped(False)
         self.session.release(self)
-
-
-def wait_until(predicate, timeout=3.0):
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return predicate()
 
 
 def watchdogs():

@@ -11,6 +11,7 @@ from keras_gpu_tools.runtime import keras_internals as compat
 from keras_gpu_tools.runtime.session import FitSession
 from keras_gpu_tools.runtime.step_hook import MARK, StepHook, batch_signature, leading_dim
 from tests.helpers.models import tiny_dense_model
+from tests.helpers.timing_live import wait_until
 
 
 def attach(model, observer, clock=time.perf_counter, session=None, backend="jax"):
@@ -357,10 +358,7 @@ def test_restored_after_a_fit_that_raised():
     cb = Guarded()
     with pytest.raises(RuntimeError, match="boom"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
-    deadline = time.time() + 3
-    while model.train_function is not original and time.time() < deadline:
-        time.sleep(0.01)
-    assert model.train_function is original
+    assert wait_until(lambda: model.train_function is original)  # the session's watchdog restores it
     assert rec.detached == [False]
     # and the next fit works, wrapped and restored again
     rec2 = Recorder()

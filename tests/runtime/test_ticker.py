@@ -6,13 +6,7 @@ import time
 import pytest
 
 from keras_gpu_tools.runtime.ticker import Ticker
-
-
-def wait_until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return predicate()
+from tests.helpers.timing_live import VirtualClock, step_ticker, wait_until
 
 
 def alive(name):
@@ -20,22 +14,26 @@ def alive(name):
 
 
 def test_jobs_share_one_thread_at_their_own_intervals():
-    ticker = Ticker("test-ticker-share")
+    # In virtual time (intervals of 1/1024 s and 8/1024 s, exact in binary): the schedule is exact, whatever the load.
+    clock = VirtualClock()
+    ticker = Ticker("test-ticker-share", clock=clock)
     fast, slow, threads = [], [], set()
 
     def tick(calls):
-        calls.append(time.monotonic())
+        calls.append(clock())
         threads.add(threading.get_ident())
 
-    ticker.every(0.01, lambda: tick(fast), pytest.fail)
-    ticker.every(0.1, lambda: tick(slow), pytest.fail)
-    assert wait_until(lambda: len(slow) >= 3)
-    ticker.close()
+    jobs = [
+        ticker.every(1 / 1024, lambda: tick(fast), pytest.fail),
+        ticker.every(8 / 1024, lambda: tick(slow), pytest.fail),
+    ]
+    step_ticker(clock, jobs, until=lambda: len(slow) == 3)
+    ticker.close(timeout=30)
     assert len(threads) == 1 and threading.get_ident() not in threads
     assert len(alive("test-ticker-share")) == 0
-    # Each at its own cadence: about ten of the fast job's runs to one of the slow job's.
-    assert len(fast) >= 2 * len(slow)
-    assert slow[-1] - slow[0] >= 0.2 * 0.9
+    # Each at its own cadence: eight of the fast job's runs to one of the slow job's.
+    assert fast == [k / 1024 for k in range(17)]
+    assert slow == [0.0, 8 / 1024, 16 / 1024]
 
 
 def test_a_failing_job_is_reported_and_neither_it_nor_the_others_stop():
@@ -80,17 +78,17 @@ def test_stop_waits_for_a_run_under_way_and_no_run_follows():
     def slow():
         calls.append("begin")
         started.set()
-        release.wait(5)
+        release.wait(60)
         calls.append("end")
 
     job = ticker.every(0.01, slow, pytest.fail)
-    assert started.wait(5)
+    assert started.wait(30)
     stopper = threading.Thread(target=job.stop)
     stopper.start()
     stopper.join(0.1)
     assert stopper.is_alive()  # waiting for the run under way
     release.set()
-    stopper.join(5)
+    stopper.join(30)
     assert not stopper.is_alive() and calls == ["begin", "end"]
     time.sleep(0.05)
     assert calls == ["begin", "end"]  # none after stop() returned
@@ -124,7 +122,7 @@ def test_a_closed_ticker_refuses_new_jobs_and_close_is_safe_from_its_own_thread(
         done.set()
 
     ticker.every(0.01, close_from_inside, pytest.fail)
-    assert done.wait(5)
+    assert done.wait(30)
     assert wait_until(lambda: not alive("test-ticker-close"))
     with pytest.raises(RuntimeError, match="test-ticker-close"):
         ticker.every(0.01, lambda: None, pytest.fail)
@@ -154,28 +152,29 @@ def test_a_job_raising_a_base_exception_does_not_end_the_thread():
 
 def test_soon_runs_a_job_at_once_and_a_call_during_a_run_is_not_lost():
     """LiveView's drawing: a job of a long cadence that runs when work is handed over."""
-    ticker = Ticker("test-ticker-soon")
     entered, release, calls = threading.Event(), threading.Event(), []
 
     def draw():
-        calls.append(time.monotonic())
+        calls.append(clock())
         if len(calls) == 2:  # the first run asked for: held while another call comes
             entered.set()
-            release.wait(5)
+            release.wait(60)
 
+    # Virtual time stands still: with a cadence of 3600 s, only soon() can make the job run again.
+    clock = VirtualClock()
+    ticker = Ticker("test-ticker-soon", clock=clock)
     job = ticker.every(3600.0, draw, pytest.fail)
     assert wait_until(lambda: len(calls) == 1)  # the run at once of every()
-    t0 = time.monotonic()
     job.soon()
-    assert entered.wait(5) and calls[1] - t0 < 1.0
+    assert entered.wait(30)
     job.soon()  # during the run: one more after it
     job.soon()
     release.set()
     assert wait_until(lambda: len(calls) == 3)
-    time.sleep(0.1)
-    assert len(calls) == 3  # the calls during one run make one run, then the long cadence again
+    # The calls during one run made one run, then the long cadence again: nothing is due before 3600 s.
+    assert wait_until(lambda: job.next == 3600.0) and not job.poked and len(calls) == 3
     job.stop()
     job.soon()  # after stop(): nothing
-    time.sleep(0.05)
-    ticker.close()
-    assert len(calls) == 3
+    assert not job.poked and job.next == 3600.0
+    ticker.close(timeout=30)
+    assert not alive("test-ticker-soon") and calls == [0.0, 0.0, 0.0]

@@ -61,14 +61,32 @@ def test_the_workers_cpu_time_counts_as_this_process(tree):
     assert meter.read()["process_cpu_percent"] > 0
 
 
-def test_system_times_are_psutils_figures_read_from_a_file_kept_open():
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux's /proc/stat")
+def test_system_times_are_psutils_figures_read_from_a_file_kept_open(tmp_path, monkeypatch):
+    from keras_gpu_tools.telemetry import cpu_meter
     from keras_gpu_tools.telemetry.cpu_meter import SystemTimes
 
+    # A fixed /proc/stat for both readers: the same counters, exactly, however busy the host.
+    n = len(psutil.cpu_times())
+    fields = " ".join(str(1000 * (i + 1) + i) for i in range(n))
+    (tmp_path / "stat").write_text(f"cpu  {fields}\ncpu0 {fields}\nintr 0\n")
+    with monkeypatch.context() as m:
+        m.setattr(psutil, "PROCFS_PATH", str(tmp_path))
+        m.setattr(cpu_meter, "STAT_PATH", str(tmp_path / "stat"))
+        times = SystemTimes(psutil)
+        ours, theirs = times(), psutil.cpu_times()
+        assert type(ours) is type(theirs) and ours == theirs
+        (tmp_path / "stat").write_text(f"cpu  {fields.replace('1000', '1500', 1)}\n")  # read again from its start
+        assert times().user == psutil.cpu_times().user == ours.user + 500 / os.sysconf("SC_CLK_TCK")
+
+    # The real file: the counters advance at most one second per CPU per second between the two reads.
     times = SystemTimes(psutil)
+    t0 = time.monotonic()
     ours, theirs = times(), psutil.cpu_times()
+    slack = (time.monotonic() - t0) * psutil.cpu_count() + 2 / os.sysconf("SC_CLK_TCK")
     assert type(ours) is type(theirs)
-    for field in theirs._fields:  # the same counters, a moment apart
-        assert abs(getattr(ours, field) - getattr(theirs, field)) <= 0.5, field
+    for field in theirs._fields:
+        assert abs(getattr(theirs, field) - getattr(ours, field)) <= slack, field
     later = times()
     assert sum(later) >= sum(ours)
 

@@ -1,7 +1,5 @@
 """GPU health fields against a fake NVML: throttle shares, clocks, energy per epoch, ECC, GPM, XID events."""
 
-import time
-
 import pytest
 
 from keras_gpu_tools.errors import GPUMonitoringWarning
@@ -14,6 +12,7 @@ from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS, THROTTLE_REAS
 from keras_gpu_tools.telemetry.nvml import NVML
 from keras_gpu_tools.telemetry.sampler import GPUProbe, MetricSampler
 from tests.helpers.fake_nvml import NVML_ERROR_UNKNOWN, FakeGPU, FakeNVML
+from tests.helpers.step_records import FakeClock
 
 FUNCTION_NOT_FOUND = 13
 
@@ -104,16 +103,16 @@ def test_energy_increment_handles_wrap_and_reset():
 
 
 def test_energy_follows_the_power_drawn():
-    gpu = FakeGPU(power_mw=300_000)  # the counter advances 300 J a second
+    clock = FakeClock()  # the counter's time, moved by hand: the joules are exact whatever the load
+    gpu = FakeGPU(power_mw=300_000, clock=clock)  # the counter advances 300 J a second
     fake, sampler, _ = sampler_for(gpu)
     agg = Aggregate()
-    start = time.monotonic()
     agg.add(sampler.sample())  # the prime reads the counter first
-    time.sleep(0.2)
+    clock.advance(0.2)
     agg.add(sampler.sample())
-    elapsed = time.monotonic() - start
-    energy = sampler.epoch_summary(agg)["gpu/0/energy_joules"]
-    assert 300 * 0.2 * 0.9 <= energy <= 300 * elapsed * 1.05
+    assert sampler.epoch_summary(agg)["gpu/0/energy_joules"] == pytest.approx(60.0)
+    clock.advance(0.5)
+    assert sampler.sample()["gpu/0/energy_joules"] == pytest.approx(150.0)  # each reading: the joules since the last
 
 
 def test_ecc_totals_are_the_epochs_last_and_an_unsupported_one_is_absent_with_its_reason():
