@@ -10,18 +10,36 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 
 MAX_POINTS = 24  # at most 276 pairs: a few tens of microseconds (in numpy, a few)
 
 
+HALVES_FROM = 8  # points from which the earlier and later halves get slopes of their own
+
+
 @dataclasses.dataclass(frozen=True)
 class Slope:
-    """A growth rate and how consistently the points rise."""
+    """A growth rate, how consistently the points rise, and how certain the rise is."""
 
     per_unit: float  # units of y per unit of x (MiB per epoch, MiB per fit)
     rising: float  # share of the pairwise slopes that are positive (0..1): ~0.5 for noise, ~1 for steady growth
     points: int  # the points it was computed from (before thinning)
+    # The confidence that the slope is above 0: Mann-Kendall's test, the one behind Theil-Sen's confidence
+    # interval (its lower bound is above 0 exactly when this passes). ~0.5 for noise, ~1 for a steady rise.
+    confidence: float = 0.0
+    early: float | None = None  # the slope of the earlier half of the points (None: too few points)
+    late: float | None = None  # of the later half: a rise that levels off (a cache filling) has late << early
+
+
+def confidence(increases: int, decreases: int, n: int) -> float:
+    """P(slope > 0) from Mann-Kendall's S over ``n`` points (normal approximation, ties not credited)."""
+    s = increases - decreases
+    if n < 3 or s <= 0:
+        return 0.0 if s < 0 else 0.5
+    var = n * (n - 1) * (2 * n + 5) / 18
+    return 0.5 * (1 + math.erf((s - 1) / math.sqrt(var) / math.sqrt(2)))  # with the continuity correction
 
 
 def evenly(n: int, m: int = MAX_POINTS) -> list[int]:
@@ -41,22 +59,41 @@ def _pairs(n: int):
     return i, j
 
 
+def _median_slope(px, py):
+    """The median pairwise slope of points ``px``, ``py`` (numpy arrays), and the slopes (None: no pair)."""
+    import numpy as np
+
+    i, j = _pairs(len(px))  # every pair i < j, in the order of a loop over i then j
+    dx = px[j] - px[i]
+    distinct = dx != 0
+    slopes = (py[j] - py[i])[distinct] / dx[distinct]  # IEEE division: the figures of a loop in Python
+    n = len(slopes)
+    if not n:
+        return None, slopes
+    ordered = np.sort(slopes, kind="stable")  # equal slopes (0.0 and -0.0) in the order sorted() keeps
+    mid = n // 2
+    median = float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2  # statistics'
+    return median, slopes
+
+
 def theil_sen(xs: Sequence[float], ys: Sequence[float]) -> Slope | None:
-    """The median slope over every pair of points with distinct x (None with fewer than 2 of them)."""
+    """The median slope over every pair of points with distinct x (None with fewer than 2 of them).
+
+    With its confidence (Mann-Kendall) and, from `HALVES_FROM` points, the slopes of the two halves.
+    """
     if len(xs) != len(ys):
         raise ValueError(f"xs and ys differ in length: {len(xs)} and {len(ys)}")
     import numpy as np
 
     keep = evenly(len(xs))
     px, py = np.array([float(xs[i]) for i in keep]), np.array([float(ys[i]) for i in keep])
-    i, j = _pairs(len(keep))  # every pair i < j, in the order of a loop over i then j
-    dx = px[j] - px[i]
-    distinct = dx != 0
-    slopes = (py[j] - py[i])[distinct] / dx[distinct]  # IEEE division: the figures of a loop in Python
-    n = len(slopes)
-    if not n:
+    median, slopes = _median_slope(px, py)
+    if median is None:
         return None
-    ordered = np.sort(slopes, kind="stable")  # equal slopes (0.0 and -0.0) in the order sorted() keeps
-    mid = n // 2
-    median = float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2  # statistics'
-    return Slope(median, int(np.count_nonzero(slopes > 0)) / n, len(xs))
+    up, down = int(np.count_nonzero(slopes > 0)), int(np.count_nonzero(slopes < 0))
+    early = late = None
+    if len(keep) >= HALVES_FROM:
+        half = len(keep) // 2
+        early, _ = _median_slope(px[: half + 1], py[: half + 1])  # the middle point in both halves
+        late, _ = _median_slope(px[half:], py[half:])
+    return Slope(median, up / len(slopes), len(xs), confidence(up, down, len(keep)), early, late)

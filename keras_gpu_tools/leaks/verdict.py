@@ -1,8 +1,12 @@
 """The memory verdict: whether memory grows per epoch or per fit, how fast, when it runs out, and the likely cause.
 
-Growth is claimed where a rate (a Theil-Sen slope, see ``slope``) is at least
-the threshold and the memory rises consistently (most pairwise slopes
-positive): a noisy flat series has about half of them positive.
+Growth is claimed by evidence, not by its size: where the rise (a Theil-Sen
+slope, see ``slope``) is certain (Mann-Kendall's confidence at least
+``CERTAIN``: noise gives about 0.5) and steady (where there are enough points,
+the later half rises at least ``LEVELS_OFF`` times as fast as the earlier half:
+a cache that fills and then holds does not). A floor (``min_growth_mib``) leaves
+out rises too small to matter: a clean fit's RSS creeps by about 0.02 MiB per
+epoch (Python's and the framework's own small allocations), steadily.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from keras_gpu_tools.leaks.track import MIN_EPOCHS, Growth
 from keras_gpu_tools.runtime.units import format_bytes
 
 GROWS, STABLE, UNKNOWN = "grows", "stable", "unknown"
-RISING = 0.7  # share of positive pairwise slopes from which a rise is consistent
+RISING = 0.7  # share of positive pairwise slopes from which a rise is consistent (too few points to halve)
+CERTAIN = 0.95  # confidence that the slope is above 0 from which a rise is certain
+LEVELS_OFF = 0.5  # a later half rising at under this share of the earlier half's rate: levelling off, bounded
+SLOW_EPOCHS = 1000  # memory that lasts at least this many epochs (or fits) at the rate: "grows slowly"
 TENSOR_SHARE = 0.5  # live tensors explain growth when they add at least this share of it
 RETRACES_PER_EPOCH = 0.5  # new compiled functions per epoch that make a retrace per epoch
 
@@ -26,8 +33,8 @@ RETRACES_PER_EPOCH = 0.5  # new compiled functions per epoch that make a retrace
 class Context:
     """What the rules need besides the rates."""
 
-    threshold_mib: float  # growth per epoch below this is stable
-    fit_threshold_mib: float  # growth per fit below this is stable
+    threshold_mib: float  # the floor: growth per epoch below this is stable, however certain
+    fit_threshold_mib: float  # the same per fit
     warmup_epochs: int
     last: Reading | None = None  # the latest reading (the memory now)
     host_available: float | None = None  # bytes
@@ -61,8 +68,16 @@ class LeakVerdict:
         return [advice.TITLES[c] for c in self.causes]
 
 
-def grows(s: Slope | None, threshold: float) -> bool:
-    return s is not None and s.per_unit >= threshold and s.rising >= RISING
+def steady(s: Slope) -> bool:
+    """Whether the rise goes on: the later half rises as the earlier did (with too few points: most pairs rise)."""
+    if s.early is None or s.late is None or s.early <= 0:
+        return s.rising >= RISING
+    return s.late >= LEVELS_OFF * s.early
+
+
+def grows(s: Slope | None, floor: float) -> bool:
+    """Whether ``s`` is growth: a certain, steady rise, at least ``floor`` per unit."""
+    return s is not None and s.per_unit > 0 and s.per_unit >= floor and s.confidence >= CERTAIN and steady(s)
 
 
 def _rate(s: Slope | None) -> float | None:
@@ -92,8 +107,17 @@ def judge(g: Growth, fg: FitGrowth, ctx: Context) -> LeakVerdict:
         ("host per fit", fg.host, ctx.fit_threshold_mib),
         ("device per fit", fg.device, ctx.fit_threshold_mib),
     ):
-        if grows(s, limit):
+        if grows(s, limit) and s is not None:
             v.grows.append(name)
+            halves = (
+                ""
+                if s.early is None or s.late is None
+                else f"; {_mib(s.early)} then {_mib(s.late)} MiB per {name.split()[-1]} over its two halves"
+            )
+            v.evidence.append(
+                f"The {name} rise is certain and steady: confidence {s.confidence:.3f} that it rises, "
+                f"{s.rising:.0%} of the pairs of points rise{halves}."
+            )
     measured = any(s is not None for s in (g.host, g.device, fg.host, fg.device))
     v.category = GROWS if v.grows else STABLE if measured else UNKNOWN
     _causes(v, g, fg, ctx)
@@ -195,6 +219,24 @@ def _exhaustion(v: LeakVerdict, g: Growth, fg: FitGrowth, ctx: Context) -> None:
         v.exhaustion.append(f"The host's available memory ({format_bytes(ctx.host_available)}) lasts {when} more.")
 
 
+def _mib(x: float) -> str:
+    """A rate in MiB: one decimal from 1 up, two significant digits under it (0.52, 0.031)."""
+    return f"{x:.1f}" if abs(x) >= 1 else f"{x:.2g}"
+
+
+def _lasts(what: str, per_unit_mib: float, g: Growth, ctx: Context) -> float | None:
+    """How many units (epochs, fits) the host's or the devices' free memory lasts at this rate (None: unknown)."""
+    if per_unit_mib <= 0:
+        return None
+    if what == "Host":
+        return ctx.host_available / (per_unit_mib * MIB) if ctx.host_available else None
+    last = ctx.last
+    if last is None or not ctx.device_limits:
+        return None
+    free = sum(max(limit - last.in_use.get(i, 0.0), 0.0) for i, limit in ctx.device_limits.items())
+    return free / (per_unit_mib * MIB)
+
+
 def _message(v: LeakVerdict, g: Growth, fg: FitGrowth, ctx: Context, epoch_scope: str) -> str:
     t = ctx.threshold_mib
     parts = []
@@ -219,11 +261,14 @@ def _message(v: LeakVerdict, g: Growth, fg: FitGrowth, ctx: Context, epoch_scope
             for p in (", ".join(parts) + epochs if parts else "", ", ".join(fit_parts) + fits if fit_parts else "")
             if p
         )
-        text += f" (growth under {t:g} MiB per epoch and {ctx.fit_threshold_mib:g} MiB per fit, or no steady rise, is stable)."
+        text += (
+            " (stable: no certain rise, a rise that levels off, as a cache filling, or under "
+            f"{t:g} MiB per epoch and {ctx.fit_threshold_mib:g} MiB per fit)."
+        )
         if advice.ALLOCATOR_CACHE in v.causes:
             text += " The allocator's reserved memory grows, but that is its cache, not a leak."
         return text
-    growing = []
+    growing, said_lasts = [], False
     ft = ctx.fit_threshold_mib
     for what, s, unit, limit in (
         ("Host", g.host, "epoch", t),
@@ -232,7 +277,15 @@ def _message(v: LeakVerdict, g: Growth, fg: FitGrowth, ctx: Context, epoch_scope
         ("Device", fg.device, "fit", ft),
     ):
         if grows(s, limit) and s is not None:
-            growing.append(f"{what} memory grows by {s.per_unit:.1f} MiB per {unit}")
+            lasts = _lasts(what, s.per_unit, g, ctx)
+            if lasts is not None and lasts >= SLOW_EPOCHS:
+                said_lasts = True
+                growing.append(
+                    f"{what} memory grows slowly: {_mib(s.per_unit)} MiB per {unit}, "
+                    f"{what.lower()} memory lasts {lasts:,.0f} {unit}s at that rate"
+                )
+            else:
+                growing.append(f"{what} memory grows by {_mib(s.per_unit)} MiB per {unit}")
     where = (
         " (" + ", ".join(s for s in (epoch_scope if parts else "", f"{fg.fits} fits" if fit_parts else "") if s) + ")"
     )
@@ -240,6 +293,6 @@ def _message(v: LeakVerdict, g: Growth, fg: FitGrowth, ctx: Context, epoch_scope
     likely = [advice.TITLES[c] for c in v.causes if c not in (advice.UNKNOWN, advice.ALLOCATOR_CACHE)]
     if likely:
         text += " Likely cause: " + "; ".join(likely) + "."
-    if v.exhaustion:
+    if v.exhaustion and not said_lasts:  # said once: "lasts N epochs" already gives the figure
         text += " " + v.exhaustion[0]
     return text

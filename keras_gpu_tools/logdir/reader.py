@@ -18,11 +18,12 @@ from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.logdir.crc32c import masked_crc32c
+from keras_gpu_tools.logdir.crc32c import MASK_DELTA, checksum, masked_crc32c
 from keras_gpu_tools.logdir.series import Series
 
 _RECORD_HEADER = struct.Struct("<QI")  # payload length, masked CRC32C of the length
 _RECORD_FOOTER = 4  # the masked CRC32C of the payload
+_RECORD_CRC = struct.Struct("<I")
 _DT_STRING = 7  # the tensor dtype of text summaries
 # The JSON the callbacks write nests a few levels; a deeper text is refused before `json.loads`,
 # whose recursion would otherwise end in a RecursionError.
@@ -73,37 +74,66 @@ def find_runs(log_dir: str) -> list[tuple[str, str, list[str]]]:
 
 
 def read_event_file(path: str) -> tuple[list[Any], str | None]:
-    """The events of one TensorBoard event file, and why reading stopped early (None: it did not).
+    """The events of one TensorBoard event file, and what was said of it (None: nothing, every record read).
 
     All of them in a list: for a small file (the report streams them, see `EventFile`).
     """
     stream = EventFile(path)
     events = list(stream)
-    return events, stream.problem
+    return events, stream.said()
+
+
+MAX_OFFSETS_NAMED = 5  # the bad records of a file named by their offset; the rest counted
 
 
 class EventFile:
-    """The events of one TensorBoard event file, one at a time; `problem`: why reading stopped early.
+    """The events of one TensorBoard event file, one at a time, and what went wrong reading it.
 
     Only a regular file is read: it is opened without blocking (a FIFO would block `open()`) and
     refused unless `fstat` says it is one. Each record's length must pass its checksum and fit in
-    what is left of the file (a crafted length never becomes an allocation), and its payload must
-    parse as an `Event`. The payload checksum is not verified (TensorBoard's pure-Python CRC32C
-    reads about 2 MB/s); the length checksum and the parse catch a file that is not an event file,
-    garbage, and a file cut short. A file of 0 bytes (a writer stopped before its first flush) is
-    named as empty. The file is read in chunks of `CHUNK_BYTES`: memory holds one chunk (or one
-    record, when larger) and the event being read, whatever the file's size.
+    what is left of the file (a crafted length never becomes an allocation); a length that fails
+    its checksum ends the reading (where the next record starts is then unknown: `problem`). Each
+    payload must pass its checksum too (masked CRC-32C, as TensorBoard's reader checks it) and
+    parse as an `Event`: a record that does not is skipped and its offset kept (`bad_records`),
+    the records after it still read. A last record cut short is what a writer stopped while
+    writing leaves: not an error, said in `cut_short`. A file of 0 bytes (a writer stopped before
+    its first flush) is named as empty. The file is read in chunks of `CHUNK_BYTES`: memory holds
+    one chunk (or one record, when larger) and the event being read, whatever the file's size.
     """
 
     CHUNK_BYTES = 1 << 22
 
     def __init__(self, path: str):
         self.path = path
-        self.problem: str | None = None  # set once iterated: None where every record was read
+        self.problem: str | None = None  # set once iterated: why reading stopped early (None: it did not)
+        self.cut_short: str | None = None  # the last record, cut short by a stopped writer
+        self.bad_records: list[int] = []  # the offsets of the records skipped (bad checksum, not an event)
         self.count = 0  # events read
 
     def _stopped(self, what: str) -> None:
         self.problem = f"{what} ({self.count} event(s) read before it)" if self.count else what
+
+    def _cut(self, offset: int, what: str) -> None:
+        self.cut_short = (
+            f"ends in a record cut short at byte {offset} ({what}), as a writer stopped while writing "
+            f"leaves it; the {self.count} event(s) before it are read"
+        )
+
+    def skipped(self) -> str | None:
+        """The records skipped, in words: their offsets (the first `MAX_OFFSETS_NAMED`) and how many."""
+        n = len(self.bad_records)
+        if not n:
+            return None
+        named = ", ".join(str(o) for o in self.bad_records[:MAX_OFFSETS_NAMED])
+        more = f" and {n - MAX_OFFSETS_NAMED} more" if n > MAX_OFFSETS_NAMED else ""
+        return (
+            f"has {n} record(s) that fail their checksum or are not events, at byte(s) {named}{more}: they are left out"
+        )
+
+    def said(self) -> str | None:
+        """Everything said of the file (its problems, then a last record cut short), or None."""
+        parts = [p for p in (self.skipped(), self.problem, self.cut_short) if p]
+        return "; ".join(parts) if parts else None
 
     def __iter__(self) -> Iterator[Any]:
         from google.protobuf.message import DecodeError
@@ -111,6 +141,7 @@ class EventFile:
         from keras_gpu_tools.runtime import deps
 
         parse = deps.tensorboard_protos()[1].Event.FromString
+        crc32c, delta = checksum(), MASK_DELTA
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
         except OSError as e:
@@ -129,6 +160,7 @@ class EventFile:
                     return
                 buf, pos, offset = b"", 0, 0  # the chunk, where in it the next record starts, and in the file
                 header_size, unpack = _RECORD_HEADER.size, _RECORD_HEADER.unpack_from
+                unpack_crc = _RECORD_CRC.unpack_from
                 crcs: dict[int, int] = {}  # a few thousand lengths at most: their sum is at most the file's size
                 while True:
                     if len(buf) - pos < header_size:
@@ -136,22 +168,23 @@ class EventFile:
                         if len(buf) == 0:
                             return
                         if len(buf) < header_size:
-                            self._stopped(f"is truncated: the record at byte {offset} is cut short")
+                            self._cut(offset, f"{len(buf)} of its header's {header_size} bytes were written")
                             return
                     length, crc = unpack(buf, pos)
                     expected = crcs.get(length)  # the checksum of the length alone: one per length seen
                     if expected is None:
                         expected = crcs[length] = masked_crc32c(buf[pos : pos + 8])
                     if expected != crc:
-                        what = "is corrupt" if self.count else "is not a TensorBoard event file"
-                        self._stopped(f"{what}: bad record header at byte {offset}")
+                        what = "is corrupt" if self.count or self.bad_records else "is not a TensorBoard event file"
+                        self._stopped(
+                            f"{what}: the record header at byte {offset} fails its checksum; "
+                            f"the {size - offset} bytes from it are not read"
+                        )
                         return
                     left = size - offset - header_size
                     if length + _RECORD_FOOTER > left:
-                        what = "is truncated or corrupt" if self.count else "is not a TensorBoard event file"
-                        self._stopped(
-                            f"{what}: the record at byte {offset} announces {length} bytes, "
-                            f"but only {max(left, 0)} bytes follow its header"
+                        self._cut(
+                            offset, f"it announces {length} bytes, but only {max(left, 0)} bytes follow its header"
                         )
                         return
                     need = header_size + length + _RECORD_FOOTER  # the header, the payload and its checksum
@@ -159,16 +192,23 @@ class EventFile:
                         rest = buf[pos:]
                         buf, pos = rest + f.read(max(self.CHUNK_BYTES, need - len(rest))), 0
                         if need > len(buf):  # the file shrank while read
-                            self._stopped(f"is truncated: the record at byte {offset} is cut short")
+                            self._cut(offset, f"the file shrank to {offset + len(buf)} bytes while read")
                             return
                     end = pos + need
-                    try:
-                        event = parse(buf[pos + header_size : end - _RECORD_FOOTER])
-                    except DecodeError:
-                        self._stopped(f"is corrupt: the record at byte {offset} is not an event")
-                        return
-                    self.count += 1
-                    yield event
+                    payload = buf[pos + header_size : end - _RECORD_FOOTER]
+                    c = crc32c(payload)
+                    if (((c >> 15) | (c << 17)) + delta) & 0xFFFFFFFF != unpack_crc(buf, end - _RECORD_FOOTER)[0]:
+                        event = None  # a flipped bit: its values are never shown
+                    else:
+                        try:
+                            event = parse(payload)
+                        except DecodeError:
+                            event = None
+                    if event is None:
+                        self.bad_records.append(offset)
+                    else:
+                        self.count += 1
+                        yield event
                     offset += end - pos
                     pos = end
         except OSError as e:
@@ -206,6 +246,7 @@ class RunValues:
     scalars: dict[str, Series] = dataclasses.field(default_factory=dict)
     texts: dict[str, list[Point]] = dataclasses.field(default_factory=dict)
     events: int = 0
+    notes: list[str] = dataclasses.field(default_factory=list)  # not errors: a last record cut short
 
 
 _PENDING = 1 << 18  # scalar points held before they go into their series
@@ -227,10 +268,12 @@ def read_run(
     time (see `EventFile`) and only what the report draws is kept: a
     bounded `Series` per scalar tag, the last text of each text tag (every
     text of the tags in `all_texts`). Each file that could not be read,
-    whole or in part, is added to `unreadable` as (path relative to the log
-    directory, `printable`, what went wrong); so is a file whose JSON text (a
-    tag ending in ``/data``) nests deeper than `MAX_JSON_DEPTH`, that text
-    left out.
+    whole or in part, is added to `unreadable` once, as (path relative to the
+    log directory, `printable`, what went wrong): records that fail their
+    checksum (skipped, by offset), a text that is not UTF-8 or a JSON text (a
+    tag ending in ``/data``) nested deeper than `MAX_JSON_DEPTH` (left out).
+    A last record cut short (a writer stopped while writing) is no error: it
+    is said once in the run's `notes`.
     """
     out = RunValues()
     pending: dict[str, list] = {}  # scalar tag -> its (wall, step, value) not yet in its series
@@ -255,6 +298,7 @@ def read_run(
     for name in files:
         shown = printable(name) if run == "." else f"{run}/{printable(name)}"
         stream = EventFile(os.path.join(directory, name))
+        said: list[str] = []  # what is wrong with this file's texts
         for e in stream:
             wall, step, values = e.wall_time, e.step, e.summary.value
             held += len(values)
@@ -269,30 +313,35 @@ def read_run(
                         points = points_of(tag)
                     points.append((wall, step, value))
                 elif v.WhichOneof("value") == "tensor" and (wanted is None or wanted(v.tag)):
-                    _read_tensor(out, shown, e, v, all_texts, unreadable)
+                    _read_tensor(out, e, v, all_texts, said)
             if held >= _PENDING:
                 flush()
                 held = 0
         out.events += stream.count
-        if stream.problem is not None:
-            unreadable.append((shown, stream.problem))
+        wrong = [w for w in (stream.skipped(), stream.problem) if w] + said
+        if wrong:
+            unreadable.append((shown, "; ".join(wrong)))
+        if stream.cut_short is not None:
+            out.notes.append(f"{shown} {stream.cut_short}.")
     flush()
     return out
 
 
-def _read_tensor(
-    out: RunValues, shown: str, e: Any, v: Any, all_texts: Collection[str], unreadable: list[tuple[str, str]]
-) -> None:
-    """A tensor value: a text (the last of its tag kept), or a one-number scalar (Keras's)."""
+def _read_tensor(out: RunValues, e: Any, v: Any, all_texts: Collection[str], said: list[str]) -> None:
+    """A tensor value: a text (the last of its tag kept), or a one-number scalar (Keras's).
+
+    A text that is not UTF-8, or JSON nested too deep, is left out and said in `said`.
+    """
     if v.tensor.dtype == _DT_STRING:
-        text = _text_of(v.tensor)
+        try:
+            text = v.tensor.string_val[0].decode("utf-8") if v.tensor.string_val else ""
+        except UnicodeDecodeError:  # shown as unreadable, never as mangled words
+            said.append(f"holds a text that is not UTF-8 (tag {v.tag!r}, step {e.step}); it is left out as unreadable")
+            return
         if v.tag.endswith(schema.DATA_SUFFIX) and json_depth(text) > MAX_JSON_DEPTH:
-            unreadable.append(
-                (
-                    shown,
-                    f"holds a JSON text (tag {v.tag!r}, step {e.step}) nested deeper than "
-                    f"{MAX_JSON_DEPTH} levels; that text is left out",
-                )
+            said.append(
+                f"holds a JSON text (tag {v.tag!r}, step {e.step}) nested deeper than "
+                f"{MAX_JSON_DEPTH} levels; that text is left out"
             )
             return
         point = Point(e.wall_time, e.step, text=text)
@@ -305,10 +354,6 @@ def _read_tensor(
     value = _scalar_of(v.tensor)
     if value is not None:
         out.scalars.setdefault(v.tag, Series(v.tag)).add(e.wall_time, e.step, value)
-
-
-def _text_of(proto) -> str:
-    return proto.string_val[0].decode("utf-8", "replace") if proto.string_val else ""
 
 
 def _scalar_of(proto) -> float | None:

@@ -44,6 +44,53 @@ from keras_gpu_tools.runtime import deps, validation
 
 _LENGTH, _CRC = struct.Struct("<Q"), struct.Struct("<I")  # a record's length and checksum fields
 _file_ids = itertools.count()  # the last part of an event file's name: unique within the process
+# What a framework's own writer (TensorFlow's profiler) says where the OS said ENOSPC, EDQUOT or EROFS.
+_WRITE_ERRORS = ("No space left on device", "Disk quota exceeded", "Read-only file system")
+_stopped: dict[str, str] = {}  # run directory -> the error that stopped its writes
+_stopped_lock = threading.Lock()
+
+
+def is_write_error(error: BaseException) -> bool:
+    """Whether `error` is a failed write of the file system (a full disk, a quota, a read-only mount).
+
+    An `OSError`, or a framework's error whose text carries the OS's words for one (TensorFlow's
+    profiler raises `ResourceExhaustedError: ...; No space left on device`).
+    """
+    return isinstance(error, OSError) or any(w in str(error) for w in _WRITE_ERRORS)
+
+
+def _key(run_dir: str) -> str:
+    return run_dir if run_dir.startswith(validation.REMOTE_PREFIXES) else os.path.abspath(run_dir)
+
+
+def writes_failed(run_dir: str, error: BaseException) -> None:
+    """Stops the writes of the run in `run_dir`: one warning naming it and the error, the first time only.
+
+    Every writer of the run (its event files, the profiler's trace, the OOM events' files) asks
+    `writes_stopped` before writing, so a full disk is said once a run, with no traceback, and
+    training goes on. A new `EventWriter` for the directory (a later fit) tries again.
+    """
+    with _stopped_lock:
+        if _key(run_dir) in _stopped:
+            return
+        _stopped[_key(run_dir)] = why = f"{type(error).__name__}: {getattr(error, 'strerror', None) or error}"
+    # The package's own warning class, as every other monitoring failure (users filter them as one).
+    warnings.warn(
+        f"keras_gpu_tools: writing the logs in {run_dir} failed ({why}); this run's logs stop here, training goes on.",
+        KerasGPUToolsWarning,
+        stacklevel=3,
+    )
+
+
+def writes_stopped(run_dir: str) -> bool:
+    """Whether the writes of the run in `run_dir` stopped (see `writes_failed`)."""
+    with _stopped_lock:
+        return _key(run_dir) in _stopped
+
+
+def _writes_resume(run_dir: str) -> None:
+    with _stopped_lock:
+        _stopped.pop(_key(run_dir), None)
 
 
 def check_log_dir(log_dir, argument: str = "log_dir") -> str | None:
@@ -112,20 +159,28 @@ class EventWriter:
     faster than ``tensorboard``'s pure Python by 10x on a verdict's text). A remote run
     (``gs://``, ``s3://``, ``hdfs://``) still goes through ``EventFileWriter``.
 
-    A failed write (a full disk) warns once and ends the writer's writes: the
-    logs stop, training goes on.
+    A failed write (a full disk) ends the writes of the run, with one warning
+    for the run (`writes_failed`): the logs stop, training goes on.
     """
 
     def __init__(self, run_dir: str):
         _, event_pb2 = deps.tensorboard_protos()
         self.run_dir = run_dir
-        self._events = (
-            _remote_events(run_dir) if run_dir.startswith(validation.REMOTE_PREFIXES) else _LocalEvents(run_dir)
-        )
         self._lock = threading.Lock()
         self._writing = threading.Lock()  # held while handed-over events are written: one batch after another
         self._closed = False
         self._later: list[Callable[[], None]] = []  # writes handed over, not yet done
+        _writes_resume(run_dir)  # a new writer (a later fit, space freed since): the run tries again
+        self._events: Any = None
+        try:
+            self._events = (
+                _remote_events(run_dir) if run_dir.startswith(validation.REMOTE_PREFIXES) else _LocalEvents(run_dir)
+            )
+        except Exception as e:  # no directory or file could be made: the run has no logs
+            if not is_write_error(e):
+                raise
+            self._fail(e)
+            return
         if isinstance(self._events, _LocalEvents):  # EventFileWriter writes its own first event
             self._add(
                 event_pb2.Event(
@@ -207,6 +262,9 @@ class EventWriter:
         with self._lock:
             if self._closed:
                 return
+            if writes_stopped(self.run_dir):  # another writer of the run (the profiler's) found the disk full
+                self._fail(None)
+                return
             try:
                 self._events.add_event(event)
             except Exception as e:  # a full disk, a lost connection: the logs stop, training goes on
@@ -236,18 +294,14 @@ class EventWriter:
                     stacklevel=2,
                 )
 
-    def _fail(self, error: Exception) -> None:  # under the lock
+    def _fail(self, error: Exception | None) -> None:  # under the lock (or in __init__)
         self._closed = True
-        # The package's own warning class, as every other monitoring failure (users filter them as one).
-        warnings.warn(
-            f"keras_gpu_tools: writing the TensorBoard run {self.run_dir} failed ({error}); its logs stop here, "
-            "training goes on.",
-            KerasGPUToolsWarning,
-            stacklevel=4,
-        )
+        if error is not None:
+            writes_failed(self.run_dir, error)
         try:
-            self._events.close()
-        except Exception:
+            if self._events is not None:
+                self._events.close()
+        except Exception:  # closing flushes what is buffered: the same full disk
             pass
 
     def json(self, tag: str, value: Any, step: int, wall_time: float | None = None) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
-from keras_gpu_tools.logdir.writer import EventWriter, to_plain
+from keras_gpu_tools.logdir.writer import EventWriter, to_plain, writes_failed, writes_stopped
 from keras_gpu_tools.memory.events import OOMEvent
 from keras_gpu_tools.memory.explain import OOMExplanation, headroom_lines
 
@@ -85,6 +85,8 @@ class EventLog:
         if run_dir is None or event.explanation is None:
             return
         folder = os.path.join(run_dir, schema.OOM_EVENTS_DIR)
+        if writes_stopped(run_dir):  # the run's disk is full: said once already
+            return
         try:
             os.makedirs(folder, exist_ok=True)
             base = os.path.join(folder, f"{event.phase}_step{event.step}_{len(self.events)}")
@@ -99,8 +101,8 @@ class EventLog:
                 f.write(event.line() + "\n" + "\n".join(event.why()) + "\n")
             with open(f"{base}.json", "w") as f:
                 json.dump(to_plain(event), f, indent=1)
-        except OSError as e:
-            self.warn("event-files", f"{_PREFIX}could not write {folder}: {e}")
+        except OSError as e:  # one warning for the run, as its event files' writer gives
+            writes_failed(run_dir, e)
 
     def end_epoch(self, micro_batches: int, step: int) -> dict[str, float]:
         """The epoch's figures, handed over to TensorBoard's writer and returned (for the epoch logs: History).

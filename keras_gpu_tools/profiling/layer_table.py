@@ -123,7 +123,7 @@ def build_table(
         if flops is not None and table.rows:
             _add_flops(table, tree, flops)
     except Exception as e:  # a trace this reader does not know: said, training goes on
-        logger.exception("ProfilerWindow: the layer table could not be built")
+        logger.debug("ProfilerWindow: the layer table could not be built", exc_info=True)  # said in table.error
         table.error = f"the trace could not be read ({type(e).__name__}: {e})"
     finally:
         table.seconds = time.perf_counter() - t0

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from keras_gpu_tools.logdir.writer import is_write_error, writes_failed
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.profiling.capture import WindowCapture, steps_name
 from keras_gpu_tools.profiling.job_session import JobSessions
@@ -53,7 +54,7 @@ def start(
         )
         return None, "its profiler was busy"
     except Exception as e:
-        logger.exception("ProfilerWindow: the profiler could not start")
+        logger.debug("ProfilerWindow: the profiler could not start", exc_info=True)  # said in a warning, once
         warn(
             ("start", type(e).__name__),
             f"ProfilerWindow: the profiler could not start ({type(e).__name__}: {e}); window skipped, training goes on.",
@@ -84,11 +85,14 @@ def stop(
             profiler.stop(outputs)
     except Exception as e:
         failed = True
-        logger.exception("ProfilerWindow: stopping the profiler failed")
-        warn(
-            ("stop", type(e).__name__),
-            f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.",
-        )
+        logger.debug("ProfilerWindow: stopping the profiler failed", exc_info=True)  # said in a warning, once
+        if is_write_error(e):  # the trace could not be written: a full disk is said once for the run
+            writes_failed(run_dir, e)
+        else:
+            warn(
+                ("stop", type(e).__name__),
+                f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.",
+            )
     label = f"steps_{window.start}_{window.start + done}"
     session = None
     if job is None:

@@ -79,6 +79,7 @@ def gather_log_dir(log_dir: str, title: str | None = None, layout: str = "latest
         other = run not in scan.job_runs and scan.process_of.get(run, first) != first
         values = read_run(run, path, files, data.unreadable, wanted=_other_process_tag if other else None)
         read += values.events
+        data.notes += values.notes
         if values.events:
             data.sources.append(run)
         if run in scan.job_runs:

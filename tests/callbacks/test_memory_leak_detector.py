@@ -116,7 +116,7 @@ def test_with_clear_session_in_the_loop_it_is_not_named():
     [
         ({"warmup_epochs": -1}, ValueError, "argument `warmup_epochs`. Received: warmup_epochs=-1"),
         ({"warmup_epochs": 1.5}, ValueError, "argument `warmup_epochs`"),
-        ({"min_growth_mib": 0}, ValueError, "argument `min_growth_mib`. Received: min_growth_mib=0"),
+        ({"min_growth_mib": -1}, ValueError, "argument `min_growth_mib`. Received: min_growth_mib=-1"),
         ({"min_growth_mib_per_fit": -2.0}, ValueError, "argument `min_growth_mib_per_fit`"),
         ({"verbose": 3}, ValueError, "argument `verbose`"),
         ({"count_tensors": "yes"}, TypeError, "argument `count_tensors`"),

@@ -4,7 +4,7 @@ import io
 import os
 import random
 
-from keras_gpu_tools.logdir.crc32c import BLOCK, crc32c, masked_crc32c
+from keras_gpu_tools.logdir.crc32c import BLOCK, crc32c, masked_crc32c, numpy_crc32c
 from keras_gpu_tools.logdir.writer import EventWriter
 
 
@@ -18,6 +18,7 @@ def test_the_checksum_is_crc32c_for_every_length_around_the_blocks():
     for n in lengths:
         data = bytes(rng.getrandbits(8) for _ in range(n))
         assert crc32c(data) == reference(data), n
+        assert numpy_crc32c(data) == reference(data), n  # without the C extension
         assert masked_crc32c(data) == masked_reference(data), n
 
 

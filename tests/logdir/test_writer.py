@@ -120,10 +120,42 @@ def test_a_failed_write_warns_once_and_training_goes_on(tmp_path):
         w.scalars({"oom/events": 2.0}, step=2)
         w.flush()
         w.close()
-    mine = [x for x in caught if issubclass(x.category, KerasGPUToolsWarning) and "TensorBoard run" in str(x.message)]
+    mine = [x for x in caught if issubclass(x.category, KerasGPUToolsWarning) and "writing the logs" in str(x.message)]
     assert len(mine) == 1
     message = str(mine[0].message)
     assert "training goes on" in message and w.run_dir in message and "No space left" in message
+
+
+def _full(writer):
+    """Points `writer`'s event file at /dev/full: every write fails with ENOSPC, as on a full disk."""
+    local = writer._events
+    local._file.close()
+    local._file = open("/dev/full", "wb", buffering=0)
+
+
+def test_a_full_disk_is_said_once_a_run_whichever_of_its_writers_finds_it(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (Linux) for a real out-of-space error")
+    from keras_gpu_tools.logdir.writer import is_write_error, writes_failed, writes_stopped
+
+    run = str(tmp_path / "profile")
+    w = EventWriter(run)
+    _full(w)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w.text("profile/steps_3_6", "a window", step=1)
+        # The profiler's own writer of the same run, then the OOM event files': nothing more said.
+        error = RuntimeError(f"{run}/plugins/profile/x/vm.xplane.pb; No space left on device")  # TensorFlow's words
+        assert is_write_error(error) and not is_write_error(RuntimeError("a bug"))
+        writes_failed(run, error)
+        writes_failed(run + "/", OSError(28, "No space left on device"))
+        assert writes_stopped(run)
+        w.close()
+    assert [str(x.message).count(run) for x in caught] == [1]
+    later = EventWriter(run)  # a later fit, space freed: the run is written again
+    later.scalars({"a": 1.0}, step=1)
+    later.close()
+    assert not writes_stopped(run) and _read(run).Tags()["scalars"] == ["a"]
 
 
 def test_writing_does_not_import_tensorflow(tmp_path):
