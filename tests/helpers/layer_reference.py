@@ -2,9 +2,9 @@
 
 - TensorFlow and JAX: xprof's ``hlo_stats`` tool (every HLO op's total self time on the device and its
   framework op name), each op's framework name matched to a layer path;
-- torch: ``torch.profiler``'s own parse of a session (``prof.events()``): each event's self device
-  time, to the ``keras_layer::`` range among its CPU parents, a backward op by its autograd sequence
-  number to the layer of the forward op with that number.
+- torch: ``torch.profiler``'s own parse of a session (``prof.events()``): each kernel's device time
+  (once, under the CPU op that launched it), to the ``keras_layer::`` range among that op's CPU
+  parents, a backward op by its autograd sequence number to the layer of the forward op with that number.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def torch_layer_shares(model, run_steps, steps: int = 5) -> dict[str, float]:
     forward = {e.sequence_nr: layer_of(e) for e in events if e.sequence_nr >= 0 and layer_of(e) is not None}
     totals: dict[str, float] = {}
     for e in events:
-        t = float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
+        # Each kernel once, under the CPU op that launched it (torch.profiler links them by correlation):
+        # an op's self device time would count a kernel again as an event of its own, with no CPU parent.
+        t = float(sum(k.duration for k in getattr(e, "kernels", ()) or ()))
         if t <= 0:
             continue
         path = layer_of(e)
