@@ -12,6 +12,8 @@ Logical devices are fixed before TensorFlow initialises its devices, and the
 allocator must refuse at once: the test session sets both (`tests/conftest.py`).
 """
 
+import gc
+
 import keras
 import numpy as np
 import pytest
@@ -23,6 +25,16 @@ from tests.helpers.models import BACKEND, FAST_OOM, MemoryCliff
 from tests.helpers.session import TF_CPU_DEVICES
 
 REPLICAS = 2
+
+
+@pytest.fixture(autouse=True)
+def _collect_the_strategys_iterators():
+    """A MirroredStrategy fit's dead per-device iterators are collected when its test ends: collected later,
+    inside another test's fit, their destruction deadlocks TensorFlow (it waits for a thread that never ends)."""
+    yield
+    gc.collect()
+
+
 inside = pytest.mark.skipif(
     BACKEND != "tensorflow" or not FAST_OOM or TF_CPU_DEVICES < REPLICAS,
     reason="MirroredStrategy over two logical CPU devices whose allocator refuses at once: a TensorFlow test session",
