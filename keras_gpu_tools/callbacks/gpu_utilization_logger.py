@@ -36,8 +36,7 @@ from keras_gpu_tools.telemetry.sampler import (
 )
 
 MAX_INTERVAL = 3600.0  # seconds: one sample an hour is already no monitoring
-# Seconds (plus the interval) the first epoch end of a fit waits for the fit's first sample, at most.
-FIRST_SAMPLE_WAIT_S = 1.0
+FIRST_SAMPLE_WAIT_S = 1.0  # at most (plus the interval), a fit's first epoch end waits for its first sample
 
 
 class GPUUtilizationLogger(FitCallback):
@@ -270,8 +269,7 @@ class GPUUtilizationLogger(FitCallback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._count_on()
         if not self._first_sample.is_set() and self._running:
-            # An epoch shorter than the first sample: wait for it, once per fit,
-            # so every epoch's logs carry the same keys.
+            # An epoch shorter than the first sample: wait for it, once per fit, so every epoch has the same keys.
             self._first_sample.wait(FIRST_SAMPLE_WAIT_S + self.interval)
         with self._lock:
             agg, self._epoch = self._epoch, Aggregate()

@@ -23,6 +23,7 @@ from keras_gpu_tools.runtime.units import format_bytes
 GROWS, STABLE, UNKNOWN = "grows", "stable", "unknown"
 RISING = 0.7  # share of positive pairwise slopes from which a rise is consistent (too few points to halve)
 CERTAIN = 0.95  # confidence that the slope is above 0 from which a rise is certain
+STILL_RISING = 4.0  # a later half rising at this many times the floor still grows, however fast the first half rose
 LEVELS_OFF = 0.5  # a later half rising at under this share of the earlier half's rate: levelling off, bounded
 SLOW_EPOCHS = 1000  # memory that lasts at least this many epochs (or fits) at the rate: "grows slowly"
 TENSOR_SHARE = 0.5  # live tensors explain growth when they add at least this share of it
@@ -68,16 +69,21 @@ class LeakVerdict:
         return [advice.TITLES[c] for c in self.causes]
 
 
-def steady(s: Slope) -> bool:
-    """Whether the rise goes on: the later half rises as the earlier did (with too few points: most pairs rise)."""
+def steady(s: Slope, floor: float = 0.0) -> bool:
+    """Whether the rise goes on (with too few points: most pairs rise).
+
+    The later half rises as the earlier did, or still at ``STILL_RISING`` times the floor: a leak
+    whose early points rose faster (the first fits' own allocations) has not levelled off while its
+    later half still grows that fast; a cache that filled has a later half near zero.
+    """
     if s.early is None or s.late is None or s.early <= 0:
         return s.rising >= RISING
-    return s.late >= LEVELS_OFF * s.early
+    return s.late >= LEVELS_OFF * s.early or (floor > 0 and s.late >= STILL_RISING * floor)
 
 
 def grows(s: Slope | None, floor: float) -> bool:
     """Whether ``s`` is growth: a certain, steady rise, at least ``floor`` per unit."""
-    return s is not None and s.per_unit > 0 and s.per_unit >= floor and s.confidence >= CERTAIN and steady(s)
+    return s is not None and s.per_unit > 0 and s.per_unit >= floor and s.confidence >= CERTAIN and steady(s, floor)
 
 
 def _rate(s: Slope | None) -> float | None:

@@ -37,6 +37,7 @@ _FILE_TYPES = (
     (stat.S_ISSOCK, "a socket"),
     (stat.S_ISDIR, "a directory"),
 )
+_MAX_EVENT_BYTES = 2**31  # protobuf refuses messages of 2 GiB or more
 
 
 def printable(name: str) -> str:
@@ -182,6 +183,13 @@ class EventFile:
                         )
                         return
                     left = size - offset - header_size
+                    if length >= _MAX_EVENT_BYTES:  # no writer's record: a protobuf message stays under 2 GiB
+                        what = "is corrupt" if self.count or self.bad_records else "is not a TensorBoard event file"
+                        self._stopped(
+                            f"{what}: the record at byte {offset} announces {length} bytes, more than an event "
+                            f"can hold, and only {max(left, 0)} bytes follow its header; they are not read"
+                        )
+                        return
                     if length + _RECORD_FOOTER > left:
                         self._cut(
                             offset, f"it announces {length} bytes, but only {max(left, 0)} bytes follow its header"

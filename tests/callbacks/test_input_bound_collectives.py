@@ -69,8 +69,11 @@ def fit_both(backend: str, log_dir, **env) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("backend", ["tensorflow", "jax"])
 def test_collectives_are_timed_and_scale_with_the_weights(backend, tmp_path):
-    if os.environ.get("KERAS_BACKEND", "tensorflow") not in (backend, "tensorflow"):
-        pytest.skip("runs once per backend that has data parallelism in one process (torch has none in Keras)")
+    if os.environ.get("KERAS_BACKEND", "tensorflow") != backend:
+        pytest.skip(
+            f"a fit in a fresh {backend} process: run once, by the {backend} session (torch has no data "
+            "parallelism in one process in Keras)"
+        )
     small, large = fit_both(backend, tmp_path, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     for fit in (small, large):
         h = fit["history"]

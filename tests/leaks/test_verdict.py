@@ -146,3 +146,13 @@ def test_noise_is_not_certain():
     rng = random.Random(3)
     rss = [800 + rng.gauss(0, 2.0) for _ in range(30)]
     assert _judged(rss).category == STABLE
+
+
+def test_a_leak_whose_first_epochs_rose_faster_still_grows_while_its_later_half_rises_well_over_the_floor():
+    # 6 MiB an epoch, then 2.5: the later half at under half the earlier rate, but ten times the floor (0.25)
+    rss = [700 + 6 * e for e in range(15)] + [784 + 2.5 * (e + 1) for e in range(15)]
+    v = _judged(rss)
+    assert v.category == GROWS and v.grows == ["host per epoch"], v.message
+    # the same early rise, then a later half under four times the floor: a cache that filled, not a leak
+    flat = [700 + 6 * e for e in range(15)] + [784 + 0.05 * (e + 1) for e in range(15)]
+    assert _judged(flat).category == STABLE
