@@ -147,13 +147,15 @@ def _causes(v: LeakVerdict, g: Growth, fg: FitGrowth, ctx: Context) -> None:
     elif per_fit and fg.cleared * 2 >= max(fg.fits - 1, 1):
         v.evidence.append(f"Keras's session was cleared before {fg.cleared} of the {fg.fits - 1} later fits.")
         v.causes.append(advice.FRAMEWORK_PER_FIT)
-    if per_epoch and g.tensors is not None and g.tensor_mib is not None:
+    if per_epoch and g.tensor_mib is not None:
+        # Bytes decide, not the count: the tensors a fit frees between two counts can hide the ones kept.
         share = g.tensor_mib.per_unit / max(per_epoch)
+        count = "" if g.tensors is None else f" ({g.tensors.per_unit:+.2g} tensors per epoch)"
         v.evidence.append(
-            f"The framework's live tensors grow by {g.tensor_mib.per_unit:.1f} MiB per epoch "
-            f"({g.tensors.per_unit:+.2g} tensors per epoch): {share:.0%} of the growth."
+            f"The framework's live tensors grow by {g.tensor_mib.per_unit:.1f} MiB per epoch{count}: "
+            f"{share:.0%} of the growth."
         )
-        if g.tensors.per_unit > 0 and share >= TENSOR_SHARE:
+        if g.tensor_mib.per_unit > 0 and share >= TENSOR_SHARE:
             v.causes.append(advice.TENSORS_KEPT)
     if g.compiled is not None and g.compiled.per_unit >= RETRACES_PER_EPOCH:
         v.evidence.append(f"The model's compiled functions grow by {g.compiled.per_unit:.1f} per epoch.")

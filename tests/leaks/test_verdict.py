@@ -38,6 +38,19 @@ def test_tensors_kept_grow_with_the_bytes_and_the_host_runs_out_at_that_rate():
     assert "float(x)" in v.advice[0]
 
 
+def test_tensors_kept_are_named_by_their_bytes_when_freed_ones_hide_their_count():
+    # Two heap counts: the tensors the fit freed between them offset the one kept each epoch.
+    g = Growth(epochs=9, host=rising(24.0), tensors=Slope(0.0, 0.0, 2), tensor_mib=Slope(24.0, 1.0, 2))
+    v = judge(g, FitGrowth(fits=1), ctx())
+    assert v.causes == [advice.TENSORS_KEPT], v.evidence
+    assert any("+0 tensors per epoch): 100% of the growth" in e for e in v.evidence)
+
+
+def test_tensor_bytes_below_half_the_growth_are_not_its_cause():
+    g = Growth(epochs=9, host=rising(24.0), tensors=rising(1.0), tensor_mib=rising(6.0))
+    assert advice.TENSORS_KEPT not in judge(g, FitGrowth(fits=1), ctx()).causes
+
+
 def test_a_flat_run_is_stable_with_no_cause():
     v = judge(Growth(epochs=9, host=Slope(0.3, 0.55, 9), device=Slope(0.0, 0.0, 9)), FitGrowth(fits=1), ctx())
     assert v.category == STABLE and v.causes == [] and "stable" in v.message
