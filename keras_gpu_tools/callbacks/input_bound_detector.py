@@ -17,7 +17,7 @@ from keras_gpu_tools.input.categories import UNKNOWN
 from keras_gpu_tools.input.fit import FitViews, InputFit
 from keras_gpu_tools.input.job import JobExchange
 from keras_gpu_tools.input.summary import run_summary, write_epoch_later, write_fit
-from keras_gpu_tools.input.timing import StepStats
+from keras_gpu_tools.input.timing import BatchSizes, StepStats
 from keras_gpu_tools.input.verdict import Judge, validate_thresholds
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime import keras_internals as ki
@@ -199,7 +199,8 @@ class InputBoundDetector(FitViews, FitCallback):
         self._steps: BreakdownRun | None = None  # the last fit's step breakdown
         self._running = False
         self._attachment: Attachment | None = None
-        self._window = StepStats()
+        self._batches = BatchSizes()  # the fit's, shared by its windows
+        self._window = StepStats(self._batches)
         self._window_t0 = self._epoch_t0 = time.time()
         self._gpu_logger = self._step_specs = None
         self._cpu = CpuMeter()  # made again for each fit
@@ -243,7 +244,8 @@ class InputBoundDetector(FitViews, FitCallback):
     # -- Keras hooks -----------------------------------------------------------------------
     def _start_fit(self, session) -> None:
         self.notes, self._step_specs = [], None
-        self._window, self._window_t0 = StepStats(), time.time()
+        self._batches = BatchSizes()
+        self._window, self._window_t0 = StepStats(self._batches), time.time()
         self._cpu = CpuMeter(session.every)  # its looks for worker processes: on the session's thread
         self.pipeline = ki.describe_pipeline(self.model)
         self._gpu_logger = self._find_gpu_logger()
@@ -271,7 +273,7 @@ class InputBoundDetector(FitViews, FitCallback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._fit.spans.windows = []
-        self._window = StepStats()  # (empty: the last epoch closed its windows)
+        self._window = StepStats(self._batches)  # (empty: the last epoch closed its windows)
         self._epoch_t0 = self._window_t0 = time.time()
         self._cpu.restart()  # the epoch's CPU use
         att, steps = self._attachment, (self.params or {}).get("steps")
@@ -324,7 +326,7 @@ class InputBoundDetector(FitViews, FitCallback):
             att.hook.flush()
 
     def _close_window(self, write: bool = True) -> dict[str, float]:
-        w, self._window = self._window, StepStats()
+        w, self._window = self._window, StepStats(self._batches)
         t0, self._window_t0 = self._window_t0, time.time()
         m = self._fit.close_window(w, t0, self._global_step) if w.steps else None
         if write and m is not None and self._writer is not None:

@@ -152,7 +152,8 @@ class Sums:
             m.wait = self.waited / self.timed
             m.wait_fraction = min(max(self.waited / self.stepped, 0.0), 1.0)
         if self.rated:
-            m.steps_per_sec = self.rated / self.seconds
+            # 1 / step where the same parts give both (each window's rate is 1 / its step): one figure
+            m.steps_per_sec = 1.0 / m.step if m.step and self.rated == self.means["step"][1] else self.rated / self.seconds
             if self.samples is not None:
                 m.samples_per_sec = self.samples / self.seconds_s
         set_flops(m, flops_per_step, peak_flops, devices)
