@@ -17,7 +17,7 @@ from keras_gpu_tools.input.categories import UNKNOWN
 from keras_gpu_tools.input.fit import FitViews, InputFit
 from keras_gpu_tools.input.job import JobExchange
 from keras_gpu_tools.input.summary import run_summary, write_epoch_later, write_fit
-from keras_gpu_tools.input.timing import StepStats
+from keras_gpu_tools.input.timing import BatchSizes, StepStats
 from keras_gpu_tools.input.verdict import Judge, validate_thresholds
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime import keras_internals as ki
@@ -69,25 +69,30 @@ class InputBoundDetector(FitViews, FitCallback):
     | `input/steps` | steps | training steps the figures cover (their weight when adding up) |
     | `input/wait_fraction` | 0..1 | share of the step time spent waiting for input |
     | `input/wait_ms` | ms | waiting for input per step (the part compute did not hide) |
-    | `input/fetch_ms` | ms | host time in the iterator's `next()` per step |
-    | `input/compute_ms` | ms | step compute on the device (median of synced steps) |
+    | `input/compute_ms` | ms | step compute on the device (low end of synced steps) |
     | `input/other_ms` | ms | the rest: callbacks, Python, dispatch |
-    | `input/step_ms` | ms | time per training step |
-    | `throughput/steps_per_sec` | 1/s | training steps per second |
-    | `throughput/samples_per_sec` | 1/s | examples per second |
+    | `input/step_ms` | ms | the steady step time, compilation apart: the one every view reads |
+    | `throughput/steps_per_sec` | 1/s | training steps per second: `1000 / input/step_ms` |
+    | `throughput/samples_per_sec` | 1/s | examples per second: the mean examples per step (a partial last batch counted) times the steps per second |
     | `throughput/flops_per_sec` | FLOP/s | achieved by the step, every device of it together, where the FLOPs are known |
     | `throughput/flops_per_sec_per_device` | FLOP/s | the same per device that runs the step |
     | `throughput/mfu` | 0..1 | model FLOPs utilization: against the summed dense peaks of the step's devices |
     | `step/compile_seconds` | s | compile/trace calls this epoch (first call, retraces), beyond a normal step |
     | `step/retraces` | count | traces of the train step beyond its first this epoch (the framework's count) |
-    | `step/input_ms` | ms | the steady step's parts, compilation left out, adding up to `step/step_ms`: input wait |
+    | `step/input_ms` | ms | the steady step's parts, compilation left out, adding up to `step/step_ms`: input wait (`input/wait_ms`) |
     | `step/dispatch_ms` | ms | host launch time the device waits for (where told apart: JAX on a GPU) |
     | `step/compute_ms` | ms | device compute, collectives left out where estimated |
     | `step/collective_ms` | ms | gradient all-reduce, timed alone at fit start (several devices of one process) |
     | `step/other_ms` | ms | callbacks, Python; dispatch where not told apart |
-    | `step/step_ms` | ms | the steady step time |
+    | `step/step_ms` | ms | an alias of `input/step_ms` (the epoch's), less the compile time of retraces the hook did not time |
 
     `detector.breakdown` names the largest part and what fits it (in `summary()`).
+
+    One figure, one value: the verdict, `summary()`, the step breakdown, the report
+    and TensorBoard read the same step time, rate and wait share for the same steps.
+    The host's fetch time (`next()`), equal to the wait wherever compute does not hide it,
+    is in `summary()`'s table and `detector.measurement.fetch`, not a series of its own
+    (log dirs of earlier versions may hold `input/fetch_ms`).
 
     FLOPs are counted by the backend once per fit (`flops_source` says how) or given as
     `flops_per_step`, the peak from a table of NVIDIA GPUs or `peak_flops` (times the step's devices).
@@ -199,7 +204,8 @@ class InputBoundDetector(FitViews, FitCallback):
         self._steps: BreakdownRun | None = None  # the last fit's step breakdown
         self._running = False
         self._attachment: Attachment | None = None
-        self._window = StepStats()
+        self._batches = BatchSizes()  # the fit's, shared by its windows
+        self._window = StepStats(self._batches)
         self._window_t0 = self._epoch_t0 = time.time()
         self._gpu_logger = self._step_specs = None
         self._cpu = CpuMeter()  # made again for each fit
@@ -243,7 +249,8 @@ class InputBoundDetector(FitViews, FitCallback):
     # -- Keras hooks -----------------------------------------------------------------------
     def _start_fit(self, session) -> None:
         self.notes, self._step_specs = [], None
-        self._window, self._window_t0 = StepStats(), time.time()
+        self._batches = BatchSizes()
+        self._window, self._window_t0 = StepStats(self._batches), time.time()
         self._cpu = CpuMeter(session.every)  # its looks for worker processes: on the session's thread
         self.pipeline = ki.describe_pipeline(self.model)
         self._gpu_logger = self._find_gpu_logger()
@@ -271,7 +278,7 @@ class InputBoundDetector(FitViews, FitCallback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._fit.spans.windows = []
-        self._window = StepStats()  # (empty: the last epoch closed its windows)
+        self._window = StepStats(self._batches)  # (empty: the last epoch closed its windows)
         self._epoch_t0 = self._window_t0 = time.time()
         self._cpu.restart()  # the epoch's CPU use
         att, steps = self._attachment, (self.params or {}).get("steps")
@@ -324,7 +331,7 @@ class InputBoundDetector(FitViews, FitCallback):
             att.hook.flush()
 
     def _close_window(self, write: bool = True) -> dict[str, float]:
-        w, self._window = self._window, StepStats()
+        w, self._window = self._window, StepStats(self._batches)
         t0, self._window_t0 = self._window_t0, time.time()
         m = self._fit.close_window(w, t0, self._global_step) if w.steps else None
         if write and m is not None and self._writer is not None:

@@ -19,9 +19,10 @@ epoch, the framework's own trace counts of the train step. Per epoch it gives
   input wait, host dispatch (where told apart: JAX on a GPU), device compute,
   collectives (several devices of one process: the all-reduce of the
   trainable weights, from the bus bandwidth of one all-reduce timed alone at
-  fit start; else left out, with the reason), other (the rest). They add up to ``step``, the measured time per
-  step: the epoch's call intervals (which tile its wall time) over its steps,
-  the compile calls' left out.
+  fit start; else left out, with the reason), other (the rest). They add up to ``step``, the detector's
+  step (``Measurement.step``, ``input/step_ms``), less the compile time of
+  retraces on untimed calls (where the framework counts any): the one step
+  time every view reads.
 
 What is kept is bounded whatever the fit does: a retrace storm of thousands
 of shapes keeps ``MAX_SHAPES`` of them and ``MAX_CALLS`` timed compile calls
@@ -238,9 +239,9 @@ class StepBreakdown:
         return before
 
     def _split(self, e: EpochBreakdown, m: Measurement, dispatch: float | None, inside: float = 0.0) -> None:
-        # The step is the measured one: the intervals between calls tile the wall time, compilation left out
-        # (the compile calls' intervals, and the compile time `inside` the others').
-        step = 1.0 / m.steps_per_sec if m.steps_per_sec else m.step
+        # The step is the detector's (`input/step_ms`): the intervals between calls tile the wall time, the
+        # compile calls' left out; the compile time `inside` the others' (retraces on untimed calls) too.
+        step = m.step
         if not step:
             return
         step = max(step - inside / max(m.steps, 1), 0.0) if inside else step

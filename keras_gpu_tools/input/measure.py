@@ -46,7 +46,11 @@ class Measurement:
         return 1.0 / (1.0 - self.wait_fraction)
 
     def logs(self) -> dict[str, float]:
-        """The logged keys (units in the names); unknown figures are left out."""
+        """The logged keys (units in the names); unknown figures are left out.
+
+        One series per figure: the host's fetch, ``input/wait_ms`` wherever no
+        compute hides it, is shown beside the wait in the summary's table, not logged.
+        """
         out: dict[str, float] = {}
 
         def put(key, value, scale=1.0):
@@ -57,7 +61,6 @@ class Measurement:
             put(schema.INPUT_STEPS, self.steps)
         put(schema.INPUT_WAIT_FRACTION, self.wait_fraction)
         put(schema.INPUT_WAIT_MS, self.wait, 1e3)
-        put(schema.INPUT_FETCH_MS, self.fetch, 1e3)
         put(schema.INPUT_COMPUTE_MS, self.compute, 1e3)
         put(schema.INPUT_OTHER_MS, self.other, 1e3)
         put(schema.INPUT_STEP_MS, self.step, 1e3)
@@ -152,7 +155,10 @@ class Sums:
             m.wait = self.waited / self.timed
             m.wait_fraction = min(max(self.waited / self.stepped, 0.0), 1.0)
         if self.rated:
-            m.steps_per_sec = self.rated / self.seconds
+            # 1 / step where the same parts give both (each window's rate is 1 / its step): one figure
+            m.steps_per_sec = (
+                1.0 / m.step if m.step and self.rated == self.means["step"][1] else self.rated / self.seconds
+            )
             if self.samples is not None:
                 m.samples_per_sec = self.samples / self.seconds_s
         set_flops(m, flops_per_step, peak_flops, devices)

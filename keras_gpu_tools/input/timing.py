@@ -19,10 +19,19 @@ How a step's time is split (per training step, in seconds):
   launched then); the host time before it is ``dispatch``.
 - ``other``: the rest between two steps (callbacks, Python, dispatch), on
   sampled steps.
-- ``step``: the real step time. Unsampled steps are never synced, so the
-  mean interval between their starts is the true rate, overlap included. The
-  serialized sum ``fetch + compute + other`` is used where that is smaller or
-  unknown (all steps sampled, or an interval was slowed by a recompilation).
+- ``step``: the real step time, the one every view reads. Unsampled calls
+  are never synced, so the mean interval between their starts is the true
+  rate, overlap included (a sync's lost overlap is the detector's cost, not
+  the step's). Where every call was synced, their intervals; the serialized
+  sum ``fetch + compute + other`` only where no interval is known.
+  ``steps_per_sec`` is ``1 / step``, and ``samples_per_sec`` the mean
+  samples per step of every timed call (an epoch's partial last batch
+  included) times it: the samples of those steps over as many steady steps'
+  seconds. ``overlapped`` says that the unsynced calls ran faster than the
+  serialized step.
+- samples: counted on the calls whose batches the hook saw; a step it did
+  not see (a fast-path call; on TensorFlow every unsampled one) counts the
+  fit's full batch (:class:`BatchSizes`), never the epoch's partial last batch.
 
 The wait that costs time is the part of the fetch the device could not hide
 behind compute: ``wait = min(fetch, max(0, step - compute))``. Where input and
@@ -47,10 +56,47 @@ def _low_compute(samples: list[float]) -> float:
     return statistics.quantiles(samples, n=4)[0]
 
 
-class StepStats:
-    """Accumulates :class:`StepRecord` objects into a :class:`Measurement`."""
+class BatchSizes:
+    """The samples of a step whose batch was not seen: the fit's mean over the seen calls, epoch ends apart.
 
-    def __init__(self):
+    An epoch's last call may hold a partial batch (``drop_remainder=False``);
+    it is counted exactly where seen, and counts for the others only where no
+    other call was seen. One per fit, shared by its windows: on TensorFlow a
+    later epoch may see no batch but its last.
+    """
+
+    __slots__ = ("samples", "steps", "end_samples", "end_steps")
+
+    def __init__(self) -> None:
+        self.samples = self.steps = 0
+        self.end_samples = self.end_steps = 0
+
+    def add(self, r: StepRecord) -> None:
+        if r.samples is None:
+            return
+        n = max(int(r.steps), 1)
+        if r.epoch_end:
+            self.end_samples += r.samples
+            self.end_steps += n
+        else:
+            self.samples += r.samples
+            self.steps += n
+
+    def per_step(self) -> float | None:
+        if self.steps:
+            return self.samples / self.steps
+        return self.end_samples / self.end_steps if self.end_steps else None
+
+
+class StepStats:
+    """Accumulates :class:`StepRecord` objects into a :class:`Measurement`.
+
+    ``batches`` holds the fit's batch sizes (:class:`BatchSizes`, shared by
+    its windows); a window of its own where none is given.
+    """
+
+    def __init__(self, batches: BatchSizes | None = None):
+        self.batches = batches if batches is not None else BatchSizes()
         self.steps = 0  # every step seen, warm-up included
         self.first_step: int | None = None
         self._fetch_sum = 0.0
@@ -66,8 +112,6 @@ class StepStats:
         self._span_steps = 0
         self._span_samples = 0
         self._span_unknown_steps = 0  # steps whose batch size was not seen
-        self._known_samples = 0  # samples and steps of calls that saw their batches
-        self._known_steps = 0
 
     @property
     def sampled_steps(self) -> int:
@@ -77,9 +121,7 @@ class StepStats:
         n = max(int(r.steps), 1)
         extra = max(int(r.covers), 0)  # fast calls inside this record's interval
         self.steps += n + extra
-        if r.samples is not None:
-            self._known_samples += r.samples
-            self._known_steps += n
+        self.batches.add(r)
         if r.covered_fetch_steps:  # covered calls timed apart (never right after a sync): not warm-up
             self._fetch_sum += r.covered_fetch
             self._fetch_steps += r.covered_fetch_steps
@@ -121,15 +163,17 @@ class StepStats:
             m.compute = _low_compute(self._computes)
         if self._gap_steps:
             m.other = self._gap_sum / self._gap_steps
-        real = self._interval_sum / self._interval_steps if self._interval_steps else None
+        unsynced = self._interval_sum / self._interval_steps if self._interval_steps else None
         serial = None
         if m.fetch is not None and m.compute is not None:
             serial = m.fetch + m.compute + (m.other or 0.0)
-        if serial is not None and real is not None:
-            m.step = min(serial, real)
-            m.overlapped = real < serial * 0.98
+        m.overlapped = serial is not None and unsynced is not None and unsynced < serial * 0.98
+        if unsynced is not None and unsynced > 0:
+            m.step = unsynced
+        elif self._span_steps and self._span_sum > 0:
+            m.step = self._span_sum / self._span_steps  # every call synced: their wall time
         else:
-            m.step = serial if serial is not None else real
+            m.step = serial
         if m.step and m.fetch is not None:
             if m.compute is not None:
                 m.wait = min(m.fetch, max(0.0, m.step - m.compute))
@@ -140,16 +184,16 @@ class StepStats:
             else:  # no sampled step yet: assume input and compute do not overlap
                 m.wait = min(m.fetch, m.step)
             m.wait_fraction = min(max(m.wait / m.step, 0.0), 1.0)
-        if self._span_steps and self._span_sum > 0:
-            m.steps_per_sec = self._span_steps / self._span_sum
-            samples = self._span_samples
-            if self._span_unknown_steps:  # TensorFlow sees batches on sampled steps only
-                samples = (
-                    samples + self._span_unknown_steps * self._known_samples / self._known_steps
-                    if self._known_steps
-                    else None
-                )
-            if samples:
-                m.samples_per_sec = samples / self._span_sum
+        if m.step:
+            m.steps_per_sec = 1.0 / m.step
+            per_step = self.batches.per_step()
+            if self._span_steps:  # the mean samples per timed step (partial batches in) at that rate
+                samples: float | None = self._span_samples
+                if self._span_unknown_steps:
+                    samples = None if per_step is None else self._span_samples + self._span_unknown_steps * per_step
+                if samples:
+                    m.samples_per_sec = samples / self._span_steps * m.steps_per_sec
+            elif per_step:
+                m.samples_per_sec = per_step * m.steps_per_sec
         set_flops(m, flops_per_step, peak_flops, devices)
         return m

@@ -253,6 +253,9 @@ class StepHook:
                 logger.debug("keras_gpu_tools: the epoch-end sync failed (%s); interval taken unsynced", e)
             rec.covers = fast * self.steps_per_execution
             rec.interval = self.clock() - start
+        elif rec.end is not None and start is not None:  # the epoch's last call: its own time, epoch end apart
+            rec.interval = rec.end - start
+            rec.epoch_end = True
         if rec.end is not None:
             self._emit(rec)
 

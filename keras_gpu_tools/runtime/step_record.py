@@ -31,5 +31,6 @@ class StepRecord:
     covered_fetch: float = 0.0  # seconds fetching, summed over the covered calls whose fetch alone was timed
     covered_fetch_steps: int = 0  # the steps of those calls
     after_sync: bool = False  # this call or the one before was synced: its fetch found a refilled buffer
+    epoch_end: bool = False  # the epoch's last call (its batch may be partial)
     signature: Any = None  # shapes/dtypes of the batch (sampled calls)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # for observers

@@ -90,14 +90,18 @@ def test_split_adds_up_when_a_synced_step_outlasts_the_real_one():
     assert m.wait + m.compute + m.other == pytest.approx(m.step)
 
 
-def test_recompile_outlier_does_not_dilute_the_fraction():
-    # One unsampled interval slowed by a recompilation: the serialized
-    # figures are used, not the inflated mean rate.
+def test_a_slowed_unsynced_interval_counts_in_the_step():
+    # One unsampled interval slowed (a recompilation the hook did not time): the step is the
+    # unsynced calls' wall time, so step, steps/s and samples/s stay one figure over the same
+    # seconds; the step breakdown takes out compile time the framework counts (test_breakdown).
     clock, stats = FakeClock(), StepStats()
     run_steps(stats, clock, 9, fetch=0.005, compute=0.005, rest=0.0, sampled=lambda i: i % 2 == 0)
-    stats.add(StepRecord(index=99, fetch=0.005, start=0, end=0, interval=2.0))
+    stats.add(StepRecord(index=99, fetch=0.005, start=0, end=0, interval=2.0, samples=32))
     m = stats.measurement()
-    assert m.wait_fraction == pytest.approx(0.5)
+    step = (4 * 0.010 + 2.0) / 5  # calls 1, 3, 5, 7 and the slowed one
+    assert m.step == pytest.approx(step) and m.steps_per_sec == pytest.approx(1 / step)
+    assert m.samples_per_sec == pytest.approx(32 / step)
+    assert m.wait_fraction == pytest.approx(0.005 / step)
     assert m.compute == pytest.approx(0.005)
 
 
