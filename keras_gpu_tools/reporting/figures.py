@@ -1,7 +1,7 @@
 """The report's plots: matplotlib figures drawn from a `ReportData`.
 
 matplotlib is imported when a figure is first drawn, never at module import; no pyplot, so no
-global state.
+global state. The figures are `ShownFigure`s: Jupyter shows them as pictures without pyplot.
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ def _literal(fig: Figure) -> None:
 
 
 def _new_figure(rows: int = 1, height: float = 2.6, width: float = 8.0) -> tuple[Figure, list[Axes]]:
-    from matplotlib.figure import Figure
+    from keras_gpu_tools.runtime.figure import ShownFigure
 
-    fig = Figure(figsize=(width, height * rows), dpi=100, layout="constrained")
+    fig = ShownFigure(figsize=(width, height * rows), dpi=100, layout="constrained")
     axes = [fig.add_subplot(rows, 1, i + 1) for i in range(rows)]
     return fig, axes
 
@@ -376,14 +376,15 @@ def _memory_figure(data: ReportData) -> Figure:
 
 
 def _training_figure(data: ReportData) -> Figure:
-    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
+
+    from keras_gpu_tools.runtime.figure import ShownFigure
 
     names = sorted({k[4:] if k.startswith("val_") else k for k in data.training})
     names = [n for n in names if n != "learning_rate"] or names
     cols = min(len(names), 2)
     rows = -(-len(names) // cols)
-    fig = Figure(figsize=(8.0, 2.4 * rows + 0.3), dpi=100, layout="constrained")
+    fig = ShownFigure(figsize=(8.0, 2.4 * rows + 0.3), dpi=100, layout="constrained")
     axes = [fig.add_subplot(rows, cols, i + 1) for i in range(len(names))]
     for ax, name in zip(axes, names):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
