@@ -348,8 +348,12 @@ MEMORY_KEYS = (schema.MEMORY_HOST_RSS_MIB, schema.MEMORY_DEVICE_IN_USE_MIB, sche
 
 def _memory_figure(data: ReportData) -> Figure:
     """Memory at each epoch's end (MemoryLeakDetector's step: epochs of every fit, in order), and at each fit's end."""
+    from matplotlib.ticker import MaxNLocator
+
     fits = data.memory_verdict["fits"] if data.memory_verdict else []
     fig, axes = _new_figure(2 if len(fits) > 1 else 1, height=2.2)
+    for a in axes:  # epochs and fits are counted: no tick at epoch 1.5
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax = axes[0]
     for key in MEMORY_KEYS:
         s = data.memory_series.get(key)
