@@ -22,7 +22,7 @@ def analyze_window(
 ) -> None:
     """xprof's input-pipeline analysis of the window's trace into ``capture`` (``job``: every process's traces).
 
-    It is written as JSON under ``profile/steps_<a>_<b>/input_pipeline/data``.
+    It is written as JSON under ``profile/steps_<first>_<last>/input_pipeline/data``.
     ``done(analysis)``, where given, words it (beside the window's own input
     wait); else its conclusion's first sentence is said (``say(line)``) and written as that tag's
     text. ``isolated``: one process's trace of a job session, analyzed apart

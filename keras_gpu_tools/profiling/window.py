@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import is_write_error, writes_failed
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.profiling.capture import WindowCapture, steps_name
@@ -93,7 +94,7 @@ def stop(
                 ("stop", type(e).__name__),
                 f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.",
             )
-    label = f"steps_{window.start}_{window.start + done}"
+    label = schema.window_label(window.start, window.start + done)
     session = None
     if job is None:
         files = prof.claim_session(run_dir, before, profiler.pattern, label)

@@ -332,7 +332,8 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
         if t.startswith(schema.PROFILE_PREFIX)
         and not t.endswith((schema.INPUT_PIPELINE_DATA_SUFFIX, schema.LAYERS_DATA_SUFFIX))
     ]:
-        window = tag[: -len(schema.DATA_SUFFIX)]  # profile/steps_<a>_<b>; xprof's analysis comes in a tag of its own
+        # profile/steps_<first>_<last>; xprof's analysis comes in a tag of its own
+        window = tag[: -len(schema.DATA_SUFFIX)]
         analysis = records.get(window + schema.INPUT_PIPELINE_DATA_SUFFIX)
 
         def window_row(v: dict[str, Any], a: Any = analysis) -> dict[str, Any]:
