@@ -197,16 +197,29 @@ def _health_figure(data: ReportData, label: str) -> Figure:
     return fig
 
 
+# The host's CPU figures, each on an axis of its own: the process's is in % of one core (400% is four
+# cores busy), the machine's in % of all its cores (at most 100%); one "%" axis would mix the two.
+HOST_CPU_AXES = (
+    (schema.HOST_CPU_PERCENT, "% of one core", "CPU of this process (100% = one core busy)"),
+    (schema.HOST_SYSTEM_CPU_PERCENT, "% of all cores", "CPU of the whole machine (100% = every core busy)"),
+)
+
+
 def _host_figure(data: ReportData) -> Figure:
-    fig, (ax_c, ax_m) = _new_figure(2, height=2.0)
+    shown = [(k, unit, title) for k, unit, title in HOST_CPU_AXES if (s := data.series.get(k)) and s.values]
+    shown = shown or list(HOST_CPU_AXES[:1])  # an empty CPU axis says what was not recorded
+    fig, axes = _new_figure(len(shown) + 1, height=2.0)
+    ax_m = axes[-1]
     fig.suptitle("Host", fontsize=11)
-    for key in (schema.HOST_CPU_PERCENT, schema.HOST_SYSTEM_CPU_PERCENT):
+    for ax_c, (key, unit, title) in zip(axes, shown):
         s = data.series.get(key)
         if s and s.values:
             ax_c.plot(_seconds(data, s), s.values, label=key.split("/")[1], linewidth=1.2)
-    ax_c.set_ylabel("%")
-    ax_c.set_title("CPU", fontsize=9, loc="left")
-    _legend_right(ax_c)
+            _legend_right(ax_c)
+        if key == schema.HOST_SYSTEM_CPU_PERCENT:
+            ax_c.set_ylim(0, 105)
+        ax_c.set_ylabel(unit)
+        ax_c.set_title(title, fontsize=9, loc="left")
     s = data.series.get(schema.HOST_RSS_MIB)
     if s and s.values:
         ax_m.plot(_seconds(data, s), s.values, label="rss_mib", color="#2ca02c", linewidth=1.2)

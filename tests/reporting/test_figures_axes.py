@@ -40,3 +40,23 @@ def test_every_epoch_axis_ticks_whole_epochs():
                 assert ticks and all(float(t).is_integer() for t in ticks), (name, ax.get_xlabel(), ticks)
                 checked += 1
     assert checked >= 4  # memory (epochs, fits), training, oom
+
+
+def test_the_process_and_the_machine_cpu_are_on_axes_of_their_own_units():
+    """The process's CPU is in % of one core (250%: two and a half cores), the machine's in % of all cores."""
+    own = series(schema.HOST_CPU_PERCENT, [1, 2, 3], [250.0, 260.0, 240.0])
+    machine = series(schema.HOST_SYSTEM_CPU_PERCENT, [1, 2, 3], [40.0, 45.0, 42.0])
+    rss = series(schema.HOST_RSS_MIB, [1, 2, 3], [900.0, 910.0, 905.0])
+    data = ReportData(series={s.key: s for s in (own, machine, rss)}, t0=0.0)
+    fig = figures.draw(data)["host"]
+    by_label = {}
+    for ax in fig.axes:
+        labels = [ln.get_label() for ln in ax.lines]
+        assert len(labels) <= 1, labels  # one unit per axis
+        by_label.update({label: ax for label in labels})
+    assert by_label["cpu_percent"].get_ylabel() == "% of one core"
+    assert by_label["system_cpu_percent"].get_ylabel() == "% of all cores"
+    assert by_label["rss_mib"].get_ylabel() == "MiB"
+    # Only the process's CPU recorded: its axis alone, with its unit.
+    fig = figures.draw(ReportData(series={own.key: own}, t0=0.0))["host"]
+    assert [ax.get_ylabel() for ax in fig.axes] == ["% of one core", "MiB"]
