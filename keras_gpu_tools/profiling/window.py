@@ -3,7 +3,8 @@
 A profiler error never stops training: it is warned about (``warn(key,
 message)``, once per key) and the window is skipped or marked failed. The
 native log lines the profiler writes as it starts and stops go to the
-``keras_gpu_tools`` logger, not the terminal (``runtime/native_logs.py``).
+``keras_gpu_tools`` logger, not the terminal (``runtime/native_logs.py``),
+unless ``quiet`` is False.
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ def start(
     window: prof.Window,
     bytes_per_step: float | None,
     warn: Warn,
+    quiet: bool = True,
 ) -> tuple[set | None, str]:
-    """Starts ``profiler`` for ``window``: the session folders before it, or None and why it could not start."""
+    """Starts ``profiler`` for ``window``: the session folders before it, or None and why it could not start.
+
+    ``quiet``: the profiler's native log lines go to the logger, not the terminal.
+    """
     if bytes_per_step and bytes_per_step * window.steps > prof.LARGE_TRACE_BYTES:
         warn(
             ("size", window.steps),
@@ -43,7 +48,7 @@ def start(
         )
     try:
         before = prof.session_dirs(run_dir)
-        with quiet_native_logs():
+        with quiet_native_logs(quiet):
             profiler.start(run_dir, options)
         return before, ""
     except prof.ProfilerBusy as e:
@@ -74,6 +79,7 @@ def stop(
     outputs: Any,
     job: JobSessions | None,
     warn: Warn,
+    quiet: bool = True,
 ) -> tuple[WindowCapture, str | None]:
     """Stops ``profiler`` after ``done`` steps of ``window`` (``wall`` seconds); the capture and its job session.
 
@@ -82,7 +88,7 @@ def stop(
     """
     failed = False
     try:
-        with quiet_native_logs():
+        with quiet_native_logs(quiet):
             profiler.stop(outputs)
     except Exception as e:
         failed = True
