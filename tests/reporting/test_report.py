@@ -21,7 +21,7 @@ from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.memory.events import OOMEvent
 from keras_gpu_tools.mixed_precision.check import MixedPrecisionFinding
 from keras_gpu_tools.reporting.from_logdir import gather_log_dir
-from keras_gpu_tools.reporting.model import ReportData
+from keras_gpu_tools.reporting.model import SPLIT_AND_STEP_KEYS, ReportData
 from keras_gpu_tools.reporting.report import TrainingReport, report
 from keras_gpu_tools.reporting.text import findings_markdown
 from keras_gpu_tools.telemetry.nvml import GPUInfo
@@ -370,6 +370,11 @@ def test_report_of_a_real_fit_equals_the_callbacks_and_the_log_dir(tmp_path):
     # After the fact, from the log dir alone: the same series, verdict, windows, findings.
     r.write_to_tensorboard(logdir)
     later = report(logdir)
+    # The step-time table has the fit's own rows, one per epoch (the detector's scalars are by window of 10 steps).
+    assert later.data.split_axis == r.data.split_axis == "epoch"
+    assert later.data.split_x == r.data.split_x == [1.0, 2.0, 3.0]
+    for key, _ in SPLIT_AND_STEP_KEYS:
+        assert later.data.split[key] == [None if v is None else pytest.approx(v, rel=1e-6) for v in r.data.split[key]]
     for key in ("host/cpu_percent", "host/rss_mib"):
         np.testing.assert_allclose(later.data.series[key].values, r.data.series[key].values, rtol=1e-6)
         assert later.data.series[key].steps == r.data.series[key].steps
