@@ -51,7 +51,7 @@ class ProfilerWindow(FitCallback):
     a line gives the trace's path, size and mean step time, and one its input wait as `InputBoundDetector` measures
     it (its first and last steps synced for it) beside, with `analyze=True` (TensorFlow and JAX, with xprof),
     xprof's conclusion on the same steps and why they differ where they do (`captures[i].input`, also as text under
-    `profile/steps_<a>_<b>/input_pipeline`); the run's verdict is the detector's.
+    `profile/steps_<first>_<last>/input_pipeline`); the run's verdict is the detector's.
 
     In a job of several processes (JAX, `keras.distribution.initialize`) every process traces the same steps, and a
     window's traces form one multi-host session of the run `log_dir/<run_name>/job`. Each process writes its own
@@ -82,7 +82,8 @@ class ProfilerWindow(FitCallback):
             `True`.
         layers: after each window, its time per Keras layer (`layer_table()`). Defaults to `True`.
         run_name: TensorBoard run for the traces and the text. Defaults to `"profile"`.
-        verbose: print a line per captured window, under its epoch's progress bar. Defaults to `1`.
+        verbose: print a line per captured window, under its epoch's progress bar; `2` also lets the profiler's and
+            xprof's native log lines (`I0000 ...`) through to the terminal (else kept in the logger). Defaults to `1`.
 
     Example:
 
@@ -274,8 +275,8 @@ class ProfilerWindow(FitCallback):
             self._print(line)
 
     def _start_window(self, window: prof.Window, reason: str) -> None:
-        opts, bps, warn = self.options, self._bytes_per_step, self.warnings
-        before, why = profiled.start(self._profiler, self._required_run_dir, opts, window, bps, warn)
+        opts, bps, warn, quiet = self.options, self._bytes_per_step, self.warnings, self.verbose < 2
+        before, why = profiled.start(self._profiler, self._required_run_dir, opts, window, bps, warn, quiet)
         if before is None:
             self._schedule.skip_until = window.end - 1
             if self._job is not None:  # the others would wait at the window's end: told at once instead
@@ -299,8 +300,9 @@ class ProfilerWindow(FitCallback):
                 self._session.watch_unwind(False)
             job = self._job if self._job is not None and self._job.active else None
             done, wall, before = self._active_done, self._active_wall, self._sessions_before
+            quiet, run_dir = self.verbose < 2, self._required_run_dir
             capture, session = profiled.stop(
-                self._profiler, self._required_run_dir, before, window, done, wall, reason, outputs, job, self.warnings
+                self._profiler, run_dir, before, window, done, wall, reason, outputs, job, self.warnings, quiet
             )
             self._layers.stop_window()
             self.captures.append(capture)
@@ -309,7 +311,7 @@ class ProfilerWindow(FitCallback):
             self._say(capture.line())
             write_capture(self._writer, capture, capture.line())
             if job is not None and session is not None and meet and job.meet(window, capture, session):
-                report_job(self._analyses, capture, self._job_writer, self._say, self.analyze)
+                report_job(self._analyses, capture, self._job_writer, self._say, self.analyze, quiet)
             xplanes = [f for f in capture.files if f.endswith(".xplane.pb")]
             analyze = bool(self.analyze and xplanes and prof.xprof_available())
             join = WindowJoin(analyze, lambda lines, fig: report_input(capture, lines, fig, self._say, self._writer))
@@ -317,10 +319,8 @@ class ProfilerWindow(FitCallback):
             after = (lambda: self._layers.analyze(capture, self._writer, self._say)) if self.layers else None
             if analyze:
                 name, isolated, done_ = "keras_gpu_tools-ProfilerWindow-xprof", job is not None, join.xprof
-                in_background(
-                    self._analyses, capture, xplanes, self._writer, self._say, name=name, isolated=isolated,
-                    done=done_, after=after,
-                )  # fmt: skip
+                in_background(self._analyses, capture, xplanes, self._writer, self._say, name=name,
+                              isolated=isolated, done=done_, after=after, quiet=quiet)  # fmt: skip
             elif after is not None:
                 run_in_background(self._analyses, after, "keras_gpu_tools-ProfilerWindow-layers")
 

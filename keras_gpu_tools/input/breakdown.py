@@ -150,6 +150,9 @@ class StepBreakdown:
         self.retraces = 0
         self.compile_line: str | None = None  # the backend's persistent compilation cache, for the advice
         self.collective_how: str | None = None  # how `bandwidth` was measured, or why it was not
+        # Whether a GPU of the step has tensor cores (compute capability 7.0 or later); None: not known.
+        # Mixed precision is advised only where it can pay: never on a CPU.
+        self.tensor_cores: bool | None = None
         self._reset()
 
     def _reset(self) -> None:

@@ -168,9 +168,11 @@ def _advice(
             f"share by about k, which pays while compute ({format_ms(p.get('compute'))}) is not well above it."
         ]
     if fb.largest == "compute":
+        said = f"Device compute is the largest part ({share}): the step is compute-bound; a ProfilerWindow shows the heaviest layers"
+        if b.tensor_cores is False:  # a CPU, or GPUs without tensor cores: mixed precision would not pay
+            return [said + "."]
         return [
-            f"Device compute is the largest part ({share}): the step is compute-bound; a ProfilerWindow "
-            "shows the heaviest layers, and mixed precision (`keras.mixed_precision.set_global_policy`) halves "
+            said + ", and mixed precision (`keras.mixed_precision.set_global_policy`) halves "
             "the matmuls' time on a GPU with tensor cores."
         ]
     return ["Waiting for input is the largest part: see the input-bound verdict's advice."]

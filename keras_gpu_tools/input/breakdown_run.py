@@ -33,6 +33,24 @@ def trainable_bytes(model) -> float | None:
         return None
 
 
+def tensor_cores(backend) -> bool | None:
+    """Whether a GPU the framework trains on has tensor cores (compute capability 7.0 or later).
+
+    False where the framework sees no GPU (the step runs on the CPU) or no visible GPU has them;
+    None where it sees a GPU whose compute capability NVML does not give.
+    """
+    try:
+        if not backend.gpu_devices():
+            return False
+        from keras_gpu_tools.telemetry.devices import visible_gpus
+        from keras_gpu_tools.telemetry.nvml import default_nvml
+
+        caps = [tuple(g.compute_capability) for g in visible_gpus(default_nvml()) if g.compute_capability]
+    except Exception:  # no NVML, a broken driver: not known
+        return None
+    return any(c >= (7, 0) for c in caps) if caps else None
+
+
 class BreakdownRun:
     """One fit's step breakdown, for the detector; ``warn(key, message)`` is its warn-once."""
 
@@ -45,6 +63,7 @@ class BreakdownRun:
             nbytes = trainable_bytes(model) if devices > 1 else None
             self.steps = StepBreakdown(compiles, devices, nbytes, None, self._traces() if compiles else None)
             self.steps.compile_line = backend.compile_cache_line
+            self.steps.tensor_cores = tensor_cores(backend)
             if nbytes:
                 self.steps.bandwidth, self.steps.collective_how = self._bus_bandwidth(devices, nbytes)
         except Exception as e:

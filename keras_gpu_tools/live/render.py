@@ -275,7 +275,7 @@ def render(state: LiveState, now: float) -> str:
             rows.append(
                 (
                     "host CPU (no GPU)",
-                    _fmt(latest.get(schema.HOST_CPU_PERCENT), "%", 0),
+                    _fmt(latest.get(schema.HOST_CPU_PERCENT), "% of one core", 0),  # the process's, may pass 100
                     sparkline(cpu, low=0, color="#2ca02c"),
                 )
             )

@@ -50,13 +50,22 @@ MEMORY_VERDICT_DATA = MEMORY_VERDICT + DATA_SUFFIX
 MIXED_PRECISION_FINDINGS = "mixed_precision/findings"
 MIXED_PRECISION_FINDINGS_DATA = MIXED_PRECISION_FINDINGS + DATA_SUFFIX  # [MixedPrecisionFinding]
 REPORT_SUMMARY = "report/summary"
-INPUT_PIPELINE = "input_pipeline"  # profile/steps_<a>_<b>/input_pipeline[/data]: TraceAnalysis
+INPUT_PIPELINE = "input_pipeline"  # profile/steps_<first>_<last>/input_pipeline[/data]: TraceAnalysis
 INPUT_PIPELINE_DATA_SUFFIX = f"/{INPUT_PIPELINE}{DATA_SUFFIX}"
 
 
+def window_label(start: int, stop: int) -> str:
+    """A profiled window's name in tags and trace folders: its first and last step, counted from 1.
+
+    The steps ``start`` to ``stop`` (exclusive, counted from 0) are ``steps_21_25`` for ``(20, 25)``:
+    the steps every view calls "steps 21-25". Logs of earlier versions named them ``steps_20_25``.
+    """
+    return f"steps_{start + 1}_{stop}"
+
+
 def profile_window(start: int, stop: int) -> str:
-    """The tag of a profiled window of steps ``start`` to ``stop`` (exclusive)."""
-    return f"profile/steps_{start}_{stop}"
+    """The tag of a profiled window of steps ``start`` to ``stop`` (exclusive, from 0): ``profile/steps_21_25``."""
+    return f"profile/{window_label(start, stop)}"
 
 
 # -- Scalar keys (History and TensorBoard scalars).
@@ -155,7 +164,9 @@ JOB_PREFIX = "job/"
 KERAS_EPOCH_PREFIX = "epoch_"  # Keras's epoch logs: epoch_loss, epoch_accuracy, ...
 KERAS_TRAIN_RUN = "train"
 KERAS_VALIDATION_RUN = "validation"
-# A profiled window's text tag (or xprof's analysis of it): the window's tag and its first and end step.
+# A profiled window's text tag (or xprof's analysis of it): the window's tag and the two steps of its name
+# (written with a JSON record since steps were named from 1; only logs of earlier versions, whose names
+# held the window's start and end from 0, are read by it).
 PROFILE_WINDOW_TEXT_RE = re.compile(r"^(profile/steps_(\d+)_(\d+))(/input_pipeline)?$")
 
 
@@ -178,7 +189,7 @@ STEP_BREAKDOWN_DATA = STEP_BREAKDOWN + DATA_SUFFIX  # the same as JSON, for the 
 # ---------------------------------------------------------------------------
 # ProfilerWindow's time per Keras layer (profiling/layer_table.py writes, reporting/ reads)
 # ---------------------------------------------------------------------------
-LAYERS = "layers"  # profile/steps_<a>_<b>/layers: the window's layer table as Markdown text
+LAYERS = "layers"  # profile/steps_<first>_<last>/layers: the window's layer table as Markdown text
 LAYERS_DATA_SUFFIX = f"/{LAYERS}{DATA_SUFFIX}"  # .../layers/data: the LayerTable as JSON (rows heaviest first)
 LAYERS_CHART_SUFFIX = "/chart"  # .../layers/chart: an image, a bar chart of the heaviest layers' ms per step
 

@@ -13,10 +13,10 @@ from keras_gpu_tools.memory.throughput import Candidate
 
 
 def figure(rows: Sequence[Candidate], chosen: int | None = None) -> Any:
-    """A matplotlib `Figure`: samples/s (left axis) and peak MiB (right axis) per batch; ``chosen`` marked."""
-    from matplotlib.figure import Figure
+    """A matplotlib `Figure` (shown as a picture in Jupyter): samples/s (left axis) and peak MiB (right axis) per batch; ``chosen`` marked."""
+    from keras_gpu_tools.runtime.figure import ShownFigure
 
-    fig = Figure(figsize=(6.4, 3.0), dpi=100, layout="constrained")
+    fig = ShownFigure(figsize=(6.4, 3.0), dpi=100, layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     measured = [r for r in rows if r.measured and r.samples_per_sec]
     ax.plot(

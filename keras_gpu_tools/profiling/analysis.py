@@ -19,17 +19,19 @@ def analyze_window(
     job: bool = False,
     isolated: bool = False,
     done: Callable[[TraceAnalysis], None] | None = None,
+    quiet: bool = True,
 ) -> None:
     """xprof's input-pipeline analysis of the window's trace into ``capture`` (``job``: every process's traces).
 
-    It is written as JSON under ``profile/steps_<a>_<b>/input_pipeline/data``.
+    It is written as JSON under ``profile/steps_<first>_<last>/input_pipeline/data``.
     ``done(analysis)``, where given, words it (beside the window's own input
     wait); else its conclusion's first sentence is said (``say(line)``) and written as that tag's
     text. ``isolated``: one process's trace of a job session, analyzed apart
-    (see :func:`analyze_input_pipeline`).
+    (see :func:`analyze_input_pipeline`). ``quiet``: xprof's native log lines go to the logger, not
+    the terminal.
     """
     try:
-        a = analyze_input_pipeline(paths, isolated=isolated)
+        a = analyze_input_pipeline(paths, isolated=isolated, quiet=quiet)
     except Exception as e:  # pragma: no cover - analyze_input_pipeline catches
         a = TraceAnalysis(error=str(e))
     if job:
@@ -80,6 +82,7 @@ def report_job(
     writer: EventWriter | None,
     say: Callable[[str], None],
     analyze: bool,
+    quiet: bool = True,
 ) -> None:
     """Process 0 of a job: the job's line for the window, and xprof's conclusion over every process's trace."""
     line = capture.job_line()
@@ -88,4 +91,5 @@ def report_job(
     if analyze and len(capture.job_files) > 1 and xprof_available():
         # In the session's folder: xprof's cache there is then the whole job's, which TensorBoard serves.
         paths = list(capture.job_files)
-        in_background(threads, capture, paths, writer, say, name="keras_gpu_tools-ProfilerWindow-xprof-job", job=True)
+        name = "keras_gpu_tools-ProfilerWindow-xprof-job"
+        in_background(threads, capture, paths, writer, say, name=name, job=True, quiet=quiet)

@@ -73,7 +73,7 @@ class WindowCapture:
 
 
 def write_capture(writer: EventWriter | None, capture: WindowCapture, line: str) -> None:
-    """A window's ``line`` as text under ``profile/steps_<a>_<b>``, and the capture as JSON for the report."""
+    """A window's ``line`` as text under ``profile/steps_<first>_<last>``, and the capture as JSON for the report."""
     if writer is not None:
         tag = schema.profile_window(capture.start_step, capture.start_step + capture.num_steps)
         writer.text(tag, line, step=capture.start_step)

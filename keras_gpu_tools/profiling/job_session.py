@@ -40,7 +40,7 @@ class JobSessions:
         return self.gather.active
 
     def session(self, label: str) -> str:
-        """The folder of a window's session (``label``: ``steps_<a>_<b>``)."""
+        """The folder of a window's session (``label``: ``steps_<first>_<last>``)."""
         return os.path.join(self.job_run_dir, "plugins", "profile", f"{self.prefix}_{label}")
 
     def move_in(self, run_dir: str, before: set, pattern: str, label: str) -> list[str]:

@@ -1,6 +1,6 @@
 """A profiled window's time per Keras layer: built from its trace off the training thread, written for TensorBoard.
 
-TensorBoard gets it under ``profile/steps_<a>_<b>/layers`` as a Markdown table
+TensorBoard gets it under ``profile/steps_<first>_<last>/layers`` as a Markdown table
 (text), ``.../layers/data`` as JSON (for the report) and ``.../layers/chart``
 as a bar chart image (with matplotlib).
 """
@@ -151,7 +151,7 @@ def _add_flops(table: LayerTable, tree: LayerNode, flops: Callable) -> None:
 def write_table(
     writer: EventWriter | None, table: LayerTable, chart: Callable[[LayerTable], tuple] | None, text: bool = True
 ) -> None:
-    """The table as text and JSON under ``profile/steps_<a>_<b>/layers`` (``text``), its chart (``chart(table)``)."""
+    """The table as text and JSON under ``profile/steps_<first>_<last>/layers`` (``text``), its chart (``chart(table)``)."""
     if writer is None:
         return
     tag = schema.profile_layers(table.start_step, table.start_step + table.num_steps)

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from keras_gpu_tools.runtime.native_logs import quiet_native_logs
 from keras_gpu_tools.runtime.validation import check_pairs
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -166,11 +167,16 @@ def xprof_available() -> bool:
         return False
 
 
-def tool_data(paths: Iterable[str], tool: str):
-    """Runs one of xprof's converters on ``.xplane.pb`` files; returns parsed JSON."""
+def tool_data(paths: Iterable[str], tool: str, quiet: bool = True):
+    """Runs one of xprof's converters on ``.xplane.pb`` files; returns parsed JSON.
+
+    The converter's native log lines (``I0000 ... xplane_to_op_stats.cc``, written by C++ to
+    descriptor 2) go to the ``keras_gpu_tools`` logger unless ``quiet`` is False.
+    """
     from xprof.convert import raw_to_tool_data
 
-    data, _ = raw_to_tool_data.xspace_to_tool_data(list(paths), tool, {})
+    with quiet_native_logs(quiet):
+        data, _ = raw_to_tool_data.xspace_to_tool_data(list(paths), tool, {})
     if data is None:
         raise RuntimeError(f"xprof could not convert the trace with {tool!r}")
     if isinstance(data, bytes):
@@ -193,7 +199,7 @@ def _linked(paths: Sequence[str], folder: str) -> list[str]:
     return out
 
 
-def analyze_input_pipeline(paths: Sequence[str], isolated: bool = False) -> TraceAnalysis:
+def analyze_input_pipeline(paths: Sequence[str], isolated: bool = False, quiet: bool = True) -> TraceAnalysis:
     """xprof's input-pipeline analysis of a trace: per-step rows and its verdict.
 
     xprof caches its result in the trace's folder as ``ALL_HOSTS.op_stats_v2.pb``
@@ -206,9 +212,9 @@ def analyze_input_pipeline(paths: Sequence[str], isolated: bool = False) -> Trac
     try:
         if isolated:
             with tempfile.TemporaryDirectory(prefix="keras_gpu_tools_xprof_") as tmp:
-                tables = tool_data(_linked(paths, tmp), "input_pipeline_analyzer")
+                tables = tool_data(_linked(paths, tmp), "input_pipeline_analyzer", quiet)
         else:
-            tables = tool_data(paths, "input_pipeline_analyzer")
+            tables = tool_data(paths, "input_pipeline_analyzer", quiet)
     except Exception as e:
         out.error = f"{type(e).__name__}: {e}"
         return out

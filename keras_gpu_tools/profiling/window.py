@@ -3,7 +3,8 @@
 A profiler error never stops training: it is warned about (``warn(key,
 message)``, once per key) and the window is skipped or marked failed. The
 native log lines the profiler writes as it starts and stops go to the
-``keras_gpu_tools`` logger, not the terminal (``runtime/native_logs.py``).
+``keras_gpu_tools`` logger, not the terminal (``runtime/native_logs.py``),
+unless ``quiet`` is False.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import is_write_error, writes_failed
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.profiling.capture import WindowCapture, steps_name
@@ -31,8 +33,12 @@ def start(
     window: prof.Window,
     bytes_per_step: float | None,
     warn: Warn,
+    quiet: bool = True,
 ) -> tuple[set | None, str]:
-    """Starts ``profiler`` for ``window``: the session folders before it, or None and why it could not start."""
+    """Starts ``profiler`` for ``window``: the session folders before it, or None and why it could not start.
+
+    ``quiet``: the profiler's native log lines go to the logger, not the terminal.
+    """
     if bytes_per_step and bytes_per_step * window.steps > prof.LARGE_TRACE_BYTES:
         warn(
             ("size", window.steps),
@@ -42,7 +48,7 @@ def start(
         )
     try:
         before = prof.session_dirs(run_dir)
-        with quiet_native_logs():
+        with quiet_native_logs(quiet):
             profiler.start(run_dir, options)
         return before, ""
     except prof.ProfilerBusy as e:
@@ -73,6 +79,7 @@ def stop(
     outputs: Any,
     job: JobSessions | None,
     warn: Warn,
+    quiet: bool = True,
 ) -> tuple[WindowCapture, str | None]:
     """Stops ``profiler`` after ``done`` steps of ``window`` (``wall`` seconds); the capture and its job session.
 
@@ -81,7 +88,7 @@ def stop(
     """
     failed = False
     try:
-        with quiet_native_logs():
+        with quiet_native_logs(quiet):
             profiler.stop(outputs)
     except Exception as e:
         failed = True
@@ -93,7 +100,7 @@ def stop(
                 ("stop", type(e).__name__),
                 f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.",
             )
-    label = f"steps_{window.start}_{window.start + done}"
+    label = schema.window_label(window.start, window.start + done)
     session = None
     if job is None:
         files = prof.claim_session(run_dir, before, profiler.pattern, label)

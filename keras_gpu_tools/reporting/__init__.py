@@ -23,7 +23,7 @@ What is read (a missing one leaves its part of the report out):
 |---|---|
 | `GPUUtilizationLogger`: `device_records()`, `timeline` | `gpu`: scalars `gpu/<i>/*`, `host/*`; JSON `gpu/devices/data` |
 | `InputBoundDetector`: `epoch_history`, `measurement`, `verdict`, `job_verdict` | `input`: scalars `input/*`, `throughput/*`; JSON `input/verdict/data` |
-| `ProfilerWindow`: `captures`, `layer_table()` | `profile`: JSON `profile/steps_<a>_<b>/data`, `.../input_pipeline/data`, `.../layers/data` (the last window's) |
+| `ProfilerWindow`: `captures`, `layer_table()` | `profile`: JSON `profile/steps_<first>_<last>/data`, `.../input_pipeline/data`, `.../layers/data` (the last window's) |
 | `OOMBatchSizeReducer`: `events`, `micro_batches`, `recovery_seconds` | `oom`: scalars `oom/*`; JSON `oom/events/data` |
 | `MixedPrecisionCheck`: `findings` | `report`: JSON `mixed_precision/findings/data` (`TrainingReport.write_to_tensorboard`) |
 | `History` (or the model's) | `train`, `validation`: Keras's `epoch_*` |
@@ -44,6 +44,6 @@ a table of the job-wide figures (`job/...` scalars). The job's input verdict (ea
 time and input wait, the stragglers and the advice for them) comes from the `job` part of process
 0's `input/verdict/data`, else from the text `input/job_verdict` of `input/job`. Each profiler
 window of the job (`ProfilerWindow`'s `captures[i].job_*` on process 0, or `profile/job`'s
-`profile/steps_<a>_<b>/data` and `.../input_pipeline/data`) is shown there too: the traces of every
+`profile/steps_<first>_<last>/data` and `.../input_pipeline/data`) is shown there too: the traces of every
 process, each process's mean step time, the slowest, and xprof's conclusion over all the traces.
 """

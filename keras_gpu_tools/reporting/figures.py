@@ -1,7 +1,7 @@
 """The report's plots: matplotlib figures drawn from a `ReportData`.
 
 matplotlib is imported when a figure is first drawn, never at module import; no pyplot, so no
-global state.
+global state. The figures are `ShownFigure`s: Jupyter shows them as pictures without pyplot.
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ def _literal(fig: Figure) -> None:
 
 
 def _new_figure(rows: int = 1, height: float = 2.6, width: float = 8.0) -> tuple[Figure, list[Axes]]:
-    from matplotlib.figure import Figure
+    from keras_gpu_tools.runtime.figure import ShownFigure
 
-    fig = Figure(figsize=(width, height * rows), dpi=100, layout="constrained")
+    fig = ShownFigure(figsize=(width, height * rows), dpi=100, layout="constrained")
     axes = [fig.add_subplot(rows, 1, i + 1) for i in range(rows)]
     return fig, axes
 
@@ -197,16 +197,29 @@ def _health_figure(data: ReportData, label: str) -> Figure:
     return fig
 
 
+# The host's CPU figures, each on an axis of its own: the process's is in % of one core (400% is four
+# cores busy), the machine's in % of all its cores (at most 100%); one "%" axis would mix the two.
+HOST_CPU_AXES = (
+    (schema.HOST_CPU_PERCENT, "% of one core", "CPU of this process (100% = one core busy)"),
+    (schema.HOST_SYSTEM_CPU_PERCENT, "% of all cores", "CPU of the whole machine (100% = every core busy)"),
+)
+
+
 def _host_figure(data: ReportData) -> Figure:
-    fig, (ax_c, ax_m) = _new_figure(2, height=2.0)
+    shown = [(k, unit, title) for k, unit, title in HOST_CPU_AXES if (s := data.series.get(k)) and s.values]
+    shown = shown or list(HOST_CPU_AXES[:1])  # an empty CPU axis says what was not recorded
+    fig, axes = _new_figure(len(shown) + 1, height=2.0)
+    ax_m = axes[-1]
     fig.suptitle("Host", fontsize=11)
-    for key in (schema.HOST_CPU_PERCENT, schema.HOST_SYSTEM_CPU_PERCENT):
+    for ax_c, (key, unit, title) in zip(axes, shown):
         s = data.series.get(key)
         if s and s.values:
             ax_c.plot(_seconds(data, s), s.values, label=key.split("/")[1], linewidth=1.2)
-    ax_c.set_ylabel("%")
-    ax_c.set_title("CPU", fontsize=9, loc="left")
-    _legend_right(ax_c)
+            _legend_right(ax_c)
+        if key == schema.HOST_SYSTEM_CPU_PERCENT:
+            ax_c.set_ylim(0, 105)
+        ax_c.set_ylabel(unit)
+        ax_c.set_title(title, fontsize=9, loc="left")
     s = data.series.get(schema.HOST_RSS_MIB)
     if s and s.values:
         ax_m.plot(_seconds(data, s), s.values, label="rss_mib", color="#2ca02c", linewidth=1.2)
@@ -348,8 +361,12 @@ MEMORY_KEYS = (schema.MEMORY_HOST_RSS_MIB, schema.MEMORY_DEVICE_IN_USE_MIB, sche
 
 def _memory_figure(data: ReportData) -> Figure:
     """Memory at each epoch's end (MemoryLeakDetector's step: epochs of every fit, in order), and at each fit's end."""
+    from matplotlib.ticker import MaxNLocator
+
     fits = data.memory_verdict["fits"] if data.memory_verdict else []
     fig, axes = _new_figure(2 if len(fits) > 1 else 1, height=2.2)
+    for a in axes:  # epochs and fits are counted: no tick at epoch 1.5
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax = axes[0]
     for key in MEMORY_KEYS:
         s = data.memory_series.get(key)
@@ -376,14 +393,15 @@ def _memory_figure(data: ReportData) -> Figure:
 
 
 def _training_figure(data: ReportData) -> Figure:
-    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
+
+    from keras_gpu_tools.runtime.figure import ShownFigure
 
     names = sorted({k[4:] if k.startswith("val_") else k for k in data.training})
     names = [n for n in names if n != "learning_rate"] or names
     cols = min(len(names), 2)
     rows = -(-len(names) // cols)
-    fig = Figure(figsize=(8.0, 2.4 * rows + 0.3), dpi=100, layout="constrained")
+    fig = ShownFigure(figsize=(8.0, 2.4 * rows + 0.3), dpi=100, layout="constrained")
     axes = [fig.add_subplot(rows, cols, i + 1) for i in range(len(names))]
     for ax, name in zip(axes, names):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

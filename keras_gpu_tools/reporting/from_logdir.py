@@ -48,6 +48,8 @@ class _Scan:
     job_records: dict[str, tuple[float, int, str]] = dataclasses.field(default_factory=dict)  # last JSON of a tag
     joules_per_sample: Series = dataclasses.field(default_factory=lambda: Series(schema.JOULES_PER_SAMPLE))
     gpu_epochs: dict[str, Series] = dataclasses.field(default_factory=dict)  # the logger's `gpu_epoch/...` figures
+    # The detector's figures of each epoch (the "figures" of its epoch verdicts' JSON), in the order written.
+    epoch_figures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 #: Which runs a report of a log directory covers where it holds both a single process's runs and a job's.
@@ -77,7 +79,9 @@ def gather_log_dir(log_dir: str, title: str | None = None, layout: str = "latest
     read = 0
     for run, path, files in runs:
         other = run not in scan.job_runs and scan.process_of.get(run, first) != first
-        values = read_run(run, path, files, data.unreadable, wanted=_other_process_tag if other else None)
+        # Every epoch's verdict record (its figures: the step-time table by epoch), not only the last.
+        every = (schema.OOM_EVENTS_DATA, schema.INPUT_VERDICT_DATA)
+        values = read_run(run, path, files, data.unreadable, _other_process_tag if other else None, every)
         read += values.events
         data.notes += values.notes
         if values.events:
@@ -101,6 +105,7 @@ def gather_log_dir(log_dir: str, title: str | None = None, layout: str = "latest
     if scan.joules_per_sample.values:  # one point per epoch
         data.gpu_epochs[schema.JOULES_PER_SAMPLE] = list(scan.joules_per_sample.values)
     prose, records = _records_of(data, scan)
+    _epoch_split_of(data, scan.epoch_figures)
     _apply_records(data, scan, prose, records)
     return data
 
@@ -267,6 +272,31 @@ def _split_of(data: ReportData, window_points: dict[int, dict[str, float]]) -> N
     data.throughput = last
 
 
+def _epoch_figures(value: Any) -> dict[str, Any] | None:
+    """The figures of an epoch's verdict record (``{"scope": "epoch 3", "figures": {...}}``); None for another."""
+    if (
+        isinstance(value, dict)
+        and str(value.get("scope", "")).startswith("epoch ")
+        and isinstance(value.get("figures"), dict)
+    ):
+        return value["figures"]
+    return None
+
+
+def _epoch_split_of(data: ReportData, epochs: list[dict[str, Any]]) -> None:
+    """The step-time split by epoch, as the detector's `epoch_history` gives it to a report of the callbacks.
+
+    The detector writes its scalars by window (``window`` steps, and the last one of each epoch), which
+    `_split_of` reads by step; each epoch's own figures come in its epoch verdict's JSON. Where they do,
+    the table has a row per epoch, the rows of the fit's own report; older logs keep the windows.
+    """
+    if not epochs:
+        return
+    data.split_axis = "epoch"
+    data.split_x = [float(i + 1) for i in range(len(epochs))]
+    data.split = {k: [rows.finite(e.get(k)) for e in epochs] for k, _ in SPLIT_AND_STEP_KEYS}
+
+
 def _records_of(data: ReportData, scan: _Scan) -> tuple[dict[str, str], dict[str, Any]]:
     """The last text of each tag written for people, and the JSON of each ``.../data`` tag.
 
@@ -290,6 +320,9 @@ def _records_of(data: ReportData, scan: _Scan) -> tuple[dict[str, str], dict[str
             oom_records.append(value)
         elif tag == schema.GPU_DEVICES_DATA:
             devices[scan.process_of.get(run, -1)] = value
+        elif tag == schema.INPUT_VERDICT_DATA and _epoch_figures(value) is not None:
+            scan.epoch_figures.append(_epoch_figures(value) or {})
+            records[tag] = value
         elif tag == UNSUPPORTED_DATA and isinstance(value, dict):  # every process's GPUs, the last fit's last
             for label, fields in value.items():
                 if isinstance(fields, dict):
@@ -332,7 +365,8 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
         if t.startswith(schema.PROFILE_PREFIX)
         and not t.endswith((schema.INPUT_PIPELINE_DATA_SUFFIX, schema.LAYERS_DATA_SUFFIX))
     ]:
-        window = tag[: -len(schema.DATA_SUFFIX)]  # profile/steps_<a>_<b>; xprof's analysis comes in a tag of its own
+        # profile/steps_<first>_<last>; xprof's analysis comes in a tag of its own
+        window = tag[: -len(schema.DATA_SUFFIX)]
         analysis = records.get(window + schema.INPUT_PIPELINE_DATA_SUFFIX)
 
         def window_row(v: dict[str, Any], a: Any = analysis) -> dict[str, Any]:

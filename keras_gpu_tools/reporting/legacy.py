@@ -23,7 +23,7 @@ def read_old_prose(
     """Fills what no JSON tag gave from the texts written for people (logs of earlier versions).
 
     ``prose``: the last text of each tag; ``records``: the JSON tags read; ``profiles``: the
-    profiler windows by tag (``profile/steps_<a>_<b>``), filled in place.
+    profiler windows by tag (``profile/steps_<first>_<last>``), filled in place.
     """
     if schema.GPU_DEVICES_DATA not in records and schema.GPU_DEVICES in prose:
         data.gpus = parse_device_table(prose[schema.GPU_DEVICES])
@@ -37,6 +37,8 @@ def read_old_prose(
         m = schema.PROFILE_WINDOW_TEXT_RE.match(tag)
         if m is None or m.group(1) + schema.DATA_SUFFIX in records:
             continue
+        # Only logs of earlier versions come here (each window now has its JSON record), and their
+        # names held the window's start and end counted from 0: steps_20_25 is steps 21-25.
         a, b = int(m.group(2)), int(m.group(3))
         p = profiles.setdefault(m.group(1), rows.profile_row({"start_step": a, "num_steps": b - a}))
         if m.group(4):

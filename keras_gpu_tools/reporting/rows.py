@@ -149,7 +149,7 @@ def profile_row(rec: dict[str, Any]) -> dict[str, Any]:
     files = rec.get("files") or []
     size = finite(rec.get("size_bytes"))
     return {
-        "steps": f"{start}-{start + n}",
+        "steps": f"{start + 1}-{start + n}",  # the first and last step, counted from 1 (as steps_name)
         "start": start,
         "num_steps": n,
         "reason": str(rec.get("reason", "")),
@@ -222,7 +222,7 @@ def job_profile_row(rec: dict[str, Any], analysis: dict[str, Any] | None = None)
     files = [str(f) for f in rec.get("job_files") or []]
     known = [(ms, i) for i, ms in enumerate(means) if ms is not None]
     return {
-        "steps": f"{start}-{start + n}",
+        "steps": f"{start + 1}-{start + n}",  # the first and last step, counted from 1 (as steps_name)
         "start": start,
         "num_steps": n,
         "processes": len(means),

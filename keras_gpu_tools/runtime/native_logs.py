@@ -11,6 +11,10 @@ sorted: native log lines go to the ``keras_gpu_tools`` logger (DEBUG), every
 other line (a warning Python printed from another thread) to the terminal,
 as it would have.
 
+The conversion of a trace by xprof, on a background thread, is such a call
+too: its converter logs a line per plane and op (``I0000 ...
+xplane_to_op_stats.cc:...``), dozens per window.
+
 Blocks may nest and overlap across threads: the first one in redirects, the
 last one out restores. Keep the blocks short: for their duration every
 thread's writes to descriptor 2 are held back.
@@ -110,9 +114,12 @@ def _sort(written: bytes) -> None:
 
 
 @contextlib.contextmanager
-def quiet_native_logs() -> Iterator[None]:
-    """While the block runs, native log lines written to descriptor 2 go to the logger (see the module docstring)."""
-    entered = _enter()
+def quiet_native_logs(enabled: bool = True) -> Iterator[None]:
+    """While the block runs, native log lines written to descriptor 2 go to the logger (see the module docstring).
+
+    ``enabled=False`` leaves descriptor 2 alone: the lines reach the terminal (a callback's ``verbose=2``).
+    """
+    entered = _enter() if enabled else False
     try:
         yield
     finally:

@@ -190,9 +190,37 @@ def test_slow_input_pipeline_is_reported_input_bound(tmp_path):
     acc = EventAccumulator(str(tmp_path / "profile"))
     acc.Reload()
     texts = {tag: tf.make_ndarray(acc.Tensors(tag)[0].tensor_proto).item().decode() for tag in acc.Tags()["tensors"]}
-    assert f"{x.word} input-bound" in texts["profile/steps_3_8/input_pipeline"]
-    assert analysis.conclusion.split(" because ")[0] in texts["profile/steps_3_8/input_pipeline"]
-    assert "steps 4-8 (scheduled)" in texts["profile/steps_3_8"]
+    assert f"{x.word} input-bound" in texts["profile/steps_4_8/input_pipeline"]
+    assert analysis.conclusion.split(" because ")[0] in texts["profile/steps_4_8/input_pipeline"]
+    assert "steps 4-8 (scheduled)" in texts["profile/steps_4_8"]
+
+
+# A line as xprof's converter writes it from C++ to descriptor 2, dozens a window on a GPU trace.
+XPROF_LINE = b"I0000 00:00:1764331200.123456    4242 xplane_to_op_stats.cc:218] Processing device plane /device:GPU:0\n"
+
+
+@tf_only
+@pytest.mark.parametrize("verbose", [0, 1, 2])
+def test_xprofs_native_log_lines_stay_out_of_the_terminal_unless_verbose_2(tmp_path, capfd, monkeypatch, verbose):
+    from xprof.convert import raw_to_tool_data
+
+    convert = raw_to_tool_data.xspace_to_tool_data
+
+    def logging_convert(*args, **kwargs):  # the real conversion, with the native line its C++ logs
+        os.write(2, XPROF_LINE)
+        return convert(*args, **kwargs)
+
+    monkeypatch.setattr(raw_to_tool_data, "xspace_to_tool_data", logging_convert)
+    cb = ProfilerWindow(log_dir=tmp_path, start_step=3, num_steps=4, verbose=verbose, layers=False)
+    fit(tiny_dense_model(), cb)
+    cb.wait_for_analysis()
+    assert len(cb.captures[0].analysis.step_rows) == 4  # converted in the background, as ever
+    err = capfd.readouterr().err
+    native = [line for line in err.splitlines() if line.startswith(("I0000", "W0000"))]
+    if verbose == 2:
+        assert XPROF_LINE.decode().strip() in native
+    else:
+        assert not native and "xplane_to_op_stats" not in err, err
 
 
 def test_jax_on_old_python_says_it_cannot_profile(tmp_path):
@@ -310,4 +338,4 @@ def test_torch_profiler_stops_at_the_next_fit_after_a_failed_one(tmp_path, monke
     assert not profiler_is_running()
     assert [(c.start_step, c.num_steps) for c in cb.captures] == [(1, 3)]
     assert step_names(cb.captures[0]) == [1, 2, 3]
-    assert cb.captures[0].files[0].split(os.sep)[-2].endswith("steps_1_4")
+    assert cb.captures[0].files[0].split(os.sep)[-2].endswith("steps_2_4")

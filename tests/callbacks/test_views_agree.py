@@ -90,7 +90,7 @@ def assert_every_view_agrees(tf, tmp_path, det, prof, shown, printed):
     # ProfilerWindow's line, its TensorBoard text and LiveView name the span and give that figure.
     line = next(ln for ln in printed.splitlines() if ln.startswith(f"ProfilerWindow: {fig.text()}, this window only"))
     profile_texts = texts_of(tf, tmp_path / "profile")
-    assert profile_texts["profile/steps_20_25/input_pipeline"].startswith(line)
+    assert profile_texts["profile/steps_21_25/input_pipeline"].startswith(line)
     assert any(f"input wait, {SPAN}" in h and html.escape(fig.short()) in h for h in shown)
 
     # xprof: its conclusion is beside ours, and where it differs the one sentence says why.
@@ -101,7 +101,7 @@ def assert_every_view_agrees(tf, tmp_path, det, prof, shown, printed):
     assert cap.input.reason == why
     if xprof.differs(fig, x):
         assert why and f"  xprof differs: {why}" in printed
-        assert why in profile_texts["profile/steps_20_25/input_pipeline"]
+        assert why in profile_texts["profile/steps_21_25/input_pipeline"]
     else:
         assert "; xprof agrees: " in line
 

@@ -36,7 +36,7 @@ def test_doctor_runs_on_this_machine_and_exits_0():
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "Keras 3." in out and "backend:" in out and "[NVML]" in out and "Findings" in out
-    assert "[distribution]" in out and "MultiWorkerMirroredStrategy" in out  # the default backend: TensorFlow
+    assert "[distribution]" in out
 
 
 def test_gpu_present_but_cpu_only_framework_build():
@@ -195,11 +195,19 @@ def test_report_warns_about_unreadable_event_files(tmp_path, capsys):
 def test_doctor_shows_one_process_and_the_keras_3_limits_of_tensorflow():
     d = doctor.distribution_facts("tensorflow", gpus=0, env={})
     assert (d.process_index, d.process_count, d.engine, d.error) == (0, 1, "one device", None)
-    (note,) = doctor.distribution_findings(d)
-    assert note.level == "info" and "MultiWorkerMirroredStrategy does not train with Keras 3" in note.text
-    assert "keras-team/keras#20585" in note.text and "keras.distribution.initialize()" in note.text
-    report = doctor.render(doctor.FrameworkFacts("tensorflow"), doctor.NVMLFacts(False, "none"), [note], {}, d)
+    # One CPU, no GPU, no cluster: the multi-worker limit does not apply, so it is not said.
+    assert doctor.distribution_findings(d) == []
+    report = doctor.render(doctor.FrameworkFacts("tensorflow"), doctor.NVMLFacts(False, "none"), [], {}, d)
     assert "[distribution]\n  engine: one device\n  one process; 1 device(s) per training step" in report
+    assert "MultiWorkerMirroredStrategy" not in report
+    assert doctor.distribution_findings(doctor.distribution_facts("tensorflow", gpus=1, env={})) == []
+    # Several GPUs, or a launcher's several processes: the limit is said, as information.
+    for gpus, env in ((2, {}), (1, {"SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"})):
+        d = doctor.distribution_facts("tensorflow", gpus=gpus, env=env)
+        notes = [f for f in doctor.distribution_findings(d) if "MultiWorkerMirroredStrategy" in f.text]
+        (note,) = notes
+        assert note.level == "info" and "MultiWorkerMirroredStrategy does not train with Keras 3" in note.text
+        assert "keras-team/keras#20585" in note.text and "keras.distribution.initialize()" in note.text
 
 
 def test_doctor_warns_where_tf_config_asks_for_several_workers():

@@ -4,6 +4,7 @@ Each process sees its own fake GPU(s) through CUDA_VISIBLE_DEVICES; the logs are
 read back with TensorBoard's own reader, and the report is built from them.
 """
 
+import json
 import os
 
 import pytest
@@ -23,6 +24,13 @@ def read_run(run_dir):
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     return acc, {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def tf_text(event) -> str:
+    """A text event's string (what EventWriter.text and .json write)."""
+    from tensorboard.util import tensor_util
+
+    return tensor_util.make_ndarray(event.tensor_proto).item().decode()
 
 
 def writer_pids(run_dir):
@@ -114,9 +122,11 @@ def test_two_processes_log_apart_and_share_job_figures(tmp_path, devices_per_pro
     assert util.split()[1:4] == [f"{expected[f'job/gpu/utilization_percent_{s}']:.1f}" for s in ("min", "mean", "max")]
     assert "Job of 2 processes" in rep.html()
     if others:  # the other callbacks' sections: process 0's runs alone, nothing summed or interleaved
-        _, inp = read_run(logs.parent / "input" / "process_0")
-        waits = dict(inp["input/wait_ms"])
-        assert d.split_x and all(waits[int(x)] == pytest.approx(v) for x, v in zip(d.split_x, d.split["input/wait_ms"]))
+        acc, _ = read_run(logs.parent / "input" / "process_0")  # process 0's epochs: its verdict records' figures
+        records = [json.loads(tf_text(e)) for e in acc.Tensors("input/verdict/data")]
+        waits = [r["figures"].get("input/wait_ms") for r in records if r["scope"].startswith("epoch ")]
+        assert d.split_axis == "epoch" and d.split_x == [float(i + 1) for i in range(len(waits))]
+        assert d.split["input/wait_ms"] == [None if w is None else pytest.approx(w) for w in waits]
         _, oom = read_run(logs.parent / "oom" / "process_0")
         assert {t: s.values for t, s in d.oom_series.items()} == {t: [v for _, v in p] for t, p in oom.items()}
         assert d.verdict is not None and "oom/process_1" in d.sources and "input/process_1" in d.sources

@@ -37,7 +37,7 @@ def test_two_processes_trace_the_same_steps_into_one_session(tmp_path):
 
     # One session of the job's run, one trace per process, nothing left in the processes' own runs.
     sessions = glob.glob(str(logs / "job" / "plugins" / "profile" / "*"))
-    assert len(sessions) == 1 and sessions[0].endswith("_steps_3_7"), sessions
+    assert len(sessions) == 1 and sessions[0].endswith("_steps_4_7"), sessions
     traces = sorted(glob.glob(os.path.join(sessions[0], "*.xplane.pb")))
     assert [os.path.basename(t).rsplit("_p", 1)[1] for t in traces] == ["0.xplane.pb", "1.xplane.pb"]
     assert not glob.glob(str(logs / "process_*" / "plugins"))
@@ -56,7 +56,7 @@ def test_two_processes_trace_the_same_steps_into_one_session(tmp_path):
         assert cap["files"] == [traces[i]]  # each process's own trace, in the shared session
         assert cap["conclusion"]  # xprof's conclusion for this process
         texts = read_texts(str(logs / f"process_{i}"))
-        assert sessions[0] in texts["profile/steps_3_7"] and texts["profile/steps_3_7/input_pipeline"]
+        assert sessions[0] in texts["profile/steps_4_7"] and texts["profile/steps_4_7/input_pipeline"]
 
     # Process 0 reports the job: every trace, every process's step time, xprof over all traces.
     chief, other = results[0]["captures"][0], results[1]["captures"][0]
@@ -66,8 +66,8 @@ def test_two_processes_trace_the_same_steps_into_one_session(tmp_path):
     assert chief["job_conclusion"]
     assert other["job_files"] == [] and other["job_conclusion"] is None
     job_texts = read_texts(str(logs / "job"))
-    assert job_texts["profile/steps_3_7"] == chief["job_line"]
-    assert job_texts["profile/steps_3_7/input_pipeline"] == chief["job_conclusion"]
+    assert job_texts["profile/steps_4_7"] == chief["job_line"]
+    assert job_texts["profile/steps_4_7/input_pipeline"] == chief["job_conclusion"]
     assert len(glob.glob(str(logs / "job" / "events.out.tfevents.*"))) == 1  # one writer: process 0
 
 
@@ -95,7 +95,7 @@ def test_a_process_of_a_launcher_without_a_channel_keeps_its_sessions_in_its_own
 
 
 def test_traces_of_two_processes_on_one_host_do_not_overwrite_each_other(tmp_path):
-    session = tmp_path / "profile" / "job" / "plugins" / "profile" / "2026_11_26_09_00_00_steps_3_7"
+    session = tmp_path / "profile" / "job" / "plugins" / "profile" / "2026_11_26_09_00_00_steps_4_7"
     moved = {}
     for i in range(2):
         run = tmp_path / "profile" / f"process_{i}"

@@ -33,14 +33,14 @@ def test_the_job_section_shows_every_process_trace_and_step_time_of_a_window(tmp
     rep = report(str(logs))
     (p,) = rep.data.job_profiles
     assert rep.data.process_count == 2 and rep.data.processes == [0, 1]
-    assert (p["steps"], p["processes"], p["files"], p["trace_dir"]) == ("3-7", 2, traces, session)
+    assert (p["steps"], p["processes"], p["files"], p["trace_dir"]) == ("4-7", 2, traces, session)
     assert p["mean_step_ms"] == pytest.approx(chief["job_mean_step_ms"]) and all(ms > 0 for ms in p["mean_step_ms"])
     slowest = max(range(2), key=lambda i: p["mean_step_ms"][i])
     assert p["slowest"] == slowest and f"slowest: process {slowest}" in chief["job_line"]
     assert p["conclusion"] == chief["job_conclusion"] and p["conclusion"]
 
     section = job_section(rep.text())
-    assert f"steps 3-7: 2 trace files of 2 processes in {session}" in section
+    assert f"steps 4-7: 2 trace files of 2 processes in {session}" in section
     for i, t in enumerate(traces):
         assert f"  trace: {os.path.basename(t)}" in section
         mark = " (slowest)" if i == slowest else ""

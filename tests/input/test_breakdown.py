@@ -147,3 +147,26 @@ def test_a_host_bound_torch_step_is_advised_a_larger_batch():
     b.end_epoch(_steady(step=0.010, wait=0.0, compute=0.002, other=0.008), traces=None)
     fb = fit_breakdown(b, jit_compile=False, several_steps_per_call=False)
     assert "steps_per_execution" not in fb.advice[0] and "a batch 40 times larger" in fb.advice[0]
+
+
+def test_mixed_precision_is_advised_only_where_a_gpu_has_tensor_cores():
+    from keras_gpu_tools.input.breakdown_run import tensor_cores
+
+    def compute_bound(cores):
+        b = StepBreakdown()
+        b.tensor_cores = cores
+        b.end_epoch(_steady(step=0.010, wait=0.0, compute=0.009, other=0.001), traces=None)
+        fb = fit_breakdown(b)
+        assert fb.largest == "compute" and "ProfilerWindow" in fb.advice[0]
+        return " ".join(fb.advice)
+
+    for cores in (True, None):  # a GPU with them, or one whose compute capability is not known
+        assert "mixed precision" in compute_bound(cores) and "tensor cores" in compute_bound(cores)
+    cpu = compute_bound(False)
+    assert "mixed precision" not in cpu and "tensor cores" not in cpu
+
+    class CPUBackend:  # the framework sees no GPU: the step runs on the CPU
+        def gpu_devices(self):
+            return []
+
+    assert tensor_cores(CPUBackend()) is False

@@ -33,7 +33,8 @@ def test_the_schema_names_the_tags_the_report_reads():
     assert schema.process_run(3) == "process_3"
     assert schema.PROCESS_RUN_RE.match("fit/process_3").groups() == ("fit", "3")
     assert schema.JOB_RUN_RE.match("fit/job")
-    assert schema.profile_window(20, 25) == "profile/steps_20_25"
+    # steps 20 to 25 (exclusive, from 0) are "steps 21-25" in every view, and so named
+    assert schema.profile_window(20, 25) == "profile/steps_21_25" and schema.window_label(20, 25) == "steps_21_25"
     assert schema.gpu_key(0, "utilization_percent") == "gpu/0/utilization_percent"
 
 

@@ -21,7 +21,7 @@ from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.memory.events import OOMEvent
 from keras_gpu_tools.mixed_precision.check import MixedPrecisionFinding
 from keras_gpu_tools.reporting.from_logdir import gather_log_dir
-from keras_gpu_tools.reporting.model import ReportData
+from keras_gpu_tools.reporting.model import SPLIT_AND_STEP_KEYS, ReportData
 from keras_gpu_tools.reporting.report import TrainingReport, report
 from keras_gpu_tools.reporting.text import findings_markdown
 from keras_gpu_tools.telemetry.nvml import GPUInfo
@@ -295,7 +295,7 @@ def test_log_dir_with_scalars_and_texts_of_every_callback(tmp_path):
     assert data.throughput["throughput/samples_per_sec"] == 1234.0
     (p,) = data.profiles
     assert (p["steps"], p["reason"], p["trace_dir"], p["size_mib"], p["mean_step_ms"]) == (
-        "10-15",
+        "11-15",  # the name of an earlier version: steps_10_15 held the start counted from 0
         "scheduled",
         "/x/y",
         2.5,
@@ -360,15 +360,21 @@ def test_report_of_a_real_fit_equals_the_callbacks_and_the_log_dir(tmp_path):
     np.testing.assert_allclose(heights, expected)
     assert r.data.verdict["category"] == det.verdict.category
     assert [p["steps"] for p in r.data.profiles] == [
-        f"{c.start_step}-{c.start_step + c.num_steps}" for c in prof.captures
+        f"{c.start_step + 1}-{c.start_step + c.num_steps}" for c in prof.captures
     ]
-    if keras.backend.backend() == "tensorflow":
-        assert [p["steps"] for p in r.data.profiles] == ["5-8"]
+    if keras.backend.backend() == "tensorflow":  # steps 6-8, as the window's line and its tag name them
+        assert [p["steps"] for p in r.data.profiles] == ["6-8"]
+        assert [p["span"] for p in r.data.profiles] == ["steps 6-8"]
     assert r.data.findings == [] and r.data.training["loss"].values == pytest.approx(model.history.history["loss"])
 
     # After the fact, from the log dir alone: the same series, verdict, windows, findings.
     r.write_to_tensorboard(logdir)
     later = report(logdir)
+    # The step-time table has the fit's own rows, one per epoch (the detector's scalars are by window of 10 steps).
+    assert later.data.split_axis == r.data.split_axis == "epoch"
+    assert later.data.split_x == r.data.split_x == [1.0, 2.0, 3.0]
+    for key, _ in SPLIT_AND_STEP_KEYS:
+        assert later.data.split[key] == [None if v is None else pytest.approx(v, rel=1e-6) for v in r.data.split[key]]
     for key in ("host/cpu_percent", "host/rss_mib"):
         np.testing.assert_allclose(later.data.series[key].values, r.data.series[key].values, rtol=1e-6)
         assert later.data.series[key].steps == r.data.series[key].steps
@@ -508,7 +514,7 @@ def test_json_tags_come_before_the_text_written_for_people(tmp_path):
     w.scalars({"gpu/0/utilization_percent": 50.0}, step=1, wall_time=1.0)
     w.close()
     w = EventWriter(str(tmp_path / "profile"))
-    w.text("profile/steps_3_5", "ProfilerWindow: steps [3, 5) (scheduled) -> /prose (9.0 MiB)", 3)
+    w.text("profile/steps_4_5", "ProfilerWindow: steps [3, 5) (scheduled) -> /prose (9.0 MiB)", 3)
     capture = {
         "start_step": 3,
         "num_steps": 2,
@@ -516,8 +522,8 @@ def test_json_tags_come_before_the_text_written_for_people(tmp_path):
         "size_bytes": 2**20,
         "reason": "triggered",
     }
-    w.json("profile/steps_3_5/data", capture, 3)
-    w.json("profile/steps_3_5/input_pipeline/data", {"conclusion": "", "error": "no xprof"}, 3)
+    w.json("profile/steps_4_5/data", capture, 3)
+    w.json("profile/steps_4_5/input_pipeline/data", {"conclusion": "", "error": "no xprof"}, 3)
     w.close()
     w = EventWriter(str(tmp_path / "input"))
     w.text("input/verdict/data", "{not JSON", 5)
@@ -531,7 +537,7 @@ def test_json_tags_come_before_the_text_written_for_people(tmp_path):
     ]
     (p,) = data.profiles
     assert (p["steps"], p["reason"], p["trace_dir"], p["size_mib"], p["mean_step_ms"], p["conclusion"]) == (
-        "3-5",
+        "4-5",
         "triggered",
         "/json",
         1.0,
@@ -659,11 +665,11 @@ def test_job_keys_of_a_history_are_no_training_curve():
 
 def _job_profile_log_dir(tmp_path, job_files):
     """The profiler runs of a job of two processes, as ProfilerWindow writes them (process 1 the slower)."""
-    session = "/logs/profile/job/plugins/profile/2026_11_26_09_00_00_steps_3_7"
+    session = "/logs/profile/job/plugins/profile/2026_11_26_09_00_00_steps_4_7"
     for i, ms in enumerate((2.0, 5.5)):
         w = EventWriter(str(tmp_path / "profile" / f"process_{i}"))
         own = {"start_step": 3, "num_steps": 4, "files": [f"{session}/h_p{i}.xplane.pb"], "mean_step_ms": ms}
-        w.json("profile/steps_3_7/data", own, 3)
+        w.json("profile/steps_4_7/data", own, 3)
         w.close()
     w = EventWriter(str(tmp_path / "profile" / "job"))
     record = {
@@ -675,10 +681,10 @@ def _job_profile_log_dir(tmp_path, job_files):
         "job_mean_step_ms": [2.0, 5.5],
         "job_analysis": None,  # written apart, once xprof is done
     }
-    w.text("profile/steps_3_7", "ProfilerWindow: job of 2 processes, steps [3, 7) -> ...", 3)
-    w.json("profile/steps_3_7/data", record, 3)
-    w.text("profile/steps_3_7/input_pipeline", "Your program is NOT input-bound because ...", 3)
-    w.json("profile/steps_3_7/input_pipeline/data", {"conclusion": "Your program is NOT input-bound because ..."}, 3)
+    w.text("profile/steps_4_7", "ProfilerWindow: job of 2 processes, steps [3, 7) -> ...", 3)
+    w.json("profile/steps_4_7/data", record, 3)
+    w.text("profile/steps_4_7/input_pipeline", "Your program is NOT input-bound because ...", 3)
+    w.json("profile/steps_4_7/input_pipeline/data", {"conclusion": "Your program is NOT input-bound because ..."}, 3)
     w.close()
     return session
 
@@ -691,7 +697,7 @@ def test_the_job_section_shows_each_profiler_window_of_the_job(tmp_path):
     assert own["mean_step_ms"] == 2.0 and own["trace_dir"] == session
     (p,) = data.job_profiles
     assert (p["steps"], p["processes"], p["trace_dir"], p["mean_step_ms"], p["slowest"]) == (
-        "3-7",
+        "4-7",
         2,
         session,
         [2.0, 5.5],
@@ -703,7 +709,7 @@ def test_the_job_section_shows_each_profiler_window_of_the_job(tmp_path):
     text = TrainingReport(data).text()
     job = text.split("Job of 2 processes")[1].split("Profiler windows\n")[0]
     assert "Profiler windows of the job (one session, one trace per process):" in job
-    assert f"steps 3-7: 2 trace files of 2 processes in {session}" in job
+    assert f"steps 4-7: 2 trace files of 2 processes in {session}" in job
     assert "  trace: h_p0.xplane.pb\n  trace: h_p1.xplane.pb" in job
     assert "  process 0: mean step 2.00 ms\n  process 1: mean step 5.50 ms (slowest)" in job
     assert "  xprof over every trace: Your program is NOT input-bound because ..." in job
@@ -721,14 +727,14 @@ def test_the_job_section_shows_each_profiler_window_of_the_job(tmp_path):
     alone = tmp_path / "alone"
     shutil.copytree(tmp_path / "profile" / "job", alone / "profile" / "job")
     data = gather_log_dir(str(alone))
-    assert data.process_count == 2 and [p["steps"] for p in data.job_profiles] == ["3-7"]
+    assert data.process_count == 2 and [p["steps"] for p in data.job_profiles] == ["4-7"]
     assert "Job of 2 processes" in TrainingReport(data).text()
 
 
 def test_a_job_window_missing_a_trace_says_so(tmp_path):
     _job_profile_log_dir(tmp_path, ["h_p0.xplane.pb"])  # process 1's log_dir is not process 0's
     text = TrainingReport(gather_log_dir(str(tmp_path))).text()
-    assert "steps 3-7: 1 trace file of 2 processes in" in text
+    assert "steps 4-7: 1 trace file of 2 processes in" in text
     assert "only 1 of 2 processes' traces are there (is log_dir shared by every host?)" in text
     assert "process 1: mean step 5.50 ms (slowest)" in text
 

@@ -96,7 +96,9 @@ def test_a_single_run_and_a_job_in_one_log_dir_are_reported_apart(tmp_path, caps
     assert data.processes == [] and data.process_count == 1 and data.job_verdict is None and not data.job
     assert "own verdict" not in text and "Job of" not in text
     assert data.verdict["category"] == det.verdict.category
-    assert data.split_x == [5.0 * i for i in range(1, 9)]  # its windows of 5 steps over 40 steps, not the job's
+    # Its two epochs' step-time rows, as its own report has them, not the job's.
+    assert data.split_axis == "epoch" and data.split_x == [1.0, 2.0]
+    assert data.split["input/wait_ms"] == [pytest.approx(h["input/wait_ms"]) for h in det.epoch_history]
     note = next(n for n in data.notes if "leaves them out" in n)
     assert "input/process_0" in note and "input/job" in note and "layout='job'" in note and "--layout job" in note
 

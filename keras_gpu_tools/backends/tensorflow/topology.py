@@ -54,17 +54,26 @@ class TFTopology(Backend):
 
     def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
         # keras-team/keras#20585: "unsupported type PerReplica to a Tensor" inside fit(), with no callback.
+        from keras_gpu_tools.runtime import topology as topo
+
         multi_worker = "TF_CONFIG" in env or "MultiWorker" in topology.engine
-        notes = [
-            (
-                "warn" if multi_worker else "info",
-                ("TF_CONFIG is set: " if "TF_CONFIG" in env else "")
-                + "tf.distribute.MultiWorkerMirroredStrategy does not train with Keras 3's fit() "
-                "(keras-team/keras#20585). Several hosts with Keras 3 means the JAX backend: "
-                "keras.distribution.initialize() in every process, then keras.distribution.DataParallel. "
-                "MirroredStrategy over one host's GPUs works.",
+        # The note is for a user who could reach for several workers: several GPUs, several devices
+        # in the step, or several processes. On one device with no cluster set up it has nothing to say.
+        several = (
+            gpus > 1 or topology.devices_in_step > 1 or topology.multi_process or topo.from_launcher(env) is not None
+        )
+        notes = []
+        if multi_worker or several:
+            notes.append(
+                (
+                    "warn" if multi_worker else "info",
+                    ("TF_CONFIG is set: " if "TF_CONFIG" in env else "")
+                    + "tf.distribute.MultiWorkerMirroredStrategy does not train with Keras 3's fit() "
+                    "(keras-team/keras#20585). Several hosts with Keras 3 means the JAX backend: "
+                    "keras.distribution.initialize() in every process, then keras.distribution.DataParallel. "
+                    "MirroredStrategy over one host's GPUs works.",
+                )
             )
-        ]
         if gpus > 1 and topology.devices_in_step < 2:
             notes.append(
                 (
