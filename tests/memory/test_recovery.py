@@ -1,6 +1,7 @@
 """OOM classification, the split policy, the messages and the retry loop, without a model."""
 
 import importlib.util
+import os
 
 import pytest
 
@@ -44,7 +45,10 @@ def test_xla_resource_exhausted_is_oom():
     assert not is_oom(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes do not match"))
 
 
-@pytest.mark.skipif(not has("torch"), reason="needs torch")
+@pytest.mark.multibackend
+@pytest.mark.skipif(
+    os.environ.get("KERAS_BACKEND") != "torch", reason="run in the torch session, where torch is already loaded"
+)
 def test_torch_out_of_memory_is_oom():
     import torch
 
