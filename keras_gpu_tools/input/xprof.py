@@ -53,6 +53,7 @@ THRESHOLD_REASON = (
     "detector's thresholds ({moderate}, {high}), not by the measure."
 )
 STEP_RATIO = 1.25  # step times this far apart explain a different share on their own
+GAP = 0.02  # input shares further apart than this are explained, even in one category
 
 
 @dataclasses.dataclass
@@ -81,10 +82,19 @@ def read_conclusion(
 
 
 def differs(ours: SpanFigure, x: XprofConclusion) -> bool:
-    """Whether xprof's conclusion says otherwise than our category (POTENTIALLY always does)."""
+    """Whether xprof says otherwise: another category (POTENTIALLY always), or a share over GAP apart."""
     if ours.category == UNKNOWN or not x.word:
         return False
-    return x.word == "POTENTIALLY" or x.category != ours.category
+    if x.word == "POTENTIALLY" or x.category != ours.category:
+        return True
+    return x.input_fraction is not None and ours.wait_fraction is not None and gap(ours, x) > GAP
+
+
+def gap(ours: SpanFigure, x: XprofConclusion) -> float:
+    """How far apart the two input shares are (0 where either is unknown)."""
+    if x.input_fraction is None or ours.wait_fraction is None:
+        return 0.0
+    return abs(x.input_fraction - ours.wait_fraction)
 
 
 def reason(ours: SpanFigure, x: XprofConclusion) -> str:
@@ -97,7 +107,8 @@ def reason(ours: SpanFigure, x: XprofConclusion) -> str:
     if not differs(ours, x):
         return ""
     by_xprof = classify(ours.wait_fraction)
-    if x.word != "POTENTIALLY" and by_xprof == x.category and ours.thresholds is not None:
+    other_category = x.word == "POTENTIALLY" or x.category != ours.category
+    if other_category and x.word != "POTENTIALLY" and by_xprof == x.category and ours.thresholds is not None:
         moderate, high = (format_percent(t, 0) for t in ours.thresholds)
         figure = format_percent(ours.wait_fraction)
         return THRESHOLD_REASON.format(ours=figure, category=by_xprof, moderate=moderate, high=high)

@@ -62,7 +62,9 @@ def test_xprof_conclusions_read_back():
 @pytest.mark.parametrize(
     "ours, conclusion, why",
     [
-        (0.093, MODERATELY, ""),  # same category: xprof agrees
+        (0.093, MODERATELY, ""),  # same category, shares within 2 points: xprof agrees
+        (0.169, MODERATELY, xprof.LESS_REASON),  # same category, 16.9% against 9.8%: said why
+        (0.05, MODERATELY, xprof.MORE_REASON),  # same category, 5.0% against 9.8%
         (0.093, HIGHLY, xprof.MORE_REASON),  # xprof's input is higher
         (0.093, NOT, xprof.LESS_REASON),  # xprof's input is lower
         (0.02, POTENTIALLY, xprof.POTENTIALLY_REASON),  # its 'All Others' is not our input
