@@ -56,9 +56,6 @@ class InputBoundDetector(FitViews, FitCallback):
     removing the wait is worth at most. Spans are time-weighted sums of
     their windows (`input/steps` is the weight), so all the figures add up.
 
-    Each tip of the advice fits the pipeline as it runs and says which part of
-    the wait it addresses; a `GPUUtilizationLogger` in the fit is quoted.
-
     Logged keys (per epoch into `logs`, so `History` and `CSVLogger` get them;
     the progress bar shows `input/wait_fraction` alone, see `progress_bar`; per
     window to TensorBoard in the run `log_dir/<run_name>` on the global step
@@ -88,13 +85,9 @@ class InputBoundDetector(FitViews, FitCallback):
 
     `detector.breakdown` names the largest part and what fits it (in `summary()`).
 
-    One figure, one value: the verdict, `summary()`, the step breakdown, the report
-    and TensorBoard read the same step time, rate and wait share for the same steps.
-    The host's fetch time (`next()`), equal to the wait wherever compute does not hide it,
-    is in `summary()`'s table and `detector.measurement.fetch`, not a series of its own
-    (log dirs of earlier versions may hold `input/fetch_ms`).
-
-    FLOPs are counted by the backend once per fit (`flops_source` says how) or given as
+    The verdict, `summary()`, the breakdown, the report and TensorBoard read one step time, rate
+    and wait share for the same steps; the host's fetch time is in `summary()`'s table. Each tip
+    of the advice says which part of the wait it addresses. FLOPs are counted by the backend once per fit (`flops_source` says how) or given as
     `flops_per_step`, the peak from a table of NVIDIA GPUs or `peak_flops` (times the step's devices).
 
     In a job of several processes each writes its own run,
@@ -214,7 +207,7 @@ class InputBoundDetector(FitViews, FitCallback):
     @property
     def breakdown(self):
         """The last fit's step breakdown (:class:`~keras_gpu_tools.input.breakdown_advice.FitBreakdown`), or None."""
-        return self._steps.result() if self._steps is not None else None
+        return self._steps.result(self._fit.steady_epochs()) if self._steps is not None else None
 
     def summary(self) -> str:
         """A report of the last fit(): verdict, figures, phases, evidence, advice, and the step breakdown."""

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from keras_gpu_tools.input.breakdown import StepBreakdown
+from keras_gpu_tools.input.categories import XPROF_MODERATE
 from keras_gpu_tools.runtime.units import format_ms, format_percent
 
 LABELS = {
@@ -26,6 +28,7 @@ LABELS = {
 }
 HOST_SHARE = 0.1  # steps_per_execution: enough steps per call that the host's part falls under this share of compute
 MAX_STEPS_PER_EXECUTION = 1024
+INPUT_SHARE = XPROF_MODERATE  # a wait from this share of the step on is input-bound: compute-bound is not said
 
 
 @dataclasses.dataclass
@@ -92,14 +95,22 @@ def steps_per_execution_for(host: float, compute: float) -> int:
 
 
 def fit_breakdown(
-    b: StepBreakdown, jit_compile: bool | None = None, several_steps_per_call: bool = True
+    b: StepBreakdown,
+    jit_compile: bool | None = None,
+    several_steps_per_call: bool = True,
+    steady: Sequence[bool] | None = None,
 ) -> FitBreakdown | None:
     """The fit's breakdown from its epochs; None before an epoch with a step time ended.
 
     ``jit_compile``: the model's (False: compiling the step is advised to a host-bound one);
-    ``several_steps_per_call``: whether the backend runs ``steps_per_execution > 1`` (torch does not).
+    ``several_steps_per_call``: whether the backend runs ``steps_per_execution > 1`` (torch does not);
+    ``steady``: per epoch, whether the input verdict counts it: the parts then cover the verdict's
+    scope (warm-up epochs left out as it leaves them out); compilation is the whole fit's.
     """
-    epochs = [e for e in b.epochs if e.step and e.steps]
+    kept = b.epochs
+    if steady is not None and len(steady) == len(b.epochs) and any(steady):
+        kept = [e for e, s in zip(b.epochs, steady) if s]
+    epochs = [e for e in kept if e.step and e.steps]
     if not epochs:
         return None
     steps = sum(e.steps for e in epochs)
@@ -168,7 +179,12 @@ def _advice(
             f"share by about k, which pays while compute ({format_ms(p.get('compute'))}) is not well above it."
         ]
     if fb.largest == "compute":
-        said = f"Device compute is the largest part ({share}): the step is compute-bound; a ProfilerWindow shows the heaviest layers"
+        wait = p.get("input", 0.0) / step if step else 0.0
+        if wait >= INPUT_SHARE:  # input-bound by the verdict's measure too: not called compute-bound
+            bound = f"the wait for input is {format_percent(wait)} of the step too (see the input verdict)"
+        else:
+            bound = "the step is compute-bound"
+        said = f"Device compute is the largest part ({share}): {bound}; a ProfilerWindow shows the heaviest layers"
         if b.tensor_cores is False:  # a CPU, or GPUs without tensor cores: mixed precision would not pay
             return [said + "."]
         return [

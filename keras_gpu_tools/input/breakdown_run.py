@@ -9,7 +9,7 @@ a failure here never reaches training (warned once, the breakdown left out).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from keras_gpu_tools.input.breakdown import StepBreakdown
@@ -114,8 +114,9 @@ class BreakdownRun:
         logs.update(out)
         return out
 
-    def result(self) -> FitBreakdown | None:
+    def result(self, steady: Sequence[bool] | None = None) -> FitBreakdown | None:
+        """The fit's breakdown; ``steady``: per epoch, whether the input verdict counts it (its scope)."""
         if not self.ok:
             return None
         several = bool(getattr(self.backend, "several_steps_per_call", True))
-        return fit_breakdown(self.steps, getattr(self.model, "jit_compile", None), several)
+        return fit_breakdown(self.steps, getattr(self.model, "jit_compile", None), several, steady)

@@ -131,6 +131,13 @@ class InputFit:
         self._current(name)
         setattr(self, name, value)
 
+    def steady_epochs(self) -> list[bool] | None:
+        """Per epoch, whether the verdict counts it (its scope); None where its phases are not epochs."""
+        v = self._current("_verdict")
+        if v is None or not v.phases or not all(p.label.startswith("epoch") for p in v.phases):
+            return None
+        return [p.steady for p in v.phases]
+
     def figures(self, sums: Sums) -> Measurement:
         """A span's figures from its running sums, with this fit's FLOP rates."""
         return sums.measurement(self.flops, self.peak, self.devices)

@@ -170,3 +170,31 @@ def test_mixed_precision_is_advised_only_where_a_gpu_has_tensor_cores():
             return []
 
     assert tensor_cores(CPUBackend()) is False
+
+
+def test_the_parts_cover_the_verdicts_epochs_and_compilation_the_whole_fit():
+    b = StepBreakdown()
+    b.add(_call(0, 2.0, warmup=True))
+    b.end_epoch(_steady(step=0.050, wait=0.040, compute=0.009, other=0.001), traces={1: 1})  # a cache filling
+    b.end_epoch(_steady(), traces={1: 1})
+    b.end_epoch(_steady(), traces={1: 1})
+    whole, steady = fit_breakdown(b), fit_breakdown(b, steady=[False, True, True])
+    assert steady.step == pytest.approx(0.010) and steady.parts["input"] == pytest.approx(0.002)
+    assert whole.step == pytest.approx(0.070 / 3)  # the warm-up epoch counted: what the verdict leaves out
+    assert steady.compile_seconds == whole.compile_seconds
+    # Flags that are not one per epoch (a one-epoch fit's windows) leave every epoch in.
+    assert fit_breakdown(b, steady=[True]).step == pytest.approx(whole.step)
+
+
+def test_a_step_waiting_for_input_is_never_called_compute_bound():
+    def advice(wait):
+        b = StepBreakdown()
+        b.tensor_cores = False
+        b.end_epoch(_steady(step=0.010, wait=wait, compute=0.0095 - wait, other=0.0005), traces=None)
+        fb = fit_breakdown(b)
+        assert fb.largest == "compute"
+        return fb.advice[0]
+
+    assert "compute-bound" in advice(0.0002)
+    said = advice(0.004)  # 40% of the step waits for input, compute 55%: the input verdict says input-bound
+    assert "compute-bound" not in said and "the wait for input is 40.0% of the step too" in said
