@@ -236,7 +236,13 @@ def render(state: LiveState, now: float) -> str:
     if len(step_ms_points) < 2:
         step_ms_points = state.step_ms_points
     step_ms = step_ms_points[-1] if step_ms_points else None
-    rows.append(("step time", _fmt(step_ms, " ms", 2), sparkline(step_ms_points, low=0, color="#555")))
+    label = "step time"
+    # Once an epoch ended, the detector's figure for it (what History, TensorBoard and the report
+    # give); the sparkline stays the live rate between pictures.
+    last = _tail(getattr(state.detector, "epoch_history", []) or [], 1) if state.detector is not None else []
+    if last and last[-1].get(schema.INPUT_STEP_MS) is not None:
+        step_ms, label = last[-1][schema.INPUT_STEP_MS], "step time (last epoch)"
+    rows.append((label, _fmt(step_ms, " ms", 2), sparkline(step_ms_points, low=0, color="#555")))
     if state.loss_points:
         rows.append(("loss", _fmt(loss, "", 4), sparkline(state.loss_points, color="#9467bd")))
 

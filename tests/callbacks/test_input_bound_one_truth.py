@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
+from keras_gpu_tools.callbacks.live_view import LiveView
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.reader import find_runs, read_run
 from keras_gpu_tools.reporting.report import report
@@ -43,6 +44,15 @@ def _same(a, b, rel=0.01):
     return a == pytest.approx(b, rel=rel)
 
 
+def _scalar(acc, tag, i):
+    """The ``i``-th value of ``tag`` as TensorBoard reads it (a scalar event or a scalar tensor)."""
+    if tag in acc.Tags().get("scalars", []):
+        return acc.Scalars(tag)[i].value
+    from tensorboard.util import tensor_util
+
+    return float(tensor_util.make_ndarray(acc.Tensors(tag)[i].tensor_proto))
+
+
 def _events(log_dir, run):
     """The detector's scalars as the package's reader reads them back: tag -> values in written order."""
     ((name, directory, files),) = [r for r in find_runs(str(log_dir)) if r[0] == run]
@@ -60,7 +70,10 @@ def test_every_view_gives_one_step_time_rate_and_wait_share(tmp_path, monkeypatc
     model.compile("sgd", "mse")
     det = InputBoundDetector(log_dir=tmp_path, verbose=0)
     timer = EpochSeconds(fake.clock)
-    h = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[det, timer]).history
+    pictures: list[str] = []
+    live = LiveView(interval=3600.0, display=pictures.append)  # one picture: the fit's end
+    callbacks = [det, timer, live]
+    h = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=callbacks).history
 
     # History: one step time (input/ and step/), steps/s its inverse, samples/s the samples over the seconds.
     for e in range(1, EPOCHS):  # the first epoch's compilation costs nothing on this clock, but is left out
@@ -81,6 +94,14 @@ def test_every_view_gives_one_step_time_rate_and_wait_share(tmp_path, monkeypatc
     for tag in (schema.INPUT_STEP_MS, schema.STEP_STEP_MS, schema.SAMPLES_PER_SEC, schema.INPUT_WAIT_FRACTION):
         assert len(ev[tag]) == EPOCHS and all(_same(a, b) for a, b in zip(ev[tag], h[tag])), tag
     assert schema.INPUT_FETCH_MS not in ev
+    # ... and as TensorBoard's own reader reads them.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "input"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    for tag in (schema.INPUT_STEP_MS, schema.SAMPLES_PER_SEC, schema.INPUT_WAIT_FRACTION):
+        tb = [_scalar(acc, tag, i) for i in range(EPOCHS)]
+        assert all(_same(a, b) for a, b in zip(tb, h[tag])), tag
 
     # summary(), the verdict's sentence and the step breakdown: the steady state's figures, alike.
     text = det.summary()
@@ -98,3 +119,10 @@ def test_every_view_gives_one_step_time_rate_and_wait_share(tmp_path, monkeypatc
     assert _same(data.throughput[schema.STEPS_PER_SEC], m.steps_per_sec)
     assert _same(data.breakdown["step"] * 1e3, step)
     assert f"of a {step:.2f} ms step" in data.verdict["message"]
+    page = report(str(tmp_path)).html()
+    assert f"of a {step:.2f} ms step" in page
+
+    # LiveView's last picture: the last epoch's step time and samples/s, as History has them.
+    last = pictures[-1]
+    assert f"{h[schema.INPUT_STEP_MS][-1]:.2f} ms" in last and "step time (last epoch)" in last
+    assert f"{h[schema.SAMPLES_PER_SEC][-1]:,.0f}" in last
