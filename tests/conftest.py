@@ -119,6 +119,24 @@ def pytest_collection_modifyitems(session, config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    _long_files_first(items)
+
+
+SLOW_WEIGHT = 30  # a `slow` test (a fit of many steps, a subprocess) weighs about as much as this many others
+
+
+def _long_files_first(items) -> None:
+    """Orders the files by their weight, heaviest first, each file's tests in their own order.
+
+    pytest-xdist (`--dist loadfile`) hands files to its workers in this order: the long files
+    start at once instead of finishing alone on one worker while the others are idle.
+    """
+    weight: dict[str, int] = {}
+    for item in items:
+        path = str(item.path)
+        weight[path] = weight.get(path, 0) + (SLOW_WEIGHT if "slow" in item.keywords else 1)
+    first_seen = {path: i for i, path in enumerate(dict.fromkeys(str(item.path) for item in items))}
+    items.sort(key=lambda item: (-weight[str(item.path)], first_seen[str(item.path)]))
 
 
 @pytest.fixture
