@@ -67,7 +67,7 @@ class GPUUtilizationLogger(FitCallback):
           (which waits 0.1 s so that CPU use and GPM rates are in it). A key
           with no fresh value in an epoch (an epoch shorter than `interval`,
           CPU use over a span under 0.1 s, a metric that stopped reporting)
-          carries its last known value, never 0. If the very first sample of
+          carries its last known value (NaN: not yet measured), never 0. If the very first sample of
           a fit is still being taken when the first epoch ends, that epoch end
           waits for it (once, bounded by one second plus `interval`).
 

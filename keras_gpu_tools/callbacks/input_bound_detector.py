@@ -59,7 +59,7 @@ class InputBoundDetector(FitViews, FitCallback):
     Logged keys (per epoch into `logs`, so `History` and `CSVLogger` get them;
     the progress bar shows `input/wait_fraction` alone, see `progress_bar`; per
     window to TensorBoard in the run `log_dir/<run_name>` on the global step
-    axis). A figure that cannot be measured is left out, never logged as 0:
+    axis). NaN means "not yet measured" (every key of the fit is there from its first epoch); never 0:
 
     | key | unit | meaning |
     |---|---|---|

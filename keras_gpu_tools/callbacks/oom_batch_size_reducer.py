@@ -100,7 +100,7 @@ class OOMBatchSizeReducer(FitCallback):
     where known, and what to do next.
 
     Logged keys (per epoch into `logs`; to TensorBoard in the run
-    `log_dir/<run_name>` when `log_dir` is given, on the step axis):
+    `log_dir/<run_name>` when `log_dir` is given, on the step axis; NaN: not yet measured):
 
     | key | unit | meaning |
     |---|---|---|

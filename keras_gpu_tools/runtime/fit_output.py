@@ -21,6 +21,7 @@ the callbacks back as they were.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -83,7 +84,7 @@ class FitOutput:
         if logs is None:
             return None
         with self._lock:
-            briefs = sorted((p, k) for k, p in self._brief.items() if k in logs)
+            briefs = sorted((p, k) for k, p in self._brief.items() if _measured(logs.get(k)))
             hidden = self._hidden_from_bar - self._shown_on_bar - {k for _, k in briefs[:1]}
         return {k: v for k, v in logs.items() if k not in hidden}
 
@@ -119,6 +120,14 @@ class FitOutput:
         with self._lock:
             self.closed = True
         self.flush()
+
+
+def _measured(value: Any) -> bool:
+    """Whether an epoch figure is known: present and not NaN ("not yet measured")."""
+    try:
+        return value is not None and not math.isnan(value)
+    except TypeError:  # not a number: shown as it is
+        return True
 
 
 def check_progress_bar(value: Any) -> str:
