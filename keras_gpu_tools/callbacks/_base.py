@@ -39,7 +39,7 @@ from keras_gpu_tools.callbacks._lean import LeanCallback
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import topology as topo
-from keras_gpu_tools.runtime.fit_output import FitOutput, check_progress_bar
+from keras_gpu_tools.runtime.fit_output import FitOutput, check_progress_bar, wrap
 from keras_gpu_tools.runtime.job_channel import JobChannel
 from keras_gpu_tools.runtime.session import FitSession, run_deferred
 from keras_gpu_tools.runtime.step_hook import StepHook
@@ -72,7 +72,7 @@ class FitCallback(LeanCallback):
     job_timeout_s: float = 60.0
     #: Of the callbacks' brief fields, the one of the lowest priority is shown (one field of ours at most).
     _bar_priority = 0
-    _progress_bar = "brief"
+    _progress_bar = "none"  # the bar stays as wide as plain Keras makes it
     _output: FitOutput | None = None  # the running (or last) fit's
 
     @property
@@ -125,7 +125,7 @@ class FitCallback(LeanCallback):
 
     def _print(self, *lines: str) -> None:
         """Prints ``lines`` under the epoch's progress bar line, never inside it (at once outside a fit)."""
-        for line in lines:
+        for line in map(wrap, lines):
             if self._output is not None:
                 self._output.say(line)
             else:

@@ -87,7 +87,7 @@ class MemoryLeakDetector(FitCallback):
             `True`.
         progress_bar: which of them Keras's progress bar shows: `"brief"`
             (`memory/host_rss_growth_mib_per_epoch`), `"all"` or `"none"`.
-            Defaults to `"brief"`.
+            Defaults to `"none"`.
         count_tensors: whether to count live tensors by a walk over the heap
             where the framework keeps no registry of them, once growth is
             seen. Defaults to `True`.
@@ -115,7 +115,7 @@ class MemoryLeakDetector(FitCallback):
         run_name: str = "memory",
         verbose: int = 1,
         epoch_logs: bool = True,
-        progress_bar: str = "brief",
+        progress_bar: str = "none",
         count_tensors: bool = True,
     ):
         super().__init__()
