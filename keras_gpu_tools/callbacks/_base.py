@@ -16,14 +16,21 @@ class guarantees, for every fit():
 - epoch figures go into Keras's logs through ``_epoch_figures`` and lines to
   the terminal through ``_print``: the fit's
   :class:`~keras_gpu_tools.runtime.fit_output.FitOutput` keeps them off the
-  progress bar's line and out of Keras's TensorBoard callback.
+  progress bar's line and out of Keras's TensorBoard callback;
+- every key a callback will log in this fit (``_planned_epoch_keys`` at its
+  start, and any logged since) is in every epoch's logs, NaN until measured:
+  History's lists stay as long as the epochs and CSVLogger, whose columns are
+  those of the first epoch, writes every key.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import math
 import threading
+from typing import Any
 
 import keras
 
@@ -32,7 +39,7 @@ from keras_gpu_tools.callbacks._lean import LeanCallback
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import topology as topo
-from keras_gpu_tools.runtime.fit_output import FitOutput, check_progress_bar
+from keras_gpu_tools.runtime.fit_output import FitOutput, check_progress_bar, wrap
 from keras_gpu_tools.runtime.job_channel import JobChannel
 from keras_gpu_tools.runtime.session import FitSession, run_deferred
 from keras_gpu_tools.runtime.step_hook import StepHook
@@ -65,7 +72,7 @@ class FitCallback(LeanCallback):
     job_timeout_s: float = 60.0
     #: Of the callbacks' brief fields, the one of the lowest priority is shown (one field of ours at most).
     _bar_priority = 0
-    _progress_bar = "brief"
+    _progress_bar = "none"  # the bar stays as wide as plain Keras makes it
     _output: FitOutput | None = None  # the running (or last) fit's
 
     @property
@@ -77,17 +84,48 @@ class FitCallback(LeanCallback):
     def progress_bar(self, value: str) -> None:
         self._progress_bar = check_progress_bar(value)
 
+    _epoch_keys: frozenset[str] = frozenset()  # this fit's keys in the epoch logs (NaN where not measured)
+    _brief: str | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("on_epoch_end")
+        if own is not None:  # every epoch end of ours fills the fit's keys, however it returns
+
+            @functools.wraps(own)
+            def on_epoch_end(self: FitCallback, epoch: int, logs: dict | None = None) -> None:
+                try:
+                    own(self, epoch, logs)
+                finally:
+                    self._fill_epoch_logs(logs)
+
+            cls.on_epoch_end = on_epoch_end
+
+    def _planned_epoch_keys(self) -> set[str]:
+        """The keys this fit will log into the epoch logs, read when it starts (its devices and settings)."""
+        return set()
+
     def _epoch_figures(self, values: dict[str, float], logs: dict | None, brief: str | None = None) -> None:
         """The epoch's figures into Keras's ``logs`` (History, CSVLogger); the progress bar shows as ``progress_bar`` says."""
         if logs is None:
             return
         logs.update(values)
+        self._epoch_keys = self._epoch_keys | frozenset(values)
+        self._brief = brief if brief is not None else self._brief
+        self._fill_epoch_logs(logs)
+
+    def _fill_epoch_logs(self, logs: dict | None) -> None:
+        """NaN ("not yet measured") for this fit's keys the epoch has no figure of; the bar and TensorBoard told."""
+        if logs is None or not self._epoch_keys:
+            return
+        for key in self._epoch_keys:
+            logs.setdefault(key, math.nan)
         if self._output is not None:
-            self._output.figures(values, self.progress_bar, brief, self._bar_priority)
+            self._output.figures(self._epoch_keys, self.progress_bar, self._brief, self._bar_priority)
 
     def _print(self, *lines: str) -> None:
         """Prints ``lines`` under the epoch's progress bar line, never inside it (at once outside a fit)."""
-        for line in lines:
+        for line in map(wrap, lines):
             if self._output is not None:
                 self._output.say(line)
             else:
@@ -243,7 +281,10 @@ class FitCallback(LeanCallback):
         try:
             self._output = FitOutput.of(session, ki.find_callback_list(self.model))
             self._join_job(session)
+            self._epoch_keys, self._brief = frozenset(), None
             self._start_fit(session)
+            if getattr(self, "epoch_logs", True):
+                self._epoch_keys = frozenset(self._planned_epoch_keys())
         except BaseException:
             try:
                 self._end_fit(aborted=True, session=session)

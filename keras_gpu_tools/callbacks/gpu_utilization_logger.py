@@ -60,14 +60,14 @@ class GPUUtilizationLogger(FitCallback):
         - Epoch logs: the epoch mean of every metric, plus `<key>_max` for memory,
           power, temperature and host memory, added to `logs` in `on_epoch_end`,
           so `History` and `CSVLogger` see them (place this callback before
-          `CSVLogger` in the list). Keras's progress bar shows the first GPU's
-          utilization alone (`progress_bar`), Keras's `TensorBoard` none of them
+          `CSVLogger` in the list). Keras's progress bar shows none of them
+          unless asked (`progress_bar`), Keras's `TensorBoard` none of them
           (they are in this callback's run already). Every epoch
           of a fit carries the same keys: those of the fit's first sample
           (which waits 0.1 s so that CPU use and GPM rates are in it). A key
           with no fresh value in an epoch (an epoch shorter than `interval`,
           CPU use over a span under 0.1 s, a metric that stopped reporting)
-          carries its last known value, never 0. If the very first sample of
+          carries its last known value (NaN: not yet measured), never 0. If the very first sample of
           a fit is still being taken when the first epoch ends, that epoch end
           waits for it (once, bounded by one second plus `interval`).
 
@@ -130,7 +130,7 @@ class GPUUtilizationLogger(FitCallback):
                 `True`.
             progress_bar: which of them Keras's progress bar shows: `"brief"`
                 (the first GPU's utilization, unless an `InputBoundDetector`'s
-                field is shown), `"all"` or `"none"`. Defaults to `"brief"`.
+                field is shown), `"all"` or `"none"`. Defaults to `"none"`.
             run_name: name of the TensorBoard run under `log_dir`. Defaults to
                 `"gpu"`.
             nvml: an `NVML` accessor to use instead of the process-wide one (for
@@ -159,7 +159,7 @@ class GPUUtilizationLogger(FitCallback):
         epoch_logs: bool = True,
         run_name: str = "gpu",
         nvml: NVML | None = None,
-        progress_bar: str = "brief",
+        progress_bar: str = "none",
     ):
         super().__init__()
         # Bounded: the session's thread waits `interval` seconds between samples, and a

@@ -57,9 +57,9 @@ class InputBoundDetector(FitViews, FitCallback):
     their windows (`input/steps` is the weight), so all the figures add up.
 
     Logged keys (per epoch into `logs`, so `History` and `CSVLogger` get them;
-    the progress bar shows `input/wait_fraction` alone, see `progress_bar`; per
+    the progress bar none of them unless asked, see `progress_bar`; per
     window to TensorBoard in the run `log_dir/<run_name>` on the global step
-    axis). A figure that cannot be measured is left out, never logged as 0:
+    axis). NaN means "not yet measured" (every key of the fit is there from its first epoch); never 0:
 
     | key | unit | meaning |
     |---|---|---|
@@ -132,7 +132,7 @@ class InputBoundDetector(FitViews, FitCallback):
         epoch_logs: whether to add the epoch figures to `logs`. Defaults to
             `True`.
         progress_bar: which of them Keras's progress bar shows: `"brief"`
-            (`input/wait_fraction`), `"all"` or `"none"`. Defaults to `"brief"`.
+            (`input/wait_fraction`), `"all"` or `"none"`. Defaults to `"none"`.
         flops_per_step: FLOPs of one training step over its global batch
             (None: counted by the backend). Defaults to `None`.
         peak_flops: ONE device's peak FLOP/s (None: from the table, for
@@ -165,7 +165,7 @@ class InputBoundDetector(FitViews, FitCallback):
         epoch_logs: bool = True,
         flops_per_step: float | None = None,
         peak_flops: float | None = None,
-        progress_bar: str = "brief",
+        progress_bar: str = "none",
     ):
         super().__init__()
         self.window = check.check_int("window", window, low=1)

@@ -12,7 +12,7 @@ from keras_gpu_tools.leaks import host
 from keras_gpu_tools.leaks.fits import PROCESS, FitRecord
 from keras_gpu_tools.leaks.readings import Reading
 from keras_gpu_tools.leaks.summary import epoch_line, fit_lines, summary_text, write_epoch, write_fit
-from keras_gpu_tools.leaks.track import Census, EpochTrack
+from keras_gpu_tools.leaks.track import MIN_EPOCHS, Census, EpochTrack
 from keras_gpu_tools.leaks.verdict import Context, LeakVerdict, grows, judge
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime import keras_internals as ki
@@ -49,8 +49,9 @@ class MemoryLeakDetector(FitCallback):
     counted by a walk over the heap (up to a tenth of a second), only once
     growth is seen and at the fit's end: twice a fit at most.
 
-    Epoch logs (History, CSVLogger); a figure that cannot be read is absent,
-    never zero:
+    Epoch logs (History, CSVLogger): every key this fit can log is there from
+    the first epoch, NaN meaning "not yet measured" (or not readable), never
+    zero:
 
     | key | unit | meaning |
     |---|---|---|
@@ -86,7 +87,7 @@ class MemoryLeakDetector(FitCallback):
             `True`.
         progress_bar: which of them Keras's progress bar shows: `"brief"`
             (`memory/host_rss_growth_mib_per_epoch`), `"all"` or `"none"`.
-            Defaults to `"brief"`.
+            Defaults to `"none"`.
         count_tensors: whether to count live tensors by a walk over the heap
             where the framework keeps no registry of them, once growth is
             seen. Defaults to `True`.
@@ -114,7 +115,7 @@ class MemoryLeakDetector(FitCallback):
         run_name: str = "memory",
         verbose: int = 1,
         epoch_logs: bool = True,
-        progress_bar: str = "brief",
+        progress_bar: str = "none",
         count_tensors: bool = True,
     ):
         super().__init__()
@@ -210,6 +211,17 @@ class MemoryLeakDetector(FitCallback):
         self._track = EpochTrack(self.warmup_epochs, self._read(-1))
         self._open_writers(job=False, session=session)  # its epochs' figures written off the training thread
         self._running = True
+
+    def _planned_epoch_keys(self) -> set[str]:
+        """What the start reading has, and the growth rates (and heap counts) if the fit has epochs enough."""
+        keys = set(self._track.start.figures()) if self._track is not None else set()
+        if self._epochs_planned is None or self._epochs_planned >= self.warmup_epochs + MIN_EPOCHS:
+            growth = {schema.MEMORY_HOST_RSS_MIB: schema.MEMORY_HOST_GROWTH}
+            growth[schema.MEMORY_DEVICE_IN_USE_MIB] = schema.MEMORY_DEVICE_GROWTH
+            keys |= {rate for key, rate in growth.items() if key in keys}
+            if self.count_tensors:  # a heap walk once growth is seen
+                keys |= {schema.MEMORY_LIVE_TENSORS, schema.MEMORY_LIVE_TENSOR_MIB}
+        return keys
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not self._running or self._track is None:

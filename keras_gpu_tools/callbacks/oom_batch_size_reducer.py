@@ -100,7 +100,7 @@ class OOMBatchSizeReducer(FitCallback):
     where known, and what to do next.
 
     Logged keys (per epoch into `logs`; to TensorBoard in the run
-    `log_dir/<run_name>` when `log_dir` is given, on the step axis):
+    `log_dir/<run_name>` when `log_dir` is given, on the step axis; NaN: not yet measured):
 
     | key | unit | meaning |
     |---|---|---|
@@ -123,7 +123,7 @@ class OOMBatchSizeReducer(FitCallback):
         verbose: print each recovery under its epoch's progress bar line (0: one short line a fit)
             (it is always logged to the `keras_gpu_tools` logger). Defaults to `0`.
         progress_bar: `"all"` shows the keys above on Keras's progress bar,
-            `"brief"` and `"none"` leave them to `History`. Defaults to `"brief"`.
+            `"brief"` and `"none"` leave them to `History`. Defaults to `"none"`.
         late_recovery: keep a copy of the small state (non-trainable and metric
             variables, the optimizer's counters) before every step at a batch
             shape that already ran whole too, so that an out-of-memory error
@@ -161,7 +161,7 @@ class OOMBatchSizeReducer(FitCallback):
         late_recovery: bool = False,
         record_memory_history: bool = False,
         plan: Any = None,
-        progress_bar: str = "brief",
+        progress_bar: str = "none",
     ):
         # Before the base class sets `_global_step`: this callback keeps its step count there.
         self._idle = IdlePath(self._idle_failed)

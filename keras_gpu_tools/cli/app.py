@@ -4,7 +4,8 @@ keras-gpu-tools doctor             # is my GPU used? if not, why?
 keras-gpu-tools demo --logdir DIR  # a small training run with every tool attached
 keras-gpu-tools report DIR         # the training report, from a TensorBoard log directory
 
-`report`'s exit codes are in `REPORT_EXIT_CODES`, shown by `keras-gpu-tools report --help`.
+The exit codes of `doctor` and `report` are in `DOCTOR_EXIT_CODES` and `REPORT_EXIT_CODES`,
+shown by their `--help`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import time
 from typing import TYPE_CHECKING
 
@@ -19,6 +21,14 @@ from keras_gpu_tools.logdir.reader import printable  # light: no Keras, no Tenso
 
 if TYPE_CHECKING:
     from keras_gpu_tools.callbacks.oom_batch_size_reducer import OOMBatchSizeReducer
+
+DOCTOR_EXIT_CODES = """\
+exit codes:
+  0  no finding is a problem: every line under Findings is [OK  ], [WARN]
+     or [INFO].
+  1  a finding is a problem, printed [FAIL] (e.g. "No NVIDIA GPU is usable"
+     on a machine without one): the report is printed all the same.
+"""
 
 REPORT_EXIT_CODES = """\
 exit codes:
@@ -42,8 +52,9 @@ WIDTH = 100  # the demo's messages are wrapped at this many characters
 def _doctor(args: argparse.Namespace) -> int:
     from keras_gpu_tools.cli import doctor
 
-    print(doctor.run())
-    return 0
+    text, findings = doctor.examine()
+    print(text)
+    return doctor.exit_code(findings)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -247,10 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser(
         "doctor",
         help="report what GPUs Keras and NVML see, why a GPU may be unused, whether mixed precision pays off, "
-        "and the distribution in use",
-        description="Report the Keras version and backend, the devices the backend sees, NVML's view (driver, each "
-        "GPU's name, UUID, memory and compute capability), whether the two agree, whether mixed precision can pay "
-        "off on these GPUs, and the distribution in use.",
+        "and the distribution in use; exits 1 where a finding is [FAIL]",
+        description=textwrap.fill(  # (the raw formatter keeps the exit codes' layout, so wrapped here)
+            "Report the Keras version and backend, the devices the backend sees, NVML's view (driver, each "
+            "GPU's name, UUID, memory and compute capability), whether the two agree, whether mixed precision can "
+            "pay off on these GPUs, and the distribution in use.",
+            79,
+        ),
+        epilog=DOCTOR_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     d.set_defaults(func=_doctor)
     demo = sub.add_parser(

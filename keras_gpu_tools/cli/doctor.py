@@ -346,6 +346,14 @@ def render(
 
 
 def run(backend: str | None = None, nvml: NVML | None = None, env: dict[str, str] | None = None) -> str:
+    """What `keras-gpu-tools doctor` prints on this machine."""
+    return examine(backend, nvml, env)[0]
+
+
+def examine(
+    backend: str | None = None, nvml: NVML | None = None, env: dict[str, str] | None = None
+) -> tuple[str, list[Finding]]:
+    """What `keras-gpu-tools doctor` prints, and its findings (the exit status: :func:`exit_code`)."""
     import keras
 
     env = dict(os.environ if env is None else env)
@@ -353,7 +361,12 @@ def run(backend: str | None = None, nvml: NVML | None = None, env: dict[str, str
     nv = nvml_facts(nvml, env)
     dist = distribution_facts(fw.backend, max(len(fw.gpus), len(nv.visible)), env)
     findings = diagnose(fw, nv, env) + distribution_findings(dist) + policy_findings(nv)
-    return render(fw, nv, findings, env, dist)
+    return render(fw, nv, findings, env, dist), findings
+
+
+def exit_code(findings: list[Finding]) -> int:
+    """1 where a finding is a problem (printed ``[FAIL]``), else 0: scripts and CI can gate on the doctor."""
+    return 1 if any(f.level == "problem" for f in findings) else 0
 
 
 def policy_findings(nv: NVMLFacts) -> list[Finding]:
@@ -369,5 +382,6 @@ def policy_findings(nv: NVMLFacts) -> list[Finding]:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    print(run())
-    sys.exit(0)
+    _text, _findings = examine()
+    print(_text)
+    sys.exit(exit_code(_findings))

@@ -306,13 +306,13 @@ def render(state: LiveState, now: float) -> str:
     prof = state.profiler
     if prof is not None:
         caps = list(getattr(prof, "captures", []) or [])
-        last = ""
+        window = ""
         if caps:  # the window's input wait beside xprof's, once both are known; else where its trace is
             found = getattr(caps[-1], "input", None)
-            last = (
+            window = (
                 found.text.split("\n")[0] if found is not None else caps[-1].line() if hasattr(caps[-1], "line") else ""
             )
-        rows.append(("profiler windows", str(len(caps)), e(last.removeprefix("ProfilerWindow: ")[:200])))
+        rows.append(("profiler windows", str(len(caps)), e(window.removeprefix("ProfilerWindow: ")[:200])))
 
     body = "".join(
         f'<tr><td style="padding:1px 8px 1px 0;color:#555">{e(a)}</td>'

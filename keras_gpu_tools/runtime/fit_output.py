@@ -13,7 +13,7 @@ them a view of their own (``keras_internals.view_epoch_end``):
   writes its figures to its own run, so Keras's would write them a second
   time (``epoch_input/wait_fraction`` next to ``input/wait_fraction``).
 
-Lines our callbacks print (:meth:`FitOutput.say`) wait for the end of the
+Lines our callbacks print (:meth:`FitOutput.say`, wrapped by :func:`wrap`) wait for the end of the
 epoch's progress bar line and are printed right under it, never inside it;
 those said after the last epoch when the fit ends. The session's end puts
 the callbacks back as they were.
@@ -21,6 +21,10 @@ the callbacks back as they were.
 
 from __future__ import annotations
 
+import math
+import shutil
+import sys
+import textwrap
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +35,7 @@ from keras_gpu_tools.runtime.validation import check_choice
 #: The values of a callback's ``progress_bar`` argument.
 PROGRESS_BAR_CHOICES = ("brief", "all", "none")
 _KEY = "fit_output"  # in FitSession.shared
+NO_TERMINAL_WIDTH = 100  # characters: where our lines wrap when stdout is no terminal
 
 
 class FitOutput:
@@ -83,9 +88,11 @@ class FitOutput:
         if logs is None:
             return None
         with self._lock:
-            briefs = sorted((p, k) for k, p in self._brief.items() if k in logs)
+            briefs = sorted((p, k) for k, p in self._brief.items() if _measured(logs.get(k)))
             hidden = self._hidden_from_bar - self._shown_on_bar - {k for _, k in briefs[:1]}
-        return {k: v for k, v in logs.items() if k not in hidden}
+            ours = set(self._ours)
+        shown = {k: v for k, v in logs.items() if k not in hidden and (k not in ours or _measured(v))}
+        return {k: _BarFigure(v) if k in ours and isinstance(v, (int, float)) else v for k, v in shown.items()}
 
     def for_board(self, logs: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """What Keras's TensorBoard callback writes: every key but ours (they are in our runs already)."""
@@ -119,6 +126,45 @@ class FitOutput:
         with self._lock:
             self.closed = True
         self.flush()
+
+
+class _BarFigure(float):
+    """A figure of ours on Keras's bar, printed as its metrics are but never in e-notation (0.0: 0.0000)."""
+
+    def __truediv__(self, other: Any) -> _BarFigure:  # (the bar divides by its count, 1 at an epoch end)
+        return _BarFigure(float(self) / other)
+
+    def __format__(self, spec: str) -> str:
+        return format(float(self), spec.replace("e", "f"))
+
+
+def wrap(text: str) -> str:
+    """A line of ours at the terminal's width (100 characters without one), continued with a hanging indent.
+
+    Only long lines are wrapped, and never inside a word or a path.
+    """
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stdout
+        tty = False
+    width = shutil.get_terminal_size((NO_TERMINAL_WIDTH, 24)).columns if tty else NO_TERMINAL_WIDTH
+    out = []
+    for part in text.split("\n"):
+        indent = " " * (len(part) - len(part.lstrip()) + 4)
+        fits = len(part) <= width
+        out.append(part if fits else textwrap.fill(part, width, subsequent_indent=indent, **_WHOLE_WORDS))
+    return "\n".join(out)
+
+
+_WHOLE_WORDS: dict[str, Any] = {"break_long_words": False, "break_on_hyphens": False}
+
+
+def _measured(value: Any) -> bool:
+    """Whether an epoch figure is known: present and not NaN ("not yet measured")."""
+    try:
+        return value is not None and not math.isnan(value)
+    except TypeError:  # not a number: shown as it is
+        return True
 
 
 def check_progress_bar(value: Any) -> str:

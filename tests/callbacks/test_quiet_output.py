@@ -71,8 +71,9 @@ def epoch_bars(lines):
 
 
 @pytest.mark.multibackend
-def test_the_progress_bar_shows_kerass_metrics_and_one_short_field_of_ours(tmp_path, capfd):
-    callbacks = all_callbacks(str(tmp_path), verbose=2)
+@pytest.mark.parametrize("progress_bar", ["none", "brief"])
+def test_the_progress_bar_shows_kerass_metrics_and_one_short_field_of_ours_at_most(tmp_path, capfd, progress_bar):
+    callbacks = all_callbacks(str(tmp_path), verbose=2, progress_bar=progress_bar)
     fit(callbacks)
     lines = terminal_lines(capfd.readouterr().out)
     assert max(len(line) for line in lines) <= WIDEST, max(lines, key=len)
@@ -81,7 +82,9 @@ def test_the_progress_bar_shows_kerass_metrics_and_one_short_field_of_ours(tmp_p
     for bar in bars:
         fields = _FIELD.findall(bar)
         assert {"loss", "val_loss"} <= set(fields)
-        assert [f for f in fields if f.startswith(schema.OWN_PREFIXES)] == [schema.INPUT_WAIT_FRACTION]
+        brief = [schema.INPUT_WAIT_FRACTION] if progress_bar == "brief" else []  # (the others' are "none")
+        assert [f for f in fields if f.startswith(schema.OWN_PREFIXES)] == brief
+        assert "e+" not in bar.split(" - input/")[-1] and "e-" not in bar.split(" - input/")[-1]
     # Our lines are lines of their own: never glued to the bar's (unfinished) line.
     ours = [line for line in lines if any(name in line for name in OURS)]
     assert [line for line in ours if not line.startswith(OURS)] == []
@@ -206,7 +209,14 @@ def test_tensorboard_has_each_figure_once_and_no_json_among_its_texts_with_keras
 def test_summary_prints_nothing_and_the_end_of_fit_is_two_plain_lines(tmp_path, capfd):
     detector = InputBoundDetector(log_dir=str(tmp_path), window=4, sample_every=2)  # verbose=1
     fit([detector], verbose=0)
-    printed = capfd.readouterr().out.splitlines()
+    wrapped = capfd.readouterr().out.splitlines()
+    assert [line for line in wrapped if len(line) > 100 and len(line.split()) > 1] == []  # wrapped at 100
+    printed: list[str] = []
+    for line in wrapped:  # a continuation (its hanging indent) joined to its line
+        if line.startswith(" ") and printed:
+            printed[-1] += " " + line.strip()
+        else:
+            printed.append(line)
     assert len(printed) == 2, printed
     # the verdict and its scope (a warm-up left out reads "steady state, epoch 2"; which epochs are left out
     # depends on the machine's speed, so the test reads the scope the verdict has)

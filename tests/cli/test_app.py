@@ -31,10 +31,10 @@ def texts(findings, level):
 
 
 @pytest.mark.slow
-def test_doctor_runs_on_this_machine_and_exits_0():
+def test_doctor_runs_on_this_machine_and_exits_1_exactly_where_a_finding_fails():
     proc = run_cli("doctor")
-    assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
+    assert proc.returncode == (1 if "[FAIL]" in out else 0), proc.stderr[-2000:]
     assert "Keras 3." in out and "backend:" in out and "[NVML]" in out and "Findings" in out
     assert "[distribution]" in out
 
@@ -81,6 +81,27 @@ def test_no_driver_no_gpu():
     nv = doctor.NVMLFacts(False, reason="NVML Shared Library Not Found")
     findings = doctor.diagnose(doctor.FrameworkFacts("jax"), nv, {})
     assert "No NVIDIA GPU is usable" in texts(findings, "problem")[0]
+    assert doctor.exit_code(findings) == 1
+
+
+def test_doctor_exits_0_without_a_failed_finding_and_1_with_one(capsys, monkeypatch):
+    from keras_gpu_tools.cli import app
+
+    assert doctor.exit_code([doctor.Finding("ok", "a"), doctor.Finding("warn", "b"), doctor.Finding("info", "c")]) == 0
+    assert doctor.exit_code([doctor.Finding("ok", "a"), doctor.Finding("problem", "b")]) == 1
+    for level, code in (("warn", 0), ("problem", 1)):
+        monkeypatch.setattr(doctor, "examine", lambda level=level: ("the report", [doctor.Finding(level, "x")]))
+        assert app.main(["doctor"]) == code
+        assert capsys.readouterr().out == "the report\n"  # printed either way
+
+
+def test_the_doctors_help_gives_its_exit_codes(capsys):
+    from keras_gpu_tools.cli import app
+
+    with pytest.raises(SystemExit):
+        app.main(["doctor", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exit codes: 0 no finding is a problem" in text and "1 a finding is a problem, printed [FAIL]" in text
 
 
 @pytest.mark.slow
