@@ -144,7 +144,7 @@ def plan_batch_size(
             "plan_batch_size needs a compiled model (`model.compile(optimizer, loss)`): it plans a training step."
         )
     budget = Budget(max_seconds)
-    x, y = one_batch(x, y)
+    x, y = one_batch(x, y, model)
     n_samples = _num_samples(model, x, y)
     backend = backends.get()
     replicas = backend.replicas(model)
