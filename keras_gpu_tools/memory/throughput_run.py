@@ -92,7 +92,7 @@ def _specs(tree) -> list[Any]:
 
 
 def _rank_and_lead(spec) -> tuple[int | None, int | None]:
-    shape = getattr(spec, "shape", None)
+    shape: Any = getattr(spec, "shape", None)
     rank = getattr(shape, "rank", None)
     if rank is None:
         return None, None
@@ -238,13 +238,13 @@ class ThroughputRun:
         for step in range(MAX_FINER):
             merged = self._merged(rows, f"rows{step}")
             refused = any(not r.measured for r in merged[len(sizes) :])  # the budget is spent: no finer step
-            per_device = None if refused else finer_size(merged, divides=divides)
-            if per_device is None:
+            finer = None if refused else finer_size(merged, divides=divides)
+            if finer is None:
                 return sorted(merged, key=lambda r: r.batch_size)
             # Between two measured sizes: expected to take about as long as the larger one did.
-            above = [s for b, s in sorted(self._seconds.items()) if b > per_device]
+            above = [s for b, s in sorted(self._seconds.items()) if b > finer]
             expected = above[0][1] if above else expected_seconds(list(self._seconds.values()))
-            rows.append(self._candidate(per_device, trials, expected, MAX_FINER - step))
+            rows.append(self._candidate(finer, trials, expected, MAX_FINER - step))
         return sorted(self._merged(rows, "rows"), key=lambda r: r.batch_size)
 
     def _candidate(self, per_device: int, trials: list[Trial], expected: float, still: int) -> Candidate:
