@@ -2,7 +2,7 @@
 
 What it measures: for a conv net (three Conv2D layers, `--image-size` x `--image-size` x 3 images,
 128 by default) and an MLP (64 -> 8192 -> 8192 -> 1), the plan by throughput (its wall time,
-compiles included, its chosen batch and its table), then every measured candidate again,
+compiles included, its chosen batch and its table, each candidate's samples/s with its ±), then every measured candidate again,
 independently, with a plain `model.fit` (epoch 0 compiles, then the median of the next epochs'
 samples/s). `--reference arrays` (the default) fits on NumPy arrays, as most users do;
 `--reference batch` fits on one batch repeated (a `PyDataset`), as the plan times its candidates,
@@ -189,6 +189,13 @@ def main() -> int:
         print(f"{kind}: planned in {r['plan_seconds']} s; chosen {r['batch_size']}: {chosen}; all {fast}")
         check(r["batch_size"] is not None, f"{kind}: a batch was planned ({r['batch_size']})")
         check.figure(f"{kind}: the planning time", r["plan_seconds"], 0.0)
+        measured = [c for c in r["candidates"] if c["measured"]]
+        check(
+            bool(measured) and all(c["uncertainty"] is not None for c in measured),
+            f"{kind}: every measured candidate's samples/s has its uncertainty ("
+            + ", ".join(f"{c['batch_size']}: ±{100 * (c['uncertainty'] or 0):.1f}%" for c in measured)
+            + ")",
+        )
         if args.max_seconds is not None:
             check.goal(
                 r["plan_seconds"] <= args.max_seconds,

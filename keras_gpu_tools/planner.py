@@ -70,7 +70,10 @@ def plan_batch_size(
 
     Args:
         model: a compiled Keras model.
-        x: input data: an array, or a list/dict of arrays (a batch's structure).
+        x: input data: an array, or a list/dict of arrays (a batch's structure);
+            by throughput also a `keras.utils.PyDataset` or a `tf.data.Dataset`
+            (one batch of it is planned from; an unbatched dataset's first
+            samples are batched for the trials).
         y: target data with as many samples as `x`; None only for a model
             compiled without a loss.
         max_batch_size: the largest global batch size to consider, or None
@@ -85,7 +88,15 @@ def plan_batch_size(
             `"throughput"`, the smallest batch within 5% of the fastest
             samples/s among those that fit, each candidate timed with short
             `fit()`s (compile time apart) on one batch of `x` repeated: the
-            step's own speed; an input pipeline slower than it caps what
+            step's own speed. The candidates are sizes users pick: powers of
+            two up to the largest that fits and that largest (a multiple of
+            8), then multiples of 8 around the knee where a finer step pays
+            (under `global_batch_size`, its divisors that are multiples of
+            8). Each is timed until its samples/s is known within ±2% (one
+            standard error over repeated windows) or its share of
+            `max_seconds` is spent (the table says which); a candidate is
+            within 5% when its samples/s plus its uncertainty reaches 95% of
+            the fastest's less the fastest's uncertainty; an input pipeline slower than it caps what
             training reaches at any batch (`InputBoundDetector` says). Under data parallelism
             (`keras.distribution`, `tf.distribute.MirroredStrategy`) the
             candidates are per device, and every process of a job plans the
@@ -144,7 +155,7 @@ def plan_batch_size(
             "plan_batch_size needs a compiled model (`model.compile(optimizer, loss)`): it plans a training step."
         )
     budget = Budget(max_seconds)
-    x, y = one_batch(x, y)
+    x, y = one_batch(x, y, model)
     n_samples = _num_samples(model, x, y)
     backend = backends.get()
     replicas = backend.replicas(model)

@@ -5,6 +5,7 @@ A CPU reports no memory capacity: the candidates are bounded by
 and few steps keep each plan to seconds.
 """
 
+import dataclasses
 import random
 
 import keras
@@ -18,7 +19,6 @@ from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.reader import find_runs, read_run
 from keras_gpu_tools.memory import throughput_run
 from keras_gpu_tools.memory.throughput import Budget, knee
-from keras_gpu_tools.memory.timed_fit import Timing
 from tests.helpers.models import BACKEND
 from tests.helpers.step_records import FakeClock
 
@@ -89,8 +89,11 @@ def test_the_plan_is_the_knee_of_measured_candidates_and_the_model_is_exactly_as
     plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=16)
 
     sizes = [c.batch_size for c in plan.candidates]
-    assert sizes == [1, 2, 4, 8, 16]
+    assert sizes == [2, 4, 8, 16]  # powers of two, never an odd size
     assert all(c.measured and c.samples_per_sec > 0 and c.compile_seconds is not None for c in plan.candidates)
+    # each figure with its uncertainty, timed until known or over the most windows (a CPU's pace)
+    assert all(c.uncertainty is not None and c.windows >= 2 and c.stopped in ("known", "cap") for c in plan.candidates)
+    assert all(c.steps >= 2 * c.windows for c in plan.candidates)
     assert all(c.step_seconds == pytest.approx(c.batch_size / c.samples_per_sec) for c in plan.candidates)
     chosen, why = knee(plan.candidates)
     assert plan.batch_size == chosen.batch_size and plan.why == why and plan.objective == "throughput"
@@ -114,7 +117,7 @@ def test_a_fixed_global_batch_gets_its_fastest_split_and_the_reducer_trains_with
     model = bn_model()
     x, y = data(48)
     plan = plan_batch_size(model, x, y, objective="throughput", global_batch_size=24)
-    assert [c.batch_size for c in plan.candidates] == [1, 2, 4, 8, 24]  # sizes that divide 24
+    assert [c.batch_size for c in plan.candidates] == [8, 24]  # its divisors that are multiples of 8
     assert 24 % plan.batch_size == 0 and plan.micro_batches == 24 // plan.batch_size
     assert plan.global_batch_size == 24 and "global batch of 24" in plan.why
     reducer = OOMBatchSizeReducer(plan=plan)
@@ -127,9 +130,9 @@ def test_a_fixed_global_batch_gets_its_fastest_split_and_the_reducer_trains_with
 def test_a_candidate_over_the_budget_is_reported_not_measured(monkeypatch):
     real = throughput_run.time_batch
 
-    def slow(*args, **kwargs):  # each candidate "takes" 100 s: the next one would not fit in the budget
+    def slow(*args, **kwargs):  # each candidate's compile "takes" 100 s: the next one would not fit in the budget
         t = real(*args, **kwargs)
-        return Timing(t.compile_seconds, t.step_seconds, t.steps, wall_seconds=100.0)
+        return dataclasses.replace(t, compile_seconds=100.0, wall_seconds=100.0)
 
     monkeypatch.setattr(throughput_run, "time_batch", slow)
     # The budget's clock stands still: only the candidates' 100 s count against it, whatever the machine's pace.
@@ -138,13 +141,15 @@ def test_a_candidate_over_the_budget_is_reported_not_measured(monkeypatch):
     model = bn_model()
     x, y = data()
     plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=8, max_seconds=60)
-    assert [c.batch_size for c in plan.candidates] == [1, 2, 4, 8]
-    assert [c.measured for c in plan.candidates] == [True, False, False, False]
+    assert [c.batch_size for c in plan.candidates] == [2, 4, 8]
+    assert [c.measured for c in plan.candidates] == [True, False, False]
     assert (
         "about 100.0 s" in plan.candidates[1].reason
         and "the 60.0 s left of max_seconds=60" in plan.candidates[1].reason
     )
-    assert plan.batch_size == 1 and "max_seconds=60" in str(plan)
+    # too little time for two candidates: the plan is the one measured, and it says so
+    assert plan.batch_size == 2 and "max_seconds=60" in str(plan)
+    assert "only batch 2 was measured" in plan.why and "not a knee" in plan.why
 
 
 def test_a_budget_too_small_for_one_candidate_is_refused():
@@ -167,9 +172,10 @@ def test_the_plan_is_written_to_a_log_dir_and_tensorboard_reads_its_figure(tmp_p
     import json
 
     written = json.loads(values_.texts[schema.PLAN_SUMMARY_DATA][-1].text)
-    assert written["batch_size"] == plan.batch_size and len(written["candidates"]) == 3
+    assert written["batch_size"] == plan.batch_size and len(written["candidates"]) == 2
+    assert all(c["uncertainty"] is not None for c in written["candidates"])
     sps = values_.scalars[schema.PLAN_SAMPLES_PER_SEC]
-    assert list(sps.steps) == [1, 2, 4]  # plotted against the batch size
+    assert list(sps.steps) == [2, 4]  # plotted against the batch size
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(directory, size_guidance={"images": 4})
@@ -213,7 +219,7 @@ def test_a_py_dataset_and_dict_inputs_are_planned_from_one_batch():
 
     model = bn_model()
     plan = plan_batch_size(model, Batches(), objective="throughput", max_batch_size=4)
-    assert plan.batch_size in (1, 2, 4)
+    assert plan.batch_size in (2, 4)
     keras.utils.set_random_seed(0)
     a, b = keras.Input((16,), name="a"), keras.Input((4,), name="b")
     out = keras.layers.Dense(1)(keras.layers.Concatenate()([a, b]))
@@ -221,7 +227,7 @@ def test_a_py_dataset_and_dict_inputs_are_planned_from_one_batch():
     dict_model.compile("sgd", "mse")
     x, y = data(8)
     plan = plan_batch_size(dict_model, {"a": x, "b": x[:, :4]}, y, objective="throughput", max_batch_size=4)
-    assert [c.batch_size for c in plan.candidates] == [1, 2, 4]
+    assert [c.batch_size for c in plan.candidates] == [2, 4]
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.data is TensorFlow's")
@@ -233,9 +239,40 @@ def test_a_tf_data_dataset_is_planned_from_one_batch():
     plan = plan_batch_size(
         model, tf.data.Dataset.from_tensor_slices((x, y)).batch(8), objective="throughput", max_batch_size=4
     )
-    assert [c.batch_size for c in plan.candidates] == [1, 2, 4]
+    assert [c.batch_size for c in plan.candidates] == [2, 4]
     with pytest.raises(ValueError, match=r"`y`.*Expected None: the dataset yields the targets"):
         plan_batch_size(model, tf.data.Dataset.from_tensor_slices(x).batch(8), y, objective="throughput")
+
+
+def test_an_unbatched_tf_data_dataset_is_batched_for_the_trials_or_refused_before_any():
+    tf = pytest.importorskip("tensorflow")  # tf.data feeds JAX and torch models too
+    r = np.random.RandomState(0)
+    x, y = r.rand(16, 16).astype("float32"), r.rand(16, 1).astype("float32")
+    model = bn_model()
+    before = values(model)
+    # single samples, as from_tensor_slices yields them: planned from a batch of its first samples
+    plan = plan_batch_size(model, tf.data.Dataset.from_tensor_slices((x, y)), objective="throughput", max_batch_size=4)
+    assert [c.batch_size for c in plan.candidates] == [2, 4] and all(c.measured for c in plan.candidates)
+    for a, b in zip(values(model), before):
+        np.testing.assert_array_equal(a, b)
+    # scalar labels: every leaf's first dimension differs from a batch's
+    labels = tf.data.Dataset.from_tensor_slices((x, r.randint(0, 2, 16).astype("float32")))
+    plan = plan_batch_size(bn_model(), labels, objective="throughput", max_batch_size=4)
+    assert plan.batch_size in (2, 4)
+    # a batch of one size (drop_remainder) is still a batch: the model's inputs have the same rank
+    even = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
+    assert plan_batch_size(model, even, objective="throughput", max_batch_size=4).batch_size in (2, 4)
+    # samples that do not stack: refused naming `x`, its kind and what is expected, before any trial is built
+    ragged = tf.data.Dataset.from_generator(
+        lambda: ((np.ones(n, "float32"), np.float32(0)) for n in (16, 12)),
+        output_signature=(tf.TensorSpec((None,), tf.float32), tf.TensorSpec((), tf.float32)),
+    )
+    fresh = bn_model()
+    with pytest.raises(
+        ValueError, match=r"argument `x`\. Received: x of type \w+ that yields single samples.*Expected a"
+    ):
+        plan_batch_size(fresh, ragged, objective="throughput", max_batch_size=4)
+    assert not fresh.optimizer.built
 
 
 def test_each_candidates_mfu_is_its_hand_counted_flops_over_the_peak(monkeypatch):

@@ -13,7 +13,7 @@ from keras_gpu_tools.memory.throughput import Candidate
 
 
 def figure(rows: Sequence[Candidate], chosen: int | None = None) -> Any:
-    """A matplotlib `Figure` (shown as a picture in Jupyter): samples/s (left axis) and peak MiB (right axis) per batch; ``chosen`` marked."""
+    """A matplotlib `Figure` (shown as a picture in Jupyter): samples/s ± its uncertainty (left axis) and peak MiB (right axis) per batch; ``chosen`` marked."""
     from keras_gpu_tools.runtime.figure import ShownFigure
 
     fig = ShownFigure(figsize=(6.4, 3.0), dpi=100, layout="constrained")
@@ -26,6 +26,17 @@ def figure(rows: Sequence[Candidate], chosen: int | None = None) -> Any:
         color="#1f77b4",
         label="samples/s",
     )
+    bars = [r for r in measured if r.uncertainty]
+    if bars:  # each figure's uncertainty (one standard error), as the choice counts it
+        ax.errorbar(
+            [r.batch_size for r in bars],
+            [r.samples_per_sec or 0.0 for r in bars],
+            yerr=[(r.samples_per_sec or 0.0) * (r.uncertainty or 0.0) for r in bars],
+            fmt="none",
+            ecolor="#1f77b4",
+            capsize=3,
+            linewidth=1,
+        )
     for r in rows:
         if not r.measured:
             ax.axvline(r.batch_size, color="#bbbbbb", linestyle=":", linewidth=1)

@@ -1,15 +1,25 @@
-"""One candidate batch timed with Keras's own ``model.fit``: the first call, then the steady state.
+"""One candidate batch timed with Keras's own ``model.fit``: the first call, then the steady state until it is known.
 
-Two short fits over a generator that yields the same batch (no host copy of
-more than one batch), each with one callback that has only epoch hooks, so
-Keras dispatches the steps as in any fit (no sync per step; an epoch's end
-reads the logs, which waits for the device):
+Fits over a generator that yields the same batch (no host copy of more than
+one batch), each with one callback that has only epoch hooks, so Keras
+dispatches the steps as in any fit (no sync per step; an epoch's end reads
+the logs, which waits for the device):
 
-1. ``epochs=2, steps_per_epoch=1``: epoch 0 is the first call (tracing,
-   compiling, the first step): ``compile_seconds``; epoch 1 one step, a rough
-   step time that sizes the next fit's epochs.
+1. ``epochs=3, steps_per_epoch=1``: epoch 0 is the first call (tracing,
+   compiling, the first step): ``compile_seconds``; epochs 1 and 2 one step
+   each, a rough step time (the faster: a second step can still be warming
+   up) that sizes the next fit's epochs.
 2. ``steps_per_epoch=k`` with ``k`` steps lasting about ``epoch_seconds``:
-   up to ``epochs`` epochs, the step time is the median epoch over ``k``.
+   each epoch is a window; the first is a warm-up and left out. Windows are
+   timed until the mean step time is known within ``Pace.target`` (one
+   standard error over the mean, :func:`~keras_gpu_tools.memory.throughput.timing_stop`),
+   or the candidate's ``share`` of the budget is spent, or ``max_windows``.
+   A window far shorter than meant (the rough step was slow) restarts the
+   fit once with more steps per window: short windows time an epoch's fixed
+   cost more than the step.
+
+In a job whose steps are collective, every process runs ``epochs`` windows
+of the agreed ``k`` steps (no process may stop alone).
 
 Keras's import is inside the functions (this module imports no framework).
 """
@@ -17,10 +27,18 @@ Keras's import is inside the functions (this module imports no framework).
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
+
+from keras_gpu_tools.memory.throughput import (
+    STOP_BUDGET,
+    STOP_CAP,
+    STOP_FIXED,
+    TARGET_UNCERTAINTY,
+    spread,
+    timing_stop,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,26 +46,41 @@ class Timing:
     """What one candidate's fits measured."""
 
     compile_seconds: float
-    step_seconds: float
+    step_seconds: float  # the mean over the windows
     steps: int
-    wall_seconds: float  # the two fits, end to end
+    wall_seconds: float  # the fits, end to end
+    uncertainty: float | None = None  # the mean's relative standard error (None under two windows)
+    windows: int = 0
+    stopped: str = ""  # why the timing stopped (throughput.STOP_*)
 
 
 @dataclasses.dataclass(frozen=True)
 class Pace:
-    """How long the steady state is measured: epochs of about ``epoch_seconds``, at most ``epochs`` of them."""
+    """How the steady state is timed: windows of about ``epoch_seconds``, from ``min_windows`` to ``max_windows``.
+
+    ``epochs`` is a job's fixed number of windows (every process runs the same steps).
+    """
 
     epoch_seconds: float = 0.25
     epochs: int = 4
     max_steps_per_epoch: int = 500
+    min_windows: int = 4
+    max_windows: int = 40
+    target: float = TARGET_UNCERTAINTY
 
     @classmethod
     def for_device(cls, on_gpu: bool) -> Pace:
-        # A CPU's steps are slow and steady (no autotuning, no asynchronous queue): fewer, shorter epochs.
-        return cls() if on_gpu else cls(epoch_seconds=0.05, epochs=2, max_steps_per_epoch=20)
+        # A CPU's steps are slow and steady (no autotuning, no asynchronous queue): fewer, shorter windows.
+        if on_gpu:
+            return cls()
+        return cls(epoch_seconds=0.05, epochs=2, max_steps_per_epoch=20, min_windows=3, max_windows=8)
+
+    def steps_for(self, step_seconds: float) -> int:
+        """Steps per window for a step of ``step_seconds``: a window of about ``epoch_seconds``, 2 to the most."""
+        return int(min(self.max_steps_per_epoch, max(2, round(self.epoch_seconds / max(step_seconds, 1e-6)))))
 
 
-def _callback(times: list[tuple[str, int, float]], stop: Callable[[], bool] | None):
+def _callback(times: list[tuple[str, int, float]], decide: Callable[[list[float]], bool] | None):
     import keras
 
     class _Clock(keras.callbacks.Callback):
@@ -57,7 +90,7 @@ def _callback(times: list[tuple[str, int, float]], stop: Callable[[], bool] | No
 
         def on_epoch_end(self, epoch, logs=None):
             times.append(("end", epoch, time.perf_counter()))  # Keras has read the logs: the device is done
-            if stop is not None and epoch >= 1 and stop():
+            if decide is not None and decide(_epochs(times)):
                 self.model.stop_training = True
 
     return _Clock()
@@ -75,14 +108,17 @@ def time_batch(
     *,
     out_of_time: Callable[[], bool] | None = None,
     job_steps: Callable[[int], int] | None = None,
+    share: float | None = None,
 ) -> Timing:
     """Times training on ``batch`` (``(x, y)`` arrays): the first call, then the steady state. See the module.
 
-    ``out_of_time`` ends the steady state's fit early (at an epoch end);
-    ``job_steps`` turns this process's steps per epoch into the job's: where
-    every step is collective (a step over several processes' devices), every
-    process must run the same steps, so the count is agreed (and
-    ``out_of_time``, which each process would answer alone, is left None).
+    ``share`` is the seconds this candidate may take (its compile included)
+    before its timing stops short of ``pace.target``; ``out_of_time`` ends
+    the steady state at a window's end (the whole budget is spent);
+    ``job_steps`` turns this process's steps per window into the job's:
+    where every step is collective (a step over several processes' devices),
+    every process must run the same steps, so the count is agreed, the
+    windows are ``pace.epochs`` and nothing stops early.
     """
     x, y = batch
 
@@ -90,30 +126,71 @@ def time_batch(
         while True:
             yield (x, y) if y is not None else (x,)
 
+    def fit(epochs: int, steps: int, decide: Callable[[list[float]], bool] | None) -> list[float]:
+        times: list[tuple[str, int, float]] = []
+        model.fit(
+            repeat(),
+            epochs=epochs,
+            steps_per_epoch=steps,
+            shuffle=False,
+            verbose=0,
+            callbacks=[_callback(times, decide)],
+        )
+        return _epochs(times)
+
     start = time.perf_counter()
-    times: list[tuple[str, int, float]] = []
-    model.fit(repeat(), epochs=2, steps_per_epoch=1, shuffle=False, verbose=0, callbacks=[_callback(times, None)])
-    first, rough = _epochs(times)
-    k = int(min(pace.max_steps_per_epoch, max(2, round(pace.epoch_seconds / max(rough, 1e-6)))))
+    first, *rough = fit(3, 1, None)
+    k = pace.steps_for(min(rough))
     if job_steps is not None:
         k = job_steps(k)
-    times = []
-    model.fit(
-        repeat(),
-        epochs=pace.epochs,
-        steps_per_epoch=k,
-        shuffle=False,
-        verbose=0,
-        callbacks=[_callback(times, out_of_time)],
-    )
-    epochs = _epochs(times)
-    step = statistics.median(epochs) / k
+        windows = [d / k for d in fit(pace.epochs + 1, k, None)[1:]]
+        stopped = STOP_FIXED
+    else:
+        for attempt in range(2):
+            state = {"stopped": "", "resize": False}
+
+            def decide(epochs: list[float], k=k, state=state, attempt=attempt) -> bool:
+                done = [d / k for d in epochs[1:]]  # the first window warms up
+                if not done:
+                    return False
+                if (
+                    attempt == 0
+                    and len(done) == 1
+                    and epochs[1] < pace.epoch_seconds / 4
+                    and pace.steps_for(done[0]) > k
+                ):
+                    state["resize"] = True
+                    return True
+                if out_of_time is not None and len(done) >= 2 and out_of_time():
+                    state["stopped"] = STOP_BUDGET
+                    return True
+                state["stopped"] = timing_stop(
+                    done,
+                    elapsed=time.perf_counter() - start,
+                    share=share,
+                    min_windows=pace.min_windows,
+                    max_windows=pace.max_windows,
+                    target=pace.target,
+                )
+                return bool(state["stopped"])
+
+            epochs = fit(pace.max_windows + 1, k, decide)
+            windows = [d / k for d in epochs[1:]] or [d / k for d in epochs]
+            if state["resize"]:
+                k = pace.steps_for(windows[0])
+                continue
+            stopped = str(state["stopped"]) or STOP_CAP
+            break
+    step, uncertainty = spread(windows)
     # The first call ran one step besides compiling: what it took beyond a steady step is the compile.
     return Timing(
         compile_seconds=max(0.0, first - step),
         step_seconds=step,
-        steps=k * len(epochs),
+        steps=k * len(windows),
         wall_seconds=time.perf_counter() - start,
+        uncertainty=uncertainty,
+        windows=len(windows),
+        stopped=stopped,
     )
 
 

@@ -12,13 +12,14 @@ pytest.importorskip("jax")
 
 @pytest.mark.slow
 def test_every_process_plans_the_same_batch_from_the_slowest_process_figures(tmp_path):
-    # DataParallel over the job's 2 devices (one per process): candidates of 1, 2, 4 rows per device
+    # DataParallel over the job's 2 devices (one per process): candidates of 2, 4 rows per device
     # (max_batch_size=8 global), each a collective fit of both processes.
     first, second = run_job("scenarios_planner.throughput_plan", tmp_path, processes=2, timeout=300)
     for r in (first, second):
         assert r["devices"] == 2 and r["batch_size"] == 2 * r["per_device"]
-        assert [c["batch_size"] for c in r["candidates"]] == [2, 4, 8]
-        assert [c["per_device_batch_size"] for c in r["candidates"]] == [1, 2, 4]
+        assert [c["batch_size"] for c in r["candidates"]] == [4, 8]
+        assert [c["per_device_batch_size"] for c in r["candidates"]] == [2, 4]
+        assert all(c["stopped"] == "fixed" and c["uncertainty"] is not None for c in r["candidates"])
         assert all(c["measured"] for c in r["candidates"])
         assert r["unchanged"] and r["trained"]
         assert len(r["gathered"]) == 2  # both processes' rows

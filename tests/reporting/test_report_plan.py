@@ -28,7 +28,7 @@ def _model():
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
-    """A real throughput plan of a tiny model on the CPU (candidates 1, 2, 4), written to a log dir."""
+    """A real throughput plan of a tiny model on the CPU (candidates 2, 4), written to a log dir."""
     logs = tmp_path_factory.mktemp("plan_logs")
     r = np.random.default_rng(0)
     x, y = r.random((16, 8), dtype="float32"), r.random((16, 1), dtype="float32")
@@ -49,6 +49,7 @@ def test_the_report_of_the_log_dir_shows_the_plan_its_table_and_figure(planned):
     assert "Batch size plan (throughput)\n----------------------------" in text
     assert str(plan) in text
     assert re.search(rf"^\s*\*{plan.batch_size}\s", text, re.M)  # the chosen row, marked
+    assert re.search(r"samples/s\s+±\s", text)  # each figure's uncertainty, in its own column
     # The HTML: the same table as cells, the figure of samples/s and memory against the batch, a badge.
     page = r.html()
     assert "<h3>Batch size plan (throughput)</h3>" in page
@@ -56,6 +57,7 @@ def test_the_report_of_the_log_dir_shows_the_plan_its_table_and_figure(planned):
     for c in plan.candidates:
         assert f"<td>{'*' if c.batch_size == plan.batch_size else ''}{c.batch_size}</td>" in page
         assert f"<td>{c.samples_per_sec:,.0f}</td>" in page
+        assert f"<td>{100 * c.uncertainty:.1f}%</td>" in page
     (b64,) = re.findall(r'data-figure="plan"><img alt="[^"]*" src="data:image/png;base64,([^"]+)"', page)
     assert base64.b64decode(b64).startswith(PNG_MAGIC)
     assert "plan" in r.figures()
