@@ -152,6 +152,30 @@ def test_a_candidate_over_the_budget_is_reported_not_measured(monkeypatch):
     assert "only batch 2 was measured" in plan.why and "not a knee" in plan.why
 
 
+def test_after_a_candidate_runs_out_of_memory_a_finer_size_below_it_is_still_measured(monkeypatch):
+    real = throughput_run.time_batch
+
+    class OutOfMemory(Exception):
+        pass
+
+    def timed(model, batch, *args, **kwargs):  # the step takes 10 ms at every size: the curve rises to the last
+        if len(batch[0]) >= 64:
+            raise OutOfMemory(f"batch {len(batch[0])}")
+        return dataclasses.replace(real(model, batch, *args, **kwargs), step_seconds=0.01, uncertainty=0.001)
+
+    monkeypatch.setattr(throughput_run, "time_batch", timed)
+    from keras_gpu_tools.backends import get as get_backend
+
+    backend = type(get_backend())
+    is_oom = backend.is_oom
+    monkeypatch.setattr(backend, "is_oom", lambda self, e: isinstance(e, OutOfMemory) or is_oom(self, e))
+    plan = plan_batch_size(bn_model(), *data(), objective="throughput", max_batch_size=128)
+    rows = {c.batch_size: c for c in plan.candidates}
+    assert not rows[64].measured and "ran out of memory when trained" in rows[64].reason
+    assert "batch 64 ran out of memory" in rows[128].reason  # none as large is tried
+    assert plan.batch_size == 32 and rows[24].measured  # the finer step below the knee, under the size that ran out
+
+
 def test_a_budget_too_small_for_one_candidate_is_refused():
     model = bn_model()
     x, y = data()

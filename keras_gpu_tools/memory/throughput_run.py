@@ -178,7 +178,7 @@ class ThroughputRun:
         self.pace = pace or Pace.for_device(bool(backend.gpu_devices()))
         self.key = f"plan{next(_serial)}"
         self._seconds: dict[int, tuple[float, float]] = {}  # per device size: (compile, expected wall) seconds
-        self._stop_reason = ""  # set once a candidate ran out of memory: no larger one is tried
+        self._oom_at: int | None = None  # the batch that ran out of memory when trained: none as large is tried
 
     def _agree(self, name: str, value: Any) -> list[Any]:
         """Every process's ``value`` (this process's alone outside a job)."""
@@ -229,7 +229,7 @@ class ThroughputRun:
         sizes = candidate_sizes(largest, smallest=max(1, largest // SMALLEST_SHARE), divides=divides)
         refine = could_refine(sizes, divides)
         rows: list[Candidate] = []
-        self._seconds, self._stop_reason = {}, ""
+        self._seconds, self._oom_at = {}, None
         for i, per_device in enumerate(sizes):
             still = len(sizes) - i + (1 if refine else 0)  # a finer step is kept a share
             rows.append(self._candidate(per_device, trials, expected_seconds(list(self._seconds.values())), still))
@@ -251,7 +251,9 @@ class ThroughputRun:
         """One candidate measured (or the reason it is not): every process decides together whether it is."""
         b = per_device * self.replicas
         peak_mib, fits = self._peak(per_device, trials)
-        reason = self._stop_reason or (self.budget.refuses(expected) or "")
+        oom = self._oom_at is not None and b >= self._oom_at  # a finer step below it is still tried
+        reason = f"not measured: batch {self._oom_at} ran out of memory when trained" if oom else ""
+        reason = reason or self.budget.refuses(expected) or ""
         reasons = [r for r in self._agree(f"go{per_device}", reason) if r]
         if reasons:
             return Candidate(b, per_device, fits, peak_mib=peak_mib, reason=reasons[0])
@@ -272,7 +274,7 @@ class ThroughputRun:
         except Exception as e:
             if not self.backend.is_oom(e):
                 raise
-            self._stop_reason = f"not measured: batch {b} ran out of memory when trained"
+            self._oom_at = b
             return Candidate(b, per_device, False, peak_mib=peak_mib, reason="ran out of memory when trained")
         # The next candidate's steady part is expected to take what this one's least would, not all it took:
         # its timing stops at its share of the budget.
