@@ -59,6 +59,7 @@ class FitCallback(LeanCallback):
     def __init__(self) -> None:
         super().__init__()
         self._teardown_lock = threading.RLock()
+        self._stopping = False  # its fit's teardown runs: the fit counts as running until it is done
         self._session: FitSession | None = None
         self._backend_obj: backends.Backend | None = None
         self._global_step = 0  # training steps seen by this instance, across fit() calls
@@ -260,7 +261,7 @@ class FitCallback(LeanCallback):
     @property
     def fit_running(self) -> bool:
         """Whether a fit() with this callback is running (started and not yet stopped)."""
-        return self._session is not None
+        return self._session is not None or self._stopping
 
     # -- Keras hooks ---------------------------------------------------------------------------
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -313,7 +314,11 @@ class FitCallback(LeanCallback):
                 if self._session is None or (session is not None and self._session is not session):
                     return  # that fit has already been stopped
                 current, self._session = self._session, None
-                self._stop_fit(aborted)
+                self._stopping = True
+                try:
+                    self._stop_fit(aborted)
+                finally:
+                    self._stopping = False
         finally:
             if current is not None:
                 # Outside the lock: the last release closes the session and waits for its thread,

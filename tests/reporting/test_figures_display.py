@@ -36,7 +36,7 @@ def test_plan_plot_displays_as_a_png():
 
 
 def test_every_report_figure_displays_as_a_png():
-    from tests.reporting.test_report import fake_report
+    from tests.helpers.fake_report import fake_report
 
     figs = fake_report().figures()
     assert figs
