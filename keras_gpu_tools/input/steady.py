@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from keras_gpu_tools.input.measure import Measurement, Sums
+from keras_gpu_tools.input.span import WHOLE_FIT
 from keras_gpu_tools.input.verdict import Phase
 
 # A leading epoch (or window) whose step time is this much above the median of
@@ -227,7 +228,7 @@ class FitSpans:
             ]
             if with_phases
             else [],
-            scope=span_label([u.label for u in (units[k], units[-1])][: len(units) - k]) if k else "the whole fit",
+            scope=span_label([u.label for u in (units[k], units[-1])][: len(units) - k]) if k else WHOLE_FIT,
             since=units[k].t0,
             cache_serves=by_epoch and k > 0,
         )

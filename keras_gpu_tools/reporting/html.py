@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from keras_gpu_tools.input.span import WHOLE_FIT
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.memory.throughput import TABLE_HEADER, table_rows
 from keras_gpu_tools.reporting import health, text
@@ -317,7 +318,7 @@ def _input_pipeline(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
                 ],
             )
         )
-    if v.get("fit_wait_fraction") is not None and v.get("scope") not in ("", "the whole fit"):
+    if v.get("fit_wait_fraction") is not None and v.get("scope") not in ("", "the whole fit", WHOLE_FIT):
         parts.append(
             f"<p>Whole fit, every phase included: {format_percent(v['fit_wait_fraction'])} waiting for input.</p>"
         )

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_gpu_tools.input.breakdown_advice import collective_note
+from keras_gpu_tools.input.span import WHOLE_FIT
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.reporting import health
 from keras_gpu_tools.reporting.model import SPLIT_AND_STEP_KEYS, SPLIT_KEYS, ReportData
@@ -249,7 +250,7 @@ def _input_pipeline(data: ReportData) -> Section | None:
     note = own_verdict_note(data)
     if note:
         body.insert(0, note)
-    if v.get("fit_wait_fraction") is not None and v.get("scope") not in ("", "the whole fit"):
+    if v.get("fit_wait_fraction") is not None and v.get("scope") not in ("", "the whole fit", WHOLE_FIT):
         body.append(f"Whole fit, every phase included: {format_percent(v['fit_wait_fraction'])} waiting for input.")
     if len(v.get("phases") or []) > 1:
         body += ["Phases:"] + [f"- {phase_line(p)}" for p in v["phases"]]

@@ -22,6 +22,7 @@ from keras_gpu_tools.callbacks.input_bound_detector import InputBoundDetector
 from keras_gpu_tools.input import steady as steady_module
 from keras_gpu_tools.input.fit import InputFit
 from keras_gpu_tools.input.measure import Measurement, Sums, aggregate
+from keras_gpu_tools.input.span import WHOLE_FIT
 from keras_gpu_tools.input.steady import FitSpans, span_label, steady_start
 from keras_gpu_tools.input.verdict import Judge, gpu_means
 from keras_gpu_tools.live import render
@@ -97,7 +98,7 @@ def test_kept_sums_give_the_figures_of_a_full_rescan():
         assert s is not None
         k = steady_start(parts)
         assert s.measurement == aggregate(parts[k:]) and s.fit == aggregate(parts)
-        assert s.scope == (span_label([f"epoch {j + 1}" for j in range(k, i + 1)]) if k else "the whole fit")
+        assert s.scope == (span_label([f"epoch {j + 1}" for j in range(k, i + 1)]) if k else WHOLE_FIT)
         assert [p.steady for p in s.phases] == [j >= k for j in range(i + 1)]
     assert Sums(parts).measurement() == aggregate(parts)
 

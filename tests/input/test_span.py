@@ -7,7 +7,7 @@ import pytest
 from keras_gpu_tools.input import categories, verdict, xprof
 from keras_gpu_tools.input.measure import Measurement
 from keras_gpu_tools.input.profiled import ProfiledWindows
-from keras_gpu_tools.input.span import SpanFigure, span_figure, span_name, steps_label
+from keras_gpu_tools.input.span import WHOLE_FIT, SpanFigure, span_figure, span_name, steps_label
 from keras_gpu_tools.input.timing import StepStats
 from keras_gpu_tools.profiling.capture import steps_name
 from tests.helpers.step_records import FakeClock, run_steps
@@ -46,8 +46,8 @@ def test_a_verdict_names_its_steady_state():
     v = verdict.verdict_for(m, scope="epochs 2-3", phases=phases)
     assert v.span == "steady state, epochs 2-3" and "over steady state, epochs 2-3." in v.message
     assert v.figure().text() == "2.5% waiting for input (not input-bound), steady state, epochs 2-3"
-    whole = verdict.verdict_for(m, scope="the whole fit", phases=[phases[1], phases[2]])
-    assert whole.span == "the whole fit" and span_name("epoch 2", left_out=False) == "epoch 2"
+    whole = verdict.verdict_for(m, scope=WHOLE_FIT, phases=[phases[1], phases[2]])
+    assert whole.span == "the whole fit, warm-up included" and span_name("epoch 2", left_out=False) == "epoch 2"
 
 
 def test_xprof_conclusions_read_back():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from keras_gpu_tools import cli
+from keras_gpu_tools.input.span import WHOLE_FIT
 from keras_gpu_tools.reporting.report import report
 
 
@@ -54,9 +55,9 @@ def _job_runs(logs):
         for f in fetches
     ]
     pipeline = {"kind": "generator"}
-    verdicts = [verdict_for(m, pipeline=pipeline, scope="the whole fit", fit=m) for m in ms]
+    verdicts = [verdict_for(m, pipeline=pipeline, scope=WHOLE_FIT, fit=m) for m in ms]
     rows = [
-        process_row(i, "host", m.logs(), m.logs(), "the whole fit", v.category, v.advice)
+        process_row(i, "host", m.logs(), m.logs(), WHOLE_FIT, v.category, v.advice)
         for i, (m, v) in enumerate(zip(ms, verdicts))
     ]
     jv = job_verdict(rows)
