@@ -8,9 +8,14 @@ epoch, the framework's own trace counts of the train step. Per epoch it gives
 - ``compile_seconds``: the time of the calls that compiled or traced (the
   first call, a call with a batch shape not seen before) beyond a normal
   call: its duration less its fetch less ``steps * (compute + dispatch)`` of
-  the epoch's steady step. A retrace the hook did not time (on the fast path)
-  is counted by the framework; its time is the largest excess of the
-  untimed calls' intervals over the steady step, one per such retrace.
+  the epoch's steady step; past ``MAX_CALLS`` timed per epoch, each further
+  one counts the mean of the timed retraces. A retrace the hook did not time
+  (on the fast path) is counted by the framework; its time is the excess over
+  the steady step of the untimed intervals that hold one (the longest, at
+  most one per such retrace; an interval may hold several). The steady step
+  there is the mean of the untimed intervals that hold none, else of the
+  sampled steady calls, else compute plus dispatch: never the epoch's own
+  step, which holds the compilation.
 - ``retraces``: traces of the train step beyond its first, from the
   framework (``tf.function``'s tracing count, the ``jax.jit`` cache size,
   torch.compile's graphs): exact, read once per epoch. Eager execution (torch
@@ -19,7 +24,8 @@ epoch, the framework's own trace counts of the train step. Per epoch it gives
   input wait, host dispatch (where told apart: JAX on a GPU), device compute,
   collectives (several devices of one process: the all-reduce of the
   trainable weights, from the bus bandwidth of one all-reduce timed alone at
-  fit start; else left out, with the reason), other (the rest). They add up to ``step``, the detector's
+  fit start; else left out, with the reason), other (the rest, where compute
+  is measured; else unknown: the step is then not split). The known parts add up to ``step``, the detector's
   step (``Measurement.step``, ``input/step_ms``), less the compile time of
   retraces on untimed calls (where the framework counts any): the one step
   time every view reads.
@@ -61,7 +67,7 @@ class EpochBreakdown:
     collective_reason: str | None = None  # why `collective` is left out, where it is
 
     def parts(self) -> dict[str, float]:
-        """The steady parts that are known, by name (they add up to ``step``)."""
+        """The steady parts that are known, by name (they add up to ``step`` where compute is known)."""
         names = ("input", "dispatch", "compute", "collective", "other")
         return {n: v for n in names if (v := getattr(self, n)) is not None}
 
@@ -161,6 +167,8 @@ class StepBreakdown:
         self._dispatch_sum = 0.0
         self._dispatch_steps = 0
         self._intervals: list[tuple[float, int]] = []  # a min-heap of the longest untimed intervals
+        self._untimed = [0.0, 0]  # every untimed interval's seconds and steps (exact)
+        self._steady = [0.0, 0]  # the sampled steady calls' intervals: seconds and steps
 
     # -- per record (full-path calls only, on the training thread) -----------------------------
     def add(self, r: StepRecord) -> None:
@@ -174,11 +182,16 @@ class StepBreakdown:
             if r.signature is not None:
                 self._note_shape(r.signature)
             return
+        if r.sampled and r.interval is not None and not r.covers:  # a steady step's wall time, fetch included
+            self._steady[0] += r.interval
+            self._steady[1] += n
         if r.sampled and r.dispatch is not None:
             self._dispatch_sum += r.dispatch
             self._dispatch_steps += n
         elif not r.sampled and r.interval is not None and self.compiles:
             item = (r.interval, n + max(int(r.covers), 0))
+            self._untimed[0] += item[0]
+            self._untimed[1] += item[1]
             if len(self._intervals) < MAX_INTERVALS:
                 heapq.heappush(self._intervals, item)
             elif item > self._intervals[0]:
@@ -226,16 +239,32 @@ class StepBreakdown:
         excess = [(max(0.0, s - k * normal), first) for s, k, first in self._calls]
         self.first_call_seconds += sum(x for x, first in excess if first)
         seconds = sum(x for x, _ in excess)
-        if self._calls_dropped and self._calls:
-            seconds *= timed / len(self._calls)
+        later = [x for x, first in excess if not first]  # calls past MAX_CALLS are retraces: their mean each
+        if self._calls_dropped and (later or excess):
+            seconds += self._calls_dropped * sum(later or [x for x, _ in excess]) / len(later or excess)
         if counted is None:  # no count from the framework: the new shapes the hook timed, less the first
             return seconds, 0.0, max(0, self.signatures_seen - max(self._signatures_counted_before(), 1))
         new, retraces = counted
-        untimed, inside = new - timed, 0.0
-        if untimed > 0 and m.step:  # traces on the fast path: their time is inside the longest intervals
-            lumps = sorted((i - k * m.step for i, k in self._intervals), reverse=True)[:untimed]
-            inside = sum(x for x in lumps if x > 0)
+        inside = self._inside(new - timed, normal)
         return seconds + inside, inside, retraces
+
+    def _inside(self, untimed: int, normal: float) -> float:
+        """Compile seconds of ``untimed`` traces on fast-path calls: their intervals' excess over a steady step."""
+        if untimed <= 0 or not self._intervals:
+            return 0.0
+        kept = sorted(self._intervals, reverse=True)
+        top = kept[:untimed]  # at most one interval per trace holds it; one may hold several
+        rest = (self._untimed[0] - sum(i for i, _ in top), self._untimed[1] - sum(k for _, k in top))
+        if untimed <= len(kept) and rest[1] > 0:  # the intervals that hold no trace: the fast path's step
+            base = max(rest[0], 0.0) / rest[1]
+        elif self._steady[1]:  # the sampled steady calls (synced: a little longer than the fast path)
+            base = self._steady[0] / self._steady[1]
+        else:
+            base = normal
+        inside = sum(max(0.0, i - k * base) for i, k in top)
+        if untimed > len(kept) and rest[1] > 0:  # the intervals not kept may hold traces too: their excess, summed
+            inside += max(0.0, rest[0] - rest[1] * base)
+        return inside
 
     def _signatures_counted_before(self) -> int:
         before, self._signatures_before = self._signatures_before, self.signatures_seen
@@ -255,6 +284,8 @@ class StepBreakdown:
         if self.devices > 1:  # (one device: no all-reduce, nothing left out)
             compute = self._collective(e, compute)
         e.compute = compute
+        if compute is None:  # the rest is compute and host time together: neither is known, `other` is left out
+            return
         known = sum(v for v in (e.input, e.dispatch, e.compute, e.collective) if v is not None)
         e.other = max(0.0, step - known)  # the rest of the measured step: callbacks, Python
 

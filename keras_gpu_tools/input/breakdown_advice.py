@@ -4,6 +4,14 @@
 (each part's time over the fit: per-step figure times the epoch's steps;
 compilation in seconds) and names the largest; :class:`FitBreakdown` carries
 the figures, the advice, its report section and its JSON record.
+
+An epoch whose device compute was not measured (no sampled call ran a batch
+shape seen before, as in a retrace storm) has its step, less its known parts,
+in ``unmeasured``: never in ``other``, and never named the largest, so no host
+advice (``steps_per_execution``) is read from it. Retraces are named the
+largest when their compile time is the largest part of the fit, or at least
+the steady steps' whole time (``RETRACE_SHARE``): they then cost the fit more
+than training does, whatever the split of the step.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ LABELS = {
     "compute": "device compute",
     "collective": "collectives",
     "other": "other (callbacks, Python)",
+    "unmeasured": "not split (compute not measured)",
 }
 HOST_SHARE = 0.1  # steps_per_execution: enough steps per call that the host's part falls under this share of compute
 MAX_STEPS_PER_EXECUTION = 1024
+RETRACE_SHARE = 1.0  # retraces' compile seconds from this multiple of the steady steps' time on: they are the cause
 INPUT_SHARE = XPROF_MODERATE  # a wait from this share of the step on is input-bound: compute-bound is not said
 
 
@@ -116,9 +126,12 @@ def fit_breakdown(
     steps = sum(e.steps for e in epochs)
     parts: dict[str, float] = {}
     for name in ("input", "dispatch", "compute", "collective", "other"):
-        # An epoch where a part is unknown holds its time in `other`: counted 0 there, the parts still add up.
+        # A part unknown in an epoch counts 0 there; what its step's known parts leave is `unmeasured`.
         if any(getattr(e, name) is not None for e in epochs):
             parts[name] = sum(e.steps * (getattr(e, name) or 0.0) for e in epochs) / steps
+    unsplit = sum(e.steps * max(0.0, (e.step or 0.0) - sum(e.parts().values())) for e in epochs if e.other is None)
+    if unsplit > 0:
+        parts["unmeasured"] = unsplit / steps
     step = sum(e.steps * (e.step or 0.0) for e in epochs) / steps
     shapes = [shape_text(s) for s in b.shapes]
     fb = FitBreakdown(
@@ -128,9 +141,13 @@ def fit_breakdown(
     )  # fmt: skip
     totals = {name: v * steps for name, v in parts.items()}
     totals["compile"] = b.compile_seconds
-    fb.largest = max(totals, key=lambda k: totals[k])
-    if fb.largest == "compile" and b.retraces and b.compile_seconds - b.first_call_seconds > b.first_call_seconds:
-        fb.largest = "retraces"
+    largest: str | None = max(totals, key=lambda k: totals[k])
+    retraced = b.compile_seconds - b.first_call_seconds
+    if b.retraces and (
+        (largest == "compile" and retraced > b.first_call_seconds) or retraced >= RETRACE_SHARE * step * steps
+    ):
+        largest = "retraces"
+    fb.largest = None if largest == "unmeasured" else largest  # a part not measured is named no cause
     fb.advice = _advice(fb, b, totals, jit_compile, several_steps_per_call)
     return fb
 
@@ -141,14 +158,15 @@ def _advice(
     p, step, spent = fb.parts, fb.step or 0.0, sum(totals.values())
     share = format_percent(totals[fb.largest] / spent if spent and fb.largest in totals else None)
     share += " of the fit's time, compilation included"
+    if fb.largest is None:
+        said = (
+            f"Device compute was not measured on {format_percent(p.get('unmeasured', 0.0) / step if step else None)} "
+            "of the steady step (no sampled call ran a batch shape seen before): that time is not split into "
+            "compute and host time, and no part is named the largest."
+        )
+        return [said] + (_retrace_advice(fb) if fb.retraces else [])
     if fb.largest == "retraces":
-        shown = ", ".join(fb.shapes[:6]) or "not seen on a timed step"
-        return [
-            f"{fb.retraces} retraces of the train step (new batch shapes) cost "
-            f"{fb.compile_seconds - fb.first_call_seconds:.2f} s; shapes: {shown}. Give every batch one shape: "
-            "drop the last partial batch (`drop_remainder=True` in `Dataset.batch`), pad to a fixed shape, "
-            "or bucket lengths into a few shapes (`Dataset.bucket_by_sequence_length`)."
-        ]
+        return _retrace_advice(fb)
     if fb.largest == "compile":
         cache = b.compile_line or "this backend has no persistent compilation cache for the step"
         xla = " (it keeps compiled programs: with `jit_compile=True`)" if jit_compile is False else ""
@@ -158,6 +176,9 @@ def _advice(
         ]
     if fb.largest in ("dispatch", "other"):
         host, compute = p.get(fb.largest, 0.0), p.get("compute", 0.0)
+        if compute <= 0:  # no steps per call can be derived from a compute that was not measured
+            return [f"The host's {LABELS[fb.largest]} takes {format_ms(host)} of a {format_ms(step)} step; "
+                    "device compute was not measured, so no change is derived from it."]  # fmt: skip
         n = steps_per_execution_for(host, compute)
         said = f"The host's {LABELS[fb.largest]} takes {format_ms(host)} of a {format_ms(step)} step (device compute {format_ms(compute)})"
         if several:
@@ -192,3 +213,14 @@ def _advice(
             "the matmuls' time on a GPU with tensor cores."
         ]
     return ["Waiting for input is the largest part: see the input-bound verdict's advice."]
+
+
+def _retrace_advice(fb: FitBreakdown) -> list[str]:
+    """The retraces' cost, the batch shapes seen, and how to give every batch one shape."""
+    shown = ", ".join(fb.shapes[:6]) or "not seen on a timed step"
+    return [
+        f"{fb.retraces} retraces of the train step (new batch shapes) cost "
+        f"{fb.compile_seconds - fb.first_call_seconds:.2f} s; shapes: {shown}. Give every batch one shape: "
+        "drop the last partial batch (`drop_remainder=True` in `Dataset.batch`), pad to a fixed shape, "
+        "or bucket lengths into a few shapes (`Dataset.bucket_by_sequence_length`)."
+    ]

@@ -139,7 +139,7 @@ def test_the_fits_parts_add_up_when_an_epoch_lacks_one():
     b.end_epoch(Measurement(steps=100, step=0.010, wait=0.002, compute=None, other=None), traces=None)
     fb = fit_breakdown(b)
     assert sum(fb.parts.values()) == pytest.approx(fb.step)
-    assert fb.parts["compute"] == pytest.approx(0.0035)  # the second epoch's compute is inside its `other`
+    assert fb.parts["compute"] == pytest.approx(0.0035)  # the second epoch is not split: its rest is `unmeasured`, not `other`
 
 
 def test_a_host_bound_torch_step_is_advised_a_larger_batch():
