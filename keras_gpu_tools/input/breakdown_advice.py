@@ -120,7 +120,7 @@ def fit_breakdown(
     kept = b.epochs
     if steady is not None and len(steady) == len(b.epochs) and any(steady):
         kept = [e for e, s in zip(b.epochs, steady) if s]
-    epochs = [e for e in kept if e.step and e.steps]
+    epochs = [e for e in kept if e.step is not None and e.steps]  # (a step all compilation is 0: still an epoch)
     if not epochs:
         return None
     steps = sum(e.steps for e in epochs)

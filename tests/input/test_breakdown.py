@@ -139,7 +139,8 @@ def test_the_fits_parts_add_up_when_an_epoch_lacks_one():
     b.end_epoch(Measurement(steps=100, step=0.010, wait=0.002, compute=None, other=None), traces=None)
     fb = fit_breakdown(b)
     assert sum(fb.parts.values()) == pytest.approx(fb.step)
-    assert fb.parts["compute"] == pytest.approx(0.0035)  # the second epoch is not split: its rest is `unmeasured`, not `other`
+    # The second epoch is not split: what its known parts leave is `unmeasured`, not `other`.
+    assert fb.parts["compute"] == pytest.approx(0.0035)
 
 
 def test_a_host_bound_torch_step_is_advised_a_larger_batch():
@@ -198,3 +199,73 @@ def test_a_step_waiting_for_input_is_never_called_compute_bound():
     assert "compute-bound" in advice(0.0002)
     said = advice(0.004)  # 40% of the step waits for input, compute 55%: the input verdict says input-bound
     assert "compute-bound" not in said and "the wait for input is 40.0% of the step too" in said
+
+
+def _storm_records(b, calls, compile_s, step_s, every=7, steady_sample=False):
+    """A fit whose every call compiles a new shape, as the step hook records it: every ``every``-th call sampled
+    (timed in full; with ``steady_sample`` a shape seen before instead, compiling nothing), the call after it on
+    the full path with an interval over the fast calls up to the next sampled one. Returns (its Measurement,
+    the compile seconds put in)."""
+    put, untimed, steps = 0.0, 0.0, 0
+    for i in range(0, calls, every):
+        if steady_sample and i:
+            b.add(_call(i, step_s, sampled=True, sig=_sig(1), interval=step_s))
+            untimed, steps = untimed + step_s, steps + 1
+        else:
+            b.add(_call(i, compile_s + step_s, sampled=True, warmup=True, sig=_sig(1 if i == 0 else 1000 + i)))
+            put += compile_s
+        fast = min(every - 1, calls - i - 1)
+        if fast:
+            interval = fast * (compile_s + step_s)
+            b.add(_call(i + 1, compile_s + step_s, interval=interval, covers=fast - 1))
+            put, untimed, steps = put + fast * compile_s, untimed + interval, steps + fast
+    # The detector's step: the non-warmup intervals over their steps, compilation on the fast path included.
+    return Measurement(steps=steps, step=untimed / steps, wait=0.0, compute=step_s if steady_sample else None), put
+
+
+@pytest.mark.parametrize("steady_sample", [False, True])
+def test_a_storm_of_untimed_retraces_is_compile_time_named_with_shapes_and_no_steps_per_execution(steady_sample):
+    b = StepBreakdown(traces={})
+    m, put = _storm_records(b, 300, compile_s=0.8, step_s=0.004, steady_sample=steady_sample)
+    e = b.end_epoch(m, traces={1: 300 - (42 if steady_sample else 0)})
+    assert e.compile_seconds == pytest.approx(put, rel=0.1)
+    assert e.step < m.step / 10  # the steady step, compilation taken out of the detector's
+    fb = fit_breakdown(b)
+    assert fb.largest == "retraces"
+    text = " ".join(fb.advice)
+    assert "drop_remainder=True" in text and "bucket" in text and "(1, 8) (1, 1)" in text
+    assert "steps_per_execution" not in text
+
+
+def test_untimed_retraces_are_measured_against_the_intervals_that_hold_none():
+    b = StepBreakdown(traces={7: 1})
+    lumps = {5: 0.3, 17: 0.3, 40: 0.3}
+    for i in range(50):
+        b.add(_call(i, 0.01, interval=10 * 0.010 + lumps.get(i, 0.0), covers=9))
+    # The detector's step holds the three compilations: the steady step is the other intervals'.
+    e = b.end_epoch(_steady(step=(50 * 0.1 + 0.9) / 500, steps=500), traces={7: 4})
+    assert e.compile_seconds == pytest.approx(0.9, rel=1e-6)
+    assert e.step == pytest.approx(0.010, rel=1e-6)
+
+
+def test_compile_calls_past_max_calls_count_the_mean_retrace_not_the_first_call():
+    b = StepBreakdown(traces={})
+    b.add(_call(0, 2.007, sampled=True, warmup=True, sig=_sig(0)))
+    for i in range(1, 600):
+        b.add(_call(i, 0.507, sampled=True, warmup=True, sig=_sig(i)))
+    e = b.end_epoch(_steady(), traces={1: 600})
+    assert e.compile_seconds == pytest.approx(2.0 + 599 * 0.5, rel=1e-6)
+    assert b.first_call_seconds == pytest.approx(2.0)
+
+
+def test_a_step_whose_compute_is_unknown_is_not_booked_as_other():
+    b = StepBreakdown()
+    e = b.end_epoch(Measurement(steps=2000, step=0.010, wait=0.001, compute=None), traces=None)
+    assert e.other is None and e.compute is None and e.input == pytest.approx(0.001)
+    fb = fit_breakdown(b)
+    assert "other" not in fb.parts and fb.parts["unmeasured"] == pytest.approx(0.009)
+    assert sum(fb.parts.values()) == pytest.approx(fb.step)
+    assert fb.largest is None
+    text = " ".join(fb.advice)
+    assert "steps_per_execution" not in text and "not measured" in text
+    assert any("not split" in line for line in fb.section())
