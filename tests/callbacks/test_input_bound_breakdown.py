@@ -229,3 +229,33 @@ def test_the_report_and_the_live_view_show_the_breakdown(tmp_path, monkeypatch):
     assert f"Largest part: {b['largest']}" in report
     line = breakdown_line({k: v[-1] for k, v in h.history.items()})
     assert "compute" in line and line.endswith("ms")
+
+
+class CompileEveryCall(FakeStepTime):
+    """The fake clock moves ``compile`` seconds more on every call: a storm where every batch has a new shape
+    (each shape once), so its compile time is known exactly: ``compile`` times the calls."""
+
+    def inner(self, fn):
+        def call(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            self.clock.advance(self.compute + self.compile)
+            self.calls += 1
+            return out
+
+        return call
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "jax", reason="a jitted step compiles once per batch shape")
+def test_a_retrace_storm_on_the_fast_path_is_compile_time_and_named_the_cause(monkeypatch):
+    step_clock = fake_step_clock(monkeypatch)
+    sizes = list(range(2, 22))  # 20 shapes: most of them first run on calls the hook does not time
+    det = InputBoundDetector(log_dir=None, verbose=0, sample_every=7)
+    timed = CompileEveryCall(step_clock, compute=COMPUTE, compile=LUMP)
+    tiny_dense_model().fit(_storm(sizes), steps_per_epoch=len(sizes), epochs=1, verbose=0, callbacks=[det, timed])
+    fb = det.breakdown
+    assert fb.retraces == len(sizes) - 1
+    assert timed.calls == len(sizes) and fb.compile_seconds == pytest.approx(LUMP * timed.calls, rel=0.1)
+    assert fb.largest == "retraces"
+    text = " ".join(fb.advice)
+    assert "drop_remainder=True" in text and "steps_per_execution" not in text
