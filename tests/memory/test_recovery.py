@@ -16,6 +16,13 @@ from keras_gpu_tools.memory.split import SplitController, describe_split, split_
 has = lambda m: importlib.util.find_spec(m) is not None  # noqa: E731
 
 
+def in_the_torch_session(test):
+    """torch's own exception types, tested where torch is loaded anyway: imported late into a
+    TensorFlow session, torch's import paid for earlier tests' garbage (minutes at a time)."""
+    skip = pytest.mark.skipif(os.environ.get("KERAS_BACKEND") != "torch", reason="run in the torch session")
+    return pytest.mark.multibackend(skip(test))
+
+
 # -- classification: the real exception types -----------------------------------------
 @pytest.mark.skipif(not has("tensorflow"), reason="needs TensorFlow")
 def test_tensorflow_resource_exhausted_is_oom():
@@ -45,10 +52,7 @@ def test_xla_resource_exhausted_is_oom():
     assert not is_oom(jax.errors.JaxRuntimeError("INVALID_ARGUMENT: shapes do not match"))
 
 
-@pytest.mark.multibackend
-@pytest.mark.skipif(
-    os.environ.get("KERAS_BACKEND") != "torch", reason="run in the torch session, where torch is already loaded"
-)
+@in_the_torch_session
 def test_torch_out_of_memory_is_oom():
     import torch
 
@@ -200,7 +204,7 @@ def test_final_message_names_the_split_that_was_tried():
     assert "out of memory at a batch of 1" in final_message([(1, 1)], 1)
 
 
-@pytest.mark.skipif(not has("torch"), reason="needs torch")
+@in_the_torch_session
 def test_final_error_keeps_the_backend_type():
     import torch
 
