@@ -11,6 +11,7 @@ run only where NVML sees a GPU; tests marked ``slow`` (over about 5 s on a
 Python, Keras and framework versions under test.
 """
 
+import gc
 import importlib.util
 import os
 import platform
@@ -160,3 +161,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _free_the_tests_tf_data_iterators():
+    """On TensorFlow, a test's dead tf.data iterators are freed when it ends, while they are young.
+
+    An iterator that a fit which raised left in a reference cycle is freed by the garbage
+    collector later, inside whatever test runs then: its destructor waits for tf.data's autotune
+    thread, whose sleep between optimisations doubles up to a minute as the iterator ages, so
+    one such wait cost a later test minutes (decision record 0007).
+    """
+    yield
+    if BACKEND == "tensorflow":
+        gc.collect()

@@ -9,10 +9,9 @@ micro-batch size (TensorFlow's `ResourceExhaustedError`, naming the replica's
 device).
 
 Logical devices are fixed before TensorFlow initialises its devices, and the
-allocator must refuse at once: the test session sets both (`tests/conftest.py`).
+allocator must refuse at once: the test session sets both (`tests/conftest.py`), and frees each
+test's dead tf.data iterators when it ends.
 """
-
-import gc
 
 import keras
 import numpy as np
@@ -25,14 +24,6 @@ from tests.helpers.models import BACKEND, FAST_OOM, MemoryCliff
 from tests.helpers.session import TF_CPU_DEVICES
 
 REPLICAS = 2
-
-
-@pytest.fixture(autouse=True)
-def _collect_the_strategys_iterators():
-    """A MirroredStrategy fit's dead per-device iterators are collected when its test ends: collected later,
-    inside another test's fit, their destruction deadlocks TensorFlow (it waits for a thread that never ends)."""
-    yield
-    gc.collect()
 
 
 inside = pytest.mark.skipif(
