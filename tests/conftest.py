@@ -164,14 +164,17 @@ def one_torch_thread():
 
 
 @pytest.fixture(autouse=True)
-def _free_the_tests_tf_data_iterators():
-    """On TensorFlow, a test's dead tf.data iterators are freed when it ends, while they are young.
+def _collect_each_tests_garbage():
+    """A test's garbage is collected when it ends, and what outlives it is frozen (``gc.freeze``).
 
-    An iterator that a fit which raised left in a reference cycle is freed by the garbage
-    collector later, inside whatever test runs then: its destructor waits for tf.data's autotune
+    On TensorFlow, an iterator that a fit which raised left in a reference cycle would otherwise
+    be freed later, inside whatever test runs then: its destructor waits for tf.data's autotune
     thread, whose sleep between optimisations doubles up to a minute as the iterator ages, so
-    one such wait cost a later test minutes (decision record 0007).
+    one such wait cost a later test minutes. Freezing what outlives a test (mostly the
+    frameworks' own objects) keeps each collection to that test's objects: milliseconds, where
+    a full collection of a process with a framework imported costs a quarter of a second
+    (decision record 0007).
     """
     yield
-    if BACKEND == "tensorflow":
-        gc.collect()
+    gc.collect()
+    gc.freeze()
