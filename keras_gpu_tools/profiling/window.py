@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -34,8 +35,8 @@ def start(
     bytes_per_step: float | None,
     warn: Warn,
     quiet: bool = True,
-) -> tuple[set | None, str]:
-    """Starts ``profiler`` for ``window``: the session folders before it, or None and why it could not start.
+) -> tuple[str | None, str]:
+    """Starts ``profiler`` for ``window``: the folder it writes to (this process's own), or None and why not.
 
     ``quiet``: the profiler's native log lines go to the logger, not the terminal.
     """
@@ -46,11 +47,12 @@ def start(
             f"{bytes_per_step * window.steps / 2**30:.1f} GiB, judging by the last trace; TensorBoard is "
             "known to crash loading traces over 1 GB. Profile fewer steps.",
         )
+    staging = ""
     try:
-        before = prof.session_dirs(run_dir)
+        staging = prof.staging_dir(run_dir)
         with quiet_native_logs(quiet):
-            profiler.start(run_dir, options)
-        return before, ""
+            profiler.start(staging, options)
+        return staging, ""
     except prof.ProfilerBusy as e:
         warn(
             "busy",
@@ -58,6 +60,7 @@ def start(
             f"{steps_name(window.start, window.steps)} are not captured. Remove `profile_batch` from keras.callbacks.TensorBoard "
             "or stop your own profiler to use ProfilerWindow.",
         )
+        shutil.rmtree(staging, ignore_errors=True)
         return None, "its profiler was busy"
     except Exception as e:
         logger.debug("ProfilerWindow: the profiler could not start", exc_info=True)  # said in a warning, once
@@ -65,13 +68,15 @@ def start(
             ("start", type(e).__name__),
             f"ProfilerWindow: the profiler could not start ({type(e).__name__}: {e}); window skipped, training goes on.",
         )
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
         return None, "its profiler could not start"
 
 
 def stop(
     profiler: Any,
     run_dir: str,
-    before: set,
+    staging: str,
     window: prof.Window,
     done: int,
     wall: float,
@@ -83,8 +88,9 @@ def stop(
 ) -> tuple[WindowCapture, str | None]:
     """Stops ``profiler`` after ``done`` steps of ``window`` (``wall`` seconds); the capture and its job session.
 
-    The trace is claimed under its own session name in ``run_dir``, or, in a
-    job, moved into the job's session for the window (returned; else None).
+    The trace, written under this process's ``staging`` folder, is moved into
+    ``run_dir`` under its own session name, or, in a job, into the job's
+    session for the window (returned; else None).
     """
     failed = False
     try:
@@ -103,14 +109,20 @@ def stop(
     label = schema.window_label(window.start, window.start + done)
     session = None
     if job is None:
-        files = prof.claim_session(run_dir, before, profiler.pattern, label)
+        try:
+            files = prof.claim_session(run_dir, staging, profiler.pattern, label)
+        except OSError as e:  # the trace stays where it was written; training goes on
+            warn(("claim", type(e).__name__), f"ProfilerWindow: moving the trace into {run_dir} failed ({e}).")
+            files = []
     else:
         session = job.session(label)
         try:
-            files = job.move_in(run_dir, before, profiler.pattern, label)
+            files = job.move_in(staging, profiler.pattern, label)
         except OSError as e:  # the trace stays in this process's own run; training goes on
             warn(("move", type(e).__name__), f"ProfilerWindow: moving the trace to {session} failed ({e}).")
             files = []
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     capture = WindowCapture(
         start_step=window.start,
         num_steps=done,
