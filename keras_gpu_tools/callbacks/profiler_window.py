@@ -63,6 +63,9 @@ class ProfilerWindow(FitCallback):
     step time, xprof's conclusion over all traces) to the job's run and `captures[i].job_*`. Without the job's
     key-value store each process keeps its sessions in its own run. Call `trigger()` on every process.
 
+    Each process profiles into a folder of its own and claims only its own sessions; another training that writes
+    the same `log_dir` at the same time (no job) writes its runs under `log_dir/<run_name>/<host>_pid<pid>`.
+
     A profiler session started by someone else (Keras's `profile_batch`) is left alone: the window is skipped with a
     warning. A profiler error never stops training; the profiler is always stopped, also when fit() raises.
 
