@@ -20,6 +20,7 @@ from keras_gpu_tools.logdir.writer import is_write_error, writes_failed
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.profiling.capture import WindowCapture, steps_name
 from keras_gpu_tools.profiling.job_session import JobSessions
+from keras_gpu_tools.profiling.progress import WindowSteps
 from keras_gpu_tools.runtime.native_logs import quiet_native_logs
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -76,19 +77,17 @@ def start(
 def stop(
     profiler: Any,
     run_dir: str,
-    staging: str,
     window: prof.Window,
-    done: int,
-    wall: float,
+    steps: WindowSteps,
     reason: str,
     outputs: Any,
     job: JobSessions | None,
     warn: Warn,
     quiet: bool = True,
 ) -> tuple[WindowCapture, str | None]:
-    """Stops ``profiler`` after ``done`` steps of ``window`` (``wall`` seconds); the capture and its job session.
+    """Stops ``profiler`` after ``window``'s calls (``steps``: their tally); the capture and its job session.
 
-    The trace, written under this process's ``staging`` folder, is moved into
+    The trace, written under this process's ``steps.staging`` folder, is moved into
     ``run_dir`` under its own session name, or, in a job, into the job's
     session for the window (returned; else None).
     """
@@ -106,6 +105,7 @@ def stop(
                 ("stop", type(e).__name__),
                 f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.",
             )
+    done, wall, staging = steps.done, steps.wall, steps.staging
     label = schema.window_label(window.start, window.start + done)
     session = None
     if job is None:
@@ -130,6 +130,9 @@ def stop(
         size_bytes=sum(os.path.getsize(f) for f in files),
         mean_step_ms=1000 * wall / done if done else None,
         reason="failed" if failed else reason,
+        steps_per_execution=steps.spe,
+        calls=steps.calls,
+        asked=steps_name(steps.asked.start, steps.asked.steps) if steps.asked is not None else "",
     )
     if capture.size_bytes > prof.LARGE_TRACE_BYTES:
         warn(
@@ -137,3 +140,11 @@ def stop(
             f"ProfilerWindow: the trace of {steps_name(window.start, window.steps)} is {capture.size_bytes / 2**30:.1f} GiB; TensorBoard may fail to load it.",
         )
     return capture, session
+
+
+def sync_quietly(backend: Any, outputs: Any) -> None:
+    """Waits for the device to finish ``outputs`` (a window's last call: its time ends when its steps have run)."""
+    try:
+        backend.sync(outputs)
+    except Exception as e:  # the window's time is then the host's; the profiler's stop syncs again
+        logger.debug("ProfilerWindow: the window's last sync failed (%s)", e)
