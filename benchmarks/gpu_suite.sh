@@ -54,6 +54,10 @@ benchmarks() {
         part 600 "planner_throughput_$b" python3 benchmarks/planner_throughput.py --backend $b "${MACHINE_ARG[@]}" \
             --max-seconds 110 $([ "$b" = torch ] && echo --reference batch)
         part 300 "layer_table_cost_$b" python3 benchmarks/layer_table_cost.py --backend $b "${MACHINE_ARG[@]}"
+        # Keras's torch backend runs one step per call: steps_per_execution is TensorFlow's and JAX's
+        if [ "$b" = jax ]; then
+            part 300 "profiler_window_spe_$b" python3 benchmarks/profiler_window_spe.py --backend $b "${MACHINE_ARG[@]}"
+        fi
         part 600 "per_epoch_cost_$b" python3 benchmarks/per_epoch_cost.py --backend $b "${MACHINE_ARG[@]}" \
             --epochs 1500 --rounds 2
     done

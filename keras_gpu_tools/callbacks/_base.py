@@ -36,6 +36,7 @@ import keras
 
 from keras_gpu_tools import backends
 from keras_gpu_tools.callbacks._lean import LeanCallback
+from keras_gpu_tools.logdir import claim as logdir_claim
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import topology as topo
@@ -282,6 +283,7 @@ class FitCallback(LeanCallback):
         try:
             self._output = FitOutput.of(session, ki.find_callback_list(self.model))
             self._join_job(session)
+            self._claim_log_dir()
             self._epoch_keys, self._brief = frozenset(), None
             self._start_fit(session)
             if getattr(self, "epoch_logs", True):
@@ -306,6 +308,21 @@ class FitCallback(LeanCallback):
         self._end_fit(aborted=True)
 
     # -- internals -----------------------------------------------------------------------------
+    _claimed: str | None = None  # the log directory this fit claimed (logdir/claim.py)
+
+    def _claim_log_dir(self) -> None:
+        """Whether another training writes our log directory now: then this fit's runs are its own, one level down."""
+        log_dir = getattr(self, "log_dir", None)
+        if not log_dir or self.topology.multi_process:  # a job's processes have runs of their own already
+            return
+        self._claimed = str(log_dir)
+        self.topology = dataclasses.replace(self.topology, training=logdir_claim.claim(self._claimed))
+
+    def _release_log_dir(self) -> None:
+        claimed, self._claimed = self._claimed, None
+        if claimed is not None:
+            logdir_claim.release(claimed)
+
     def _end_fit(self, aborted: bool, session: FitSession | None = None) -> None:
         """Runs ``_stop_fit`` once for the fit of ``session`` (None: whichever is running)."""
         current = None
@@ -319,6 +336,7 @@ class FitCallback(LeanCallback):
                     self._stop_fit(aborted)
                 finally:
                     self._stopping = False
+                    self._release_log_dir()
         finally:
             if current is not None:
                 # Outside the lock: the last release closes the session and waits for its thread,

@@ -21,6 +21,7 @@ from keras_gpu_tools.profiling.capture import WindowCapture, write_capture
 from keras_gpu_tools.profiling.job_session import JobSessions
 from keras_gpu_tools.profiling.layer_table import LayerTable
 from keras_gpu_tools.profiling.layer_window import LayerTables
+from keras_gpu_tools.profiling.progress import WindowSteps
 from keras_gpu_tools.profiling.schedule import WindowSchedule
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import validation as check
@@ -31,6 +32,7 @@ from keras_gpu_tools.runtime.warn_once import WarnOnce
 logger = logging.getLogger("keras_gpu_tools")
 
 _END_OF_DATA = ("StopIteration", "OutOfRangeError")
+_WINDOW_STEP = "profiler_window_step"  # a window's call's first global step, in its record's extra
 
 
 class ProfilerWindow(FitCallback):
@@ -40,8 +42,8 @@ class ProfilerWindow(FitCallback):
     `StepTraceAnnotation`, torch's `ProfilerStep#N`), so TensorBoard's Profile tab gets the per-step breakdown that
     Keras's own `TensorBoard(profile_batch=...)` trace lacks ("No step time measured").
 
-    Steps are counted globally (across epochs and `fit()` calls, from 0); a step is one call of Keras's train
-    function (N batches with `steps_per_execution=N`).
+    Steps are batches, counted globally (across epochs and `fit()` calls, from 0). With `steps_per_execution=N` a
+    window runs whole calls of N steps from the first call at or past `start_step`; its figures stay per step.
 
     Traces go to `log_dir/<run_name>/plugins/profile/<timestamp>/`, which TensorBoard's Profile tab shows
     (`tensorboard-plugin-profile`): `.xplane.pb` on TensorFlow and JAX (JAX needs Python 3.12 or newer); torch
@@ -57,7 +59,8 @@ class ProfilerWindow(FitCallback):
     window's traces form one multi-host session of the run `log_dir/<run_name>/job`. Each process writes its own
     line and conclusion to `log_dir/<run_name>/process_<i>`; process 0 also writes the job's (every process's mean
     step time, xprof's conclusion over all traces) to the job's run and `captures[i].job_*`. Without the job's
-    key-value store each process keeps its sessions in its own run. Call `trigger()` on every process.
+    key-value store each process keeps its sessions in its own run. Call `trigger()` on every process. Another
+    training writing the same `log_dir` at once (no job) writes its runs under `log_dir/<run_name>/<host>_pid<pid>`.
 
     A profiler session started by someone else (Keras's `profile_batch`) is left alone: the window is skipped with a
     warning. A profiler error never stops training; the profiler is always stopped, also when fit() raises.
@@ -133,24 +136,20 @@ class ProfilerWindow(FitCallback):
 
         self.captures: list[WindowCapture] = []
         self.warnings = WarnOnce(ProfilerWarning)
-        self._active: prof.Window | None = None
-        self._active_reason, self._active_done, self._active_wall = "", 0, 0.0  # the active window's
+        self._steps = WindowSteps(self._schedule)  # each call's global step; the running window and its tally
         self._profiler: ProfilerSession | None = None  # this fit's profiler session (the backend's)
-        self._index0 = self._step0 = 0  # the hook's call index of global step `_step0`
         self._fit_start_step = self._fit_captures = 0  # this fit's first step, and captures before it
         self._attachment: Attachment | None = None
         self._analyses: list[threading.Thread] = []
         self._lock = threading.RLock()
         self._bytes_per_step: float | None = None
-        self._sessions_before: set = set()
         self._job: JobSessions | None = None  # this fit's, in a job whose processes agreed on the session names
         self._inputs = ProfiledWindows()  # each window's input wait, until it is reported
 
     def trigger(self, num_steps: int | None = None) -> None:
         """Profiles the next `num_steps` steps (defaults to `num_steps`), unless a window is running."""
-        self._schedule.triggered = (
-            self.num_steps if num_steps is None else check.check_int("num_steps", num_steps, low=1)
-        )
+        n = self.num_steps if num_steps is None else check.check_int("num_steps", num_steps, low=1)
+        self._schedule.triggered = n
         self._reschedule()
 
     def wait_for_analysis(self, timeout: float = 120.0) -> None:
@@ -163,8 +162,8 @@ class ProfilerWindow(FitCallback):
         """Time per Keras layer in a profiled window (the last by default; `window` indexes them by start step).
 
         `rows` (`LayerRow`: `path`, `calls`, `ms_per_step`, `share`, `forward_ms`, `backward_ms`, `flops_per_step`,
-        `peak_activation_bytes`; None where the trace gives none) come heaviest first; the loss and optimizer are
-        `"(outside layers)"`. Waits for the analysis; None before any window or without a profiler (said once).
+        `peak_activation_bytes` (torch only); None where the trace gives none) come heaviest first; the loss and
+        optimizer are `"(outside layers)"`. Waits for the analysis; None before any window or without a profiler.
         """
         self.wait_for_analysis()
         return self._layers.table(window)
@@ -189,15 +188,14 @@ class ProfilerWindow(FitCallback):
         self._job_events()  # process 0 of a job: the job's run at once
         det = next((c for c in ki.find_callback_list(self.model) if hasattr(c, "high_threshold")), None)
         self._inputs = ProfiledWindows(*((det.moderate_threshold, det.high_threshold) if det else ()))
-        self._attachment = StepHook.attach(self.model, self, self.backend, session)  # last
-        self._index0 = self._attachment.hook.next_index  # hook call index of global step `_step0`
-        self._step0 = self._global_step
+        self._attachment = att = StepHook.attach(self.model, self, self.backend, session)  # last
+        self._steps.start_fit(att.hook.next_index, self._global_step, att.hook.steps_per_execution)
         self._reschedule()
 
     def _stop_on_training_thread(self) -> bool:
         # torch's profiler can only be stopped from the thread that started it: after a failed fit
         # the hook stays in place while such a window runs, and the next fit()'s first step stops it.
-        return self._active is not None and self._profiler is not None and self._profiler.owner_thread_only
+        return self._steps.window is not None and self._profiler is not None and self._profiler.owner_thread_only
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self.every_n_epochs:
@@ -206,19 +204,21 @@ class ProfilerWindow(FitCallback):
                 self._reschedule()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._inputs.waiting() and self._attachment is not None and self._attachment.active:
-            self._attachment.hook.flush()  # a window's last step: its interval ends with the epoch's steps
+        hook = self._hook
+        if hook is not None and self._inputs.waiting():
+            hook.flush()  # a window's last step: its interval ends with the epoch's steps
+        if hook is not None:  # the next epoch counts on from where Keras says this one ended
+            self._global_step = self._steps.end_epoch(hook.next_index, (self.params or {}).get("steps"))
 
     def sample(self, index: int) -> bool:
-        """A window's first and last steps are synced, for its input wait; markers need no sync."""
-        step, w = self._step0 + index - self._index0, self._active
-        if w is None:  # a window starting here
-            return self._schedule.triggered is not None or self._schedule.next_start(step) == step
-        return self._inputs.wants_sync(step, w.start, w.end) or self._layers.wants_step(step)
+        """A window's first and last calls are synced, for its input wait; markers need no sync."""
+        return self._steps.wants(index, self._layers.wants_call(self._steps.calls))
 
     def on_step(self, record: StepRecord) -> None:
         self._layers.on_step(record)  # a window's step's shapes, for its FLOPs per layer
-        self._inputs.on_step(record, self._step0 + record.index - self._index0)
+        step = record.extra.get(_WINDOW_STEP)
+        if step is not None:  # a call of a window
+            self._inputs.on_step(record, step)
 
     def on_detach(self, stale: bool) -> None:
         if stale:
@@ -226,34 +226,33 @@ class ProfilerWindow(FitCallback):
 
     def next_sample(self, index: int) -> int | None:
         """The next hook call this callback needs: every call of a window, else the next window's start."""
-        if self._active is not None or self._schedule.triggered is not None or self._attachment is None:
-            return index  # (no attachment yet: attach() asks before the step count is set)
-        step = self._step0 + index - self._index0
-        start = self._schedule.next_start(step)
-        return None if start is None else index + start - step
+        # (no attachment yet: attach() asks before the step count is set)
+        return index if self._attachment is None else self._steps.next_call(index)
+
+    @property
+    def _hook(self) -> StepHook | None:
+        return self._attachment.hook if self._attachment is not None and self._attachment.active else None
 
     def _reschedule(self) -> None:
-        att = self._attachment
-        if att is not None and att.active:
-            att.hook.reschedule()
+        if self._hook is not None:
+            self._hook.reschedule()
 
-    def _sync_step(self) -> None:
-        """Brings the global step up to date with the calls the hook made on its fast path."""
-        att = self._attachment
-        if att is not None and att.active:
-            self._global_step = self._step0 + att.hook.next_index - self._index0
+    def _sync_step(self) -> None:  # the global step, up to date with the calls the hook made on its fast path
+        if self._hook is not None:
+            self._global_step = self._steps.step_of(self._hook.next_index)
 
     def around(self, record: StepRecord, call: Callable[[], Any]) -> Any:
-        step = self._step0 + record.index - self._index0
-        self._global_step = step
-        if self._active is None:
-            window, reason = self._schedule.starting_at(step)
-            if window is not None:
-                self._start_window(window, reason)
-        if self._active is None:
+        steps = self._steps
+        step = self._global_step = steps.step_of(record.index)
+        if steps.window is None:
+            window, asked, reason = steps.starting(step)
+            if window is not None and asked is not None:
+                self._start_window(window, asked, reason)
+        if steps.window is None:
             out = call()
-            self._global_step += 1
+            self._global_step += steps.spe
             return out
+        record.extra[_WINDOW_STEP] = step
         t0 = time.perf_counter()
         try:
             with self._profiler.step(step):  # type: ignore[union-attr]  # set in any window; no assert per step
@@ -262,11 +261,13 @@ class ProfilerWindow(FitCallback):
             if type(e).__name__ not in _END_OF_DATA:
                 self._stop_window("cut short", meet=False)  # this step failed here: the others may not stop now
             raise
-        self._active_wall += time.perf_counter() - t0
-        self._active_done += 1
-        self._global_step += 1
-        if self._global_step >= self._active.end:
-            self._stop_window(self._active_reason, outputs=out)
+        self._global_step += steps.spe
+        last = steps.add(record.steps)  # the steps the call ran (set by the backend's caller)
+        if last:  # the window's time ends when its last step has run, not when it was dispatched
+            profiled.sync_quietly(self.backend, out)
+        steps.wall += time.perf_counter() - t0
+        if last:
+            self._stop_window(steps.reason, outputs=out)
         return out
 
     def _say(self, line: str) -> None:
@@ -274,36 +275,34 @@ class ProfilerWindow(FitCallback):
         if self.verbose:
             self._print(line)
 
-    def _start_window(self, window: prof.Window, reason: str) -> None:
+    def _start_window(self, window: prof.Window, asked: prof.Window, reason: str) -> None:
+        """Starts ``window``, the one ``asked`` for, from the call where it starts (at its start, or after it)."""
         opts, bps, warn, quiet = self.options, self._bytes_per_step, self.warnings, self.verbose < 2
-        before, why = profiled.start(self._profiler, self._required_run_dir, opts, window, bps, warn, quiet)
-        if before is None:
+        staging, why = profiled.start(self._profiler, self._required_run_dir, opts, window, bps, warn, quiet)
+        if staging is None:
             self._schedule.skip_until = window.end - 1
             if self._job is not None:  # the others would wait at the window's end: told at once instead
                 self._job.gather.give_up(f"process {self.topology.process_index} skipped a window: {why}")
             return
-        self._sessions_before, self._active = before, window
+        self._steps.begin(window, asked, reason, staging)
         if self.layers:
             self._layers.start_window(self._profiler, window.start, self._attachment)  # never self.model in a step
         self._inputs.start(window.start, window.steps)
         if self._stop_on_training_thread() and self._session is not None:
             self._session.watch_unwind(True)  # stop it on the training thread the moment fit() raises
-        self._active_reason, self._active_done, self._active_wall = reason, 0, 0.0
 
     def _stop_window(self, reason: str, outputs=None, meet: bool = True) -> None:
         """Stops the window's profiler and reports it; ``meet``: the job's processes meet here (not on an abort)."""
         with self._lock:
-            window, self._active = self._active, None
+            steps = self._steps
+            window = steps.end()
             if window is None:
                 return
             if self._session is not None:
                 self._session.watch_unwind(False)
             job = self._job if self._job is not None and self._job.active else None
-            done, wall, before = self._active_done, self._active_wall, self._sessions_before
-            quiet, run_dir = self.verbose < 2, self._required_run_dir
-            capture, session = profiled.stop(
-                self._profiler, run_dir, before, window, done, wall, reason, outputs, job, self.warnings, quiet
-            )
+            quiet, run_dir, warn = self.verbose < 2, self._required_run_dir, self.warnings
+            capture, session = profiled.stop(self._profiler, run_dir, window, steps, reason, outputs, job, warn, quiet)
             self._layers.stop_window()
             self.captures.append(capture)
             if capture.num_steps and capture.size_bytes:
@@ -314,8 +313,9 @@ class ProfilerWindow(FitCallback):
                 report_job(self._analyses, capture, self._job_writer, self._say, self.analyze, quiet)
             xplanes = [f for f in capture.files if f.endswith(".xplane.pb")]
             analyze = bool(self.analyze and xplanes and prof.xprof_available())
-            join = WindowJoin(analyze, lambda lines, fig: report_input(capture, lines, fig, self._say, self._writer))
-            self._inputs.stop(window.start, done, join, complete=reason != "cut short")
+            report = lambda lines, fig: report_input(capture, lines, fig, self._say, self._writer)  # noqa: E731
+            join = WindowJoin(analyze, report, steps_per_marker=steps.spe)
+            self._inputs.stop(window.start, capture.num_steps, join, complete=reason != "cut short")
             after = (lambda: self._layers.analyze(capture, self._writer, self._say)) if self.layers else None
             if analyze:
                 name, isolated, done_ = "keras_gpu_tools-ProfilerWindow-xprof", job is not None, join.xprof
@@ -332,7 +332,7 @@ class ProfilerWindow(FitCallback):
                 attachment.hook.flush()  # the last step's record, for a window that ended with the fit
             attachment.detach()  # the train function is Keras's own again
         with self._lock:
-            if self._active is not None:
+            if self._steps.window is not None:
                 # After a failure the other processes may be gone: no meeting (it would wait for them).
                 self._stop_window("cut short", meet=not aborted)
         self._inputs.finish_all()

@@ -305,10 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "--layout",
         default="latest",
-        metavar="{latest,single,job}",
+        metavar="{latest,single,job,<host>_pid<pid>}",
         help="a log directory reused by a single-process fit and a job of several processes: report the runs "
         "written last (latest, the default), the single process's (single) or the job's (job); "
-        "the report names the runs it leaves out",
+        "a second training that wrote it at the same time: its name; the report names the runs it leaves out",
     )
     rep.set_defaults(func=_report)
     return p

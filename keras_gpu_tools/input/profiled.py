@@ -2,9 +2,11 @@
 
 ProfilerWindow hands every step record here (:meth:`ProfiledWindows.on_step`);
 the records of a window's steps go to a :class:`~keras_gpu_tools.input.timing.StepStats`
-of its own. The window's first and last steps are synced (:meth:`ProfiledWindows.wants_sync`):
-the first ends the step before it, the last makes its interval end where
-the next step starts, and on TensorFlow both time the fetch. When the last
+of its own. The window's first and last calls of the train function are
+synced (ProfilerWindow asks the hook): the first ends the call before it, the
+last makes its interval end where the next call starts, and on TensorFlow
+both time the fetch. Steps are batches: a record of a call with
+``steps_per_execution=N`` counts its N steps. When the last
 step's record is in (or the window ends early), its figure goes to the
 window's :class:`~keras_gpu_tools.input.xprof.WindowJoin`, which waits for
 xprof's conclusion where one is coming.
@@ -46,11 +48,6 @@ class ProfiledWindows:
         """Whether a stopped window waits for its last step's record."""
         return any(o.join is not None for o in self._open)
 
-    @staticmethod
-    def wants_sync(step: int, start: int, end: int) -> bool:
-        """Whether global ``step`` of the window ``[start, end)`` is synced: its first and its last."""
-        return step in (start, end - 1)
-
     def stop(self, start: int, done: int, join: WindowJoin, complete: bool) -> None:
         """The window begun at ``start`` stopped after ``done`` steps; ``complete``: its last record is still to come."""
         for o in self._open:
@@ -61,12 +58,12 @@ class ProfiledWindows:
                 return
 
     def on_step(self, record: StepRecord, step: int) -> None:
-        """The record of the call at global ``step`` (a step is a call of the train function), for its window."""
+        """The record of the call that starts at global ``step`` (its ``steps`` steps), for its window."""
         for o in list(self._open):
             if o.start <= step < o.end:
                 o.stats.add(record)
-                o.seen += 1 + max(int(record.covers), 0) // max(int(record.steps), 1)  # covers counts batches
-                if o.join is not None and step + 1 >= o.end:
+                o.seen += max(int(record.steps), 1) + max(int(record.covers), 0)  # covers counts steps too
+                if o.join is not None and o.seen >= o.end - o.start:
                     self._finish(o)
 
     def finish_all(self) -> None:

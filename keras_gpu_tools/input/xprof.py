@@ -175,11 +175,14 @@ class WindowJoin:
     Our figure comes on the training thread when the window's last step record
     arrives; xprof's on its conversion thread. ``expect_xprof=False``: no
     analysis will come. ``report(lines, result)`` runs once, on the thread that
-    completes the pair.
+    completes the pair. ``steps_per_marker``: the steps of one of xprof's steps
+    (a step marker is one call of the train function: N steps with
+    ``steps_per_execution=N``), so that its step time compares per step.
     """
 
-    def __init__(self, expect_xprof: bool, report: Callable[[list[str], WindowInput], None]):
+    def __init__(self, expect_xprof: bool, report: Callable[[list[str], WindowInput], None], steps_per_marker: int = 1):
         self._lock = threading.Lock()
+        self._per_marker = max(int(steps_per_marker), 1)  # steps in one of xprof's steps (steps_per_execution)
         self._ours: SpanFigure | None = None
         self._xprof: tuple[str, float | None, float | None] | None = None if expect_xprof else ("", None, None)
         self._expect = expect_xprof
@@ -194,7 +197,9 @@ class WindowJoin:
     def xprof(self, analysis: TraceAnalysis) -> None:
         """xprof's analysis of the window (its conclusion, else its error)."""
         with self._lock:
-            self._xprof = (analysis.conclusion or analysis.error, analysis.input_percent, analysis.step_time_ms)
+            step_ms = analysis.step_time_ms
+            per_step = step_ms / self._per_marker if step_ms is not None else None  # xprof's step: one call
+            self._xprof = (analysis.conclusion or analysis.error, analysis.input_percent, per_step)
         self._maybe_report()
 
     def _maybe_report(self) -> None:

@@ -7,18 +7,29 @@ are also the keys of Keras's ``History``: lowercase, slash-grouped, with the uni
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 
 # -- Runs: one TensorBoard run per callback, split per process in a job of several.
 PROCESS_RUN_PREFIX = "process_"
 JOB_RUN = "job"  # the job-wide figures, written by process 0
 PROCESS_RUN_RE = re.compile(r"^(?:(.+)/)?process_(\d+)$")
 JOB_RUN_RE = re.compile(r"^(?:(.+)/)?job$")
+# A second training writing the log directory at the same time: its runs one level down (logdir/claim.py).
+TRAINING_NAME_RE = re.compile(r"^[A-Za-z0-9.\-]+_pid\d+$")
+TRAINING_RUN_RE = re.compile(r"^(.+)/([A-Za-z0-9.\-]+_pid\d+)$")
 
 
 def process_run(index: int) -> str:
     """The run name of process ``index`` of a job."""
     return f"{PROCESS_RUN_PREFIX}{index}"
+
+
+def training_run(host: str | None = None, pid: int | None = None) -> str:
+    """The name under each run of a training that found another writing its log directory: ``<host>_pid<pid>``."""
+    host = re.sub(r"[^A-Za-z0-9.\-]", "-", host if host is not None else socket.gethostname()) or "host"
+    return f"{host}_pid{os.getpid() if pid is None else pid}"
 
 
 # -- Text and JSON tags. A callback writes a readable text under a tag (TensorBoard's Text tab) and,

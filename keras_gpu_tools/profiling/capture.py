@@ -25,10 +25,10 @@ class WindowCapture:
     """What one profiled window produced."""
 
     start_step: int
-    num_steps: int  # steps actually captured
+    num_steps: int  # steps actually captured (batches: N per call with steps_per_execution=N)
     files: list[str] = field(default_factory=list)
     size_bytes: int = 0
-    mean_step_ms: float | None = None
+    mean_step_ms: float | None = None  # per step: the window's wall time over its steps
     reason: str = "scheduled"  # scheduled, triggered, cut short, failed
     analysis: TraceAnalysis | None = None
     #: process 0 of a job of several: every process's trace file of the window's session
@@ -39,6 +39,12 @@ class WindowCapture:
     job_analysis: TraceAnalysis | None = None
     #: the window's input wait as the detector measures it, beside xprof's (a WindowInput, once known)
     input: Any = None
+    #: steps per call of the train function; each call is one step marker in the trace
+    steps_per_execution: int = 1
+    #: calls of the train function the window ran (0: not counted)
+    calls: int = 0
+    #: the steps as scheduled, where the window ran others (it starts and ends where a call does)
+    asked: str = ""
 
     @property
     def trace_dir(self) -> str | None:
@@ -49,7 +55,19 @@ class WindowCapture:
         mean = f", mean step {self.mean_step_ms:.2f} ms" if self.mean_step_ms is not None else ""
         return (
             f"ProfilerWindow: {steps_name(self.start_step, self.num_steps)} ({self.reason}) -> {where} "
-            f"({self.size_bytes / 2**20:.1f} MiB{mean})"
+            f"({self.size_bytes / 2**20:.1f} MiB{mean}){self.execution_note()}"
+        )
+
+    def execution_note(self) -> str:
+        """What a step marker of the trace is, with ``steps_per_execution=N`` ("" where it is one step)."""
+        n = self.steps_per_execution
+        if n <= 1:
+            return ""
+        calls = f"{self.calls} call{'s' if self.calls != 1 else ''}" if self.calls else "calls"
+        asked = f"; scheduled as {self.asked}" if self.asked else ""
+        return (
+            f"; steps_per_execution={n}: {calls} of {n} steps, each one step marker in the trace "
+            f"(xprof's steps are executions of {n} steps; the mean step and the layer table are per step){asked}"
         )
 
     def job_line(self) -> str:

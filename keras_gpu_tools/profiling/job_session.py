@@ -43,10 +43,10 @@ class JobSessions:
         """The folder of a window's session (``label``: ``steps_<first>_<last>``)."""
         return os.path.join(self.job_run_dir, "plugins", "profile", f"{self.prefix}_{label}")
 
-    def move_in(self, run_dir: str, before: set, pattern: str, label: str) -> list[str]:
-        """Moves what this process's profiler just wrote under ``run_dir`` into the window's session."""
+    def move_in(self, staging: str, pattern: str, label: str) -> list[str]:
+        """Moves what this process's profiler just wrote under ``staging`` into the window's session."""
         index = self.gather.topology.process_index
-        return prof.move_to_job_session(run_dir, before, pattern, self.session(label), index)
+        return prof.move_to_job_session(staging, set(), pattern, self.session(label), index)
 
     def meet(self, window: prof.Window, capture: WindowCapture, session: str) -> bool:
         """Once per window: every process has moved its trace in; on process 0 the job's figures go into ``capture``.

@@ -44,22 +44,30 @@ class LayerTable:
         head = f"Time per layer, {steps_name(self.start_step, self.num_steps)}"
         if self.error:
             return f"{head}: none ({self.error})." + (f"\n\n{self.note}" if self.note else "")
+        peaks = any(r.peak_activation_bytes is not None for r in self.rows)  # torch's allocator, where traced
         lines = [
             f"{head} ({self.source}; {self.total_ms_per_step or 0:.3f} ms per step in all):",
             "",
-            "| layer | calls | ms/step | share | forward ms | backward ms | FLOPs/step |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "| layer | calls | ms/step | share | forward ms | backward ms | FLOPs/step |"
+            + (" peak MiB |" if peaks else ""),
+            "| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if peaks else ""),
         ]
         for r in self.rows[:limit]:
             flops = "-" if r.flops_per_step is None else f"{r.flops_per_step:.3g}"
+            peak = "-" if r.peak_activation_bytes is None else f"{r.peak_activation_bytes / 2**20:.2f}"
             lines.append(
                 f"| {r.path} | {r.calls or '-'} | {r.ms_per_step:.3f} | {100 * r.share:.1f}% | "
-                f"{r.forward_ms:.3f} | {r.backward_ms:.3f} | {flops} |"
+                f"{r.forward_ms:.3f} | {r.backward_ms:.3f} | {flops} |" + (f" {peak} |" if peaks else "")
             )
         if len(self.rows) > limit:
-            lines.append(f"| ... {len(self.rows) - limit} more | | | | | | |")
+            lines.append(f"| ... {len(self.rows) - limit} more | | | | | | |" + (" |" if peaks else ""))
         if self.flops_per_step is not None:
             lines += ["", f"FLOPs/step: {self.flops_per_step:.3g} in all, forward and backward ({self.flops_source})."]
+        if peaks:
+            lines += [
+                "",
+                "Peak MiB: the allocator's highest rise inside the layer's forward range (sublayers included).",
+            ]
         if self.note:
             lines += ["", self.note]
         return "\n".join(lines)
@@ -103,6 +111,9 @@ def build_table(
         found: TraceOps = xplane_ops(xplanes) if xplanes else torch_ops(torch_files)
         steps = found.steps or num_steps
         table.rows, table.total_ms_per_step = attribute(found.ops, tree, steps, found.calls)
+        if found.peaks is not None:  # the allocator's, where the trace has it (torch): never for a row it has not
+            for row in table.rows:
+                row.peak_activation_bytes = found.peaks.get(row.path)
         table.source = found.source
         if not found.ops:
             table.error = "the trace has no op times (a device tracer off, or steps that ran nothing)"

@@ -13,7 +13,10 @@ without the counted ops nested in it, so nothing counts twice).
 - ``.pt.trace.json`` (torch): an op belongs to the innermost
   ``keras_layer::<path>`` range around it (forward); a backward op to the
   layer of the forward op with the same autograd sequence number; a GPU
-  kernel to the op that launched it (its ``correlation``).
+  kernel to the op that launched it (its ``correlation``). A layer's peak
+  memory is the allocator's (``profile_memory``): the highest its thread's
+  allocations less frees rose inside one of the layer's ranges, on the GPU
+  where there is one (:func:`range_peaks`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class TraceOps:
     source: str = ""  # "device kernels" or "host ops"
     calls: dict[str, int] | None = None  # counted calls per layer path, per step (torch)
     steps: int | None = None  # steps marked in the trace (torch)
+    peaks: dict[str, int] | None = None  # the allocator's peak bytes inside a layer's range (torch; None: not traced)
 
 
 # ---------------------------------------------------------------------------
@@ -152,10 +156,17 @@ def torch_ops(paths: Iterable[str]) -> TraceOps:
     kernels: list[dict] = []
     ops: list[OpTime] = []
     calls: dict[str, int] = {}
+    peaks: dict[str, int] | None = None
     steps = 0
     for path in paths:
         with open(path) as f:
-            events = [e for e in json.load(f).get("traceEvents", []) if e.get("ph") == "X"]
+            every = json.load(f).get("traceEvents", [])
+        events = [e for e in every if e.get("ph") == "X"]
+        found = range_peaks(every)
+        if found is not None:
+            peaks = peaks or {}
+            for p, n in found.items():
+                peaks[p] = max(peaks.get(p, 0), n)
         marks = sorted(
             (float(e.get("ts", 0)), float(e.get("ts", 0)) + float(e.get("dur", 0)), n)
             for n, e in enumerate(e for e in events if str(e.get("name", "")).startswith("ProfilerStep#"))
@@ -192,9 +203,50 @@ def torch_ops(paths: Iterable[str]) -> TraceOps:
             ops, kernels = device, []
             out.source = "device kernels"
     out.source = out.source or "host ops"
-    out.ops, out.steps = ops, steps
+    out.ops, out.steps, out.peaks = ops, steps, peaks
     out.calls = {p: max(1, round(n / max(steps, 1))) for p, n in calls.items()}
     return out
+
+
+def range_peaks(events: list[dict]) -> dict[str, int] | None:
+    """The allocator's peak inside each layer range: bytes its thread allocated less freed, at their highest.
+
+    From torch's ``[memory]`` events (``profile_memory=True``): within each
+    ``keras_layer::<path>`` range, the running sum of the ``Bytes`` of the
+    allocations and frees on the range's own thread (other threads' allocations,
+    the input pipeline's, are not the layer's), its highest point above the
+    range's start; a layer called several times keeps its largest. The GPU's
+    events where there are any, else the CPU's. None: the trace has no memory
+    events (memory was not profiled).
+    """
+    memory = [e for e in events if e.get("name") == "[memory]" and isinstance(e.get("args"), dict)]
+    if not memory:
+        return None
+    gpu = any(e["args"].get("Device Type") == 1 for e in memory)
+    kind = 1 if gpu else 0
+    by_thread: dict = {}
+    for e in memory:
+        if e["args"].get("Device Type") == kind:
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(
+                (float(e.get("ts", 0)), int(e["args"].get("Bytes", 0)))
+            )
+    for evs in by_thread.values():
+        evs.sort()
+    peaks: dict[str, int] = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        if e.get("ph") != "X" or e.get("cat") != "user_annotation" or not name.startswith(TORCH_SCOPE):
+            continue
+        start = float(e.get("ts", 0))
+        end = start + float(e.get("dur", 0))
+        evs = by_thread.get((e.get("pid"), e.get("tid")), [])
+        level = peak = 0
+        for _, n in evs[bisect.bisect_left(evs, (start, -(1 << 62))) : bisect.bisect_right(evs, (end, 1 << 62))]:
+            level += n
+            peak = max(peak, level)
+        path = name[len(TORCH_SCOPE) :]
+        peaks[path] = max(peaks.get(path, 0), peak)
+    return peaks
 
 
 def _walk_thread(evs: list[dict], seq_layer: dict, launches: dict, top: list, calls: dict) -> None:

@@ -68,9 +68,9 @@ class LayerTables:
             self._hook, self._asked = attachment.hook, attachment.hook.capture_args
             self._hook.capture_args = True
 
-    def wants_step(self, step: int) -> bool:
-        """Whether global ``step`` runs on the hook's full path for its arguments: a window's second step."""
-        return self._hook is not None and step == self._window + 1
+    def wants_call(self, call: int) -> bool:
+        """Whether the window's ``call``-th call (from 0) runs on the hook's full path for its arguments: its second."""
+        return self._hook is not None and call == 1
 
     def on_step(self, record: Any) -> None:
         """Keeps the shapes of the window's first step whose arguments the hook kept (on the training thread)."""
@@ -99,7 +99,9 @@ class LayerTables:
             if step is not None:
                 return backend.layer_flops(*step)
             if getattr(backend, "traced_flops", False):
-                return None, "no step of the window was counted (a window of one step, or one cut short)"
+                return None, (
+                    "no step of the window was counted (a window of one call of the train function, or one cut short)"
+                )
             return None, "this backend counts no FLOPs"
 
         table = build_table(capture.start_step, capture.num_steps, capture.files, self._tree, why, flops)

@@ -162,6 +162,9 @@ class LayerRow:
     forward_ms: float = 0.0  # per step
     backward_ms: float = 0.0  # per step
     flops_per_step: float | None = None
+    #: torch only: the allocator's peak inside the layer's range, its sublayers' included (bytes its
+    #: thread allocated less freed, at their highest above the range's start; the largest call of the
+    #: window). None on TensorFlow and JAX, whose traces book memory to no layer, and for the OUTSIDE row.
     peak_activation_bytes: int | None = None
 
 

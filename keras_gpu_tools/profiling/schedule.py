@@ -4,8 +4,13 @@ Steps are global: counted across epochs and fit() calls from 0. At most one
 of ``windows``, ``every_n_steps`` and ``every_n_epochs`` is given; without
 any, one window of ``num_steps`` steps starts at ``start_step``. With
 ``every_n_epochs`` a window starts ``start_step`` steps into every N-th
-epoch (:meth:`WindowSchedule.epoch_begins`). :meth:`WindowSchedule.trigger`
-asks for a window at the next step.
+epoch (:meth:`WindowSchedule.epoch_begins`). ``triggered`` asks for a window
+at the next step.
+
+With ``steps_per_execution=N`` a call of the train function runs N steps, so a
+window can only start where a call starts: it starts at the first call whose
+first step is at or past its ``start_step`` (:meth:`WindowSchedule.starting_at`
+with ``n=N``), and the caller runs whole calls until it has its steps.
 """
 
 from __future__ import annotations
@@ -95,13 +100,29 @@ class WindowSchedule:
             return self.start_step + k * self.every_n_steps
         return self.start_step if self.start_step >= low else None
 
-    def starting_at(self, step: int) -> tuple[Window | None, str]:
-        """The window that starts at ``step``, and why (``"scheduled"``, ``"triggered"``, ...); (None, "") if none."""
+    def fires(self, step: int, n: int = 1) -> bool:
+        """Whether a scheduled window starts in the call of ``n`` steps that begins at global ``step``."""
+        start = self.next_start(step - n + 1)
+        return start is not None and start <= step
+
+    def first_call(self, step: int, n: int = 1) -> int | None:
+        """How many calls of ``n`` steps from the one at ``step`` until the next window starts (None: none to come)."""
+        start = self.next_start(step - n + 1)
+        return None if start is None else max(0, -(-(start - step) // n))
+
+    def starting_at(self, step: int, n: int = 1) -> tuple[Window | None, str]:
+        """The window that starts in the call of ``n`` steps beginning at ``step``, and why; (None, "") if none.
+
+        Its start is the scheduled one (at most ``n - 1`` steps before ``step``); the reason is
+        ``"scheduled"``, ``"triggered"``, ``"every N steps"`` or ``"every N epoch(s)"``.
+        """
         if self.triggered is not None:
-            n, self.triggered = self.triggered, None
-            return Window(step, n), "triggered"
-        if step <= self.skip_until:
+            k, self.triggered = self.triggered, None
+            return Window(step, k), "triggered"
+        start = self.next_start(step - n + 1)
+        if start is None or start > step:
             return None, ""
+        step = start
         if self.windows is not None:
             for w in self.windows:
                 if w.start == step:

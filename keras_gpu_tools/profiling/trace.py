@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime.native_logs import quiet_native_logs
 from keras_gpu_tools.runtime.validation import check_pairs
 
@@ -57,22 +58,46 @@ def session_dirs(run_dir: str) -> set:
     return set(glob.glob(os.path.join(run_dir, "plugins", "profile", "*")))
 
 
-def claim_session(run_dir: str, before: set, pattern: str, label: str) -> list[str]:
-    """Renames the session folder(s) a capture just wrote to ``<name>_<label>``.
+def staging_dir(run_dir: str) -> str:
+    """Where this process's profiler writes a window (``run_dir/plugins/.staging_<host>_pid<pid>``), fresh.
+
+    Never the run's own ``plugins/profile``: another process profiling into the
+    same run in the same second would write the same ``<timestamp>/<host>.*``
+    there, and each would take the other's session for its own.
+    """
+    path = os.path.join(run_dir, "plugins", f".staging_{schema.training_run()}")
+    shutil.rmtree(path, ignore_errors=True)  # what a window of this process that died left
+    return path
+
+
+def claim_session(run_dir: str, staging: str, pattern: str, label: str) -> list[str]:
+    """Moves the session folder(s) the profiler wrote under ``staging`` into the run as ``<name>_<label>``.
 
     The profilers name sessions by the second, so two windows in one second
     would write into the same folder; a unique name per window prevents that
-    and tells the windows apart in TensorBoard's session list.
+    and tells the windows apart in TensorBoard's session list. The folder is
+    made with an exclusive ``mkdir``: another process claiming the same name
+    at the same moment gets ``<name>_<label>_2``. ``staging`` is removed.
     """
     files = []
-    for folder in sorted(session_dirs(run_dir) - before):
-        target = f"{folder}_{label}"
-        n = 1
-        while os.path.exists(target):
-            n += 1
-            target = f"{folder}_{label}_{n}"
-        os.rename(folder, target)
-        files.extend(sorted(glob.glob(os.path.join(target, pattern))))
+    profile = os.path.join(run_dir, "plugins", "profile")
+    os.makedirs(profile, exist_ok=True)
+    try:
+        for folder in sorted(session_dirs(staging)):
+            base = os.path.join(profile, f"{os.path.basename(folder)}_{label}")
+            target, n = base, 1
+            while True:
+                try:
+                    os.mkdir(target)
+                    break
+                except FileExistsError:
+                    n += 1
+                    target = f"{base}_{n}"
+            for name in sorted(os.listdir(folder)):
+                os.replace(os.path.join(folder, name), os.path.join(target, name))
+            files.extend(sorted(glob.glob(os.path.join(target, pattern))))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return files
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from keras_gpu_tools.logdir.writer import is_write_error, writes_failed
 from keras_gpu_tools.profiling import trace as prof
 from keras_gpu_tools.profiling.capture import WindowCapture, steps_name
 from keras_gpu_tools.profiling.job_session import JobSessions
+from keras_gpu_tools.profiling.progress import WindowSteps
 from keras_gpu_tools.runtime.native_logs import quiet_native_logs
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -34,8 +36,8 @@ def start(
     bytes_per_step: float | None,
     warn: Warn,
     quiet: bool = True,
-) -> tuple[set | None, str]:
-    """Starts ``profiler`` for ``window``: the session folders before it, or None and why it could not start.
+) -> tuple[str | None, str]:
+    """Starts ``profiler`` for ``window``: the folder it writes to (this process's own), or None and why not.
 
     ``quiet``: the profiler's native log lines go to the logger, not the terminal.
     """
@@ -46,11 +48,12 @@ def start(
             f"{bytes_per_step * window.steps / 2**30:.1f} GiB, judging by the last trace; TensorBoard is "
             "known to crash loading traces over 1 GB. Profile fewer steps.",
         )
+    staging = ""
     try:
-        before = prof.session_dirs(run_dir)
+        staging = prof.staging_dir(run_dir)
         with quiet_native_logs(quiet):
-            profiler.start(run_dir, options)
-        return before, ""
+            profiler.start(staging, options)
+        return staging, ""
     except prof.ProfilerBusy as e:
         warn(
             "busy",
@@ -58,6 +61,7 @@ def start(
             f"{steps_name(window.start, window.steps)} are not captured. Remove `profile_batch` from keras.callbacks.TensorBoard "
             "or stop your own profiler to use ProfilerWindow.",
         )
+        shutil.rmtree(staging, ignore_errors=True)
         return None, "its profiler was busy"
     except Exception as e:
         logger.debug("ProfilerWindow: the profiler could not start", exc_info=True)  # said in a warning, once
@@ -65,26 +69,27 @@ def start(
             ("start", type(e).__name__),
             f"ProfilerWindow: the profiler could not start ({type(e).__name__}: {e}); window skipped, training goes on.",
         )
+        if staging:
+            shutil.rmtree(staging, ignore_errors=True)
         return None, "its profiler could not start"
 
 
 def stop(
     profiler: Any,
     run_dir: str,
-    before: set,
     window: prof.Window,
-    done: int,
-    wall: float,
+    steps: WindowSteps,
     reason: str,
     outputs: Any,
     job: JobSessions | None,
     warn: Warn,
     quiet: bool = True,
 ) -> tuple[WindowCapture, str | None]:
-    """Stops ``profiler`` after ``done`` steps of ``window`` (``wall`` seconds); the capture and its job session.
+    """Stops ``profiler`` after ``window``'s calls (``steps``: their tally); the capture and its job session.
 
-    The trace is claimed under its own session name in ``run_dir``, or, in a
-    job, moved into the job's session for the window (returned; else None).
+    The trace, written under this process's ``steps.staging`` folder, is moved into
+    ``run_dir`` under its own session name, or, in a job, into the job's
+    session for the window (returned; else None).
     """
     failed = False
     try:
@@ -100,17 +105,24 @@ def stop(
                 ("stop", type(e).__name__),
                 f"ProfilerWindow: stopping the profiler failed ({type(e).__name__}: {e}); training goes on.",
             )
+    done, wall, staging = steps.done, steps.wall, steps.staging
     label = schema.window_label(window.start, window.start + done)
     session = None
     if job is None:
-        files = prof.claim_session(run_dir, before, profiler.pattern, label)
+        try:
+            files = prof.claim_session(run_dir, staging, profiler.pattern, label)
+        except OSError as e:  # the trace stays where it was written; training goes on
+            warn(("claim", type(e).__name__), f"ProfilerWindow: moving the trace into {run_dir} failed ({e}).")
+            files = []
     else:
         session = job.session(label)
         try:
-            files = job.move_in(run_dir, before, profiler.pattern, label)
+            files = job.move_in(staging, profiler.pattern, label)
         except OSError as e:  # the trace stays in this process's own run; training goes on
             warn(("move", type(e).__name__), f"ProfilerWindow: moving the trace to {session} failed ({e}).")
             files = []
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     capture = WindowCapture(
         start_step=window.start,
         num_steps=done,
@@ -118,6 +130,9 @@ def stop(
         size_bytes=sum(os.path.getsize(f) for f in files),
         mean_step_ms=1000 * wall / done if done else None,
         reason="failed" if failed else reason,
+        steps_per_execution=steps.spe,
+        calls=steps.calls,
+        asked=steps_name(steps.asked.start, steps.asked.steps) if steps.asked is not None else "",
     )
     if capture.size_bytes > prof.LARGE_TRACE_BYTES:
         warn(
@@ -125,3 +140,11 @@ def stop(
             f"ProfilerWindow: the trace of {steps_name(window.start, window.steps)} is {capture.size_bytes / 2**30:.1f} GiB; TensorBoard may fail to load it.",
         )
     return capture, session
+
+
+def sync_quietly(backend: Any, outputs: Any) -> None:
+    """Waits for the device to finish ``outputs`` (a window's last call: its time ends when its steps have run)."""
+    try:
+        backend.sync(outputs)
+    except Exception as e:  # the window's time is then the host's; the profiler's stop syncs again
+        logger.debug("ProfilerWindow: the window's last sync failed (%s)", e)

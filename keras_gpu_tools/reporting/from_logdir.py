@@ -65,13 +65,19 @@ def gather_log_dir(log_dir: str, title: str | None = None, layout: str = "latest
     ``"single"`` the single process's, ``"job"`` the job's. The runs left out are named in a note.
     Keras's own runs (``train``, ``validation``) and the batch size plan (``plan``, written by
     ``plan_batch_size(log_dir=...)``) belong to neither and are always read.
+
+    Two trainings that wrote the directory at the same time (``logdir/claim.py``) are kept apart:
+    the report covers the first one's runs, or with ``layout="<host>_pid<pid>"`` the other's
+    (``<run>/<host>_pid<pid>``), and a note lists every training.
     """
-    if layout not in LAYOUTS:
+    if layout not in LAYOUTS and not schema.TRAINING_NAME_RE.match(str(layout)):
         raise ValueError(
-            f"Invalid value for argument `layout`. Received: layout={layout!r}. Expected one of {LAYOUTS}."
+            f"Invalid value for argument `layout`. Received: layout={layout!r}. Expected one of {LAYOUTS}, "
+            "or the name of a training that wrote the log directory beside another ('<host>_pid<pid>')."
         )
     log_dir, runs = _runs_of(log_dir)
     data = ReportData(title=title or f"Training report: {printable(log_dir)}")
+    runs, layout = _one_training(data, log_dir, runs, layout)
     runs = _one_layout(data, log_dir, runs, layout)
     scan = _layout(runs)
     data.processes = sorted(set(scan.process_of.values()))
@@ -125,6 +131,46 @@ def _runs_of(log_dir: str) -> tuple[str, list[tuple[str, str, list[str]]]]:
             "TensorBoard event file. Expected the `log_dir` given to the callbacks."
         )
     return checked, runs
+
+
+def _one_training(
+    data: ReportData, log_dir: str, runs: list[tuple[str, str, list[str]]], layout: str
+) -> tuple[list[tuple[str, str, list[str]]], str]:
+    """The runs of one training where several wrote the directory at the same time, and the layout left to pick.
+
+    The first training's runs are named as the callbacks name them; each other one's carry its
+    name one level down (``input/<host>_pid<pid>``). A note lists them all and how to report each.
+    """
+    others: dict[str, list[tuple[str, str, list[str]]]] = {}
+    for r in runs:
+        m = schema.TRAINING_RUN_RE.match(r[0])
+        if m is not None:
+            others.setdefault(m.group(2), []).append(r)
+    if layout not in LAYOUTS and layout not in others:
+        raise ValueError(
+            f"Invalid value for argument `layout`. Received: layout={layout!r}, but the log directory "
+            f"{printable(log_dir)!r} holds no run of that training. Expected one of {LAYOUTS}"
+            + (f" or one of the trainings it holds: {sorted(others)}." if others else ".")
+        )
+    if not others:
+        return runs, layout
+    mine = {r[0] for named in others.values() for r in named}
+    first = [r for r in runs if r[0] not in mine]
+    keras_runs = {schema.KERAS_TRAIN_RUN, schema.KERAS_VALIDATION_RUN, ".", schema.PLAN_RUN}
+    first_own = [r[0] for r in first if r[0] not in keras_runs]
+    names = [("the first one", first_own, None)] + [(n, [r[0] for r in rs], n) for n, rs in sorted(others.items())]
+    listed = "; ".join(f"{who} (runs {', '.join(rs) or 'none'})" for who, rs, _ in names)
+    reported = "the first one" if layout not in others else layout
+    how = ", ".join(
+        f"report(log_dir, layout={n!r})" if n else "report(log_dir)" for who, _, n in names if who != reported
+    )
+    data.notes.append(
+        f"This log directory holds {len(names)} trainings that wrote it at the same time: {listed}. "
+        f"This report covers {reported}; report the other{'s' if len(names) > 2 else ''} with {how}."
+    )
+    if layout in others:
+        return [r for r in runs if r[0] in keras_runs] + others[layout], "latest"
+    return first, layout
 
 
 def _one_layout(

@@ -162,7 +162,9 @@ def report(
             and a job of several processes the report covers (it never mixes
             them): `"latest"` those written last, `"single"` the single
             process's (runs `gpu`, `input`, ...), `"job"` the job's
-            (`gpu/process_<p>`, `gpu/job`, ...). The runs left out are named
+            (`gpu/process_<p>`, `gpu/job`, ...), or `"<host>_pid<pid>"`: a
+            second training that wrote the directory at the same time
+            (runs `<run>/<host>_pid<pid>`). The runs left out are named
             in a note. Defaults to `"latest"`.
 
     Returns:

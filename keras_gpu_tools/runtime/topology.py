@@ -58,6 +58,9 @@ class Topology:
     host: str = dataclasses.field(default_factory=socket.gethostname)
     #: the job's channel (None: one process, or the engine gives none)
     exchange: Any = dataclasses.field(default=None, compare=False, repr=False)
+    #: where another training writes the same log directory at once: this one's runs' own name
+    #: under each run (``<host>_pid<pid>``, see ``logdir/claim.py``); "" where it is alone
+    training: str = ""
 
     @property
     def multi_process(self) -> bool:
@@ -69,9 +72,14 @@ class Topology:
         return self.process_index == 0
 
     def run_dir(self, log_dir: str, run_name: str) -> str:
-        """This process's TensorBoard run: ``log_dir/run_name``, with ``/process_<i>`` in a job of several."""
+        """This process's TensorBoard run: ``log_dir/run_name``, with ``/process_<i>`` in a job of several.
+
+        A training that found another writing ``log_dir`` at the same time: ``log_dir/run_name/<host>_pid<pid>``.
+        """
         base = os.path.join(log_dir, run_name)
-        return os.path.join(base, schema.process_run(self.process_index)) if self.multi_process else base
+        if self.multi_process:
+            return os.path.join(base, schema.process_run(self.process_index))
+        return os.path.join(base, self.training) if self.training else base
 
     def job_run_dir(self, log_dir: str, run_name: str) -> str:
         """The run of the job-wide figures (process 0 writes it): ``log_dir/run_name/job``."""

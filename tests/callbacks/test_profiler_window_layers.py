@@ -87,6 +87,22 @@ def test_the_layer_with_the_flops_comes_first_and_a_shared_layer_is_one_row(tmp_
 
 
 @needs_profiler
+def test_peak_memory_per_layer_only_where_the_backend_measures_it(tmp_path):
+    cb = window(tmp_path)
+    fit(one_heavy_layer_model(), cb)
+    table = cb.layer_table()
+    rows = layer_rows(table)
+    if BACKEND != "torch":  # TensorFlow's and JAX's traces book no memory to a layer: no figure, no column
+        assert all(r.peak_activation_bytes is None for r in rows.values())
+        assert "peak MiB" not in table.text()
+        return
+    assert rows["heavy"].peak_activation_bytes >= 64 * 4096 * 4  # at least its float32 output, batch 64
+    assert rows[OUTSIDE].peak_activation_bytes is None  # no range: no figure
+    assert all(rows[p].peak_activation_bytes is not None for p in LAYERS)
+    assert "peak MiB" in table.text()
+
+
+@needs_profiler
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="jit_compile=False on TensorFlow: ops run one by one")
 def test_tensorflow_without_xla(tmp_path):
     model = one_heavy_layer_model()

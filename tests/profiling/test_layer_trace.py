@@ -6,7 +6,7 @@ import json
 import pytest
 
 from keras_gpu_tools.profiling.layer_table import build_table
-from keras_gpu_tools.profiling.layer_trace import torch_ops, xplane_ops
+from keras_gpu_tools.profiling.layer_trace import range_peaks, torch_ops, xplane_ops
 from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode
 from keras_gpu_tools.profiling.xplane import _classes
 
@@ -154,3 +154,54 @@ def test_a_kernel_known_only_by_its_launch_annotation_goes_to_its_layer(tmp_path
     assert [(r.path, r.forward_ms, r.backward_ms) for r in table.rows] == [
         ("heavy", pytest.approx(0.4), pytest.approx(0.4))
     ]
+
+
+def _mem(ts, nbytes, tid=1, device=0):
+    args = {"Bytes": nbytes, "Total Allocated": 0, "Device Type": device, "Device Id": -1 if device == 0 else 0}
+    return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": tid, "ts": ts, "args": args}
+
+
+def _range(path, ts, dur, tid=1):
+    return {
+        "ph": "X",
+        "cat": "user_annotation",
+        "name": f"keras_layer::{path}",
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+    }
+
+
+def test_a_layers_peak_memory_is_its_threads_highest_rise_inside_its_range():
+    events = [
+        _range("heavy", 10, 10),
+        _mem(5, 100),  # before the range: not the layer's
+        _mem(12, 400),
+        _mem(13, 10_000, tid=2),  # another thread (the input pipeline): not the layer's
+        _mem(14, 200),
+        _mem(16, -400),
+        _mem(18, 100),
+        _range("heavy", 30, 10),  # a second call, smaller: the largest call stands
+        _mem(32, 50),
+        _range("inner/small", 50, 5),  # a range with no allocation in it: 0, measured
+    ]
+    assert range_peaks(events) == {"heavy": 600, "inner/small": 0}
+    gpu = [*events, _mem(15, 4096, device=1), _mem(16, -1024, device=1), _mem(17, 512, device=1)]
+    assert range_peaks(gpu) == {"heavy": 4096, "inner/small": 0}  # the GPU's allocator where there is one
+    assert range_peaks([_range("heavy", 10, 10)]) is None  # memory not profiled: no figure at all
+
+
+def test_the_table_shows_peak_memory_only_where_the_trace_has_it(tmp_path):
+    marks = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0, "dur": 100}]
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": 1, "tid": 1, "ts": 11, "dur": 5, "args": {}}
+    events = [*marks, _range("heavy", 10, 10), op]
+    for name, extra in (("without.pt.trace.json", []), ("with.pt.trace.json", [_mem(12, 3 * 2**20)])):
+        path = tmp_path / name
+        path.write_text(json.dumps({"traceEvents": events + extra}))
+        table = build_table(3, 1, [str(path)], TREE)
+        heavy = next(r for r in table.rows if r.path == "heavy")
+        if extra:
+            assert heavy.peak_activation_bytes == 3 * 2**20 and "| 3.00 |" in table.text()
+        else:
+            assert heavy.peak_activation_bytes is None and "peak MiB" not in table.text()

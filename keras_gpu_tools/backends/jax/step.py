@@ -59,13 +59,18 @@ def _call_jax(backend: JaxStep, hook, state, iterator):
     rec = hook.begin(lambda: _wait(jax, state))  # before the step donates it
     timer = hook.fetch_timer.reset(iterator)
     rec.start = hook.clock()
-    out = hook.around(rec, lambda: hook.inner(state, timer))
+
+    def call():
+        out = hook.inner(state, timer)
+        rec.steps = max(timer.count, 1)  # the steps it ran, for an observer around it (steps_per_execution)
+        return out
+
+    out = hook.around(rec, call)
     returned = hook.clock()
     if rec.sampled and jax is not None:
         _wait(jax, out)
     rec.end = hook.clock()
     rec.fetch = timer.total
-    rec.steps = max(timer.count, 1)
     rec.samples = timer.samples if timer.count else None
     if rec.sampled:
         if backend.async_device():

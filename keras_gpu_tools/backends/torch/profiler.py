@@ -30,7 +30,10 @@ class _Torch:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available() and options.device_tracer_level:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._prof = torch.profiler.profile(activities=activities, with_stack=options.python_tracer)
+        # profile_memory: the allocator's events, for each layer's peak memory (the layer table).
+        self._prof = torch.profiler.profile(
+            activities=activities, with_stack=options.python_tracer, profile_memory=True
+        )
         self._prof.start()
         self._run_dir = run_dir
 
