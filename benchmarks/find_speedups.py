@@ -137,15 +137,6 @@ def _plain_fit(model, data: dict[str, Any], smoke: bool) -> float:
     return samples / statistics.median(times[1:])
 
 
-def _input_options(change: str) -> dict[str, Any]:
-    """A PyDataset input row's change ("PyDataset workers=8, use_multiprocessing=True") as its options."""
-    out: dict[str, Any] = {}
-    for part in change.removeprefix("input: ").removeprefix("PyDataset ").split(", "):
-        name, value = part.split("=")
-        out[name] = int(value) if value.isdigit() else value == "True"
-    return out
-
-
 def _by_hand(case: str, args, rows: list[Any], policy: str | None) -> float:
     """samples/s of a plain fit with the changes of ``rows`` made by hand."""
     compile_args: dict[str, Any] = {}
@@ -154,9 +145,9 @@ def _by_hand(case: str, args, rows: list[Any], policy: str | None) -> float:
     for row in rows:
         compile_args.update(row.compile_args)
         if row.kind == "input":
-            options.update(_input_options(row.change))
+            options.update(row.settings)
         if row.kind == "batch_size":
-            batch = int(row.change.split()[-1])
+            batch = row.settings["batch_size"]
     model = _model(case, args.smoke, policy if any(r.kind == "mixed_precision" for r in rows) else None, **compile_args)
     return _plain_fit(model, _input(case, args, batch, **options), args.smoke)
 
@@ -178,7 +169,7 @@ def measure(case: str, args) -> dict[str, Any]:
     print(report)
     untouched = all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
     mixed = report.row("mixed_precision")
-    policy = mixed.change.split("(")[-1].rstrip(")") if mixed is not None and "(" in mixed.change else None
+    policy = None if mixed is None else mixed.settings.get("dtype_policy")
     hand: dict[str, Any] = {}
     for row in report.rows:
         if row.kind in ("baseline", "ceiling", "combined") or row.speedup is None or row.status == "unsafe":
@@ -192,8 +183,8 @@ def measure(case: str, args) -> dict[str, Any]:
     if report.paid:
         applied = _model(case, args.smoke, policy if report.row("mixed_precision") in report.paid else None)
         report.apply(applied)  # the compile-time changes, as a user applies them
-        options = {k: v for r in report.paid if r.kind == "input" for k, v in _input_options(r.change).items()}
-        batch = next((int(r.change.split()[-1]) for r in report.paid if r.kind == "batch_size"), None)
+        options = {k: v for r in report.paid if r.kind == "input" for k, v in r.settings.items()}
+        batch = next((r.settings["batch_size"] for r in report.paid if r.kind == "batch_size"), None)
         combined = _plain_fit(applied, _input(case, args, batch, **options), args.smoke) / baseline
     return {
         "baseline_samples_per_sec": baseline,

@@ -57,8 +57,8 @@ class _Finder:
         self.policy: str | None = None
 
     # -- timing -----------------------------------------------------------------------
-    def _time(self, model, inputs: FitInput | None) -> Timing:
-        share = max(0.0, self.budget.left()) / max(1, self.left)
+    def _time(self, model, inputs: FitInput | None, shares: int = 1) -> Timing:
+        share = shares * max(0.0, self.budget.left()) / max(1, self.left)
         out = lambda: self.budget.left() <= 0  # noqa: E731
         if inputs is None:
             return time_batch(model, self.data.batch, self.pace, out_of_time=out, share=share)
@@ -124,8 +124,10 @@ class _Finder:
         inputs_changes = self.data.changes(self.on_gpu) if "input" in self.wanted else []
         self.left = 2 + len(inputs_changes) + PLAN_SHARES * ("batch_size" in self.wanted) + len(self.wanted) + 1
         base_model = trial_model(self.model)
-        timing = self._time(base_model, self.data.fit_input(self.per_call))
-        self.left -= 1
+        # Every row is measured against the baseline: it gets two shares, to be known more closely.
+        self.left += 1
+        timing = self._time(base_model, self.data.fit_input(self.per_call), shares=2)
+        self.left -= 2
         least = (self.pace.min_windows + 1) * self.pace.epoch_seconds
         self.expected = expected_seconds([(timing.compile_seconds, timing.compile_seconds + least)])
         sps = self._sps(timing)
@@ -169,6 +171,7 @@ class _Finder:
 
     def _input(self, base_model, change) -> None:
         row = self._row(f"input: {change.change}", "input", code=change.code, cost=change.cost)
+        row = dataclasses.replace(row, settings=dict(change.settings))
         row = self._trial(row, lambda: (base_model, self.data.fit_input(self.per_call, x=change.data())))
         if row.paid:
             best = max((r for r in self.rows if r.kind == "input" and r.paid), key=lambda r: r.after or 0, default=None)
@@ -205,7 +208,9 @@ class _Finder:
             f"scaling, x{b / b0:g}, with a warm-up for SGD; the square-root rule, x{math.sqrt(b / b0):.2f}, for "
             "Adam-like optimizers) and expect fewer steps per epoch"
         )
-        row = dataclasses.replace(row, change=f"batch size {b}", code=_batch_code(self.data.kind, b), cost=rule)
+        row = dataclasses.replace(
+            row, change=f"batch size {b}", code=_batch_code(self.data.kind, b), cost=rule, settings={"batch_size": b}
+        )
         if b <= b0:  # the knee at or below the batch trained with: a larger batch buys next to nothing
             reason = f"the plan, {b}, is not larger than your batch of {b0}: a larger batch trains no faster"
             self.rows.append(dataclasses.replace(row, status=R.NO_GAIN, reason=reason, cost=""))
@@ -277,6 +282,7 @@ class _Finder:
             cost=f"{1e3 * dispatch:.2f} ms of host time per call, now paid once per {n} steps; batch callbacks and "
             f"logs run once per {n} steps",
             compile_args={"steps_per_execution": n},
+            settings={"steps_per_execution": n},
         )
         spe = {"steps_per_execution": n}
         self.rows.append(self._trial(row, lambda: (trial_model(self.model, spe), self.data.fit_input(n))))
@@ -290,7 +296,10 @@ class _Finder:
             return
         what = getattr(self.backend, "step_compiler", "XLA")
         row = dataclasses.replace(
-            row, cost=f"the step compiled by {what}: a longer first call", compile_args={"jit_compile": True}
+            row,
+            cost=f"the step compiled by {what}: a longer first call",
+            compile_args={"jit_compile": True},
+            settings={"jit_compile": True},
         )
         args = {"jit_compile": True}
         self.rows.append(
@@ -317,6 +326,7 @@ class _Finder:
             "keras_gpu_tools.MixedPrecisionOutput(activation) as its last layer",
             cost="16-bit activations on tensor cores, float32 weights"
             + ("; loss scaling (LossScaleOptimizer)" if policy == "mixed_float16" else ""),
+            settings={"dtype_policy": policy},
         )
         row = self._trial(
             row, lambda: (trial_model(self.model, policy=policy), self.data.fit_input(self.per_call)), check=True

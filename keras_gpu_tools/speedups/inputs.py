@@ -35,6 +35,7 @@ class InputChange:
     code: str
     data: Callable[[], Any]  # the changed x (built on demand: it may start workers)
     cost: str = ""
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)  # what it sets, by name
 
 
 @dataclasses.dataclass
@@ -185,6 +186,7 @@ def _tf_data_change(dataset: Any) -> InputChange:
         code,
         build,
         "host threads prepare batches ahead of the step (more host memory for the prefetched batches)",
+        {"map_parallelization": True, "autotune": True, "private_threadpool_size": n, "prefetch": "AUTOTUNE"},
     )
 
 
@@ -209,12 +211,14 @@ def _py_dataset_change(dataset: Any, n: int, processes: bool) -> InputChange:
             build,
             f"{n} processes run __getitem__ (Python-bound decoding too); the dataset must be picklable, each "
             "process holds a copy of it",
+            {"workers": n, "use_multiprocessing": True},
         )
     return InputChange(
         f"PyDataset workers={n}",
         f"super().__init__(workers={n})  # in your PyDataset's __init__",
         build,
         f"{n} threads fetch batches ahead of the step: pays where __getitem__ waits or releases the GIL",
+        {"workers": n, "use_multiprocessing": False},
     )
 
 
@@ -246,6 +250,7 @@ def _data_loader_change(loader: Any, on_gpu: bool) -> InputChange:
         build,
         f"{n} worker processes, kept between epochs; each holds a copy of the dataset"
         + ("; batches in page-locked host memory" if pin else ""),
+        {"num_workers": n, "pin_memory": pin, "persistent_workers": True},
     )
 
 

@@ -137,7 +137,7 @@ class SpeedupReport:
         if code:
             lines.append("To apply:")
             lines.extend(f"  {line}" for line in code)
-        notes = [f"  {r.change}: {r.code}  # {r.cost}" for r in self.rows if r.status == PAID and r.cost]
+        notes = [f"  {r.change}: {r.cost}" for r in self.paid if r.cost]
         if notes:
             lines.append("What they change:")
             lines.extend(notes)

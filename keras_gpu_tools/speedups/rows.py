@@ -49,6 +49,8 @@ class SpeedupRow:
         cost: what the change costs or changes besides speed.
         reason: why it is not applicable, not measured or unsafe ("" otherwise).
         compile_args: the `model.compile` arguments it sets (what `apply` re-compiles with).
+        settings: what it sets, by name: `{"workers": 8, "use_multiprocessing": False}` for a
+            `PyDataset`, `{"batch_size": 256}`, `{"dtype_policy": "mixed_bfloat16"}`, the compile arguments.
     """
 
     change: str
@@ -63,6 +65,7 @@ class SpeedupRow:
     cost: str = ""
     reason: str = ""
     compile_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def speedup(self) -> float | None:
