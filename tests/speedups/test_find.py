@@ -277,3 +277,31 @@ def test_a_trial_that_would_outlast_the_budget_is_not_measured(monkeypatch):
 class _Budget(finder.Budget):
     def __init__(self, max_seconds, clock):
         super().__init__(max_seconds, clock=lambda: clock[0])
+
+
+def test_a_tf_data_dataset_gets_its_options_and_a_prefetch_measured():
+    import tensorflow as tf
+
+    x, y = data(128)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).map(lambda a, b: (a * 2.0, b)).batch(16)
+    report = find_speedups(mlp(), dataset, max_seconds=15, changes=["input"])
+    (row,) = [r for r in report.rows if r.kind == "input"]
+    assert row.change == "input: tf.data options and prefetch" and row.settings["prefetch"] == "AUTOTUNE"
+    assert "dataset.with_options(options).prefetch(tf.data.AUTOTUNE)" in row.code
+    assert row.after is not None and row.status in (R.PAID, R.NO_GAIN)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="a torch DataLoader: tested in the torch session")
+def test_a_data_loader_gets_workers_and_persistent_workers_measured():
+    import torch
+
+    x, y = data(128)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=16
+    )
+    report = find_speedups(mlp(), loader, max_seconds=20, changes=["input"])
+    (row,) = [r for r in report.rows if r.kind == "input"]
+    n = inputs.workers()
+    assert row.settings == {"num_workers": n, "pin_memory": False, "persistent_workers": True}
+    assert row.code == f"DataLoader(dataset, ..., num_workers={n}, pin_memory=False, persistent_workers=True)"
+    assert row.status in (R.PAID, R.NO_GAIN, R.NOT_MEASURED) and loader.num_workers == 0
