@@ -46,14 +46,8 @@ def write(report: Any, log_dir: str) -> None:
         writer.json(schema.SPEEDUPS_SUMMARY_DATA, report.as_dict(), 0)
         for i, row in enumerate(r for r in report.rows if r.speedup is not None):
             writer.scalars({schema.SPEEDUPS_SPEEDUP: row.speedup}, i)
-        try:
-            from keras_gpu_tools.memory import throughput_plot
-
-            data, width, height = throughput_plot.png(figure(report.rows))
-        except ImportError:  # no matplotlib: the table says the same
-            logger.info("keras_gpu_tools: no matplotlib; the speed-ups' figure is left out")
-        else:
-            writer.image(schema.SPEEDUPS_FIGURE, data, 0, width, height)
+        if not writer.figure(schema.SPEEDUPS_FIGURE, lambda: figure(report.rows), 0):
+            logger.info("keras_gpu_tools: no matplotlib; the speed-ups' figure is left out")  # the table says the same
     finally:
         writer.close()
 
