@@ -133,6 +133,10 @@ class SpeedupReport:
         lines = [f"find_speedups ({self.backend}, {self.device}, {self.seconds:.1f} s): {self.summary()}"]
         for c in cells:
             lines.append("  ".join(v.ljust(w) for v, w in zip(c[:6], widths[:6])).rstrip())
+        reasons = [f"  {r.change}: {r.reason}" for r in self.rows if r.reason]
+        if reasons:
+            lines.append("Why not:")
+            lines.extend(reasons)
         code = self.code()
         if code:
             lines.append("To apply:")
@@ -169,6 +173,14 @@ class SpeedupReport:
         from keras_gpu_tools.speedups.figure import figure
 
         return figure(self.rows)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SpeedupReport:
+        """The report from :meth:`as_dict` (its JSON in a log directory); a KeyError or TypeError if not shaped so."""
+        names = {f.name for f in dataclasses.fields(SpeedupRow)}
+        rows = [SpeedupRow(**{k: v for k, v in r.items() if k in names}) for r in d["rows"]]
+        return cls(rows, str(d.get("backend", "")), str(d.get("device", "")), float(d.get("seconds") or 0.0),
+                   d.get("max_seconds"))  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         return {

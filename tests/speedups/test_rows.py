@@ -133,3 +133,19 @@ def test_the_report_is_written_to_a_log_dir_and_tensorboard_reads_its_table_and_
     acc.Reload()
     (image,) = acc.Images(schema.SPEEDUPS_FIGURE)
     assert image.encoded_image_string.startswith(b"\x89PNG") and image.width > 100
+
+
+def test_the_training_report_shows_the_speed_ups_from_a_log_dir_and_from_the_report_itself(tmp_path):
+    pytest.importorskip("matplotlib")
+    from keras_gpu_tools import report as training_report
+    from keras_gpu_tools.reporting.text import SPEEDUPS_HEADING
+
+    found = _report()
+    found.write(str(tmp_path))
+    for source in (str(tmp_path), found):
+        shown = training_report(source)
+        text = str(shown)
+        assert SPEEDUPS_HEADING in text and "steps_per_execution=16" in text and "no tensor cores: not measured" in text
+        html = shown.html()
+        assert f"<h3>{SPEEDUPS_HEADING}</h3>" in html and "<th>numerical check</th>" in html
+        assert "<td>batch size 128</td>" in html and "speedups" in shown.figures()
