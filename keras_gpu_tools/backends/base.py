@@ -211,6 +211,9 @@ class Backend:
     #: What compiles the step under ``jit_compile=True``, as the words of a report name it.
     step_compiler = "XLA"
 
+    #: Whether the training process may fork input workers (a `PyDataset`'s ``use_multiprocessing``).
+    forks_safely = True
+
     #: The line that turns on the framework's persistent compilation cache of the step, for the advice.
     compile_cache_line: str | None = None
 

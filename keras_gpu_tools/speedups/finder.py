@@ -172,6 +172,11 @@ class _Finder:
     def _input(self, base_model, change) -> None:
         row = self._row(f"input: {change.change}", "input", code=change.code, cost=change.cost)
         row = dataclasses.replace(row, settings=dict(change.settings))
+        if change.settings.get("use_multiprocessing") and not getattr(self.backend, "forks_safely", True):
+            self.left -= 1
+            reason = f"not measured: a fork of a {self.backend.name} process (its runtime's threads) may deadlock"
+            self.rows.append(dataclasses.replace(row, reason=reason))
+            return
         row = self._trial(row, lambda: (base_model, self.data.fit_input(self.per_call, x=change.data())))
         if row.paid:
             best = max((r for r in self.rows if r.kind == "input" and r.paid), key=lambda r: r.after or 0, default=None)
