@@ -183,7 +183,8 @@ def measure(case: str, args) -> dict[str, Any]:
     if report.paid:
         applied = _model(case, args.smoke, policy if report.row("mixed_precision") in report.paid else None)
         report.apply(applied)  # the compile-time changes, as a user applies them
-        options = {k: v for r in report.paid if r.kind == "input" for k, v in r.settings.items()}
+        inputs = [r for r in report.paid if r.kind == "input"]  # the fastest input change, as the finder combines
+        options = max(inputs, key=lambda r: r.after or 0.0).settings if inputs else {}
         batch = next((r.settings["batch_size"] for r in report.paid if r.kind == "batch_size"), None)
         combined = _plain_fit(applied, _input(case, args, batch, **options), args.smoke) / baseline
     return {
