@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -226,6 +227,20 @@ def callback_makers(log_dir: str | None) -> dict[str, Callable[[], Any]]:
         "LiveView": lambda: kgt.LiveView(),
         "MixedPrecisionCheck": lambda: kgt.MixedPrecisionCheck(),
     }
+
+
+def epoch_clock(times: list[float]):
+    """A callback that appends each epoch's wall time, in seconds, to ``times``."""
+    import keras
+
+    class Clock(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.t0)
+
+    return Clock()
 
 
 def same_batch(x, y, steps: int):

@@ -109,8 +109,6 @@ def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float
     """
     import math
 
-    import keras
-
     if smoke:
         steps = 3
     else:
@@ -118,15 +116,7 @@ def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float
         steps = math.ceil((expected_sps or 8192) / b)
         steps = max(5, min(steps, 2000, (8 << 30) // max(1, b * per_sample)))
     times: list[float] = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.t0 = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            times.append(time.perf_counter() - self.t0)
-
-    epochs, clock = 2 if smoke else 4, [Clock()]
+    epochs, clock = 2 if smoke else 4, [_common.epoch_clock(times)]
     if reference == "batch":
         x, y = _data(b, shape, kind)
         model.fit(_common.same_batch(x, y, steps), epochs=epochs, verbose=0, callbacks=clock)

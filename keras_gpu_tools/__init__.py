@@ -45,6 +45,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from keras_gpu_tools.mixed_precision.check import MixedPrecisionFinding, check_mixed_precision
     from keras_gpu_tools.planner import BatchPlan, plan_batch_size
     from keras_gpu_tools.reporting.report import TrainingReport, report
+    from keras_gpu_tools.speedups.find import find_speedups
+    from keras_gpu_tools.speedups.report import SpeedupReport
+    from keras_gpu_tools.speedups.rows import SpeedupRow
 
 # Public name -> the module it is taken from. Callbacks and layers go through
 # their subpackages, which map each name to its defining module.
@@ -63,6 +66,9 @@ _LAZY = {
     "report": "keras_gpu_tools.reporting.report",
     "BatchPlan": "keras_gpu_tools.planner",
     "plan_batch_size": "keras_gpu_tools.planner",
+    "find_speedups": "keras_gpu_tools.speedups.find",
+    "SpeedupReport": "keras_gpu_tools.speedups.report",
+    "SpeedupRow": "keras_gpu_tools.speedups.rows",
 }
 # Subpackages that `import keras_gpu_tools` used to bind: `keras_gpu_tools.callbacks.X`
 # keeps working without an explicit `import keras_gpu_tools.callbacks`.
@@ -91,10 +97,13 @@ __all__ = [
     "OutOfMemoryError",
     "ProfilerWarning",
     "ProfilerWindow",
+    "SpeedupReport",
+    "SpeedupRow",
     "TrainingReport",
     "UnrecoverableOOM",
     "__version__",
     "check_mixed_precision",
+    "find_speedups",
     "plan_batch_size",
     "report",
 ]

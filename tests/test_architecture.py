@@ -85,9 +85,10 @@ LAYERS = {
     "keras_gpu_tools.callbacks": 6,
     "keras_gpu_tools.layers": 6,
     "keras_gpu_tools.planner": 6,
-    "keras_gpu_tools.reporting": 7,
-    "keras_gpu_tools.cli": 8,
-    "keras_gpu_tools": 9,  # the public names (lazy), and `python -m keras_gpu_tools`
+    "keras_gpu_tools.speedups": 7,  # find_speedups: trials over the planner, the layers and the backends
+    "keras_gpu_tools.reporting": 8,
+    "keras_gpu_tools.cli": 9,
+    "keras_gpu_tools": 10,  # the public names (lazy), and `python -m keras_gpu_tools`
 }
 
 

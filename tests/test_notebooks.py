@@ -25,6 +25,7 @@ def test_there_are_notebooks():
         "05_profiling.ipynb",
         "06_batch_throughput.ipynb",
         "07_step_breakdown.ipynb",
+        "08_find_speedups.ipynb",
     ]
 
 

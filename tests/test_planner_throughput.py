@@ -20,6 +20,7 @@ from keras_gpu_tools.logdir.reader import find_runs, read_run
 from keras_gpu_tools.memory import throughput_run
 from keras_gpu_tools.memory.throughput import Budget, knee
 from tests.helpers.models import BACKEND
+from tests.helpers.state import rng_states, values
 from tests.helpers.step_records import FakeClock
 
 pytestmark = pytest.mark.multibackend
@@ -43,24 +44,6 @@ def bn_model(seed=0):
 def data(n=40):
     r = np.random.RandomState(0)
     return r.rand(n, 16).astype("float32"), r.rand(n, 1).astype("float32")
-
-
-def values(model):
-    return [np.array(ops.convert_to_numpy(v.value)) for v in model.variables + model.optimizer.variables]
-
-
-def rng_states():
-    from keras.src.backend.common import global_state
-
-    seeds = global_state.get_global_attribute("global_seed_generator")
-    out = {"python": random.random(), "numpy": float(np.random.rand())}
-    if seeds is not None:
-        out["keras"] = np.array(ops.convert_to_numpy(seeds.state.value)).tolist()
-    if BACKEND == "torch":
-        import torch
-
-        out["torch"] = float(torch.rand(1))
-    return out
 
 
 @pytest.mark.slow

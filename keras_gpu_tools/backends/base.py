@@ -208,6 +208,12 @@ class Backend:
     #: Whether Keras runs several steps per train-function call here (``steps_per_execution > 1``; not torch).
     several_steps_per_call = True
 
+    #: What compiles the step under ``jit_compile=True``, as the words of a report name it.
+    step_compiler = "XLA"
+
+    #: Whether the training process may fork input workers (a `PyDataset`'s ``use_multiprocessing``).
+    forks_safely = True
+
     #: The line that turns on the framework's persistent compilation cache of the step, for the advice.
     compile_cache_line: str | None = None
 

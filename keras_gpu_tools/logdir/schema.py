@@ -55,6 +55,11 @@ PLAN_SUMMARY_DATA = PLAN_SUMMARY + DATA_SUFFIX  # BatchPlan.as_dict() (candidate
 PLAN_FIGURE = "plan/throughput"  # an image: samples/s and peak memory against the batch size
 PLAN_SAMPLES_PER_SEC = "plan/samples_per_sec"  # scalar per measured candidate, the step is its batch size
 PLAN_PEAK_MIB = "plan/peak_mib"  # scalar per candidate with a known peak, the step is its batch size
+SPEEDUPS_RUN = "speedups"  # the run find_speedups(log_dir=...) writes to
+SPEEDUPS_SUMMARY = "speedups/summary"  # SpeedupReport.to_markdown(): every change's row
+SPEEDUPS_SUMMARY_DATA = SPEEDUPS_SUMMARY + DATA_SUFFIX  # SpeedupReport.as_dict() (rows: SpeedupRow)
+SPEEDUPS_FIGURE = "speedups/chart"  # an image: a bar per measured change, its speed-up and uncertainty
+SPEEDUPS_SPEEDUP = "speedups/speedup"  # scalar per measured row (after / before), the step is the row's place
 MEMORY_VERDICT = "memory/verdict"  # MemoryLeakDetector's verdict as text
 # {verdict (LeakVerdict), epochs [{epoch, figures}], fits [{fit, host_rss_mib, device_in_use_mib, ...}]}
 MEMORY_VERDICT_DATA = MEMORY_VERDICT + DATA_SUFFIX

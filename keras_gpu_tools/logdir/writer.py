@@ -244,6 +244,20 @@ class EventWriter:
         summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, image=image)])
         self._add(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
 
+    def figure(self, tag: str, draw: Callable[[], Any], step: int) -> bool:
+        """A matplotlib figure, drawn by ``draw()``, as a PNG image summary; False (nothing written) without matplotlib."""
+        import io
+
+        try:
+            fig = draw()
+        except ImportError:  # no matplotlib: the text and scalars beside it say the same
+            return False
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100)
+        width, height = (int(v) for v in fig.canvas.get_width_height())
+        self.image(tag, buf.getvalue(), step, width, height)
+        return True
+
     def text(
         self, tag: str, text: str, step: int, plugin: str = schema.TEXT_PLUGIN, wall_time: float | None = None
     ) -> None:

@@ -272,15 +272,10 @@ class BatchPlan:
             for row in self.candidates:
                 values = {schema.PLAN_SAMPLES_PER_SEC: row.samples_per_sec, schema.PLAN_PEAK_MIB: row.peak_mib}
                 writer.scalars({k: v for k, v in values.items() if v is not None}, row.batch_size)
-            if any(r.measured for r in self.candidates):
-                try:
-                    from keras_gpu_tools.memory import throughput_plot
-
-                    data, width, height = throughput_plot.png(self.plot())
-                except ImportError:  # no matplotlib: the scalars plot the same
-                    logger.info("keras_gpu_tools: no matplotlib; the plan's figure is left out")
-                else:
-                    writer.image(schema.PLAN_FIGURE, data, 0, width, height)
+            if any(r.measured for r in self.candidates) and not writer.figure(schema.PLAN_FIGURE, self.plot, 0):
+                logger.info(
+                    "keras_gpu_tools: no matplotlib; the plan's figure is left out"
+                )  # the scalars plot the same
         finally:
             writer.close()
 

@@ -1,9 +1,11 @@
-"""One candidate batch timed with Keras's own ``model.fit``: the first call, then the steady state until it is known.
+"""A training input timed with Keras's own ``model.fit``: the first call, then the steady state until it is known.
 
-Fits over a generator that yields the same batch (no host copy of more than
-one batch), each with one callback that has only epoch hooks, so Keras
-dispatches the steps as in any fit (no sync per step; an epoch's end reads
-the logs, which waits for the device):
+:func:`time_batch` fits over a generator that yields the same batch (no host
+copy of more than one batch): the step's own speed. :func:`time_fit` fits
+over any :class:`FitInput`, the user's own arrays or dataset among them:
+the speed training reaches with that input. Each fit has one callback with
+only epoch hooks, so Keras dispatches the steps as in any fit (no sync per
+step; an epoch's end reads the logs, which waits for the device):
 
 1. ``epochs=3, steps_per_epoch=1``: epoch 0 is the first call (tracing,
    compiling, the first step): ``compile_seconds``; epochs 1 and 2 one step
@@ -17,6 +19,11 @@ the logs, which waits for the device):
    A window far shorter than meant (the rough step was slow) restarts the
    fit once with more steps per window: short windows time an epoch's fixed
    cost more than the step.
+
+A finite input (arrays, a dataset of known length) runs windows whose steps
+divide its batches, so that no window is cut short where a pass ends (an
+input that restarts its workers at every Keras epoch, whole passes); with
+``steps_per_execution=N`` a window's steps are a multiple of N (one call runs N).
 
 In a job whose steps are collective, every process runs ``epochs`` windows
 of the agreed ``k`` steps (no process may stop alone).
@@ -80,6 +87,45 @@ class Pace:
         return int(min(self.max_steps_per_epoch, max(2, round(self.epoch_seconds / max(step_seconds, 1e-6)))))
 
 
+@dataclasses.dataclass(frozen=True)
+class FitInput:
+    """What the timed fits train on: ``kwargs()`` gives ``model.fit``'s data arguments, fresh for each fit.
+
+    ``batches`` is the batches of one pass over it (None: endless or
+    unknown); ``per_call`` the steps one call of the train function runs
+    (the model's ``steps_per_execution``); ``whole_passes``: every window is
+    one pass (an input that restarts its workers at every Keras epoch, as a
+    `PyDataset` does, would pay that restart once per window, not once per pass).
+    """
+
+    kwargs: Callable[[], dict[str, Any]]
+    batches: int | None = None
+    per_call: int = 1
+    whole_passes: bool = False
+
+    @classmethod
+    def repeated(cls, batch, per_call: int = 1) -> FitInput:
+        """One batch ``(x, y)`` repeated without end."""
+        x, y = batch
+
+        def repeat():
+            while True:
+                yield (x, y) if y is not None else (x,)
+
+        return cls(lambda: {"x": repeat()}, None, per_call)
+
+    def steps(self, k: int) -> int:
+        """The steps of a window of about ``k``: a multiple of ``per_call`` that divides ``batches`` where known."""
+        n = max(1, self.per_call)
+        k = max(n, k - k % n)
+        if not self.batches or self.batches < n:
+            return k
+        if self.whole_passes:
+            return self.batches
+        fitting = [s for s in range(n, min(k, self.batches) + 1, n) if self.batches % s == 0]
+        return fitting[-1] if fitting else n
+
+
 def _callback(times: list[tuple[str, int, float]], decide: Callable[[list[float]], bool] | None):
     import keras
 
@@ -110,7 +156,7 @@ def time_batch(
     job_steps: Callable[[int], int] | None = None,
     share: float | None = None,
 ) -> Timing:
-    """Times training on ``batch`` (``(x, y)`` arrays): the first call, then the steady state. See the module.
+    """Times training on ``batch`` (``(x, y)`` arrays) repeated: the first call, then the steady state. See the module.
 
     ``share`` is the seconds this candidate may take (its compile included)
     before its timing stops short of ``pace.target``; ``out_of_time`` ends
@@ -120,16 +166,26 @@ def time_batch(
     every process must run the same steps, so the count is agreed, the
     windows are ``pace.epochs`` and nothing stops early.
     """
-    x, y = batch
+    per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+    inputs = FitInput.repeated(batch, per_call)
+    return time_fit(model, inputs, pace, out_of_time=out_of_time, job_steps=job_steps, share=share)
 
-    def repeat():
-        while True:
-            yield (x, y) if y is not None else (x,)
+
+def time_fit(
+    model,
+    inputs: FitInput,
+    pace: Pace,
+    *,
+    out_of_time: Callable[[], bool] | None = None,
+    job_steps: Callable[[int], int] | None = None,
+    share: float | None = None,
+) -> Timing:
+    """Times training on ``inputs``: the first call, then the steady state (see :func:`time_batch` and the module)."""
 
     def fit(epochs: int, steps: int, decide: Callable[[list[float]], bool] | None) -> list[float]:
         times: list[tuple[str, int, float]] = []
         model.fit(
-            repeat(),
+            **inputs.kwargs(),
             epochs=epochs,
             steps_per_epoch=steps,
             shuffle=False,
@@ -139,8 +195,10 @@ def time_batch(
         return _epochs(times)
 
     start = time.perf_counter()
-    first, *rough = fit(3, 1, None)
-    k = pace.steps_for(min(rough))
+    one = inputs.steps(1)  # the fewest steps a window can hold (one call)
+    first, *rough = fit(3, one, None)
+    first -= min(rough) * (one - 1) / one  # the first call's steps past its first are steady ones
+    k = inputs.steps(pace.steps_for(min(rough) / one))
     if job_steps is not None:
         k = job_steps(k)
         windows = [d / k for d in fit(pace.epochs + 1, k, None)[1:]]
@@ -157,7 +215,7 @@ def time_batch(
                     attempt == 0
                     and len(done) == 1
                     and epochs[1] < pace.epoch_seconds / 4
-                    and pace.steps_for(done[0]) > k
+                    and inputs.steps(pace.steps_for(done[0])) > k
                 ):
                     state["resize"] = True
                     return True
@@ -177,7 +235,7 @@ def time_batch(
             epochs = fit(pace.max_windows + 1, k, decide)
             windows = [d / k for d in epochs[1:]] or [d / k for d in epochs]
             if state["resize"]:
-                k = pace.steps_for(windows[0])
+                k = inputs.steps(pace.steps_for(windows[0]))
                 continue
             stopped = str(state["stopped"]) or STOP_CAP
             break
@@ -210,4 +268,4 @@ def restore_side_effects(model, saved: dict[str, Any]) -> None:
                 pass
 
 
-__all__ = ["Pace", "Timing", "fit_side_effects", "restore_side_effects", "time_batch"]
+__all__ = ["FitInput", "Pace", "Timing", "fit_side_effects", "restore_side_effects", "time_batch", "time_fit"]

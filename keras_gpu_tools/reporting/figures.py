@@ -34,7 +34,7 @@ def available() -> bool:
 
 def draw(data: ReportData) -> dict[str, Figure]:
     """The report's plots by name (``gpu_<i>``, ``health_<i>``, ``host``, ``step_time``, ``oom``, ``memory``,
-    ``training``, ``plan``).
+    ``training``, ``plan``, ``speedups``).
 
     A plot is drawn only where the run has data for it.
     """
@@ -61,6 +61,8 @@ def draw(data: ReportData) -> dict[str, Figure]:
         figs["training"] = _training_figure(data)
     if data.plan is not None and any(c.measured for c in data.plan["candidates"]):
         figs["plan"] = _plan_figure(data)
+    if data.speedups is not None and any(r.speedup is not None for r in data.speedups.rows):
+        figs["speedups"] = data.speedups.plot()
     for fig in figs.values():
         _literal(fig)
     return figs

@@ -24,6 +24,7 @@ from keras_gpu_tools.reporting.model import (
     ReportData,
     Series,
 )
+from keras_gpu_tools.speedups.report import SpeedupReport
 
 
 class GPULoggerRecords(Protocol):
@@ -280,6 +281,10 @@ def gather(sources: Sequence[Any], title: str | None = None) -> ReportData:
         if isinstance(s, BatchPlan):  # plan_batch_size's plan
             data.sources.append("plan_batch_size")
             data.plan = rows.plan_row(s.as_dict())
+            continue
+        if isinstance(s, SpeedupReport):  # find_speedups' report
+            data.sources.append("find_speedups")
+            data.speedups = s
             continue
         role = next((r for r, cls in classes if isinstance(s, cls)), None)
         if role == "model":

@@ -31,6 +31,7 @@ from keras_gpu_tools.reporting.model import (
     ReportData,
     extend,
 )
+from keras_gpu_tools.speedups.report import SpeedupReport
 
 T = TypeVar("T")
 UNSUPPORTED_DATA = schema.GPU_UNSUPPORTED_TEXT + schema.DATA_SUFFIX  # the logger's {gpu label: {field: reason}}
@@ -179,7 +180,7 @@ def _one_layout(
     """The runs of one layout (see `gather_log_dir`); a note names the runs of the other one."""
     scan = _layout(runs)
     # Keras's runs, and the plan (written before training, by process 0 alone in a job), belong to neither.
-    keras_runs = {schema.KERAS_TRAIN_RUN, schema.KERAS_VALIDATION_RUN, ".", schema.PLAN_RUN}
+    keras_runs = {schema.KERAS_TRAIN_RUN, schema.KERAS_VALIDATION_RUN, ".", schema.PLAN_RUN, schema.SPEEDUPS_RUN}
     job = [r for r in runs if r[0] in scan.process_of or r[0] in scan.job_runs]
     single = [r for r in runs if r not in job and r[0] not in keras_runs]
     if layout == "job" and not job or layout == "single" and not single:
@@ -433,6 +434,9 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
     plan = _convert(data, records, schema.PLAN_SUMMARY_DATA, rows.plan_row)  # the last plan written
     if plan is not None:
         data.plan = plan
+    speedups = _convert(data, records, schema.SPEEDUPS_SUMMARY_DATA, SpeedupReport.from_dict)
+    if speedups is not None:
+        data.speedups = speedups
     oom = _convert(
         data,
         records,

@@ -27,6 +27,7 @@ from keras_gpu_tools.runtime.units import (
     format_number,
     format_percent,
 )
+from keras_gpu_tools.speedups.report import HEADER as SPEEDUP_HEADER
 
 e = html.escape
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1(?!`)")  # a Markdown code span: `x`, or ``x`` (which may hold a `)
@@ -80,6 +81,7 @@ def render(data: ReportData, pngs: dict[str, bytes], full_page: bool = False) ->
         _input_pipeline,
         _step_breakdown,
         _batch_plan,
+        _speedups,
         _out_of_memory,
         _memory_over_time,
         _profiler_windows,
@@ -356,6 +358,16 @@ def _batch_plan(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
         parts.append(
             f'<p class="kgt-src">* the plan; compile time is apart from samples/s; {prose(plan["method"])}</p>'
         )
+    return parts
+
+
+def _speedups(data: ReportData, pngs: dict[str, bytes]) -> list[str]:
+    report = data.speedups
+    if report is None:
+        return []
+    parts = [f"<h3>{e(text.SPEEDUPS_HEADING)}</h3>", f'<p class="kgt-plan">{prose(report.summary())}</p>']
+    parts.append(_table(list(SPEEDUP_HEADER), report.table()))
+    parts.append(_img(pngs, "speedups", "each measured change's speed-up over the fit as given"))
     return parts
 
 

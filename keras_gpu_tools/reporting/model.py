@@ -52,6 +52,7 @@ class ReportData:
     layer_table: dict[str, Any] | None = None  # the last profiled window's time per layer; see rows.layer_table_dict
     findings: list[dict[str, str | None]] | None = None  # None: the check did not run
     plan: dict[str, Any] | None = None  # plan_batch_size's plan (None: none given or written); see rows.plan_row
+    speedups: Any = None  # find_speedups' SpeedupReport (None: none given or written)
     training: dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...
     notes: list[str] = dataclasses.field(default_factory=list)
     unreadable: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # event file, what went wrong

@@ -147,14 +147,15 @@ def report(
     Pass the callbacks of a `fit()` (any of the package's callbacks, in any
     order, or the list you gave to `fit()`), the `History` or the model
     (whose mixed-precision setup is then checked), the `BatchPlan` of
-    `plan_batch_size` (or its `log_dir=`), or a TensorBoard log
+    `plan_batch_size` (or its `log_dir=`), the `SpeedupReport` of
+    `find_speedups` (or its `log_dir=`), or a TensorBoard log
     directory to build the report after the fact from what the callbacks
     wrote there. With both, the callbacks' own records are used and the log
     directory fills in what they lack (Keras's training curves, for
     example).
 
     Args:
-        *sources: callbacks, a `History`, a model, a `BatchPlan`, lists of
+        *sources: callbacks, a `History`, a model, a `BatchPlan`, a `SpeedupReport`, lists of
             these, or one log directory (a path).
         log_dir: a TensorBoard log directory to read. Defaults to `None`.
         title: the report's title. Defaults to `None` ("Training report").
@@ -236,6 +237,8 @@ def _fill_from(data: ReportData, other: ReportData) -> None:
         data.findings = other.findings
     if data.plan is None:
         data.plan = other.plan
+    if data.speedups is None:
+        data.speedups = other.speedups
     if not data.job:
         data.job = other.job
     if not data.processes:

@@ -58,6 +58,7 @@ def sections(data: ReportData) -> list[Section]:
         _input_pipeline(data),
         _step_breakdown(data),
         _batch_plan(data),
+        _speedups(data),
         _out_of_memory(data),
         _memory_over_time(data),
         _profiler_windows(data),
@@ -303,6 +304,16 @@ PLAN_HEADING = "Batch size plan"
 def plan_heading(plan: dict[str, Any]) -> str:
     """``Batch size plan (throughput)``."""
     return f"{PLAN_HEADING} ({plan['objective']})"
+
+
+SPEEDUPS_HEADING = "Speed-ups (find_speedups)"
+
+
+def _speedups(data: ReportData) -> Section | None:
+    """The speed-ups as `print(report)` shows them: the summary, a row per change, the code of those that paid."""
+    if data.speedups is None:
+        return None
+    return SPEEDUPS_HEADING, str(data.speedups).splitlines()
 
 
 def _batch_plan(data: ReportData) -> Section | None:

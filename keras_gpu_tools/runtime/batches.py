@@ -89,6 +89,17 @@ def leading_dim(batch) -> int | None:
         return None
 
 
+def map_leaves(fn, tree):
+    """``tree`` (nested dicts, lists and tuples) with ``fn`` applied to each leaf; None stays None."""
+    if tree is None:
+        return None
+    if isinstance(tree, dict):
+        return {k: map_leaves(fn, v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(map_leaves(fn, v) for v in tree)
+    return fn(tree)
+
+
 def leaves(tree):
     """The non-None leaves of nested dicts, lists and tuples (no framework import)."""
     stack = [tree]

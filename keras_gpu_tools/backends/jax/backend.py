@@ -25,6 +25,7 @@ class JaxBackend(JaxStep, JaxProfiler, JaxRecovery, JaxMemory, JaxLeaks, JaxPlan
     even_shares = True
     counts_idle_batches = True
     compile_cache_line = 'jax.config.update("jax_compilation_cache_dir", os.path.expanduser("~/.cache/jax"))'
+    forks_safely = False  # JAX's runtime threads: os.fork() of the process may deadlock (JAX warns so)
 
     def __init__(self):
         super().__init__("jax")

@@ -23,6 +23,7 @@ class TorchBackend(TorchStep, TorchProfiler, TorchRecovery, TorchMemory, TorchLe
     fetches_inside_step = False
     counts_idle_batches = True
     several_steps_per_call = False  # Keras's torch trainer takes steps_per_execution=1 only
+    step_compiler = "torch.compile"
     # torch.compile's (`jit_compile=True`) FX graph cache, set before the first compilation.
     compile_cache_line = (
         'os.environ.update(TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_CACHE_DIR="/tmp/inductor_cache")'

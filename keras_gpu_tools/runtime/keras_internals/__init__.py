@@ -74,6 +74,7 @@ from keras_gpu_tools.runtime.keras_internals.losses import (
 from keras_gpu_tools.runtime.keras_internals.model import (
     all_layers,
     build_for_training,
+    compile_arguments,
     global_seed_generator,
     jax_batch_sharding,
     jax_data_parallel,
@@ -113,6 +114,7 @@ __all__ = [
     "array_epoch_samples",
     "build_for_training",
     "capture_apply",
+    "compile_arguments",
     "check_keras_version",
     "compiled_in",
     "compute_loss_of",

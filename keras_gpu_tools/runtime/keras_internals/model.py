@@ -197,3 +197,15 @@ def named_objects() -> int | None:
         return int(sum(uids.values()))
     except Exception:
         return None
+
+
+def compile_arguments(model) -> dict[str, Any]:
+    """The arguments ``model.compile`` was called with, as given (``Trainer._compile_config.config``).
+
+    A clone or a re-compile takes them; the optimizer among them is the
+    instance the model trains with where one was passed (a name otherwise).
+    """
+    config = getattr(getattr(model, "_compile_config", None), "config", None)
+    if not isinstance(config, dict):
+        raise internals_error("Trainer._compile_config.config (the arguments of model.compile)")
+    return dict(config)

@@ -182,4 +182,9 @@ INTERNALS: tuple[Internal, ...] = (
         "keras/src/utils/naming.py: uniquify(); keras/src/backend/common/global_state.py: clear_session()",
         "MemoryLeakDetector tells a model built in a loop without clear_session()",
     ),
+    Internal(
+        "Trainer._compile_config.config: the arguments model.compile was called with, as given",
+        "keras/src/trainers/trainer.py: compile()",
+        "find_speedups compiles clones of the model as it was compiled, and its report re-compiles the model keeping its optimizer",
+    ),
 )

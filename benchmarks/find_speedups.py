@@ -1,0 +1,237 @@
+"""find_speedups: is each row's speed-up what a plain fit with that one change made by hand gives?
+
+Three cases modelled on the performance guides: (a) a `PyDataset` that decodes in Python (it
+sleeps `--decode-ms` a batch) feeding a small conv net at batch 64; (b) a float32 conv net on
+128x128x3 images at batch 256 (NumPy arrays); (c) a small MLP at batch 64 whose steps are
+dispatch-bound (NumPy arrays). For each: a plain `model.fit` as given (the baseline), the finder
+(`max_seconds=180`, its wall time, the model's weights compared before and after), then for every
+row it measured a plain fit with that change made by hand, and a plain fit with every change that
+paid (`report.apply` for the compile-time ones, the rows' code for the rest). Plain fits: epoch 0
+compiles, samples/s is the median of the next epochs'.
+
+Goals (a full run exits non-zero and names the one missed): each measured row's speed-up within
+10% of its plain fit's; the combination at least 2x the baseline on (a) and (b) with JAX, and at
+least 1.5x on every case where any change pays; the finder within 180 s on each case; the model
+untouched. A smoke run (CPU, tiny sizes) checks the output's structure and prints the goals
+unenforced.
+
+    python benchmarks/find_speedups.py --backend jax             # H200: the three cases, ~15 min
+    python benchmarks/find_speedups.py --backend torch --case b  # one case
+    python benchmarks/find_speedups.py --backend jax --smoke     # CPU check, under a minute
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any
+
+import _common
+
+BENCHMARK = "find_speedups"
+FINDER_SECONDS = 180.0  # the finder's budget and goal on each case
+ROW_TOLERANCE = 0.10  # a row's speed-up within 10% of the plain fit with that change by hand
+COMBINED_GOAL = 1.5  # the combination, where any change pays
+JAX_COMBINED_GOAL = {"a": 2.0, "b": 2.0}  # JAX's combination on (a) and (b)
+CASES = ("a", "b", "c")
+
+
+def _parse():
+    p = _common.parser(__doc__.split("\n\n")[0])
+    p.add_argument("--case", choices=(*CASES, "all"), default="all")
+    p.add_argument("--decode-ms", type=float, default=4.0, help="case (a): the Python decode's time per batch")
+    p.add_argument("--max-seconds", type=float, default=FINDER_SECONDS, help="the finder's budget")
+    return p.parse_args()
+
+
+def _sizes(case: str, smoke: bool) -> dict[str, Any]:
+    """The case's model and data sizes: the issue's at full scale, tiny in a smoke run."""
+    if case == "a":
+        return {"image": 16 if smoke else 64, "width": 8 if smoke else 32, "batch": 64, "batches": 16 if smoke else 200}
+    if case == "b":
+        return {"image": 16 if smoke else 128, "width": 8 if smoke else 64, "batch": 32 if smoke else 256}
+    return {"width": 32 if smoke else 256, "batch": 64}
+
+
+def _model(case: str, smoke: bool, policy: str | None = None, **compile_args):
+    import keras
+
+    from keras_gpu_tools import MixedPrecisionOutput
+
+    s = _sizes(case, smoke)
+    keras.utils.set_random_seed(0)
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy or "float32")
+    try:
+        if case in ("a", "b"):
+            inp = keras.Input((s["image"], s["image"], 3))
+            h = inp
+            for _ in range(3):
+                h = keras.layers.Conv2D(s["width"], 3, padding="same", activation="relu")(h)
+            logits = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(h))
+        else:
+            inp = keras.Input((64,))
+            h = keras.layers.Dense(s["width"], activation="relu")(inp)
+            h = keras.layers.Dense(s["width"], activation="relu")(h)
+            logits = keras.layers.Dense(10)(h)
+        out = MixedPrecisionOutput()(logits) if policy else logits
+        model = keras.Model(inp, out)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(keras.optimizers.Adam(1e-3), loss, **compile_args)
+    return model
+
+
+def _arrays(case: str, smoke: bool, n: int):
+    import numpy as np
+
+    s = _sizes(case, smoke)
+    rng = np.random.default_rng(0)
+    shape = (s["image"], s["image"], 3) if case in ("a", "b") else (64,)
+    block = min(n, 4096)
+    x = rng.standard_normal((block, *shape), dtype="float32")
+    y = rng.integers(0, 10, (block,))
+    return (np.resize(x, (n, *shape)), np.resize(y, (n,))) if block < n else (x, y)
+
+
+def _decoded(smoke: bool, decode_s: float, batch: int | None = None, **options):
+    """Case (a)'s input: a PyDataset whose batches take ``decode_s`` each to prepare, in Python."""
+    import keras
+
+    s = _sizes("a", smoke)
+    b = batch or s["batch"]
+    x, y = _arrays("a", smoke, s["batches"] * s["batch"])
+
+    class Decoded(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__(**options)
+
+        def __len__(self):
+            return len(x) // b
+
+        def __getitem__(self, i):
+            time.sleep(decode_s)  # a Python decode, holding the GIL as a pure-Python decoder would not
+            return x[i * b : (i + 1) * b], y[i * b : (i + 1) * b]
+
+    return Decoded()
+
+
+def _input(case: str, args, batch: int | None = None, **options) -> dict[str, Any]:
+    """``model.fit``'s data arguments for the case (one epoch of about 200 steps at full scale)."""
+    if case == "a":
+        return {"x": _decoded(args.smoke, args.decode_ms / 1e3, batch, **options)}
+    b = batch or _sizes(case, args.smoke)["batch"]
+    steps = 8 if args.smoke else 200
+    x, y = _arrays(case, args.smoke, steps * b)
+    return {"x": x, "y": y, "batch_size": b}
+
+
+def _plain_fit(model, data: dict[str, Any], smoke: bool) -> float:
+    """samples/s of a plain fit: the median of epochs 1.. (epoch 0 compiles)."""
+    times: list[float] = []
+    model.fit(**data, epochs=2 if smoke else 4, shuffle=False, verbose=0, callbacks=[_common.epoch_clock(times)])
+    x = data["x"]
+    samples = len(x) * x[0][0].shape[0] if "y" not in data else len(x)
+    return samples / statistics.median(times[1:])
+
+
+def _by_hand(case: str, args, rows: list[Any], policy: str | None) -> float:
+    """samples/s of a plain fit with the changes of ``rows`` made by hand."""
+    compile_args: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    batch = None
+    for row in rows:
+        compile_args.update(row.compile_args)
+        if row.kind == "input":
+            options.update(row.settings)
+        if row.kind == "batch_size":
+            batch = row.settings["batch_size"]
+    model = _model(case, args.smoke, policy if any(r.kind == "mixed_precision" for r in rows) else None, **compile_args)
+    return _plain_fit(model, _input(case, args, batch, **options), args.smoke)
+
+
+def measure(case: str, args) -> dict[str, Any]:
+    import numpy as np
+
+    from keras_gpu_tools import find_speedups
+
+    baseline = _plain_fit(_model(case, args.smoke), _input(case, args), args.smoke)
+    model = _model(case, args.smoke)
+    data = _input(case, args)
+    weights = [np.array(w) for w in model.get_weights()]
+    t0 = time.perf_counter()
+    report = find_speedups(
+        model, data["x"], data.get("y"), batch_size=data.get("batch_size"), max_seconds=args.max_seconds
+    )
+    seconds = time.perf_counter() - t0
+    print(report)
+    untouched = all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
+    mixed = report.row("mixed_precision")
+    policy = None if mixed is None else mixed.settings.get("dtype_policy")
+    hand: dict[str, Any] = {}
+    for row in report.rows:
+        if row.kind in ("baseline", "ceiling", "combined") or row.speedup is None or row.status == "unsafe":
+            continue
+        try:
+            hand[row.change] = {"finder": row.speedup, "by_hand": _by_hand(case, args, [row], policy) / baseline}
+        except Exception as e:  # recorded, not fatal
+            hand[row.change] = {"finder": row.speedup, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+        print(f"  {row.change}: finder {row.speedup:.2f}x, by hand {hand[row.change]}")
+    combined = None
+    if report.paid:
+        applied = _model(case, args.smoke, policy if report.row("mixed_precision") in report.paid else None)
+        report.apply(applied)  # the compile-time changes, as a user applies them
+        inputs = [r for r in report.paid if r.kind == "input"]  # the fastest input change, as the finder combines
+        options = max(inputs, key=lambda r: r.after or 0.0).settings if inputs else {}
+        batch = next((r.settings["batch_size"] for r in report.paid if r.kind == "batch_size"), None)
+        combined = _plain_fit(applied, _input(case, args, batch, **options), args.smoke) / baseline
+    return {
+        "baseline_samples_per_sec": baseline,
+        "finder_seconds": round(seconds, 2),
+        "untouched": untouched,
+        "report": report.as_dict(),
+        "rows_by_hand": hand,
+        "combined_speedup": combined,
+    }
+
+
+def main() -> int:
+    args = _parse()
+    cases = CASES if args.case == "all" else (args.case,)
+    if args.smoke:
+        args.max_seconds = min(args.max_seconds, 8.0)
+    results = _common.measure_and_save(args, BENCHMARK, lambda a: {case: measure(case, a) for case in cases})
+    backend = _common.setup(args)
+    check = _common.Checks(args)
+    for case, r in results.items():
+        check.figure(f"({case}) the baseline's samples/s", r["baseline_samples_per_sec"], 0.0)
+        check(bool(r["report"]["rows"]), f"({case}) the report has rows")
+        check(r["untouched"], f"({case}) the model's weights are as before the finder")
+        check.goal(
+            r["finder_seconds"] <= FINDER_SECONDS,
+            f"({case}) the finder within {FINDER_SECONDS:g} s ({r['finder_seconds']} s)",
+        )
+        for change, h in r["rows_by_hand"].items():
+            if "by_hand" not in h:
+                check(False, f"({case}) {change}: the plain fit by hand ran ({h['error']})")
+                continue
+            ratio = h["finder"] / h["by_hand"]
+            check.goal(
+                abs(ratio - 1.0) <= ROW_TOLERANCE,
+                f"({case}) {change}: finder {h['finder']:.2f}x within {100 * ROW_TOLERANCE:g}% of by hand "
+                f"{h['by_hand']:.2f}x",
+            )
+        combined = r["combined_speedup"]
+        if combined is None:
+            print(f"({case}) no change paid")
+            continue
+        check.figure(f"({case}) the combination's speed-up", combined, 0.0)
+        goal = JAX_COMBINED_GOAL.get(case, COMBINED_GOAL) if backend == "jax" else COMBINED_GOAL
+        check.goal(combined >= goal, f"({case}) the combination applied at least {goal:g}x ({combined:.2f}x)")
+    return check.exit_code()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

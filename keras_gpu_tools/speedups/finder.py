@@ -1,0 +1,414 @@
+"""The trials of ``find_speedups`` in order, each a row; the model's state kept and put back.
+
+Order: the baseline (the fit as given) and the input-free ceiling (one
+batch repeated), the input changes, the batch size (its plan's candidates
+also give the per-call host time), ``steps_per_execution``, ``jit_compile``,
+mixed precision, then the changes that paid, together. Each trial asks the
+:class:`~keras_gpu_tools.memory.throughput.Budget` first: one expected to
+outlast what is left of ``max_seconds`` is not measured, and a timing stops
+at its share of what is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+from keras_gpu_tools.memory.throughput import Budget, expected_seconds
+from keras_gpu_tools.memory.timed_fit import (
+    FitInput,
+    Pace,
+    Timing,
+    fit_side_effects,
+    restore_side_effects,
+    time_batch,
+    time_fit,
+)
+from keras_gpu_tools.speedups import rows as R
+from keras_gpu_tools.speedups.inputs import ARRAYS, TF_DATA, TrainingInput, describe, head
+from keras_gpu_tools.speedups.report import SpeedupReport
+from keras_gpu_tools.speedups.rows import SpeedupRow
+from keras_gpu_tools.speedups.trials import first_line, loss_after, trial_model
+
+logger = logging.getLogger("keras_gpu_tools")
+
+PLAN_GROWTH = 8  # on a CPU (no memory to plan against) the batch plan's candidates go up to 8x the batch
+PLAN_SHARES = 2  # the batch plan measures several candidates: it is given the share of two trials
+
+
+class _Finder:
+    def __init__(self, model, data: TrainingInput, budget: Budget, backend: Any, wanted: tuple[str, ...]):
+        self.model, self.data, self.budget, self.backend, self.wanted = model, data, budget, backend, wanted
+        self.on_gpu = bool(backend.gpu_devices())
+        self.pace = Pace.for_device(self.on_gpu)
+        self.per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+        self.rows: list[SpeedupRow] = []
+        self.left = 0  # trials still to run (each gets its share of what is left)
+        self.expected = 0.0  # what a trial is expected to take: the baseline's compile and least steady time
+        self.base: SpeedupRow | None = None
+        self.ceiling: Timing | None = None
+        self.base_loss: float | None = None
+        self.points: list[tuple[int, float]] = []  # (batch, step seconds) of one batch repeated: the host time
+        self.input_x: Any = None  # the input change that paid most
+        self.batch: int | None = None  # the batch that paid (arrays: the combination trains at it)
+        self.policy: str | None = None
+
+    # -- timing -----------------------------------------------------------------------
+    def _time(self, model, inputs: FitInput | None, shares: int = 1) -> Timing:
+        share = shares * max(0.0, self.budget.left()) / max(1, self.left)
+        out = lambda: self.budget.left() <= 0  # noqa: E731
+        if inputs is None:
+            return time_batch(model, self.data.batch, self.pace, out_of_time=out, share=share)
+        return time_fit(model, inputs, self.pace, out_of_time=out, share=share)
+
+    def _refused(self, compiles: int = 1) -> str | None:
+        """Why a trial of ``compiles`` compiles is not run (it would outlast the budget), or None."""
+        return self.budget.refuses(self.expected * compiles)
+
+    def _sps(self, t: Timing, batch: int | None = None) -> float:
+        return (batch or self.data.batch_size) / t.step_seconds
+
+    def _trial(
+        self,
+        row: SpeedupRow,
+        build: Callable[[], tuple[Any, FitInput | None]],
+        check: bool = False,
+        batch: int | None = None,
+    ) -> SpeedupRow:
+        """``row`` measured: built, checked (where ``check``), timed; or why not."""
+        self.left = max(1, self.left)
+        try:
+            reason = self._refused(2 if check else 1)  # the numerical check compiles the step once more
+            if reason:
+                return dataclasses.replace(row, status=R.NOT_MEASURED, reason=f"not measured: {reason}")
+            try:
+                model, inputs = build()
+                if check:
+                    row = self._check(row, model)
+                    if row.status == R.UNSAFE:
+                        return row
+                timing = self._time(model, inputs)
+            except Exception as e:
+                why = "ran out of memory: " if self.backend.is_oom(e) else ""
+                return dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=why + first_line(e))
+            return R.decide(row, self._sps(timing, batch), timing.uncertainty, True)
+        finally:
+            self.left -= 1
+
+    def _check(self, row: SpeedupRow, model) -> SpeedupRow:
+        """The numerical check: the loss after K steps against the float32 baseline's, from the same state."""
+        if self.base_loss is None:
+            self.base_loss = loss_after(trial_model(self.model), self.data.batch, R.LOSS_STEPS)
+        safe, text = R.loss_check(self.base_loss, loss_after(model, self.data.batch, R.LOSS_STEPS), R.LOSS_STEPS)
+        if not safe:
+            return dataclasses.replace(row, status=R.UNSAFE, check=text, reason="unsafe: the loss diverged")
+        return dataclasses.replace(row, check=text)
+
+    def _row(self, change: str, kind: str, code: str = "", cost: str = "", **compile_args: Any) -> SpeedupRow:
+        base = self.base
+        return SpeedupRow(
+            change,
+            kind,
+            code=code,
+            cost=cost,
+            before=None if base is None else base.after,
+            before_uncertainty=None if base is None else base.after_uncertainty,
+            compile_args=compile_args,
+        )
+
+    # -- the trials -------------------------------------------------------------------
+    def run(self) -> list[SpeedupRow]:
+        inputs_changes = self.data.changes(self.on_gpu) if "input" in self.wanted else []
+        self.left = 2 + len(inputs_changes) + PLAN_SHARES * ("batch_size" in self.wanted) + len(self.wanted) + 1
+        base_model = trial_model(self.model)
+        # Every row is measured against the baseline: it gets two shares, to be known more closely.
+        self.left += 1
+        timing = self._time(base_model, self.data.fit_input(self.per_call), shares=2)
+        self.left -= 2
+        least = (self.pace.min_windows + 1) * self.pace.epoch_seconds
+        self.expected = expected_seconds([(timing.compile_seconds, timing.compile_seconds + least)])
+        sps = self._sps(timing)
+        self.base = SpeedupRow(
+            "baseline: the fit as given",
+            R.BASELINE,
+            code="model.fit(...)",
+            status=R.BASELINE,
+            after=sps,
+            after_uncertainty=timing.uncertainty,
+            cost=f"compile {timing.compile_seconds:.2f} s apart",
+        )
+        self.rows.append(self.base)
+        self._ceiling(base_model)
+        for change in inputs_changes:
+            self._input(base_model, change)
+        if "batch_size" in self.wanted:
+            self._batch_size(base_model)
+        if "steps_per_execution" in self.wanted:
+            self._steps_per_execution(base_model)
+        if "jit_compile" in self.wanted:
+            self._jit_compile()
+        if "mixed_precision" in self.wanted:
+            self._mixed_precision()
+        self._combined()
+        return self.rows
+
+    def _ceiling(self, base_model) -> None:
+        row = self._row("input-free ceiling: one batch repeated", R.CEILING, code="(no input pipeline)")
+        row = self._trial(row, lambda: (base_model, None))
+        if row.after is not None:
+            self.points.append((self.data.batch_size, self.data.batch_size / row.after))
+            share = 1.0 - (row.before or 0.0) / row.after if row.after else 0.0
+            cost = (
+                f"the most any input change can give: the input holds back {100 * max(0.0, share):.0f}% of the step"
+                if share > 0
+                else "the input holds nothing back"
+            )
+            row = dataclasses.replace(row, status=R.CEILING, cost=cost)
+        self.rows.append(row)
+
+    def _input(self, base_model, change) -> None:
+        row = self._row(f"input: {change.change}", "input", code=change.code, cost=change.cost)
+        row = dataclasses.replace(row, settings=dict(change.settings))
+        if change.settings.get("use_multiprocessing") and not getattr(self.backend, "forks_safely", True):
+            self.left -= 1
+            reason = f"not measured: a fork of a {self.backend.name} process (its runtime's threads) may deadlock"
+            self.rows.append(dataclasses.replace(row, reason=reason))
+            return
+        row = self._trial(row, lambda: (base_model, self.data.fit_input(self.per_call, x=change.data())))
+        if row.paid:
+            best = max((r for r in self.rows if r.kind == "input" and r.paid), key=lambda r: r.after or 0, default=None)
+            if best is None or (row.after or 0) > (best.after or 0):
+                self.input_x = change.data
+        self.rows.append(row)
+
+    def _batch_size(self, base_model) -> None:
+        from keras_gpu_tools.planner import plan_batch_size
+
+        b0 = self.data.batch_size
+        row = self._row("batch size: plan_batch_size(objective='throughput')", "batch_size")
+        reason = self._refused()
+        if reason:
+            self.left -= PLAN_SHARES
+            self.rows.append(dataclasses.replace(row, reason=f"not measured: {reason}"))
+            return
+        share = PLAN_SHARES * max(0.0, self.budget.left()) / max(1, self.left)
+        bound = None if self.on_gpu else PLAN_GROWTH * b0
+        try:
+            plan = plan_batch_size(
+                base_model, *self.data.batch, objective="throughput", max_batch_size=bound, max_seconds=share
+            )
+        except Exception as e:
+            self.left -= PLAN_SHARES
+            status = R.NOT_MEASURED if "max_seconds" in str(e) else R.NOT_APPLICABLE
+            self.rows.append(dataclasses.replace(row, status=status, reason=first_line(e)))
+            return
+        self.left -= PLAN_SHARES
+        self.points += [(c.batch_size, c.step_seconds) for c in plan.candidates if c.measured and c.step_seconds]
+        b = plan.batch_size
+        rule = (
+            f"a batch of {b} instead of {b0} changes the optimisation: scale the learning rate with it (linear "
+            f"scaling, x{b / b0:g}, with a warm-up for SGD; the square-root rule, x{math.sqrt(b / b0):.2f}, for "
+            "Adam-like optimizers) and expect fewer steps per epoch"
+        )
+        row = dataclasses.replace(
+            row, change=f"batch size {b}", code=_batch_code(self.data.kind, b), cost=rule, settings={"batch_size": b}
+        )
+        if b <= b0:  # the knee at or below the batch trained with: a larger batch buys next to nothing
+            reason = f"the plan, {b}, is not larger than your batch of {b0}: a larger batch trains no faster"
+            self.rows.append(dataclasses.replace(row, status=R.NO_GAIN, reason=reason, cost=""))
+            return
+        if self.data.kind == ARRAYS:  # the user's own input at the planned batch
+            self.left += 1
+            row = self._trial(row, lambda: (base_model, self.data.fit_input(self.per_call, batch_size=b)), batch=b)
+        else:  # one batch repeated at both sizes: the step's own speed, as the plan measures it
+            chosen = next(c for c in plan.candidates if c.batch_size == b)
+            ceiling = next((r for r in self.rows if r.kind == R.CEILING and r.after is not None), None)
+            if ceiling is None or chosen.samples_per_sec is None:
+                self.rows.append(dataclasses.replace(row, reason="not measured: no figure at your batch to compare"))
+                return
+            row = dataclasses.replace(
+                row,
+                before=ceiling.after,
+                before_uncertainty=ceiling.after_uncertainty,
+                cost=rule + "; both figures on one batch repeated (the dataset's batch is yours to change)",
+            )
+            row = R.decide(row, chosen.samples_per_sec, chosen.uncertainty)
+        if row.paid:
+            self.batch = b
+        self.rows.append(row)
+
+    def _dispatch(self, base_model) -> float | None:
+        """The per-call host time, from the ceiling and the plan's candidates (one more size timed where needed)."""
+        b0 = self.data.batch_size
+        if len({b for b, _ in self.points}) < 2 and b0 >= 4 and not self._refused():
+            small = b0 // 4
+            cut = head(self.data.batch[0], small), head(self.data.batch[1], small)
+            try:
+                t = time_batch(base_model, cut, self.pace, share=max(0.0, self.budget.left()) / max(1, self.left))
+                self.points.append((small, t.step_seconds))
+            except Exception as e:
+                logger.info("keras_gpu_tools: find_speedups: no host time measured (%s)", first_line(e))
+        return R.dispatch_seconds(self.points)
+
+    def _steps_per_execution(self, base_model) -> None:
+        row = self._row("steps_per_execution", "steps_per_execution")
+        if not getattr(self.backend, "several_steps_per_call", True):
+            self.left -= 1
+            reason = f"Keras's {self.backend.name} trainer runs one step per call (steps_per_execution must be 1)"
+            self.rows.append(dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=reason))
+            return
+        dispatch = self._dispatch(base_model)
+        step = next((s for b, s in self.points if b == self.data.batch_size), None)
+        if dispatch is None or step is None:
+            self.left -= 1
+            reason = "not measured: no per-call host time (under two batch sizes timed)"
+            self.rows.append(dataclasses.replace(row, reason=reason))
+            return
+        if dispatch <= 0:
+            self.left -= 1
+            reason = "no per-call host time measured: the step grows in proportion to the batch"
+            self.rows.append(dataclasses.replace(row, status=R.NO_GAIN, reason=reason))
+            return
+        n = R.steps_per_execution(dispatch, step)
+        if self.data.batches:  # a call runs within one pass: N divides the batches of a pass
+            n = FitInput(dict, self.data.batches).steps(n)
+        if n <= self.per_call:
+            self.left -= 1
+            reason = f"already {self.per_call} steps per call (the host's {1e3 * dispatch:.2f} ms per call asks {n})"
+            self.rows.append(dataclasses.replace(row, status=R.NO_GAIN, reason=reason))
+            return
+        row = dataclasses.replace(
+            row,
+            change=f"steps_per_execution={n}",
+            code=f"model.compile(..., steps_per_execution={n})",
+            cost=f"{1e3 * dispatch:.2f} ms of host time per call, now paid once per {n} steps; batch callbacks and "
+            f"logs run once per {n} steps",
+            compile_args={"steps_per_execution": n},
+            settings={"steps_per_execution": n},
+        )
+        spe = {"steps_per_execution": n}
+        self.rows.append(self._trial(row, lambda: (trial_model(self.model, spe), self.data.fit_input(n))))
+
+    def _jit_compile(self) -> None:
+        row = self._row("jit_compile=True", "jit_compile", code="model.compile(..., jit_compile=True)")
+        if getattr(self.model, "jit_compile", False):
+            self.left -= 1
+            reason = "already on: the model compiles its step (jit_compile=True)"
+            self.rows.append(dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=reason))
+            return
+        what = getattr(self.backend, "step_compiler", "XLA")
+        row = dataclasses.replace(
+            row,
+            cost=f"the step compiled by {what}: a longer first call",
+            compile_args={"jit_compile": True},
+            settings={"jit_compile": True},
+        )
+        args = {"jit_compile": True}
+        self.rows.append(
+            self._trial(row, lambda: (trial_model(self.model, args), self.data.fit_input(self.per_call)), check=True)
+        )
+
+    def _mixed_precision(self) -> None:
+        row = self._row("mixed precision", "mixed_precision")
+        caps = self._capabilities()
+        dtype = str(getattr(getattr(self.model, "dtype_policy", None), "compute_dtype", "float32"))
+        if dtype in ("float16", "bfloat16"):
+            self.left -= 1
+            self.rows.append(dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=f"already {dtype}"))
+            return
+        if not any(c >= (7, 0) for c in caps):
+            self.left -= 1
+            self.rows.append(dataclasses.replace(row, reason="no tensor cores: not measured"))
+            return
+        policy = "mixed_bfloat16" if any(c >= (8, 0) for c in caps) else "mixed_float16"
+        row = dataclasses.replace(
+            row,
+            change=f"mixed precision ({policy})",
+            code=f'keras.mixed_precision.set_dtype_policy("{policy}")  # before building the model; '
+            "keras_gpu_tools.MixedPrecisionOutput(activation) as its last layer",
+            cost="16-bit activations on tensor cores, float32 weights"
+            + ("; loss scaling (LossScaleOptimizer)" if policy == "mixed_float16" else ""),
+            settings={"dtype_policy": policy},
+        )
+        row = self._trial(
+            row, lambda: (trial_model(self.model, policy=policy), self.data.fit_input(self.per_call)), check=True
+        )
+        if row.paid:
+            self.policy = policy
+        self.rows.append(row)
+
+    def _capabilities(self) -> list[tuple[int, ...]]:
+        """The compute capabilities of the GPUs the step runs on (none on a CPU)."""
+        from keras_gpu_tools.mixed_precision.check import gpu_compute_capabilities
+
+        return [tuple(c) for c in gpu_compute_capabilities()] if self.on_gpu else []
+
+    def _combined(self) -> None:
+        paid = [r for r in self.rows if r.paid]
+        row = self._row("combined: " + (" + ".join(r.change for r in paid) or "nothing paid"), R.COMBINED)
+        if not paid:
+            self.rows.append(dataclasses.replace(row, status=R.NO_GAIN, reason="no change paid"))
+            return
+        if len(paid) == 1:  # nothing to combine: the one change's figures
+            one = paid[0]
+            self.rows.append(
+                dataclasses.replace(
+                    one, change=row.change, kind=R.COMBINED, reason="one change paid: the combination is that change"
+                )
+            )
+            return
+        args: dict[str, Any] = {}
+        for r in paid:
+            args.update(r.compile_args)
+        n = int(args.get("steps_per_execution", self.per_call))
+        batch = self.batch if self.data.kind == ARRAYS else None
+        code = "; ".join(r.code for r in paid if r.code)
+        note = "" if batch or self.batch is None else "the batch size left out (the dataset's batch is yours to set)"
+        row = dataclasses.replace(row, code=code, compile_args=args, cost=note)
+        input_x = self.input_x
+
+        def build():
+            model = trial_model(self.model, args, policy=self.policy)
+            return model, self.data.fit_input(n, x=None if input_x is None else input_x(), batch_size=batch)
+
+        self.left = max(self.left, 1)
+        checked = bool(self.policy) or "jit_compile" in args
+        self.rows.append(self._trial(row, build, check=checked, batch=batch))
+
+
+def _batch_code(kind: str, b: int) -> str:
+    if kind == ARRAYS:
+        return f"model.fit(x, y, batch_size={b})"
+    if kind == TF_DATA:
+        return f"dataset = dataset.rebatch({b})"
+    return f"batch_size={b}  # in your {kind}"
+
+
+def run(model, x, y, batch_size: int | None, max_seconds: float, wanted: tuple[str, ...]) -> SpeedupReport:
+    """Checks the input, keeps the model's state, runs the trials, puts the state back (see the module)."""
+    from keras_gpu_tools import backends
+
+    budget = Budget(max_seconds)
+    data = describe(x, y, batch_size)
+    backend = backends.get()
+    snapshot = backend.plan_snapshot(model, data.batch)
+    side_effects = fit_side_effects(model)
+    finder = _Finder(model, data, budget, backend, wanted)
+    try:
+        rows = finder.run()
+    finally:
+        backend.plan_restore(model, snapshot)
+        restore_side_effects(model, side_effects)
+    return SpeedupReport(
+        rows,
+        backend=backend.name,
+        device="gpu" if finder.on_gpu else "cpu",
+        seconds=budget.elapsed(),
+        max_seconds=max_seconds,
+    )
+
+
+__all__ = ["run"]

@@ -1,0 +1,120 @@
+"""Trial models: clones of the user's model, compiled as it was with one change, and what they measure.
+
+:func:`trial_model` clones the model (its weights copied, a fresh optimizer
+of the same configuration; its layers' seed states copied too, so that
+dropout draws alike in every trial) and compiles it with the user's own arguments and
+the change's (``steps_per_execution``, ``jit_compile``); under a mixed
+precision policy its layers compute in 16 bits and each output passes
+through :class:`~keras_gpu_tools.layers.MixedPrecisionOutput`, its
+activation moved there, in float32. Nothing is done to the user's model.
+:func:`loss_after` is the numerical check's figure: the loss after K steps
+on one batch repeated, from the model's own weights and seed states.
+
+Keras is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime.batches import map_leaves
+
+ACTIVATION_LAYERS = ("Dense", "Conv1D", "Conv2D", "Conv3D", "Activation", "EinsumDense")
+
+
+def first_line(e: BaseException) -> str:
+    """An error as a report shows it: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
+
+
+def trial_model(model, compile_args: dict[str, Any] | None = None, policy: str | None = None):
+    """A clone of ``model`` with its weights, compiled as ``model`` was with ``compile_args`` over its arguments."""
+    import keras
+
+    if policy is None:
+        clone = keras.models.clone_model(model)
+    else:
+        clone = _mixed_clone(model, policy)
+    _copy_variables(model, clone)
+    args = ki.compile_arguments(model)
+    optimizer: Any = model.optimizer
+    inner: Any = getattr(optimizer, "inner_optimizer", None) or optimizer  # a LossScaleOptimizer's own
+    args["optimizer"] = inner.__class__.from_config(inner.get_config())
+    args["metrics"] = _fresh(args.get("metrics"))
+    args["weighted_metrics"] = _fresh(args.get("weighted_metrics"))
+    args.update(compile_args or {})
+    clone.compile(**args)
+    return clone
+
+
+def _copy_variables(model, clone) -> None:
+    """The model's variables into the clone's: its weights and its layers' seed states (dropout draws alike)."""
+    source, target = list(model.variables), list(clone.variables)
+    if len(source) != len(target) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(source, target)):
+        clone.set_weights(model.get_weights())  # the weights alone, where the seed states do not pair up
+        return
+    import keras
+
+    for a, b in zip(source, target):
+        # A host copy: the clone's training donates its buffers (JAX), which must never be the model's own.
+        b.assign(keras.ops.convert_to_numpy(a.value))
+
+
+def _fresh(metrics: Any) -> Any:
+    """The compile metrics with every Metric object replaced by a new one of its config (a clone keeps no state)."""
+    import keras
+
+    def fresh(m: Any) -> Any:
+        return m.__class__.from_config(m.get_config()) if isinstance(m, keras.metrics.Metric) else m
+
+    return map_leaves(fresh, metrics)
+
+
+def _mixed_clone(model, policy: str):
+    """``model`` rebuilt under ``policy``, its outputs' activations applied in float32 by MixedPrecisionOutput."""
+    import keras
+
+    from keras_gpu_tools.layers import MixedPrecisionOutput
+
+    output_layers = {_producer(t) for t in model.outputs}
+    moved: dict[str, Any] = {}
+
+    def clone_layer(layer):
+        config = layer.get_config()
+        config["dtype"] = policy
+        if layer.name in output_layers and type(layer).__name__ in ACTIVATION_LAYERS:
+            moved[layer.name] = config.get("activation", "linear")
+            config["activation"] = "linear"
+            config["name"] = f"{layer.name}_logits"
+        return layer.__class__.from_config(config)
+
+    clone = keras.models.clone_model(model, clone_function=clone_layer)
+    outputs = []
+    for t, name in zip(clone.outputs, [_producer(t) for t in model.outputs]):
+        activation = moved.get(name)
+        outputs.append(MixedPrecisionOutput(activation, name=name)(t) if name in moved else MixedPrecisionOutput()(t))
+    return keras.Model(clone.inputs, outputs if len(outputs) > 1 else outputs[0], name=model.name)
+
+
+def _producer(tensor) -> str:
+    history = getattr(tensor, "_keras_history", None)
+    layer = getattr(history, "operation", None) if history is not None else None
+    return getattr(layer, "name", "")
+
+
+def loss_after(model, batch: tuple[Any, Any], steps: int) -> float:
+    """The training loss at the last of ``steps`` steps on ``batch`` repeated (a fresh trial model: the model's state)."""
+    x, y = batch
+
+    def repeat():
+        while True:
+            yield (x, y) if y is not None else (x,)
+
+    per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+    history = model.fit(repeat(), epochs=max(1, steps // per_call), steps_per_epoch=per_call, shuffle=False, verbose=0)
+    return float(history.history["loss"][-1])
+
+
+__all__ = ["first_line", "loss_after", "trial_model"]

@@ -1,0 +1,311 @@
+"""find_speedups with real fits on CPU: the model exactly as before, bad input refused first, the rows, apply().
+
+No test asserts a duration or a speed-up: the machine is shared. The decisions
+are tested on fixed figures in test_rows.py; here the trials run for real,
+with small models, few changes and a small `max_seconds`.
+"""
+
+import random
+import time
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_gpu_tools import find_speedups
+from keras_gpu_tools.memory import timed_fit
+from keras_gpu_tools.speedups import finder, inputs
+from keras_gpu_tools.speedups import rows as R
+from keras_gpu_tools.speedups.report import SpeedupReport
+from keras_gpu_tools.speedups.rows import SpeedupRow
+from tests.helpers.models import BACKEND
+from tests.helpers.state import rng_states, values
+
+pytestmark = pytest.mark.multibackend
+
+
+def mlp(seed=0, scale=1.0):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            keras.layers.Rescaling(scale),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dropout(0.2),  # draws from its SeedGenerator in every training step
+            keras.layers.Dense(1),
+        ]
+    )
+    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
+    return model
+
+
+def data(n=256):
+    r = np.random.RandomState(0)
+    return r.rand(n, 16).astype("float32"), r.rand(n, 1).astype("float32")
+
+
+def random_states():
+    states = [random.getstate(), np.random.get_state()]
+    if BACKEND == "torch":
+        import torch
+
+        states.append(torch.get_rng_state())
+    return states
+
+
+def set_random_states(states):
+    random.setstate(states[0])
+    np.random.set_state(states[1])
+    if BACKEND == "torch":
+        import torch
+
+        torch.set_rng_state(states[2])
+
+
+@pytest.mark.slow
+def test_the_rows_are_measured_on_clones_and_the_model_is_exactly_as_before():
+    model = mlp()
+    x, y = data()
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)  # a trained state, metrics set
+    keras.random.normal((2,))  # Keras's global seed generator exists and has advanced
+    history = model.history
+    before = values(model)
+    metrics = {k: float(ops.convert_to_numpy(v)) for k, v in model.get_metrics_result().items()}
+    states = random_states()
+    expected = rng_states()
+    set_random_states(states)
+
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=20, changes=["batch_size", "steps_per_execution"])
+
+    kinds = [r.kind for r in report.rows]
+    assert kinds == [R.BASELINE, R.CEILING, "batch_size", "steps_per_execution", R.COMBINED]
+    base = report.rows[0]
+    assert base.after > 0 and base.status == R.BASELINE and "compile" in base.cost
+    for row in report.rows:
+        assert row.status in R.STATUSES and row.change
+        if row.after is not None and row.kind != R.BASELINE:
+            assert row.before == base.after and row.speedup == pytest.approx(row.after / row.before)
+        if row.status in (R.NOT_APPLICABLE, R.NOT_MEASURED):
+            assert row.reason and row.after is None
+    spe = report.row("steps_per_execution")
+    if BACKEND == "torch":
+        assert spe.status == R.NOT_APPLICABLE and "steps_per_execution must be 1" in spe.reason
+    elif spe.after is not None:
+        n = spe.compile_args["steps_per_execution"]
+        assert spe.code == f"model.compile(..., steps_per_execution={n})" and 256 // 16 % n == 0
+    batch = report.row("batch_size")
+    if batch.status in (R.PAID, R.NO_GAIN) and batch.reason == "":
+        assert "learning rate" in batch.cost and "batch_size=" in batch.code
+    assert report.seconds < 60 and str(report).startswith(f"find_speedups ({BACKEND}, cpu, ")
+    # exactly as before: weights, optimizer state, the dropout's seed, the metrics, History, the random states
+    for a, b in zip(values(model), before):
+        np.testing.assert_array_equal(a, b)
+    after = {k: float(ops.convert_to_numpy(v)) for k, v in model.get_metrics_result().items()}
+    assert after == pytest.approx(metrics, rel=1e-6)
+    assert model.history is history and model.steps_per_execution == 1
+    assert rng_states() == expected
+
+
+def test_bad_arguments_are_refused_before_any_trial(monkeypatch):
+    def no_trial(*args, **kwargs):
+        raise AssertionError("a trial ran")
+
+    monkeypatch.setattr(finder, "time_fit", no_trial)
+    monkeypatch.setattr(finder, "time_batch", no_trial)
+    model = mlp()
+    x, y = data(32)
+    with pytest.raises(ValueError, match=r"argument `max_seconds`. Received: max_seconds=0"):
+        find_speedups(model, x, y, max_seconds=0)
+    with pytest.raises(ValueError, match=r"argument `max_seconds`"):
+        find_speedups(model, x, y, max_seconds=float("nan"))
+    with pytest.raises(ValueError, match=r"argument `changes`.*'xla' is not one of them"):
+        find_speedups(model, x, y, changes=["xla"])
+    with pytest.raises(ValueError, match=r"argument `batch_size`. Received: batch_size=0"):
+        find_speedups(model, x, y, batch_size=0)
+    raw = keras.Sequential([keras.Input((16,)), keras.layers.Dense(1)])
+    with pytest.raises(ValueError, match=r"argument `model`.*not compiled"):
+        find_speedups(raw, x, y)
+    with pytest.raises(ValueError, match=r"argument `x`.*no samples"):
+        find_speedups(model, x[:0], y[:0])
+    with pytest.raises(ValueError, match=r"argument `y`. Received: y=None"):
+        find_speedups(model, x)
+    with pytest.raises(ValueError, match=r"argument `x`.*generator"):
+        find_speedups(model, (b for b in [(x, y)]))
+
+    class Empty(keras.utils.PyDataset):
+        def __len__(self):
+            return 0
+
+        def __getitem__(self, i):
+            raise IndexError(i)
+
+    with pytest.raises(ValueError, match=r"argument `x`. Received: an empty Empty"):
+        find_speedups(model, Empty())
+
+
+def test_a_change_that_diverges_is_unsafe_never_a_speed_up(monkeypatch):
+    # Inputs of 1e5 overflow float16 (largest 65504) in the first Dense: the loss is inf or NaN under
+    # mixed_float16, as on a GPU with tensor cores (the machine is told it has them; the math is real).
+    monkeypatch.setattr(finder._Finder, "_capabilities", lambda self: [(7, 5)])
+    model = mlp(scale=1e5)
+    x, y = data(64)
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=20, changes=["mixed_precision"])
+    row = report.row("mixed_precision")
+    assert row.change == "mixed precision (mixed_float16)"
+    assert row.status == R.UNSAFE and row.after is None and row.speedup is None
+    assert "diverged" in row.check and row.check.startswith(f"loss after {R.LOSS_STEPS} steps")
+    assert report.paid == [] and report.combined.status == R.NO_GAIN
+
+
+def test_mixed_precision_is_not_measured_without_tensor_cores():
+    model = mlp()
+    x, y = data(64)
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=10, changes=["mixed_precision"])
+    row = report.row("mixed_precision")
+    assert row.status == R.NOT_MEASURED and row.reason == "no tensor cores: not measured"
+
+
+@pytest.mark.skipif(BACKEND == "torch", reason="torch.compile on a CPU needs a C++ toolchain and minutes")
+def test_a_change_that_raises_is_not_applicable_with_its_first_line():
+    if BACKEND == "jax":  # JAX compiles the step already: not applicable, with the reason
+        model = mlp()
+        x, y = data(64)
+        report = find_speedups(model, x, y, batch_size=16, max_seconds=10, changes=["jit_compile"])
+        row = report.row("jit_compile")
+        assert row.status == R.NOT_APPLICABLE and row.reason.startswith("already on")
+        return
+    import tensorflow as tf
+
+    class HostOp(keras.layers.Layer):  # a NumPy function in the step: XLA cannot compile it
+        def call(self, x):
+            y = tf.numpy_function(lambda a: a * 2.0, [x], tf.float32)
+            return tf.reshape(y, tf.shape(x))
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(HostOp()(inputs)))
+    model.compile("sgd", "mse")
+    x, y = data(64)
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=20, changes=["jit_compile"])
+    row = report.row("jit_compile")
+    assert row.status == R.NOT_APPLICABLE and row.after is None
+    assert row.reason.split(":")[0].endswith("Error") and "\n" not in row.reason
+
+
+class Slow(keras.utils.PyDataset):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y = data(64)
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        time.sleep(0.003)  # a decode that waits: threads overlap it
+        return self.x[8 * i : 8 * i + 8], self.y[8 * i : 8 * i + 8]
+
+
+def test_a_py_dataset_is_offered_threads_then_processes():
+    rows = inputs.describe(Slow(), None, None).changes(on_gpu=False)
+    n = inputs.workers()
+    assert [c.code.split("  #")[0] for c in rows] == [
+        f"super().__init__(workers={n})",
+        f"super().__init__(workers={n}, use_multiprocessing=True)",
+    ]
+    threads, processes = rows[0].data(), rows[1].data()
+    assert (threads.workers, threads.use_multiprocessing) == (n, False)
+    assert (processes.workers, processes.use_multiprocessing) == (n, True)
+
+
+def test_a_py_dataset_gets_its_workers_measured_and_no_fork_where_forking_is_unsafe(monkeypatch):
+    from keras_gpu_tools import backends
+
+    # As on JAX (whose runtime threads make a fork unsafe): the processes are not measured, and never forked.
+    monkeypatch.setattr(type(backends.get()), "forks_safely", False)
+    model = mlp()
+    dataset = Slow()
+    report = find_speedups(model, dataset, max_seconds=20, changes=["input"])
+    threads, processes = [r for r in report.rows if r.kind == "input"]
+    assert threads.change == f"input: PyDataset workers={inputs.workers()}"
+    assert threads.after is not None and threads.status in (R.PAID, R.NO_GAIN)
+    assert processes.status == R.NOT_MEASURED and "may deadlock" in processes.reason and processes.after is None
+    assert dataset.workers == 1 and not dataset.use_multiprocessing  # the user's dataset is untouched
+
+
+def test_apply_recompiles_with_the_compile_time_changes_and_keeps_the_optimizer_state():
+    if BACKEND == "torch":
+        args, kind = {"jit_compile": False}, "jit_compile"  # (torch runs one step per call)
+    else:
+        args, kind = {"steps_per_execution": 4}, "steps_per_execution"
+    model = mlp()
+    x, y = data(64)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    optimizer, iterations = model.optimizer, int(ops.convert_to_numpy(model.optimizer.iterations))
+    slots = [np.array(ops.convert_to_numpy(v.value)) for v in optimizer.variables]
+    report = SpeedupReport(
+        [
+            SpeedupRow("a", kind, status=R.PAID, before=1.0, after=2.0, compile_args=args),
+            SpeedupRow("b", "batch_size", status=R.PAID, before=1.0, after=2.0, code="model.fit(x, y, batch_size=64)"),
+        ]
+    )
+    assert report.apply(model) == args
+    assert model.optimizer is optimizer and getattr(model, kind) == next(iter(args.values()))
+    for a, b in zip(optimizer.variables, slots):
+        np.testing.assert_array_equal(ops.convert_to_numpy(a.value), b)
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)  # trains on, from where it was
+    assert int(ops.convert_to_numpy(model.optimizer.iterations)) == iterations + 4
+    assert SpeedupReport([]).apply(model) == {}
+    with pytest.raises(ValueError, match="argument `model`"):
+        report.apply(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+
+
+def test_a_trial_that_would_outlast_the_budget_is_not_measured(monkeypatch):
+    clock = [0.0]
+    real = timed_fit.time_fit
+
+    def slow(*args, **kwargs):
+        clock[0] += 1000.0  # each timed fit takes 1000 s of the finder's clock
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(finder, "time_fit", slow)
+    monkeypatch.setattr(finder, "Budget", lambda s: _Budget(s, clock))
+    model = mlp()
+    x, y = data(64)
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=500, changes=["batch_size"])
+    row = report.row("batch_size")
+    assert row.status == R.NOT_MEASURED and row.reason.startswith("not measured: the budget of 500 s was spent")
+    assert report.rows[0].after is not None  # the baseline was measured: the only trial that ran
+
+
+class _Budget(finder.Budget):
+    def __init__(self, max_seconds, clock):
+        super().__init__(max_seconds, clock=lambda: clock[0])
+
+
+def test_a_tf_data_dataset_gets_its_options_and_a_prefetch_measured():
+    import tensorflow as tf
+
+    x, y = data(128)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).map(lambda a, b: (a * 2.0, b)).batch(16)
+    report = find_speedups(mlp(), dataset, max_seconds=15, changes=["input"])
+    (row,) = [r for r in report.rows if r.kind == "input"]
+    assert row.change == "input: tf.data options and prefetch" and row.settings["prefetch"] == "AUTOTUNE"
+    assert "dataset.with_options(options).prefetch(tf.data.AUTOTUNE)" in row.code
+    assert row.after is not None and row.status in (R.PAID, R.NO_GAIN)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="a torch DataLoader: tested in the torch session")
+def test_a_data_loader_gets_workers_and_persistent_workers_measured():
+    import torch
+
+    x, y = data(128)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=16
+    )
+    report = find_speedups(mlp(), loader, max_seconds=20, changes=["input"])
+    (row,) = [r for r in report.rows if r.kind == "input"]
+    n = inputs.workers()
+    assert row.settings == {"num_workers": n, "pin_memory": False, "persistent_workers": True}
+    assert row.code == f"DataLoader(dataset, ..., num_workers={n}, pin_memory=False, persistent_workers=True)"
+    assert row.status in (R.PAID, R.NO_GAIN, R.NOT_MEASURED) and loader.num_workers == 0
