@@ -188,6 +188,10 @@ class Backend:
         """Bytes the framework's allocator holds from each local GPU (in use or cached for reuse), where it says."""
         return {}
 
+    def allocator_readings(self, indices: Iterable[int]) -> tuple[Stats, dict[int, float]]:
+        """``allocator_memory(indices)`` and ``allocator_reserved(indices)`` together (one read where it can)."""
+        return self.allocator_memory(indices), self.allocator_reserved(indices)
+
     def live_tensors(self, heap: bool) -> tuple[int, float] | None:
         """(count, bytes) of the framework's live tensors; None where unknown.
 

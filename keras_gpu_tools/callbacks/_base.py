@@ -108,22 +108,32 @@ class FitCallback(LeanCallback):
         return set()
 
     def _epoch_figures(self, values: dict[str, float], logs: dict | None, brief: str | None = None) -> None:
-        """The epoch's figures into Keras's ``logs`` (History, CSVLogger); the progress bar shows as ``progress_bar`` says."""
+        """The epoch's figures into Keras's ``logs`` (History, CSVLogger); the progress bar shows as ``progress_bar`` says.
+
+        Called from ``on_epoch_end``, whose wrapper (``__init_subclass__``) then fills the fit's other keys, once.
+        """
         if logs is None:
             return
         logs.update(values)
-        self._epoch_keys = self._epoch_keys | frozenset(values)
+        if not self._epoch_keys.issuperset(values):
+            self._epoch_keys = self._epoch_keys | frozenset(values)
         self._brief = brief if brief is not None else self._brief
-        self._fill_epoch_logs(logs)
 
     def _fill_epoch_logs(self, logs: dict | None) -> None:
-        """NaN ("not yet measured") for this fit's keys the epoch has no figure of; the bar and TensorBoard told."""
+        """NaN ("not yet measured") for this fit's keys the epoch has no figure of; the bar and TensorBoard told.
+
+        The fit's output is told only what changed since it was last told (the keys, how the bar shows them).
+        """
         if logs is None or not self._epoch_keys:
             return
         for key in self._epoch_keys:
             logs.setdefault(key, math.nan)
-        if self._output is not None:
+        told = (self._output, self._epoch_keys, self.progress_bar, self._brief)
+        if self._output is not None and told != self._told:  # (the same objects: equal at once)
             self._output.figures(self._epoch_keys, self.progress_bar, self._brief, self._bar_priority)
+            self._told = told
+
+    _told: tuple[Any, ...] = ()  # what the fit's output was last told (``_fill_epoch_logs``)
 
     def _print(self, *lines: str) -> None:
         """Prints ``lines`` under the epoch's progress bar line, never inside it (at once outside a fit)."""

@@ -12,8 +12,9 @@ from keras_gpu_tools.leaks import host
 from keras_gpu_tools.leaks.fits import PROCESS, FitRecord
 from keras_gpu_tools.leaks.readings import Reading
 from keras_gpu_tools.leaks.summary import epoch_line, fit_lines, summary_text, write_epoch, write_fit
-from keras_gpu_tools.leaks.track import MIN_EPOCHS, Census, EpochTrack
-from keras_gpu_tools.leaks.verdict import Context, LeakVerdict, grows, judge
+from keras_gpu_tools.leaks.traces import TraceReader
+from keras_gpu_tools.leaks.track import MIN_EPOCHS, Census, EpochTrack, Growth
+from keras_gpu_tools.leaks.verdict import CERTAIN, Context, LeakVerdict, grows, judge
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import validation as check
@@ -44,8 +45,11 @@ class MemoryLeakDetector(FitCallback):
     cache filling; the allocator's cache (reserved grows while in use does
     not: not a leak).
 
-    Cost: under a millisecond per epoch end on the training thread, nothing
-    per step. Where live tensors have no registry (TensorFlow, torch) they are
+    Cost: a few tenths of a millisecond per epoch end on the training thread,
+    the same at every epoch (the growth rates read at most 24 readings),
+    nothing per step. The epoch's figures are read at its end because they
+    are logged there; only their TensorBoard events are written later, by the
+    fit's own thread. Where live tensors have no registry (TensorFlow, torch) they are
     counted by a walk over the heap (up to a tenth of a second), only once
     growth is seen and at the fit's end: twice a fit at most.
 
@@ -143,6 +147,7 @@ class MemoryLeakDetector(FitCallback):
         self._compiled: dict[int, int] = {}
         self._pipeline_cache = False
         self._epochs_planned: int | None = None
+        self._traces: TraceReader | None = None
 
     @property
     def verdict(self) -> LeakVerdict | None:
@@ -177,14 +182,14 @@ class MemoryLeakDetector(FitCallback):
     def _read(self, epoch: int, heap: bool = False) -> Reading:
         b = self.backend
         r = Reading(epoch, time.time(), host_rss=host.rss_bytes())
-        if self._devices:
-            stats = self._safely("device", "the allocator's memory", lambda: b.allocator_memory(self._devices), {})
-            r.in_use = {i: cur for i, (cur, _peak) in stats.items()}
-            r.reserved = self._safely(
-                "reserved", "the allocator's reserve", lambda: b.allocator_reserved(self._devices), {}
+        if self._devices:  # in use and reserved from one read of each device's allocator figures
+            stats, r.reserved = self._safely(
+                "device", "the allocator's memory", lambda: b.allocator_readings(self._devices), ({}, {})
             )
+            r.in_use = {i: cur for i, (cur, _peak) in stats.items()}
         r.tensors = self._safely("tensors", "live tensors", lambda: b.live_tensors(heap))
-        counts = self._safely("compiled", "compiled functions", lambda: b.compiled_functions(self.model))
+        traces = self._traces if self._traces is not None else TraceReader(b, self.model)
+        counts = self._safely("compiled", "compiled functions", traces)
         if counts:
             for k, n in counts.items():  # functions replaced by a recompile keep counting
                 self._compiled[k] = max(n, self._compiled.get(k, 0))
@@ -208,6 +213,7 @@ class MemoryLeakDetector(FitCallback):
         self._pipeline_cache = bool(ki.describe_pipeline(self.model).get("cache"))
         self._epochs_planned = (self.params or {}).get("epochs")
         self._record = PROCESS.begin(self.model, ki.named_objects())
+        self._traces = TraceReader(b, self.model)  # the compiled functions found once, not at every epoch end
         self._track = EpochTrack(self.warmup_epochs, self._read(-1))
         self._open_writers(job=False, session=session)  # its epochs' figures written off the training thread
         self._running = True
@@ -227,11 +233,14 @@ class MemoryLeakDetector(FitCallback):
         if not self._running or self._track is None:
             return
         reading = self._read(epoch)
-        self._track.add(reading)
-        g = self._track.growth(brief=True)  # what an epoch end logs; the rest at the fit's end
-        growing = grows(g.host, self.min_growth_mib) or grows(g.device, self.min_growth_mib)
-        if growing and reading.tensors is None and self.count_tensors and not self._track.censuses:
-            self._census(reading)  # once growth is seen: the first of two counts, the second at the fit's end
+        track = self._track
+        track.add(reading)
+        # What an epoch end logs: the rates alone (the rest at the fit's end), over at most MAX_POINTS readings.
+        g = track.growth(brief=True, halves=False)
+        if reading.tensors is None and self.count_tensors and not track.censuses and self._may_grow(g):
+            g = track.with_halves(g)  # the halves' slopes too: whether the rise is steady, as the verdict judges
+            if grows(g.host, self.min_growth_mib) or grows(g.device, self.min_growth_mib):
+                self._census(reading)  # once growth is seen: the first of two counts, the second at the fit's end
         figures = reading.figures()
         if g.host is not None:
             figures[schema.MEMORY_HOST_GROWTH] = g.host.per_unit
@@ -245,6 +254,14 @@ class MemoryLeakDetector(FitCallback):
             write_epoch(self._writer, figures, PROCESS.next_epoch())
         if self.verbose > 1:
             self._print(epoch_line(epoch, figures))
+
+    def _may_grow(self, g: Growth) -> bool:
+        """Whether a rate passes what ``grows`` asks but the halves (positive, over the floor, certain)."""
+        floor = self.min_growth_mib
+        return any(
+            s is not None and s.per_unit > 0 and s.per_unit >= floor and s.confidence >= CERTAIN
+            for s in (g.host, g.device)
+        )
 
     def on_train_end(self, logs: dict | None = None) -> None:
         track = self._track

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 
 from keras_gpu_tools.leaks.readings import MIB, Reading
-from keras_gpu_tools.leaks.slope import Slope, evenly, theil_sen
+from keras_gpu_tools.leaks.slope import Slope, evenly, theil_sen, with_halves
 
 MIN_EPOCHS = 3  # epochs after the warm-up before a growth rate is claimed
 
@@ -84,18 +84,23 @@ class EpochTrack:
             return None
         return (pts[-1].wall - pts[0].wall) / (pts[-1].epoch - pts[0].epoch)
 
-    def growth(self, brief: bool = False) -> Growth:
-        """The growth rates; ``brief``: those of the host and of the devices together only (an epoch end's figures)."""
-        usable = self.usable
-        g = Growth(epochs=len(usable))
+    def growth(self, brief: bool = False, halves: bool = True) -> Growth:
+        """The growth rates; ``brief``: those of the host and of the devices together only (an epoch end's figures).
+
+        ``halves=False`` leaves out the slopes of the earlier and later halves
+        (``Slope.early``, ``late``): the rates alone, a third of the work. Reads
+        at most ``MAX_POINTS`` readings, however many epochs the fit has had.
+        """
+        epochs = max(len(self.readings) - self.warmup_epochs, 0)  # (``usable`` would copy every reading)
+        g = Growth(epochs=epochs)
         if self.readings and self.warmup_epochs:
             g.warmup_host_mib = _delta(self.start.host_rss, self.baseline.host_rss)
             g.warmup_device_mib = _delta(self.start.device_in_use, self.baseline.device_in_use)
-        if len(usable) < MIN_EPOCHS:
+        if epochs < MIN_EPOCHS:
             return g
         pts = self.points()
-        g.host = _slope(pts, lambda r: r.host_rss, MIB)
-        g.device = _slope(pts, lambda r: r.device_in_use, MIB)
+        g.host = _slope(pts, _host, MIB, halves)
+        g.device = _slope(pts, _device_total, MIB, halves)
         if brief:
             return g
         for i in pts[-1].in_use:
@@ -114,6 +119,23 @@ class EpochTrack:
         g.compiled = _slope(pts, lambda r: r.compiled, 1.0)
         return g
 
+    def with_halves(self, g: Growth) -> Growth:
+        """``g``, made by ``growth(brief=True, halves=False)`` of the same readings, as ``growth(brief=True)`` makes it."""
+        pts = self.points()
+        for name, value in (("host", _host), ("device", _device_total)):
+            s = getattr(g, name)
+            if s is not None:
+                setattr(g, name, with_halves(s, *_series(pts, value, MIB)))
+        return g
+
+
+def _host(r: Reading) -> float | None:
+    return r.host_rss
+
+
+def _device_total(r: Reading) -> float | None:
+    return r.device_in_use
+
 
 def _device(index: int) -> Callable[[Reading], float | None]:
     return lambda r: r.in_use.get(index)
@@ -123,14 +145,24 @@ def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else (b - a) / MIB
 
 
-def _slope(points: list[Reading], value: Callable[[Reading], float | None], unit: float) -> Slope | None:
-    """The slope of ``value`` over the points where it is known, in ``unit`` per epoch (at least MIN_EPOCHS of them)."""
+def _series(
+    points: list[Reading], value: Callable[[Reading], float | None], unit: float
+) -> tuple[list[float], list[float]]:
+    """(epochs, values in ``unit``) of the points where ``value`` is known."""
     xs, ys = [], []
     for r in points:
         v = value(r)
         if v is not None:
             xs.append(float(r.epoch))
             ys.append(float(v) / unit)
+    return xs, ys
+
+
+def _slope(
+    points: list[Reading], value: Callable[[Reading], float | None], unit: float, halves: bool = True
+) -> Slope | None:
+    """The slope of ``value`` over the points where it is known, in ``unit`` per epoch (at least MIN_EPOCHS of them)."""
+    xs, ys = _series(points, value, unit)
     if len(xs) < MIN_EPOCHS:
         return None
-    return theil_sen(xs, ys)
+    return theil_sen(xs, ys, halves)

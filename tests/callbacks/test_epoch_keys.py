@@ -106,3 +106,33 @@ def test_a_fit_stopped_early_keeps_the_lists_equal(stop):
 def test_a_fit_of_no_epochs_logs_nothing():
     history = fit([], epochs=0)
     assert {k: len(v) for k, v in history.history.items() if v} == {}
+
+
+def test_an_epoch_end_fills_the_keys_once_and_tells_the_bar_only_what_changed(monkeypatch):
+    from keras_gpu_tools.callbacks._base import FitCallback
+    from keras_gpu_tools.runtime.fit_output import FitOutput
+
+    fills: list[int] = []
+    told: list[frozenset] = []
+    real_fill, real_figures = FitCallback._fill_epoch_logs, FitOutput.figures
+
+    def fill(self, logs):
+        fills.append(id(self))
+        real_fill(self, logs)
+
+    def figures(self, keys, *args, **kwargs):
+        told.append(frozenset(keys))
+        real_figures(self, keys, *args, **kwargs)
+
+    monkeypatch.setattr(FitCallback, "_fill_epoch_logs", fill)
+    monkeypatch.setattr(FitOutput, "figures", figures)
+    cbs, seen = callbacks(), SeenKeys()
+    x, y = regression_data(64, features=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no GPU here
+        tiny_dense_model(features=8).fit(x, y, batch_size=16, epochs=6, verbose=0, callbacks=[*cbs, seen])
+
+    planned = [cb for cb in cbs if cb._epoch_keys]  # the callbacks that log keys here
+    assert len(fills) == 6 * len(cbs)  # once per callback and epoch end
+    assert len(told) <= 2 * len(planned), told  # the key set at the first epoch end, again only if it grew
+    assert all(ours(e) == ours(seen.epochs[0]) for e in seen.epochs)  # every key at every epoch, as before

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 
 from keras_gpu_tools.backends.base import FUNCTIONS, Backend
 from keras_gpu_tools.backends.jax.memory import local_gpus
+from keras_gpu_tools.backends.protocols import Stats
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki
 
@@ -19,15 +20,25 @@ class JaxLeaks(Backend):
     )
 
     def allocator_reserved(self, indices: Iterable[int]) -> dict[int, float]:
+        return self.allocator_readings(indices)[1]
+
+    def allocator_readings(self, indices: Iterable[int]) -> tuple[Stats, dict[int, float]]:
+        """``allocator_memory`` and ``allocator_reserved`` from one ``memory_stats()`` of each device."""
         gpus = local_gpus()
-        out: dict[int, float] = {}
+        in_use: Stats = {}
+        reserved: dict[int, float] = {}
         for i in indices:
             if i < len(gpus):
                 stats = gpus[i].memory_stats() or {}
+                if "bytes_in_use" in stats:
+                    in_use[i] = (
+                        float(stats["bytes_in_use"]),
+                        float(stats.get("peak_bytes_in_use", stats["bytes_in_use"])),
+                    )
                 value = stats.get("pool_bytes", stats.get("bytes_reserved"))
                 if value is not None:
-                    out[i] = float(value)
-        return out
+                    reserved[i] = float(value)
+        return in_use, reserved
 
     def live_tensors(self, heap: bool) -> tuple[int, float] | None:
         """Every live JAX array, from JAX's own registry: cheap, so read every epoch whatever ``heap`` says."""

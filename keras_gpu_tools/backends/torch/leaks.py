@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from keras_gpu_tools.backends.base import FUNCTIONS, Backend
-from keras_gpu_tools.backends.torch.memory import available_cuda
+from keras_gpu_tools.backends.protocols import Stats
+from keras_gpu_tools.backends.torch.memory import allocator_stats, available_cuda
 from keras_gpu_tools.leaks.census import heap_census
 from keras_gpu_tools.runtime import deps
 
@@ -28,7 +29,16 @@ class TorchLeaks(Backend):
         if cuda is None:
             return {}
         n = cuda.device_count()
-        return {i: float(cuda.memory_reserved(i)) for i in indices if i < n}
+        return {i: allocator_stats(cuda, i)[2] for i in indices if i < n}
+
+    def allocator_readings(self, indices: Iterable[int]) -> tuple[Stats, dict[int, float]]:
+        """``allocator_memory`` and ``allocator_reserved`` from one read of each device's figures."""
+        cuda = available_cuda()
+        if cuda is None:
+            return {}, {}
+        n = cuda.device_count()
+        stats = {i: allocator_stats(cuda, i) for i in indices if i < n}
+        return {i: s[:2] for i, s in stats.items()}, {i: s[2] for i, s in stats.items()}
 
     def live_tensors(self, heap: bool) -> tuple[int, float] | None:
         torch = deps.loaded("torch")

@@ -39,6 +39,22 @@ def available_cuda():
     return torch.cuda
 
 
+def allocator_stats(cuda, index: int) -> tuple[float, float, float]:
+    """(bytes in use, their peak, bytes reserved) of device ``index``, from one read of the allocator's figures.
+
+    ``torch.cuda.memory_allocated``, ``max_memory_allocated`` and
+    ``memory_reserved`` each build and flatten every figure of the allocator
+    (``memory_stats``: some 150 keys, sorted); the nested figures are read once
+    here, unflattened. The same values, 0 before CUDA is initialised, as theirs.
+    """
+    nested = cuda.memory_stats_as_nested_dict(index) or {}
+
+    def figure(name: str, which: str) -> float:
+        return float(nested.get(name, {}).get("all", {}).get(which, 0))
+
+    return figure("allocated_bytes", "current"), figure("allocated_bytes", "peak"), figure("reserved_bytes", "current")
+
+
 class TorchMemory(Backend):
     """Device memory and out-of-memory errors of the torch backend."""
 
@@ -50,7 +66,7 @@ class TorchMemory(Backend):
         n = cuda.device_count()
         for i in indices:
             if i < n:
-                out[i] = (float(cuda.memory_allocated(i)), float(cuda.max_memory_allocated(i)))
+                out[i] = allocator_stats(cuda, i)[:2]
         return out
 
     def device_memory(self) -> dict:
