@@ -78,7 +78,11 @@ def test_the_trace_has_one_step_marker_per_call(tmp_path):
     (cap,) = cb.captures
     assert (cap.start_step, cap.num_steps, cap.asked) == (8, 8, "")
     rows = analyze_input_pipeline(cap.files).step_rows
-    assert sorted(int(str(r["step"]).split()[-1]) for r in rows) == [8, 12]
+    # One step marker per call of 4 steps: xprof names them by our step numbers on a CPU
+    # (8 and 12), and numbers them from 0 on a GPU.
+    steps = sorted(int(str(r["step"]).split()[-1]) for r in rows)
+    assert len(steps) == cap.calls == 2
+    assert steps in ([8, 12], [0, 1])
 
 
 @needs_several_steps_per_call
