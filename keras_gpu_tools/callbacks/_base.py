@@ -108,10 +108,7 @@ class FitCallback(LeanCallback):
         return set()
 
     def _epoch_figures(self, values: dict[str, float], logs: dict | None, brief: str | None = None) -> None:
-        """The epoch's figures into Keras's ``logs`` (History, CSVLogger); the progress bar shows as ``progress_bar`` says.
-
-        Called from ``on_epoch_end``, whose wrapper (``__init_subclass__``) then fills the fit's other keys, once.
-        """
+        """The epoch's figures into Keras's ``logs``; ``on_epoch_end``'s wrapper then fills the fit's other keys, once."""
         if logs is None:
             return
         logs.update(values)
@@ -120,10 +117,7 @@ class FitCallback(LeanCallback):
         self._brief = brief if brief is not None else self._brief
 
     def _fill_epoch_logs(self, logs: dict | None) -> None:
-        """NaN ("not yet measured") for this fit's keys the epoch has no figure of; the bar and TensorBoard told.
-
-        The fit's output is told only what changed since it was last told (the keys, how the bar shows them).
-        """
+        """NaN ("not yet measured") for this fit's keys the epoch has no figure of; the bar told what changed."""
         if logs is None or not self._epoch_keys:
             return
         for key in self._epoch_keys:

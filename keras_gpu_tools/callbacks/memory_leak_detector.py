@@ -6,6 +6,7 @@ import os
 import time
 from typing import Any
 
+from keras_gpu_tools.backends.base import FUNCTIONS
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.errors import MemoryLeakWarning
 from keras_gpu_tools.leaks import host
@@ -188,7 +189,7 @@ class MemoryLeakDetector(FitCallback):
             )
             r.in_use = {i: cur for i, (cur, _peak) in stats.items()}
         r.tensors = self._safely("tensors", "live tensors", lambda: b.live_tensors(heap))
-        traces = self._traces if self._traces is not None else TraceReader(b, self.model)
+        traces = self._traces if self._traces is not None else TraceReader(b, self.model, FUNCTIONS)
         counts = self._safely("compiled", "compiled functions", traces)
         if counts:
             for k, n in counts.items():  # functions replaced by a recompile keep counting
@@ -213,7 +214,8 @@ class MemoryLeakDetector(FitCallback):
         self._pipeline_cache = bool(ki.describe_pipeline(self.model).get("cache"))
         self._epochs_planned = (self.params or {}).get("epochs")
         self._record = PROCESS.begin(self.model, ki.named_objects())
-        self._traces = TraceReader(b, self.model)  # the compiled functions found once, not at every epoch end
+        # The compiled functions found once, not at every epoch end.
+        self._traces = TraceReader(b, self.model, FUNCTIONS)
         self._track = EpochTrack(self.warmup_epochs, self._read(-1))
         self._open_writers(job=False, session=session)  # its epochs' figures written off the training thread
         self._running = True

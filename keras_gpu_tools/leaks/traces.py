@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from keras_gpu_tools.backends.base import FUNCTIONS
-
 
 class TraceReader:
     """Reads ``backend.compiled_functions(model)``: the same counts, its compiled functions found once.
@@ -17,7 +15,7 @@ class TraceReader:
     attached) or while none was found.
     """
 
-    def __init__(self, backend: Any, model: Any, names: tuple[str, ...] = FUNCTIONS):
+    def __init__(self, backend: Any, model: Any, names: tuple[str, ...]):
         self.backend, self.model, self.names = backend, model, names
         self._functions: tuple[Any, ...] | None = None  # the model's functions when they were found (strong refs)
         self._read: Callable[[], dict[int, int] | None] | None = None

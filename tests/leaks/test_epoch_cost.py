@@ -126,7 +126,7 @@ def test_the_compiled_functions_are_found_once_and_again_when_replaced():
         pass
 
     model = type("Model", (), {"train_function": None, "test_function": None, "predict_function": None})()
-    reader = TraceReader(Backend(), model)
+    reader = TraceReader(Backend(), model, ("train_function", "test_function", "predict_function"))
     assert reader() is None and reader() is None and Backend.finds == 2  # none yet: looked for each time
     step.traces = 1  # type: ignore[attr-defined]
     model.train_function = step
