@@ -156,6 +156,7 @@ def test_jax_plans_from_shapes_and_builds_no_host_batch_of_the_trial_size():
     assert host_peak < 16 * 2**20, f"{host_peak / 2**20:.0f} MiB on the host planning up to batch {largest_trial}"
 
 
+@pytest.mark.slow
 @jax_only
 def test_jax_predicts_the_same_peak_from_shapes_as_from_real_batches():
     from keras_gpu_tools import backends

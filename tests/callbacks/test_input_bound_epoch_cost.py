@@ -57,6 +57,7 @@ class _Spy(Measurement):
         return super().__getattribute__(name)
 
 
+@pytest.mark.slow
 def test_epoch_end_reads_a_bounded_number_of_past_epochs(monkeypatch):
     original = FitSpans.end_epoch
 
@@ -151,6 +152,7 @@ def _counting_phases(monkeypatch) -> list[int]:
     return built
 
 
+@pytest.mark.slow
 def test_the_job_exchange_of_an_epoch_end_builds_no_list_of_every_epoch(monkeypatch):
     channel = _TwoProcessChannel()
     topology = Topology(process_index=0, process_count=2, exchange=channel)

@@ -147,6 +147,7 @@ def test_steps_per_execution_counts_the_steps_run(monkeypatch):
     assert "step 30" in shown[-1] and "step 32" not in shown[-1]
 
 
+@pytest.mark.slow
 def test_many_tiny_epochs_redraw_at_most_every_epoch_gap(monkeypatch):
     """300 epochs of 1/256 s on a virtual clock (1.17 s): each epoch end is not a redraw of its own."""
     tick = 1 / 256  # exact in binary: the epoch ends that redraw are exact

@@ -110,6 +110,7 @@ def both(n, limit, batch=16, epochs=2, mode="accumulate", validation=False, samp
     return model, reference, history.history, ref_history.history, reducer
 
 
+@pytest.mark.slow
 @inside
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_each_replica_share_is_split_and_the_update_is_the_unsplit_one(optimizer):

@@ -26,6 +26,7 @@ def test_two_processes_know_their_place_and_share_a_channel(tmp_path):
     assert results[0]["labels"] != results[1]["labels"]
 
 
+@pytest.mark.slow
 def test_processes_that_train_their_own_models_keep_apart_and_never_wait_for_each_other(tmp_path):
     results = run_job("scenarios.independent", tmp_path, processes=2)
     for i, r in enumerate(results):
