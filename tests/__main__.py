@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from tests.helpers.session import ALLOCATOR_STATS
+from tests.helpers.session import ALLOCATOR_STATS, files_marked
 
 BACKENDS = ("tensorflow", "jax", "torch")
 #: Sessions this small start faster than a worker pool.
@@ -75,6 +75,9 @@ def run(s: Session, user_marks: str | None, workers: int, args: list[str]) -> No
     if workers > 1 and s.marks not in SMALL:
         cmd += ["-n", str(workers), "--dist", "loadfile"]
     cmd += args
+    if s.marks in SMALL and not any(os.path.exists(a.split("::")[0]) for a in args):
+        # Collecting the other files would import every test module only to deselect its tests.
+        cmd += [os.path.relpath(f) for f in files_marked(s.marks)]
     env = dict(os.environ, KERAS_BACKEND=s.backend)
     print(f"\n== {s.name}: KERAS_BACKEND={s.backend} {' '.join(cmd[1:])}", flush=True)
     t0 = time.monotonic()

@@ -27,7 +27,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 import pytest  # noqa: E402
 
 from tests.helpers.gpu import HAS_GPU  # noqa: E402
-from tests.helpers.session import ALLOCATOR_STATS, TF_CPU_DEVICES  # noqa: E402
+from tests.helpers.session import ALLOCATOR_STATS, TF_CPU_DEVICES, files_marked  # noqa: E402
 
 BACKEND = os.environ["KERAS_BACKEND"]
 
@@ -112,9 +112,12 @@ def pytest_collection_modifyitems(session, config, items):
         apart = pytest.mark.skip(
             reason=f"reads TensorFlow's CPU allocator statistics: run apart, python -m pytest -m {ALLOCATOR_STATS}"
         )
-        for item in items:
-            if ALLOCATOR_STATS in item.keywords:
-                item.add_marker(apart)
+        marked = [item for item in items if ALLOCATOR_STATS in item.keywords]
+        unseen = sorted({os.path.realpath(item.path) for item in marked} - set(files_marked(ALLOCATOR_STATS)))
+        if unseen:  # `python -m tests` would run these in no session
+            raise pytest.UsageError(f"mark the {ALLOCATOR_STATS} tests of {unseen} as pytest.mark.{ALLOCATOR_STATS}")
+        for item in marked:
+            item.add_marker(apart)
     if not HAS_GPU:
         skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML sees none here)")
         for item in items:
