@@ -35,6 +35,8 @@ LABELS = {
     "other": "other (callbacks, Python)",
     "unmeasured": "not split (compute not measured)",
 }
+#: The host's parts of the step, as the advice names them.
+HOST_PART = {"dispatch": "Launching the step from the host", "other": "The host's other work (callbacks, Python)"}
 HOST_SHARE = 0.1  # steps_per_execution: enough steps per call that the host's part falls under this share of compute
 MAX_STEPS_PER_EXECUTION = 1024
 RETRACE_SHARE = 1.0  # retraces' compile seconds from this multiple of the steady steps' time on: they are the cause
@@ -177,10 +179,10 @@ def _advice(
     if fb.largest in ("dispatch", "other"):
         host, compute = p.get(fb.largest, 0.0), p.get("compute", 0.0)
         if compute <= 0:  # no steps per call can be derived from a compute that was not measured
-            return [f"The host's {LABELS[fb.largest]} takes {format_ms(host)} of a {format_ms(step)} step; "
+            return [f"{HOST_PART[fb.largest]} takes {format_ms(host)} of a {format_ms(step)} step; "
                     "device compute was not measured, so no change is derived from it."]  # fmt: skip
         n = steps_per_execution_for(host, compute)
-        said = f"The host's {LABELS[fb.largest]} takes {format_ms(host)} of a {format_ms(step)} step (device compute {format_ms(compute)})"
+        said = f"{HOST_PART[fb.largest]} takes {format_ms(host)} of a {format_ms(step)} step (device compute {format_ms(compute)})"
         if several:
             tips = [
                 f"{said}: run several steps per call, `model.compile(..., steps_per_execution={n})`, so it is paid once per {n} steps."

@@ -64,7 +64,7 @@ def test_slow_input_is_highly_input_bound_and_the_gpu_confirms(backend, monkeypa
     gpu_model().fit(Slow(x, y, 60), epochs=1, verbose=0, callbacks=[gpu_log, det])
     assert det.verdict.category == categories.HIGH, det.summary()
     assert det.measurement.wait_fraction == pytest.approx(DELAY / (DELAY + COMPUTE), rel=1e-9)
-    # the step's fake time is spent in the call: JAX on a GPU books it as dispatch, other backends as compute
+    # the step's fake time is spent in the call: JAX and torch on a GPU book it as dispatch, TensorFlow as compute
     assert det.measurement.step == pytest.approx(DELAY + COMPUTE, rel=1e-9)
     assert det._gpu_logger is gpu_log
     # What the GPU says, on fixed figures: a GPU idle while steps wait confirms the verdict.

@@ -3,7 +3,8 @@
 torch's train function is ``f(batches)`` with the batches already fetched by
 fit()'s epoch iterator, so fetch time is measured by wrapping that iterator
 (``keras_internals.time_epoch_iterator``) and falls before the call. A sync is
-``torch.cuda.synchronize()``, on CUDA only.
+``torch.cuda.synchronize()``, on CUDA only; there a sampled step's host time is
+told apart from the device's (``eager_split``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def _call_torch(hook, data):
         out = _counted_step(hook, rec, data)
     else:
         out = hook.around(rec, lambda: hook.inner(data))
+    returned = hook.clock()
     if rec.sampled:
         hook.sync(True)
     rec.end = hook.clock()
@@ -48,8 +50,36 @@ def _call_torch(hook, data):
     except (TypeError, IndexError):
         pass
     if rec.sampled:
-        rec.compute = rec.end - rec.start
+        if _cuda_in_use():
+            rec.dispatch, rec.compute = eager_split(returned - rec.start, rec.end - returned)
+        else:
+            rec.compute = rec.end - rec.start
     return out
+
+
+#: The device's work left when the call returns, over the host's time in the call, at and above which the
+#: step waits on the device (below it, on the host).
+DEVICE_BOUND_TAIL = 0.1
+
+
+def eager_split(host: float, tail: float) -> tuple[float | None, float]:
+    """(dispatch, compute) seconds of an eager step on an asynchronous device (CUDA), from what was timed.
+
+    ``host``: the call, from its start (the device idle) to its return, every kernel launched;
+    ``tail``: the wait for the device after it. Eager torch launches each kernel as the host
+    reaches it, so the device works while the host runs. A device that is done within a tenth
+    of the host time after the return was waiting for the host: the step is the host's
+    launches (dispatch) and that tail (compute). One still busy longer was the bottleneck,
+    the launches hidden under its work: the whole call is compute, dispatch not told apart.
+    """
+    if tail >= DEVICE_BOUND_TAIL * host:
+        return None, host + tail
+    return host, tail
+
+
+def _cuda_in_use() -> bool:
+    torch = deps.loaded("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
 def _counted_step(hook, rec, data):
