@@ -14,7 +14,8 @@ How:
 - *early* is the median over the `--window` epochs from epoch 10 on (epochs 0-9, compilation, the
   first writes and the warm-up, are left out), *late* the median over the last `--window` epochs;
   the A/B is `late / early` per callback. The window is wide (100 epochs by default): medians of
-  15 epochs on a shared machine moved by up to 50% between identical rounds; of 100, by a few %.
+  15 epochs take single slow epochs in; a shared machine's load still moves a whole round (the A/A
+  and the control show it), which the control's `late / early` tells apart from a callback's growth.
 - The control: a callback whose epoch hooks do nothing, timed the same way, beside the others (not
   in "all"). Its `late / early` is the drift of the whole process (the allocator, the garbage
   collector, caches, the machine's load), not of any callback; `vs_control` is each callback's
@@ -66,7 +67,7 @@ CALLBACKS = (*PER_STEP_CALLBACKS, "MemoryLeakDetector")
 
 BENCHMARK = "per_epoch_cost"
 EARLY = 10  # the first epoch of the early window: the ones before are compilation, first writes, warm-up
-WINDOW = 100  # epochs per median: an A/A within a few % on a shared 2-core machine (15 moved it by up to 50%)
+WINDOW = 100  # epochs per median: single slow epochs of a shared machine left out (15 took them in)
 SMOKE_WINDOW = 50
 CONTROL = "control (no-op)"  # a callback whose epoch hooks do nothing: the process-wide drift
 GOAL = 1.10  # late / early at most
