@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from keras_gpu_tools.input import stragglers
 from keras_gpu_tools.input.job import JobExchange
+from keras_gpu_tools.input.later import Later, LaterList
 from keras_gpu_tools.input.measure import Measurement, Sums, aggregate
 from keras_gpu_tools.input.span import steps_label
 from keras_gpu_tools.input.steady import FitSpans
@@ -23,11 +24,24 @@ from keras_gpu_tools.runtime.topology import JobGather
 
 @dataclasses.dataclass
 class EpochEnd:
-    """What an epoch end gave: the epoch's figures and verdict, and its logged keys (job-wide ones included)."""
+    """What an epoch end gave: the epoch's figures and verdict, and its logged keys (job-wide ones included).
+
+    The verdict is made when first read (the TensorBoard writer reads it off the training thread).
+    """
 
     measurement: Measurement
-    verdict: Verdict
+    later: Later[Verdict]
     logs: dict[str, float]
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.later()
+
+
+def _without_advice(v: Verdict) -> Verdict:
+    """A window's verdict: its figures and evidence, no advice (that is the epochs' and the run's)."""
+    v.advice = []
+    return v
 
 
 def _of_fit(name: str, doc: str) -> property:
@@ -80,8 +94,27 @@ class InputFit:
         self._made = 0  # the verdicts' generation: each epoch end and the final verdict add one
         self._lock = threading.Lock()  # the generation and the verdicts' assignment (read from two threads)
         self.job_verdict: stragglers.JobVerdict | None = None
-        self.epoch_verdicts: list[Verdict] = []
-        self.window_verdicts: list[tuple[int, Verdict]] = []  # (global step, verdict)
+        # Made when read (``input/later.py``): an epoch end keeps what each verdict is made of.
+        self._epoch_verdicts: LaterList[Verdict] = LaterList()
+        self._window_verdicts: LaterList[tuple[int, Verdict]] = LaterList()  # (global step, verdict)
+
+    @property
+    def epoch_verdicts(self) -> list[Verdict]:
+        """Each epoch's verdict."""
+        return self._epoch_verdicts.items()
+
+    @epoch_verdicts.setter
+    def epoch_verdicts(self, value: list[Verdict]) -> None:
+        self._epoch_verdicts = LaterList(value)
+
+    @property
+    def window_verdicts(self) -> list[tuple[int, Verdict]]:
+        """(global step, verdict) of each window."""
+        return self._window_verdicts.items()
+
+    @window_verdicts.setter
+    def window_verdicts(self, value: list[tuple[int, Verdict]]) -> None:
+        self._window_verdicts = LaterList(value)
 
     @property
     def judge(self) -> Judge:
@@ -152,9 +185,8 @@ class InputFit:
         self.spans.add_window(label, m, t0)
         if m.wait_fraction is None and m.steps_per_sec is None:
             return None
-        v = self.judge(m, t0, scope=label, with_advice=False)
-        v.advice = []
-        self.window_verdicts.append((step, v))
+        v = self.judge.later(m, t0, scope=label, with_advice=False)
+        self._window_verdicts.add(lambda: (step, _without_advice(v())))
         return m
 
     def end_epoch(self, epoch: int, t0: float, step: int) -> EpochEnd:
@@ -162,8 +194,8 @@ class InputFit:
         scope = f"epoch {epoch + 1}"
         m = self.spans.end_epoch(scope, t0, self.aggregate)
         # From this fit's second epoch on, a cache is filled (with `initial_epoch`, Keras's index is no guide).
-        v = self.judge(m, t0, scope=scope, cache_serves=len(self.spans.epochs) > 1)
-        self.epoch_verdicts.append(v)
+        v = self.judge.later(m, t0, scope=scope, cache_serves=len(self.spans.epochs) > 1)
+        self._epoch_verdicts.add(v)
         self.update()
         job = None
         if self.exchange is not None:

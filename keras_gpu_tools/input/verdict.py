@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from keras_gpu_tools.input.advice import advise
 from keras_gpu_tools.input.categories import HIGH, MODERATE, NOT, UNKNOWN, XPROF_HIGH, XPROF_MODERATE, classify
+from keras_gpu_tools.input.later import Later
 from keras_gpu_tools.input.measure import Measurement
 from keras_gpu_tools.input.span import SpanFigure, span_name
 from keras_gpu_tools.logdir import schema
@@ -260,15 +261,26 @@ class Judge:
         ``quote_gpu=False`` leaves the GPU's figures out of the evidence (they are
         read from every point since ``since``); the category and advice stay the same.
         """
-        return verdict_for(
-            m,
-            self.moderate,
-            self.high,
-            gpu_means=gpu_means(self.gpu_logger, since) if quote_gpu else {},
-            pipeline=self.pipeline if with_advice else {"kind": "none"},
-            host=self.host if with_advice else {},
-            scope=scope,
-            phases=phases,
-            fit=fit,
-            context=dict(self.context, cache_serves=cache_serves),
-        )
+        return self.later(m, since, scope, phases, fit, cache_serves, with_advice, quote_gpu)()
+
+    def later(
+        self,
+        m: Measurement,
+        since: float | None,
+        scope: str = "",
+        phases: Sequence[Phase] = (),
+        fit: Measurement | None = None,
+        cache_serves: bool = False,
+        with_advice: bool = True,
+        quote_gpu: bool = True,
+    ) -> Later[Verdict]:
+        """The verdict of ``self(...)`` with the same arguments, made when first read (``input/later.py``).
+
+        What changes with time is read now: the GPU logger's points since ``since`` and the host's
+        figures (``host`` is replaced at each epoch end, never changed); the rest is ``m`` and the
+        fit's settings.
+        """
+        gpu = gpu_means(self.gpu_logger, since) if quote_gpu else {}
+        pipeline, host = (self.pipeline, self.host) if with_advice else ({"kind": "none"}, {})
+        context = dict(self.context, cache_serves=cache_serves)
+        return Later(lambda: verdict_for(m, self.moderate, self.high, gpu, pipeline, host, scope, phases, fit, context))

@@ -44,9 +44,18 @@ def confidence(increases: int, decreases: int, n: int) -> float:
 
 def evenly(n: int, m: int = MAX_POINTS) -> list[int]:
     """``m`` indices of ``range(n)`` spread evenly, the first and last included (all of them where ``n <= m``)."""
+    return list(_evenly(n, m))
+
+
+@functools.lru_cache(maxsize=8)
+def _evenly(n: int, m: int) -> tuple[int, ...]:
+    """:func:`evenly`, kept for the few ``n`` of an epoch end (its rates, their halves, the epoch time read alike).
+
+    Where ``n > m`` the spacing exceeds 1, so the rounded indices strictly rise: no duplicates, already sorted.
+    """
     if n <= m:
-        return list(range(n))
-    return sorted({round(i * (n - 1) / (m - 1)) for i in range(m)})
+        return tuple(range(n))
+    return tuple(round(i * (n - 1) / (m - 1)) for i in range(m))
 
 
 @functools.lru_cache(maxsize=MAX_POINTS + 1)
@@ -64,14 +73,19 @@ def _median_slope(px, py):
     import numpy as np
 
     i, j = _pairs(len(px))  # every pair i < j, in the order of a loop over i then j
-    dx = px[j] - px[i]
-    distinct = dx != 0
-    slopes = (py[j] - py[i])[distinct] / dx[distinct]  # IEEE division: the figures of a loop in Python
+    dx, dy = px[j] - px[i], py[j] - py[i]
+    if not dx.all():  # (points of one x: only the pairs of distinct x count)
+        distinct = dx != 0
+        dx, dy = dx[distinct], dy[distinct]
+    slopes = dy / dx  # IEEE division: the figures of a loop in Python
     n = len(slopes)
     if not n:
         return None, slopes
-    ordered = np.sort(slopes, kind="stable")  # equal slopes (0.0 and -0.0) in the order sorted() keeps
-    mid = n // 2
+    # Slopes that compare equal are the same float but 0.0 and -0.0: any sort gives the same middle unless it is
+    # a zero, and then the stable sort's order (sorted()'s) says which zero it is.
+    ordered, mid = np.sort(slopes), n // 2
+    if ordered[mid] == 0 or ordered[mid - 1] == 0:
+        ordered = np.sort(slopes, kind="stable")
     median = float(ordered[mid]) if n % 2 else (float(ordered[mid - 1]) + float(ordered[mid])) / 2  # statistics'
     return median, slopes
 
@@ -86,22 +100,27 @@ def theil_sen(xs: Sequence[float], ys: Sequence[float], halves: bool = True) -> 
         raise ValueError(f"xs and ys differ in length: {len(xs)} and {len(ys)}")
     import numpy as np
 
-    keep = evenly(len(xs))
-    px, py = np.array([float(xs[i]) for i in keep]), np.array([float(ys[i]) for i in keep])
+    px, py = _kept(xs), _kept(ys)
     median, slopes = _median_slope(px, py)
     if median is None:
         return None
     up, down = int(np.count_nonzero(slopes > 0)), int(np.count_nonzero(slopes < 0))
     early, late = _halves(px, py) if halves else (None, None)
-    return Slope(median, up / len(slopes), len(xs), confidence(up, down, len(keep)), early, late)
+    return Slope(median, up / len(slopes), len(xs), confidence(up, down, len(px)), early, late)
+
+
+def _kept(values: Sequence[float]):
+    """The evenly spaced ``MAX_POINTS`` of ``values`` (all where there are no more) as a float64 array."""
+    import numpy as np
+
+    if len(values) <= MAX_POINTS:  # (float64 from each value, as float() makes it)
+        return np.array(values, dtype=np.float64)
+    return np.array([float(values[i]) for i in _evenly(len(values), MAX_POINTS)])
 
 
 def with_halves(s: Slope, xs: Sequence[float], ys: Sequence[float]) -> Slope:
     """``s``, made by ``theil_sen(xs, ys, halves=False)``, with its halves' slopes: ``theil_sen(xs, ys)`` exactly."""
-    import numpy as np
-
-    keep = evenly(len(xs))
-    early, late = _halves(np.array([float(xs[i]) for i in keep]), np.array([float(ys[i]) for i in keep]))
+    early, late = _halves(_kept(xs), _kept(ys))
     return dataclasses.replace(s, early=early, late=late)
 
 

@@ -99,8 +99,7 @@ class EpochTrack:
         if epochs < MIN_EPOCHS:
             return g
         pts = self.points()
-        g.host = _slope(pts, _host, MIB, halves)
-        g.device = _slope(pts, _device_total, MIB, halves)
+        g.host, g.device = _host_and_device(pts, halves)
         if brief:
             return g
         for i in pts[-1].in_use:
@@ -156,6 +155,23 @@ def _series(
             xs.append(float(r.epoch))
             ys.append(float(v) / unit)
     return xs, ys
+
+
+def _host_and_device(points: list[Reading], halves: bool) -> tuple[Slope | None, Slope | None]:
+    """``_slope`` of the host's and of the devices' bytes, their series read in one pass over the points."""
+    hx: list[float] = []
+    hy: list[float] = []
+    dx: list[float] = []
+    dy: list[float] = []
+    for r in points:
+        if r.host_rss is not None:
+            hx.append(float(r.epoch))
+            hy.append(float(r.host_rss) / MIB)
+        if r.in_use:
+            dx.append(float(r.epoch))
+            dy.append(float(sum(r.in_use.values())) / MIB)  # (``device_in_use``)
+    host = theil_sen(hx, hy, halves) if len(hx) >= MIN_EPOCHS else None
+    return host, (theil_sen(dx, dy, halves) if len(dx) >= MIN_EPOCHS else None)
 
 
 def _slope(

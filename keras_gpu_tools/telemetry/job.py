@@ -25,15 +25,15 @@ def job_gpu_figures(
 
     Raises ``ValueError`` where a process sent figures of another shape.
     """
+    single = not topology.multi_process
+    if (single and len(labels) < 2) or (not single and (gather is None or not gather.active)):
+        return {}  # one process of one GPU, or a job whose exchange is off: before any figure is read
     mine = {m: [values[k] for k in (schema.gpu_key(label, m) for label in labels) if k in values] for m in JOB_METRICS}
     everyone: list[Any] | None  # every process's figures: another version's may differ in shape
-    if not topology.multi_process:
-        if len(labels) < 2:
-            return {}
+    if single:
         everyone = [mine]
-    elif gather is None or not gather.active:
-        return {}
     else:
+        assert gather is not None  # (checked above)
         everyone = gather.gather(f"epoch{epoch}", mine)
         if everyone is None:
             return {}  # JobGather warned once and gave up for this fit
