@@ -3,16 +3,24 @@
 What it measures: a model whose FLOPs sit in one layer (`--features` -> Dense(`--heavy`) "heavy"
 -> 64 -> a shared Dense(64) twice -> 10, batch `--batch`) trains with a `ProfilerWindow` of
 `--steps` steps from step `--start`, once with `steps_per_execution=1` and once with `--spe`,
-`--rounds` times each, interleaved. Each fit gives the window's mean step time
+`--rounds` times each, interleaved, in one epoch. Each fit gives the window's mean step time
 (`WindowCapture.mean_step_ms`: its wall time over its steps, the last step's device work included)
-and the heavy layer's ms per step in its layer table. TensorFlow and JAX (Keras's torch backend
-runs one step per call).
+and the heavy layer's ms per step in its layer table. Beside them, each round runs the same fit
+without the window: `fit_step_ms` is its time per step over the same steps (Keras's batch hooks,
+one per call, from the call that runs the window's first step to the end of the one that runs its
+last, the device synced at both ends); `profiled_fit_step_ms` is that clock in the fit with the
+window (the profiler's own cost included). TensorFlow and JAX (Keras's torch backend runs one
+step per call).
 
-Output: per setting, the median over its rounds of `mean_step_ms` and `heavy_ms_per_step`, and
-every round's figures; `mean_step_ratio` and `heavy_ratio` (at `--spe` over at 1). Goal (a full
-run exits non-zero when missed): both ratios within 10% of 1. Every run checks that each window
-covered exactly `--steps` steps and that the layer table has the heavy layer with time;
-`--smoke` runs tiny sizes on the CPU and checks only that.
+Output: per setting, the median over its rounds of `mean_step_ms`, `fit_step_ms`,
+`profiled_fit_step_ms` and `heavy_ms_per_step`, and every round's figures; `mean_step_ratio`,
+`fit_step_ratio` and `heavy_ratio` (at `--spe` over at 1); for information, per setting,
+`window_over_fit` (the window's mean step over the fit's without the window: what profiling costs
+the fit) and `window_over_profiled_fit` (over the fit's own clock with the window, which also holds
+the profiler's start and stop: the window's time leaves them out). Goals (a full run exits
+non-zero when one is missed): `mean_step_ratio` and `heavy_ratio` within 10% of 1. Every run checks that each window covered exactly `--steps`
+steps and that the layer table has the heavy layer with time; `--smoke` runs tiny sizes on the CPU
+and checks only that and that every figure was computed.
 
     python benchmarks/profiler_window_spe.py --backend jax          # a GPU: 4096 -> 8192, batch 1024
     python benchmarks/profiler_window_spe.py --backend tensorflow --smoke
@@ -23,6 +31,7 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
+import time
 
 import _common
 
@@ -44,7 +53,40 @@ def _parse():
     return args
 
 
-def _fit(args, spe: int) -> dict:
+def _clocks(keras, per_epoch: int, start: int, steps: int):
+    """The fit's own time from the call that runs step ``start`` to the end of the one that runs its last step.
+
+    Two callbacks sharing one span: the window's callback goes between them, so that its profiler's start
+    (after ``begins``, which comes after it) and stop (after ``ends``, which comes before it) are left out.
+    """
+    span: dict[str, float] = {}
+
+    class Clock(keras.callbacks.Callback):
+        epoch = 0
+
+        def __init__(self, hook: str):
+            super().__init__()
+            self.hook = hook
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def _now(self) -> float:  # after the device has done every step launched so far
+            keras.ops.convert_to_numpy(self.model.trainable_variables[0].value)
+            return time.perf_counter()
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.hook == "begin" and self.epoch * per_epoch + batch == start:
+                span["t0"] = self._now()
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.hook == "end" and self.epoch * per_epoch + batch == start + steps - 1:
+                span["t1"] = self._now()
+
+    return Clock("end"), Clock("begin"), span
+
+
+def _fit(args, spe: int, profiled: bool = True) -> dict:
     import keras
     import numpy as np
 
@@ -57,13 +99,18 @@ def _fit(args, spe: int) -> dict:
     h = shared(shared(keras.layers.Dense(64, activation="relu", name="proj")(h)))
     model = keras.Model(inputs, keras.layers.Dense(10, name="head")(h))
     model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy", steps_per_execution=spe)
-    per_epoch = max(args.spe, 8)  # steps per epoch (a multiple of --spe): a small array, many epochs
+    # One epoch holds the window and a call after it: no epoch's end falls between the fit clock's two readings.
+    per_epoch = -(-(args.start + args.steps + args.spe) // args.spe) * args.spe
     x = np.random.default_rng(0).random((per_epoch * args.batch, args.features), dtype=np.float32)
     y = np.random.default_rng(1).integers(0, 10, per_epoch * args.batch)
-    epochs = -(-(args.start + args.steps + per_epoch) // per_epoch)
+    epochs = 1
+    ends, begins, span = _clocks(keras, per_epoch, args.start, args.steps)
+    if not profiled:  # the same steps of the same fit without the window: what the window's figures stand for
+        model.fit(x, y, batch_size=args.batch, epochs=epochs, verbose=0, shuffle=False, callbacks=[ends, begins])
+        return {"fit_step_ms": (span["t1"] - span["t0"]) * 1e3 / args.steps if len(span) == 2 else None}
     with tempfile.TemporaryDirectory(prefix="kgt_spe_") as log_dir:
         cb = ProfilerWindow(log_dir, start_step=args.start, num_steps=args.steps, analyze=False, verbose=0)
-        model.fit(x, y, batch_size=args.batch, epochs=epochs, verbose=0, shuffle=False, callbacks=[cb])
+        model.fit(x, y, batch_size=args.batch, epochs=epochs, verbose=0, shuffle=False, callbacks=[ends, cb, begins])
         table = cb.layer_table()
     cap = cb.captures[0] if cb.captures else None
     heavy = next((r for r in table.rows if r.path == "heavy"), None) if table is not None else None
@@ -72,6 +119,7 @@ def _fit(args, spe: int) -> dict:
         "steps": None if cap is None else cap.num_steps,
         "calls": None if cap is None else cap.calls,
         "mean_step_ms": None if cap is None else cap.mean_step_ms,
+        "profiled_fit_step_ms": (span["t1"] - span["t0"]) * 1e3 / args.steps if len(span) == 2 else None,
         "heavy_ms_per_step": None if heavy is None else heavy.ms_per_step,
         "table_steps": None if table is None else table.num_steps,
         "table_error": "no table" if table is None else table.error,
@@ -82,13 +130,22 @@ def measure(args) -> dict:
     rounds: dict[int, list[dict]] = {1: [], args.spe: []}
     for _ in range(args.rounds):
         for spe in rounds:  # interleaved: the machine's drift hits both alike
-            rounds[spe].append(_fit(args, spe))
+            rounds[spe].append({**_fit(args, spe, profiled=False), **_fit(args, spe)})
     out: dict = {"rounds": {str(k): v for k, v in rounds.items()}}
     for spe, runs in rounds.items():
-        for key in ("mean_step_ms", "heavy_ms_per_step"):
+        for key in ("mean_step_ms", "fit_step_ms", "profiled_fit_step_ms", "heavy_ms_per_step"):
             values = [r[key] for r in runs if r[key] is not None]
             out[f"{key}_spe{spe}"] = round(statistics.median(values), 3) if values else None
-    for key, name in (("mean_step_ms", "mean_step_ratio"), ("heavy_ms_per_step", "heavy_ratio")):
+        for ref in ("fit_step_ms", "profiled_fit_step_ms"):
+            ratios = [r["mean_step_ms"] / r[ref] for r in runs if r["mean_step_ms"] and r[ref]]
+            name = "window_over_fit" if ref == "fit_step_ms" else "window_over_profiled_fit"
+            out[f"{name}_spe{spe}"] = round(statistics.median(ratios), 4) if ratios else None
+    pairs = (
+        ("mean_step_ms", "mean_step_ratio"),
+        ("fit_step_ms", "fit_step_ratio"),
+        ("heavy_ms_per_step", "heavy_ratio"),
+    )
+    for key, name in pairs:
         a, b = out[f"{key}_spe1"], out[f"{key}_spe{args.spe}"]
         out[name] = round(b / a, 4) if a and b else None
     return out
@@ -103,7 +160,11 @@ def main() -> int:
             check(r["steps"] == args.steps and r["table_steps"] == args.steps, f"spe={spe}: {args.steps} steps ({r})")
             check(r["start"] == args.start, f"spe={spe}: the window starts at step {args.start} ({r['start']})")
             check(not r["table_error"] and bool(r["heavy_ms_per_step"]), f"spe={spe}: the heavy layer has time ({r})")
-    for name in ("mean_step_ratio", "heavy_ratio"):
+    over = [f"{k}_spe{spe}" for spe in result["rounds"] for k in ("window_over_fit", "window_over_profiled_fit")]
+    for name in ("fit_step_ratio", *over):  # information
+        check.figure(name, result.get(name), 0.0)
+    goals = ["heavy_ratio", "mean_step_ratio"]
+    for name in goals:
         ratio = result.get(name)
         check.figure(name, ratio, 0.0)
         check.goal(ratio is not None and abs(ratio - 1) <= 0.10, f"{name} within 10% of 1 ({ratio})")

@@ -253,7 +253,7 @@ class ProfilerWindow(FitCallback):
             self._global_step += steps.spe
             return out
         record.extra[_WINDOW_STEP] = step
-        t0 = time.perf_counter()
+        steps.first = time.perf_counter() if steps.first is None else steps.first  # the fit's time, input and hooks in
         try:
             with self._profiler.step(step):  # type: ignore[union-attr]  # set in any window; no assert per step
                 out = call()
@@ -265,7 +265,7 @@ class ProfilerWindow(FitCallback):
         last = steps.add(record.steps)  # the steps the call ran (set by the backend's caller)
         if last:  # the window's time ends when its last step has run, not when it was dispatched
             profiled.sync_quietly(self.backend, out)
-        steps.wall += time.perf_counter() - t0
+        steps.wall = time.perf_counter() - steps.first
         if last:
             self._stop_window(steps.reason, outputs=out)
         return out

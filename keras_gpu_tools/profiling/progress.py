@@ -25,7 +25,8 @@ class WindowSteps:
         self.asked: Window | None = None  # the window as scheduled, where it starts or ends elsewhere
         self.reason = ""
         self.done = self.calls = 0  # steps and calls the running window ran
-        self.wall = 0.0  # seconds of its calls
+        self.wall = 0.0  # seconds from its first call's start to its latest call's end, what ran between them in
+        self.first: float | None = None  # the clock at its first call's start
         self.staging = ""  # the folder this process's profiler writes it to
 
     def start_fit(self, next_index: int, step: int, steps_per_execution: int) -> None:
@@ -64,7 +65,7 @@ class WindowSteps:
 
     def begin(self, window: Window, asked: Window, reason: str, staging: str) -> None:
         """``window`` starts (``asked``: as scheduled), its trace written under ``staging``."""
-        self.window, self.reason, self.done, self.calls, self.wall = window, reason, 0, 0, 0.0
+        self.window, self.reason, self.done, self.calls, self.wall, self.first = window, reason, 0, 0, 0.0, None
         self.staging = staging
         self.asked = asked if asked.start != window.start or asked.steps % self.spe else None
 

@@ -29,7 +29,7 @@ TICK = 0.25  # seconds per read of the window's clock
 
 
 class TickingTime:
-    """``time`` for profiler_window: its perf_counter moves TICK per read (the window reads it twice per call)."""
+    """``time`` for profiler_window: its perf_counter moves TICK per read (at a window's start and each call's end)."""
 
     def __init__(self):
         self.now = 0.0
@@ -40,9 +40,20 @@ class TickingTime:
         return self.now
 
 
-def fit(model, cb, steps, epochs=1, batch=8, features=8):
+def fit(model, cb, steps, epochs=1, batch=8, features=8, more=()):
     x, y = regression_data(steps * batch, features=features)
-    return model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, shuffle=False, callbacks=[cb])
+    return model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, shuffle=False, callbacks=[cb, *more])
+
+
+class BetweenCalls(keras.callbacks.Callback):
+    """Time that passes between the train function's calls (the fit's loop, input, hooks): a read of the clock."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock = clock
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.clock.perf_counter()
 
 
 def spe_model(n, model=None):
@@ -56,12 +67,16 @@ def test_a_window_counts_steps_and_its_mean_step_is_per_step(tmp_path, monkeypat
     clock = TickingTime()
     monkeypatch.setattr(profiler_window, "time", clock)
     cb = ProfilerWindow(log_dir=tmp_path, start_step=5, num_steps=6, verbose=0, analyze=False, layers=False)
-    fit(spe_model(4), cb, steps=24)  # calls start at steps 0, 4, 8, ...: the window's first is the one at 8
+    fit(
+        spe_model(4), cb, steps=24, more=[BetweenCalls(clock)]
+    )  # calls start at steps 0, 4, 8, ...: the window's first is the one at 8
     (cap,) = cb.captures
     assert (cap.start_step, cap.num_steps, cap.calls, cap.steps_per_execution) == (8, 8, 2, 4)
     assert cap.asked == "steps 6-11"
-    # Each call is timed between two reads of the clock: TICK per call; the mean is over the 8 steps.
-    assert cap.mean_step_ms == pytest.approx(1000 * 2 * TICK / 8)
+    # The window's time runs from its first call's start to its last call's end, what ran between the calls
+    # in: read at the first call's start, its end, between the calls, the second call's end: three ticks; the
+    # mean is over the 8 steps.
+    assert cap.mean_step_ms == pytest.approx(1000 * 3 * TICK / 8)
     line = cap.line()
     assert line.startswith("ProfilerWindow: steps 9-16 (scheduled)")
     assert "steps_per_execution=4: 2 calls of 4 steps, each one step marker" in line
