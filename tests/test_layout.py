@@ -41,3 +41,14 @@ def test_test_folders_mirror_the_package():
     folders = {p.name for p in TESTS.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
     assert folders - NOT_MIRRORED <= packages, sorted(folders - NOT_MIRRORED - packages)
+
+
+def test_every_file_the_docs_name_exists():
+    """A path the docs give (`tests/...`, `keras_gpu_tools/...`, `benchmarks/...`) is one a maintainer can open."""
+    import re
+
+    root = TESTS.parent
+    docs = [root / "README.md", root / "CONTRIBUTING.md", *root.glob("docs/**/*.md"), *root.glob("benchmarks/*.md")]
+    named = re.compile(r"\b((?:tests|keras_gpu_tools|benchmarks|notebooks|examples)/[\w/.-]*\.(?:py|ipynb|md|sh))\b")
+    missing = [f"{d.name}: {p}" for d in docs for p in named.findall(d.read_text()) if not (root / p).exists()]
+    assert not missing
