@@ -180,10 +180,6 @@ JOB_PREFIX = "job/"
 KERAS_EPOCH_PREFIX = "epoch_"  # Keras's epoch logs: epoch_loss, epoch_accuracy, ...
 KERAS_TRAIN_RUN = "train"
 KERAS_VALIDATION_RUN = "validation"
-# A profiled window's text tag (or xprof's analysis of it): the window's tag and the two steps of its name
-# (written with a JSON record since steps were named from 1; only logs of earlier versions, whose names
-# held the window's start and end from 0, are read by it).
-PROFILE_WINDOW_TEXT_RE = re.compile(r"^(profile/steps_(\d+)_(\d+))(/input_pipeline)?$")
 
 
 # -- InputBoundDetector's step breakdown, per epoch (History and TensorBoard, run of the detector).
