@@ -2,25 +2,20 @@
 
 What it measures: the wall time and the peak resident memory (`ru_maxrss`) of what
 `keras-gpu-tools report LOG_DIR` does (`report(log_dir)`, its text, its HTML page with every plot),
-each in a fresh process, on three log directories written with the package's own `EventWriter`:
+each in a fresh process, on two kinds of log directory written with the package's own `EventWriter`:
 
 - `big`: one run of `--megabytes` MB (200 by default) of GPUUtilizationLogger samples (one GPU and
   the host, one event per sample, as a long run writes them) and InputBoundDetector windows;
 - `gpus`: one sample run of `--gpus` GPUs (128) and of a quarter of them, `--gpu-samples` samples
-  each: the time per GPU of both should be about the same (linear in the number of GPUs);
-- `legacy`: the texts of an earlier version's logs (no JSON tags), `--legacy-kb` KB (60) of them,
-  built to make a backtracking parser quadratic (a verdict and a profiler window that almost
-  match), and ten times that.
+  each: the time per GPU of both should be about the same (linear in the number of GPUs).
 
 Goals: 200 MB in under 10 s on a 2-core CPU (a larger `--megabytes` at the same 20 MB/s); peak
 memory at most twice the largest event file; the same time per GPU at both GPU counts (the larger
-count at most 1.5 times the smaller's per GPU); the legacy text ten times larger in about ten
-times the time, not a hundred (at most 20 times). A full run exits non-zero and names the goal
+count at most 1.5 times the smaller's per GPU). A full run exits non-zero and names the goal
 missed (of the cases it ran). `--smoke` runs tiny sizes in seconds and checks that the reports
 are right and every figure was measured; it prints the goals unenforced.
 
-Output: per case `seconds`, `peak_rss_mib`, the file sizes and counts; `seconds_per_gpu` and
-`legacy_ratio`.
+Output: per case `seconds`, `peak_rss_mib`, the file sizes and counts; `seconds_per_gpu`.
 
     python benchmarks/report_scale.py            # the sizes above: a few minutes, 1 GB of disk
     python benchmarks/report_scale.py --smoke    # seconds
@@ -40,7 +35,6 @@ import _common
 BENCHMARK = "report_scale"
 BIG_SECONDS, BIG_MB = 10.0, 200.0  # the big file's goal: 200 MB in under 10 s (larger files: the same rate)
 LINEAR = 1.5  # seconds per GPU at the larger count over the smaller's, at most
-LEGACY_RATIO = 20.0  # ten times the text in at most this many times the time (quadratic: a hundred)
 
 # The child: what `keras-gpu-tools report` does, then its time, its peak memory and a few figures.
 CHILD = textwrap.dedent(
@@ -59,7 +53,6 @@ CHILD = textwrap.dedent(
         "figures": len(r.figures()),
         "points_kept_max": max((len(v.values) for v in s.values()), default=0),
         "util_stats": list(s["gpu/0/utilization_percent"].stats()) if "gpu/0/utilization_percent" in s else None,
-        "category_start": ((r.data.verdict or {}).get("category") or "")[:12],
         "text_chars": len(text),
         "html_chars": len(page),
     }))
@@ -72,11 +65,10 @@ def _parse():
     p.add_argument("--megabytes", type=float, default=200.0, help="size of the big event file")
     p.add_argument("--gpus", type=int, default=128)
     p.add_argument("--gpu-samples", type=int, default=300)
-    p.add_argument("--legacy-kb", type=float, default=60.0)
-    p.add_argument("--cases", default="big,gpus,legacy", help="which of big, gpus, legacy to run (default: all)")
+    p.add_argument("--cases", default="big,gpus", help="which of big, gpus to run (default: both)")
     args = p.parse_args()
     if args.smoke:
-        args.megabytes, args.gpus, args.gpu_samples, args.legacy_kb = 2.0, 8, 50, 6.0
+        args.megabytes, args.gpus, args.gpu_samples = 2.0, 8, 50
     return args
 
 
@@ -123,22 +115,6 @@ def write_gpus(log_dir: str, gpus: int, samples: int) -> int:
     return os.path.getsize(w._events.path)
 
 
-def write_legacy(log_dir: str, kb: float) -> int:
-    """An earlier version's texts (no JSON): a verdict and a profiler window, each `kb` KB of repeats."""
-    from keras_gpu_tools.logdir import schema
-    from keras_gpu_tools.logdir.writer import EventWriter
-
-    n = int(kb * 1000 / 2 / 3)
-    w = EventWriter(os.path.join(log_dir, "input"))
-    # Texts that a backtracking parser tries to match from every " (" and "(": and fails.
-    w.text(schema.INPUT_VERDICT, "InputBoundDetector: " + "x (" * n + "\nAll fine.", step=1)
-    w.close()
-    w = EventWriter(os.path.join(log_dir, "profile"))
-    w.text(schema.profile_window(3, 7), "(a) -> " * (n // 2), step=7)
-    w.close()
-    return 6 * n
-
-
 def measure(log_dir: str) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, log_dir], capture_output=True, text=True, env=dict(os.environ))
     if out.returncode != 0:
@@ -162,18 +138,10 @@ def main() -> int:
             size = write_gpus(where, gpus, args.gpu_samples)
             result[f"gpus_{gpus}"] = {"gpus": gpus, "bytes": size, **measure(where)}
             print(f"{gpus} GPUs:", json.dumps(result[f"gpus_{gpus}"]), flush=True)
-        for scale in (1, 10) if "legacy" in cases else ():
-            where = os.path.join(tmp, f"legacy_{scale}")
-            chars = write_legacy(where, args.legacy_kb * scale)
-            result[f"legacy_{scale}x"] = {"text_chars": chars, **measure(where)}
-            print(f"legacy {scale}x:", json.dumps(result[f"legacy_{scale}x"]), flush=True)
     if "gpus" in cases:
         few, many = result[f"gpus_{max(args.gpus // 4, 1)}"], result[f"gpus_{args.gpus}"]
         result["seconds_per_gpu"] = [few["seconds"] / few["gpus"], many["seconds"] / many["gpus"]]
         print(f"seconds per GPU: {result['seconds_per_gpu']}")
-    if "legacy" in cases:
-        result["legacy_ratio"] = result["legacy_10x"]["seconds"] / result["legacy_1x"]["seconds"]
-        print(f"legacy 10x / 1x: {result['legacy_ratio']:.2f}")
     doc = {**_common.environment(backend), "args": vars(args)}
     _common.save(out, BENCHMARK, backend, {**doc, "result": result})
     print("written to", out)
@@ -200,14 +168,6 @@ def main() -> int:
             many_s <= LINEAR * few_s,
             f"linear in GPUs: {many['gpus']} GPUs at most {LINEAR} times the seconds per GPU of {few['gpus']} "
             f"({many_s:.3f} against {few_s:.3f})",
-        )
-    if "legacy_10x" in result:
-        check(result["legacy_10x"]["category_start"] == "x (x (x (x (", "the old layout's verdict parsed")
-        check.figure("legacy 10x / 1x", result["legacy_ratio"], 0.0)
-        check.goal(
-            result["legacy_ratio"] <= LEGACY_RATIO,
-            f"linear in text: ten times the legacy text in at most {LEGACY_RATIO:g} times the time "
-            f"({result['legacy_ratio']:.2f})",
         )
     return check.exit_code()
 

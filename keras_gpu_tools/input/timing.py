@@ -98,7 +98,6 @@ class StepStats:
     def __init__(self, batches: BatchSizes | None = None):
         self.batches = batches if batches is not None else BatchSizes()
         self.steps = 0  # every step seen, warm-up included
-        self.first_step: int | None = None
         self._fetch_sum = 0.0
         self._fetch_steps = 0
         self._synced_fetch_sum = 0.0  # fetches right after a sync: used only where no other was timed

@@ -19,14 +19,12 @@ class TraceReader:
         self.backend, self.model, self.names = backend, model, names
         self._functions: tuple[Any, ...] | None = None  # the model's functions when they were found (strong refs)
         self._read: Callable[[], dict[int, int] | None] | None = None
-        self.finds = 0  # times the functions were looked for
 
     def __call__(self) -> dict[int, int] | None:
         functions = tuple(getattr(self.model, name, None) for name in self.names)
         known = self._functions
         if self._read is None or known is None or any(a is not b for a, b in zip(functions, known)):
             self._functions, self._read = functions, self.backend.trace_counter(self.model, self.names)
-            self.finds += 1
         counts = self._read()
         if counts is None:
             self._read = None  # none found: looked for again next time

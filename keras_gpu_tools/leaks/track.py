@@ -56,11 +56,6 @@ class EpochTrack:
         self.readings.append(reading)
 
     @property
-    def usable(self) -> list[Reading]:
-        """The readings of the epochs after the warm-up."""
-        return self.readings[self.warmup_epochs :]
-
-    @property
     def baseline(self) -> Reading:
         """The reading that ends the warm-up (the fit's start without one)."""
         w = self.warmup_epochs
@@ -91,7 +86,7 @@ class EpochTrack:
         (``Slope.early``, ``late``): the rates alone, a third of the work. Reads
         at most ``MAX_POINTS`` readings, however many epochs the fit has had.
         """
-        epochs = max(len(self.readings) - self.warmup_epochs, 0)  # (``usable`` would copy every reading)
+        epochs = max(len(self.readings) - self.warmup_epochs, 0)  # (counted: a slice would copy every reading)
         g = Growth(epochs=epochs)
         if self.readings and self.warmup_epochs:
             g.warmup_host_mib = _delta(self.start.host_rss, self.baseline.host_rss)

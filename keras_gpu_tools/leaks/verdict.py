@@ -65,9 +65,6 @@ class LeakVerdict:
     evidence: list[str] = dataclasses.field(default_factory=list)
     advice: list[str] = dataclasses.field(default_factory=list)
 
-    def cause_titles(self) -> list[str]:
-        return [advice.TITLES[c] for c in self.causes]
-
 
 def steady(s: Slope, floor: float = 0.0) -> bool:
     """Whether the rise goes on (with too few points: most pairs rise).

@@ -99,11 +99,6 @@ GPU_EPOCH_PREFIX = "gpu_epoch/"
 GPU_EPOCH_KEY_RE = re.compile(r"^gpu_epoch/([^/]+)/(.+)$")
 
 
-def gpu_epoch_key(label: str | int, field: str) -> str:
-    """The tag of one GPU's epoch figure, e.g. ``gpu_epoch/0/throttle_power_percent``."""
-    return f"{GPU_EPOCH_PREFIX}{label}/{field}"
-
-
 def gpu_epoch_figures(values: dict[str, float]) -> dict[str, float]:
     """The GPU keys of an epoch's figures (``gpu/<label>/<field>``) as their epoch tags; other keys left out."""
     return {GPU_EPOCH_PREFIX + k[4:]: v for k, v in values.items() if k.startswith("gpu/")}  # (cheap: no regex)
@@ -117,7 +112,6 @@ HOST_SYSTEM_CPU_PERCENT = "host/system_cpu_percent"
 INPUT_STEPS = "input/steps"
 INPUT_WAIT_FRACTION = "input/wait_fraction"
 INPUT_WAIT_MS = "input/wait_ms"
-INPUT_FETCH_MS = "input/fetch_ms"  # written by earlier versions only: the fetch is in the summary's table
 INPUT_COMPUTE_MS = "input/compute_ms"
 INPUT_OTHER_MS = "input/other_ms"
 INPUT_STEP_MS = "input/step_ms"
@@ -180,16 +174,11 @@ JOB_PREFIX = "job/"
 KERAS_EPOCH_PREFIX = "epoch_"  # Keras's epoch logs: epoch_loss, epoch_accuracy, ...
 KERAS_TRAIN_RUN = "train"
 KERAS_VALIDATION_RUN = "validation"
-# A profiled window's text tag (or xprof's analysis of it): the window's tag and the two steps of its name
-# (written with a JSON record since steps were named from 1; only logs of earlier versions, whose names
-# held the window's start and end from 0, are read by it).
-PROFILE_WINDOW_TEXT_RE = re.compile(r"^(profile/steps_(\d+)_(\d+))(/input_pipeline)?$")
 
 
 # -- InputBoundDetector's step breakdown, per epoch (History and TensorBoard, run of the detector).
 # Compilation (first call and retraces) is reported apart; the other parts are the steady step's and
 # add up to STEP_STEP_MS. A part that cannot be told apart is left out (its time stays in another).
-STEP_PREFIX = "step/"
 STEP_COMPILE_SECONDS = "step/compile_seconds"  # seconds of compile/trace calls beyond a normal step, this epoch
 STEP_RETRACES = "step/retraces"  # traces of the train step beyond its first, this epoch (exact)
 STEP_INPUT_MS = "step/input_ms"  # waiting for input per step (= input/wait_ms)

@@ -44,13 +44,3 @@ class OOMEvent:
         return (
             f"{where} {self.step}: {what}, retrying as {describe_split(self.batch_size, self.next_split, self.granule)}"
         )
-
-
-@dataclass
-class Counters:
-    """Per-epoch and whole-fit counts of the callback."""
-
-    events: int = 0
-    micro_batch_steps: int = 0  # steps that ran split
-    lost_seconds: float = 0.0  # failed attempts and restores
-    history: list[OOMEvent] = field(default_factory=list)

@@ -198,7 +198,6 @@ class Recovery:
         # after a failure only while one has ever freed something: see `_collect_all`.
         self.deep_collect = True
         self.known: set[tuple[Any, int]] = set()  # (signature, k) that ran without error
-        self.last_split = 1
         self.last_need: int | None = None
         self.restored_state = None
 
@@ -298,7 +297,6 @@ class Recovery:
                     else:
                         self.known.add((signature, k))
                         ctl.on_success(n, k)
-                        self.last_split = k
                         return result, k
                     # Outside the except block, where the failed step's frames no longer run.
                     free_failed_step(failure, held_since(self.memory, before))

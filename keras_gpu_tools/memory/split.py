@@ -114,12 +114,6 @@ class SplitController:
             self.micro_size = math.ceil(n / nxt)
         return nxt
 
-    def jump_to(self, n: int, k: int) -> None:
-        """Sets the split of a batch of ``n`` to ``k``, chosen without running (a prediction)."""
-        self._good_steps = 0
-        self._trial_from = None
-        self.micro_size = math.ceil(n / k) if k > 1 else self.micro_size
-
     @property
     def in_trial(self) -> bool:
         return self._trial_from is not None

@@ -5,8 +5,7 @@ Modules, in the order data flows through them:
 - `model`: `ReportData`, the report's model of a run, and its `Series`.
 - `rows`: the report's rows (GPUs, verdicts, profiler windows, findings) from callback records.
 - `from_callbacks`: gathering from live callbacks, a `History` or the model.
-- `from_logdir`: gathering from a TensorBoard log directory (read by `keras_gpu_tools.logdir.reader`);
-  `legacy`: the text of logs written before the JSON tags.
+- `from_logdir`: gathering from a TensorBoard log directory (read by `keras_gpu_tools.logdir.reader`).
 - `text`, `html`, `figures`: the renderers (plain text and Markdown, the HTML page, matplotlib plots).
 - `report`: the public `report()` and `TrainingReport`.
 

@@ -1,9 +1,8 @@
 """Gathering the report from a TensorBoard log directory, after the fact.
 
 Reads what the callbacks wrote (`keras_gpu_tools.logdir.schema` names every run and tag): the
-JSON each writes next to its text (text tags ending in ``/data``), never the text itself, except
-for logs written before those tags (`legacy`). Keras's own ``train``/``validation`` runs give the
-training curves.
+JSON each writes next to its text (text tags ending in ``/data``), never the text itself. Keras's
+own ``train``/``validation`` runs give the training curves.
 
 A job of several processes holds, per callback, one run per process (``<run>/process_<p>``) and
 process 0's job-wide figures (``<run>/job``). The GPUs of every process are read (their tags name
@@ -23,7 +22,7 @@ from keras_gpu_tools.logdir.reader import RunValues, find_runs, printable, read_
 from keras_gpu_tools.logdir.series import Series
 from keras_gpu_tools.logdir.writer import check_log_dir
 from keras_gpu_tools.memory.explain import headroom_lines
-from keras_gpu_tools.reporting import health, legacy, rows
+from keras_gpu_tools.reporting import health, rows
 from keras_gpu_tools.reporting.model import (
     OOM_FAILED_SECONDS,
     OOM_MICRO_BATCHES_NOW,
@@ -401,7 +400,7 @@ def _convert(data: ReportData, records: dict[str, Any], tag: str, convert: Calla
 
 
 def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records: dict[str, Any]) -> None:
-    """The report's parts from the JSON records (and, for older logs, from the text)."""
+    """The report's parts from the JSON records."""
     gpus = _convert(data, records, schema.GPU_DEVICES_DATA, lambda v: [rows.gpu_row(r) for r in v])
     if gpus is not None:
         data.gpus = gpus
@@ -471,7 +470,6 @@ def _apply_records(data: ReportData, scan: _Scan, prose: dict[str, str], records
     if memory is not None:
         data.memory_verdict = memory
     _apply_job(data, scan, records)
-    legacy.read_old_prose(data, prose, records, profiles)  # logs written before the JSON tags
     data.profiles = sorted(profiles.values(), key=lambda p: p["start"])
     micro = data.oom_series.get(schema.OOM_MICRO_BATCHES)
     if micro is not None and micro.values:  # the last split in use, as the callback's `micro_batches`

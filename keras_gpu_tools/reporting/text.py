@@ -84,7 +84,7 @@ def not_measured(data: ReportData) -> list[str]:
 
 
 def findings_markdown(findings: Sequence[dict[str, str | None]]) -> str:
-    """The mixed-precision findings as a Markdown list (what `legacy.parse_findings` reads back)."""
+    """The mixed-precision findings as a Markdown list."""
     if not findings:
         return NO_FINDING
     return "\n".join(

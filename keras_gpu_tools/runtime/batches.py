@@ -111,7 +111,3 @@ def leaves(tree):
             stack.extend(t)
         elif t is not None:
             yield t
-
-
-def first_leaf(tree):
-    return next(leaves(tree), None)

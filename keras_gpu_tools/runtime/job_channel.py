@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from keras_gpu_tools.runtime.kv_exchange import KVExchange, PeerLost
-from keras_gpu_tools.runtime.ticker import Job, Ticker
+from keras_gpu_tools.runtime.ticker import Ticker
 from keras_gpu_tools.runtime.topology import ExchangeError
 
 ROSTER_TIMEOUT_S = 30.0  # how long fit start waits for every process's list of callbacks
@@ -67,7 +67,6 @@ class JobChannel:
         self._seen: dict[int, tuple[str | None, float]] = {}  # process -> (sign of life, when it last changed)
         self._beats = 0
         self._ticker = Ticker("keras_gpu_tools-heartbeat")
-        self._heart: Job | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -87,7 +86,7 @@ class JobChannel:
     # -- signs of life ---------------------------------------------------------------------------
     def start(self) -> None:
         self._beat()
-        self._heart = self._ticker.every(BEAT_S, self._beat, lambda e: None, delay=BEAT_S)
+        self._ticker.every(BEAT_S, self._beat, lambda e: None, delay=BEAT_S)
 
     def close(self) -> None:
         self._ticker.close()

@@ -114,11 +114,6 @@ class FitSession:
             _sessions[id(model)] = session
         return session
 
-    @property
-    def watching(self) -> bool:
-        """Whether the session can notice fit()'s end by itself (it found fit()'s frame)."""
-        return self.frame is not None
-
     # -- registering ----------------------------------------------------------------------------
     def add(self, owner, teardown: Teardown, training_thread: bool | Callable[[], bool] = False) -> None:
         """Registers ``teardown(aborted)`` of ``owner``, run once when this fit ends.

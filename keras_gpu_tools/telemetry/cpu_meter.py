@@ -114,7 +114,7 @@ class SystemTimes:
             self._fields = psutil.cpu_times()._fields
             self._type = type(psutil.cpu_times())
             self._fd = os.open(STAT_PATH, os.O_RDONLY)
-            self._finalizer = weakref.finalize(self, os.close, self._fd)
+            weakref.finalize(self, os.close, self._fd)  # kept alive by weakref until it runs
             self()  # a file psutil reads alike: otherwise psutil's call from now on
         except Exception:
             self._fd = None

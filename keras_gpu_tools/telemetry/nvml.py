@@ -130,15 +130,6 @@ class NVML:
     def module(self):
         return self._ensure()
 
-    def shutdown(self) -> None:
-        with self._lock:
-            if self._initialised:
-                try:
-                    self._module.nvmlShutdown()
-                except Exception:  # already shut down elsewhere: harmless
-                    pass
-                self._initialised = False
-
     # -- queries ------------------------------------------------------------
     def query(self, func_name: str, *args, on_unsupported: Callable | None = None):
         """Calls ``pynvml.<func_name>(*args)``.

@@ -1,9 +1,6 @@
 """Reading a long run: what is kept per tag is bounded, its figures exact, memory flat in the file's size."""
 
 import os
-import subprocess
-import sys
-import textwrap
 import tracemalloc
 
 import numpy as np
@@ -79,46 +76,3 @@ def test_a_file_cut_short_is_read_to_its_last_whole_record_and_said_once(tmp_pat
     assert unreadable == []  # a writer stopped mid-record: no error
     (note,) = values.notes
     assert "cut short" in note and "the 50 event(s) before it are read" in note
-
-
-LEGACY = textwrap.dedent(
-    """
-    import resource, sys
-    resource.setrlimit(resource.RLIMIT_CPU, (60, 60))  # a guard: the parse itself takes milliseconds
-    from keras_gpu_tools.reporting import legacy
-    n = int(sys.argv[1])
-    v = legacy.parse_verdict("InputBoundDetector: " + "x (" * n + ")")
-    assert v["category"] == "x" and v["scope"] == "x (" * (n - 1), v["category"]
-    line = "(a) -> " * n + "/traces (1.5 MiB, mean step 2.25 ms)"
-    assert legacy.parse_window_line(line) == ("a", "(a) -> " * (n - 1) + "/traces", 1.5, 2.25)
-    print("ok")
-    """
-)
-
-
-def test_old_layout_texts_of_any_length_are_parsed_in_linear_time():
-    """600 KB texts built to make a backtracking parser quadratic (ten times the size that took 13 s).
-
-    No clock: the parse runs under a CPU limit of 60 s, which the linear parsers miss by four orders of
-    magnitude and a quadratic one exceeds a hundredfold.
-    """
-    out = subprocess.run(
-        [sys.executable, "-c", LEGACY, "200000"], capture_output=True, text=True, timeout=600, env=dict(os.environ)
-    )
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
-
-
-def test_old_layout_window_lines_are_read_as_before():
-    from keras_gpu_tools.reporting import legacy
-
-    assert legacy.parse_window_line("steps 3-7 (at step 3) -> /t/a b (1.5 MiB, mean step 3.25 ms)") == (
-        "at step 3",
-        "/t/a b",
-        1.5,
-        3.25,
-    )
-    assert legacy.parse_window_line("x (r) -> (b) -> d (2 MiB)") == ("r", "(b) -> d", 2.0, None)
-    assert legacy.parse_window_line("(a) -> x\n(b) -> c (1 MiB)\n") == ("b", "c", 1.0, None)
-    assert legacy.parse_window_line("no window") is None
-    assert legacy.parse_verdict("V: moderately input-bound (epochs 2-3)")["scope"] == "epochs 2-3"
-    assert legacy.parse_verdict("V: fine")["category"] == "fine" and legacy.parse_verdict("V: a (b")["scope"] == ""

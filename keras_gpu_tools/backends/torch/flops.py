@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 SOURCE = "torch FlopCounterMode over one real training step"
-PLAN_SOURCE = "torch FlopCounterMode over one trial step"
 
 
 LAYER_SOURCE = "torch FlopCounterMode over one real training step of the window, by the Keras layer running each op"

@@ -58,7 +58,7 @@ def _tag_backward(outputs: Any, inputs: Any, path: str) -> None:
         if _TAG not in node.metadata:  # an inner layer's node stays the inner layer's
             node.metadata[_TAG] = path
             node.register_prehook(lambda grads, _p=path: _enter_backward(_p))
-            node.register_hook(lambda grads_in, grads_out: _enter_backward(""))
+            node.register_hook(lambda _grads_in, _grads_out: _enter_backward(""))
         stack.extend(n for n, _ in node.next_functions)
 
 
