@@ -202,7 +202,7 @@ class FitCallback(LeanCallback):
         channel = JobChannel.of(session, self.topology.exchange) if self.topology.multi_process else None
         if channel is None:
             return
-        siblings = [c for c in ki.find_callback_list(self.model) if hasattr(c, "_job_role")]
+        siblings = [c for c in ki.find_callback_list(self.model) if isinstance(c, FitCallback)]
         channel.compare(siblings if self in siblings else [*siblings, self])
         self.topology = dataclasses.replace(self.topology, exchange=channel)
         self._job_left_out = channel.check(self)  # raises where the job cannot run as configured

@@ -12,6 +12,7 @@ from typing import Any
 from keras_gpu_tools.callbacks._base import FitCallback
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime import roles
 from keras_gpu_tools.runtime.ticker import Job
 from keras_gpu_tools.runtime.topology import JobGather
 from keras_gpu_tools.runtime.validation import (
@@ -39,7 +40,7 @@ MAX_INTERVAL = 3600.0  # seconds: one sample an hour is already no monitoring
 FIRST_SAMPLE_WAIT_S = 1.0  # at most (plus the interval), a fit's first epoch end waits for its first sample
 
 
-class GPUUtilizationLogger(FitCallback):
+class GPUUtilizationLogger(FitCallback, roles.GPUSampler):
     """Logs per-GPU utilization, memory, power, clocks and more while training.
 
         A background thread samples NVML (and the framework's allocator, and the
@@ -47,8 +48,7 @@ class GPUUtilizationLogger(FitCallback):
         fit(), shared with the check that cleans up after a fit() that raised.
         The training thread only counts steps: it never makes an NVML call and
         never forces a device sync, so the callback does not slow the training
-        it measures. It is `async_safe`, so on JAX Keras keeps dispatching batch
-        hooks asynchronously.
+        it measures. It is `async_safe`, so on JAX Keras keeps dispatching batch hooks asynchronously.
 
         What is logged:
         - TensorBoard (when `log_dir` is set): one time series per metric in the

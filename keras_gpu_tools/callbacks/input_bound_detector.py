@@ -21,6 +21,7 @@ from keras_gpu_tools.input.timing import BatchSizes, StepStats
 from keras_gpu_tools.input.verdict import Judge, validate_thresholds
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime import roles
 from keras_gpu_tools.runtime import validation as check
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
 from keras_gpu_tools.runtime.step_record import StepRecord
@@ -30,7 +31,7 @@ from keras_gpu_tools.telemetry.cpu_meter import CpuMeter
 logger = logging.getLogger("keras_gpu_tools")
 
 
-class InputBoundDetector(FitViews, FitCallback):
+class InputBoundDetector(FitViews, FitCallback, roles.InputVerdicts, roles.InputThresholds):
     """Measures, while training runs, whether the input pipeline starves the device.
 
     For every training step it splits the time into waiting for the next batch
@@ -122,8 +123,7 @@ class InputBoundDetector(FitViews, FitCallback):
             input-bound. Defaults to `0.2`.
         log_dir: directory of the TensorBoard logs, or None for no
             TensorBoard output. Defaults to `"logs"`.
-        run_name: name of the TensorBoard run under `log_dir`. Defaults to
-            `"input"`.
+        run_name: name of the TensorBoard run under `log_dir`. Defaults to `"input"`.
         verbose: 0 prints nothing; 1 the verdict and where the details are,
             at the end of `fit()`; 2 also a line per epoch. Defaults to `1`.
         gpu_logger: the `GPUUtilizationLogger` whose figures to quote;
@@ -179,7 +179,7 @@ class InputBoundDetector(FitViews, FitCallback):
         self.run_name = check.check_run_name("run_name", run_name)
         self.verbose = check.check_verbose("verbose", verbose, max_level=2)
         self.progress_bar = progress_bar  # checked by the base class
-        if not (gpu_logger is None or gpu_logger == "auto" or hasattr(gpu_logger, "timeline")):
+        if not (gpu_logger is None or gpu_logger == "auto" or isinstance(gpu_logger, roles.GPUTimeline)):
             raise TypeError(
                 "Invalid value for argument `gpu_logger`. "
                 f"Received: gpu_logger={gpu_logger!r}. Expected a GPUUtilizationLogger, 'auto' or None."

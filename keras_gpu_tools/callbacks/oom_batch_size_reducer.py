@@ -16,6 +16,7 @@ from keras_gpu_tools.memory.idle import IdlePath
 from keras_gpu_tools.memory.reducer import ReducerState
 from keras_gpu_tools.memory.search import plan_limit
 from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime import roles
 from keras_gpu_tools.runtime import validation as check
 from keras_gpu_tools.runtime.batches import batch_signature, leading_dim
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
@@ -26,7 +27,7 @@ from keras_gpu_tools.runtime.warn_once import WarnOnce
 logger = logging.getLogger("keras_gpu_tools")
 
 
-class OOMBatchSizeReducer(FitCallback):
+class OOMBatchSizeReducer(FitCallback, roles.MicroBatching):
     """Recovers from out-of-memory errors by retrying the batch as micro-batches.
 
     When a training step runs out of device memory, the same batch is run again
@@ -92,8 +93,7 @@ class OOMBatchSizeReducer(FitCallback):
     process runs on none. `evaluate()` and `predict()` steps of the job are
     agreed the same way (every process must call them with the callback).
     An out-of-memory error in the job's step after the rehearsals fitted
-    cannot be retried (the others may wait in its collective) and raises
-    `UnrecoverableOOM`.
+    cannot be retried (the others may wait in its collective) and raises `UnrecoverableOOM`.
 
     When the split reaches `min_batch_size` and still does not fit, the out-of-memory
     error is raised (same type) with the batch sizes tried, the memory figures

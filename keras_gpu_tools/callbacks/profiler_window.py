@@ -24,6 +24,7 @@ from keras_gpu_tools.profiling.layer_window import LayerTables
 from keras_gpu_tools.profiling.progress import WindowSteps
 from keras_gpu_tools.profiling.schedule import WindowSchedule
 from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime import roles
 from keras_gpu_tools.runtime import validation as check
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
 from keras_gpu_tools.runtime.step_record import StepRecord
@@ -35,7 +36,7 @@ _END_OF_DATA = ("StopIteration", "OutOfRangeError")
 _WINDOW_STEP = "profiler_window_step"  # a window's call's first global step, in its record's extra
 
 
-class ProfilerWindow(FitCallback):
+class ProfilerWindow(FitCallback, roles.ProfileCaptures):
     """Captures a profiler trace of chosen training steps, with step markers.
 
     Each profiled step is marked for the profiler (TensorFlow's `Trace("train", step_num=...)`, JAX's
@@ -186,7 +187,7 @@ class ProfilerWindow(FitCallback):
             self._job = JobSessions.join(self._job_gather(), job_dir, self._fit_serial)
         self._open_writers(job=self._job is not None)
         self._job_events()  # process 0 of a job: the job's run at once
-        det = next((c for c in ki.find_callback_list(self.model) if hasattr(c, "high_threshold")), None)
+        det = next((c for c in ki.find_callback_list(self.model) if isinstance(c, roles.InputThresholds)), None)
         self._inputs = ProfiledWindows(*((det.moderate_threshold, det.high_threshold) if det else ()))
         self._attachment = att = StepHook.attach(self.model, self, self.backend, session)  # last
         self._steps.start_fit(att.hook.next_index, self._global_step, att.hook.steps_per_execution)
@@ -343,8 +344,7 @@ class ProfilerWindow(FitCallback):
                 self._say(line)
             if warning:
                 self.warnings(("unreached", self._fit_start_step), warning)
-        self._profiler = None
-        self._job = None
+        self._profiler = self._job = None
         self.wait_for_analysis()
         self._layers.draw_charts(self._writer)  # after the steps: matplotlib is slow to import
         self._close_writers()

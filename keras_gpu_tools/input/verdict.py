@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable, Reversible, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from keras_gpu_tools.input.advice import advise
 from keras_gpu_tools.input.categories import HIGH, MODERATE, NOT, UNKNOWN, XPROF_HIGH, XPROF_MODERATE, classify
@@ -19,6 +19,7 @@ from keras_gpu_tools.input.later import Later
 from keras_gpu_tools.input.measure import Measurement
 from keras_gpu_tools.input.span import SpanFigure, span_name
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.runtime.roles import GPUTimeline
 from keras_gpu_tools.runtime.units import format_percent
 from keras_gpu_tools.runtime.validation import check_number
 
@@ -192,12 +193,6 @@ def verdict_for(
         speedup_bound=m.speedup_bound,
         fit_wait_fraction=(fit or m).wait_fraction,
     )
-
-
-class GPUTimeline(Protocol):
-    """What a verdict quotes of a GPU logger: its points ``(wall time, step, {key: mean})``."""
-
-    timeline: Iterable[tuple[float, int, dict[str, float]]]
 
 
 def _points_since(timeline: Iterable[tuple[float, int, dict[str, float]]], since: float | None) -> list:

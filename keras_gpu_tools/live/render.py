@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from keras_gpu_tools.logdir import schema
+from keras_gpu_tools.runtime import roles
 
 SPARK_POINTS = 120  # points per sparkline (the latest ones)
 VERDICT_EVERY_S = 2.0  # the run's verdict (made anew each epoch when read: it lists every epoch) read this often
@@ -107,13 +108,13 @@ class LiveState:
 
     def attach(self, callbacks: Sequence[Any]) -> None:
         for cb in callbacks:
-            if hasattr(cb, "timeline") and hasattr(cb, "gpus"):
+            if isinstance(cb, roles.GPUSampler):
                 self.gpu_logger = cb
-            elif hasattr(cb, "verdict") and hasattr(cb, "window_verdicts"):
+            elif isinstance(cb, roles.InputVerdicts):
                 self.detector = cb
-            elif hasattr(cb, "captures"):
+            elif isinstance(cb, roles.ProfileCaptures):
                 self.profiler = cb
-            elif hasattr(cb, "micro_batches") or "oom" in type(cb).__name__.lower():
+            elif isinstance(cb, roles.MicroBatching):
                 self.oom = cb
 
     def note_redraw(self, now: float) -> float | None:
