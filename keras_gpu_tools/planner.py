@@ -16,7 +16,7 @@ import logging
 
 from keras_gpu_tools import backends
 from keras_gpu_tools.input.flops import table_peak
-from keras_gpu_tools.memory.search import BatchPlan, StepPeaks, sample_batch, search_batch_size
+from keras_gpu_tools.memory.search import BatchPlan, StepPeaks, TrialClock, sample_batch, search_batch_size
 from keras_gpu_tools.memory.throughput import Budget, Candidate, knee
 from keras_gpu_tools.memory.throughput_run import ThroughputRun, one_batch
 from keras_gpu_tools.memory.timed_fit import fit_side_effects, restore_side_effects
@@ -24,6 +24,8 @@ from keras_gpu_tools.runtime.batches import leading_dim, leaves
 from keras_gpu_tools.runtime.validation import check_choice, check_int, check_log_dir, check_number
 
 OBJECTIVES = ("memory", "throughput")
+# By throughput, the memory search may take this share of max_seconds; the rest times the candidates.
+MEMORY_SEARCH_SHARE = 0.5
 logger = logging.getLogger("keras_gpu_tools")
 
 
@@ -106,7 +108,10 @@ def plan_batch_size(
             Defaults to `None`.
         max_seconds: by throughput, the time planning may take; a candidate
             that would not finish in what is left is reported as not
-            measured. Defaults to `None` (no limit).
+            measured. The memory search takes at most half of it: it stops
+            before a trial expected to overrun that share, with the largest
+            size known to fit, and the plan's `why` says so. Defaults to
+            `None` (no limit).
         log_dir: a TensorBoard log directory: the plan is written to its run
             `plan` (text, JSON, scalars per batch size, a figure), and
             `keras_gpu_tools.report(log_dir)` shows it. Defaults to `None`.
@@ -209,9 +214,18 @@ def plan_batch_size(
     )
     candidates: list[Candidate] = []
     why = ""
+    clock: TrialClock | None = None
     try:
         if limits is not None:
-            best, trials = search_batch_size(measure, limits, start=1, maximum=per_device_max)
+            if throughput and max_seconds is not None:
+                clock = TrialClock(measure, MEMORY_SEARCH_SHARE * max_seconds - budget.elapsed(), budget.clock)
+            best, trials = search_batch_size(
+                clock or measure,
+                limits,
+                start=1,
+                maximum=per_device_max,
+                refuses=None if clock is None else clock.refuses,
+            )
             method = measure.method or backend.plan_method(model)
         else:
             best, trials = per_device_max or 0, []
@@ -224,6 +238,8 @@ def plan_batch_size(
             divides = None if global_batch_size is None else global_batch_size // replicas
             candidates = run.measure(best, trials, divides)
             chosen, why = knee(candidates)
+            if clock is not None and clock.stopped:
+                why += f"; {clock.stopped}"
             if chosen is None:
                 raise ValueError(
                     f"Invalid value for argument `max_seconds`. Received: max_seconds={max_seconds:g}, too small to "

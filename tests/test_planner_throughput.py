@@ -159,6 +159,17 @@ def test_after_a_candidate_runs_out_of_memory_a_finer_size_below_it_is_still_mea
     assert plan.batch_size == 32 and rows[24].measured  # the finer step below the knee, under the size that ran out
 
 
+@pytest.mark.skipif(BACKEND == "tensorflow", reason="TensorFlow's CPU allocator keeps no statistics by default")
+def test_a_memory_search_over_its_share_of_the_budget_stops_with_what_fits_and_says_so(monkeypatch):
+    # No time for the memory search: it stops after its first trial, and the plan is made from what it found.
+    monkeypatch.setattr(planner_module, "MEMORY_SEARCH_SHARE", 0.0)
+    plan = plan_batch_size(bn_model(), *data(), objective="throughput", memory_limit_mib=1024, max_seconds=60)
+    assert [t.batch_size for t in plan.trials] == [1]
+    assert plan.batch_size == 1 and [c.batch_size for c in plan.candidates] == [1]
+    assert "the memory search stopped at per-device batch 1: a trial at 2 would take about" in plan.why
+    assert "larger batches were not tried" in str(plan)
+
+
 def test_a_budget_too_small_for_one_candidate_is_refused():
     model = bn_model()
     x, y = data()

@@ -45,6 +45,7 @@ def search_batch_size(
     start: int = 1,
     maximum: int | None = None,
     tolerance: float = 0.02,
+    refuses: Callable[[int], str | None] | None = None,
 ) -> tuple[int, list[Trial]]:
     """The largest batch size (per device) whose peak fits every device's limit, and the trials.
 
@@ -53,6 +54,10 @@ def search_batch_size(
     not fit (or ``maximum``), then halves the interval between the largest
     that fits and the smallest that does not, until it is within
     ``tolerance`` of the size found (or 1). Returns 0 when not even 1 fits.
+
+    ``refuses(b)``, where given, is asked before each trial after the first:
+    a reason stops the search there, with the largest size known to fit
+    (a time budget, :class:`TrialClock`).
     """
     trials: list[Trial] = []
 
@@ -65,6 +70,8 @@ def search_batch_size(
     low, high = 0, None  # the largest size that fits, the smallest that does not
     b = max(1, start if maximum is None else min(start, maximum))
     while True:
+        if trials and refuses is not None and refuses(b):
+            return low, trials
         if fits(b):
             low = b
             if maximum is not None and b >= maximum:
@@ -75,6 +82,8 @@ def search_batch_size(
             break
     while high is not None and high - low > max(1, int(tolerance * low)):
         mid = (low + high) // 2
+        if refuses is not None and refuses(mid):
+            break
         if fits(mid):
             low = mid
         else:
@@ -119,6 +128,52 @@ class StepPeaks:
         # Left held, the failed trial's tensors would count in every later trial's peak.
         free_failed_step(failure, held_since(self.device_memory, before))
         return None
+
+
+class TrialClock:
+    """The memory search's share of ``max_seconds``: times each trial, and refuses one that would overrun.
+
+    A trial at ``b`` is expected to take as long per sample as the last one
+    did (a step's time grows with its batch): a trial of a million samples
+    can take seconds, so searching up to the memory maximum could spend the
+    whole budget before any candidate is timed. ``stopped`` says why the
+    search stopped early, or is empty.
+    """
+
+    def __init__(
+        self,
+        measure: Callable[[int], list[float] | None],
+        seconds: float,
+        clock: Callable[[], float],
+    ):
+        self.measure = measure
+        self.seconds = seconds
+        self.clock = clock
+        self.start = clock()
+        self.last: tuple[int, float] | None = None  # (batch, seconds) of the last trial
+        self.stopped = ""
+
+    def __call__(self, per_device: int) -> list[float] | None:
+        t0 = self.clock()
+        try:
+            return self.measure(per_device)
+        finally:
+            self.last = (per_device, self.clock() - t0)
+
+    def refuses(self, per_device: int) -> str | None:
+        if self.last is None:
+            return None
+        b, took = self.last
+        expected = took * max(1.0, per_device / b)
+        left = self.seconds - (self.clock() - self.start)
+        if expected <= left:
+            return None
+        self.stopped = (
+            f"the memory search stopped at per-device batch {b}: a trial at {per_device} would take about "
+            f"{expected:.1f} s, more than the {max(0.0, left):.1f} s left of its {self.seconds:.0f} s share of "
+            "max_seconds, so larger batches were not tried"
+        )
+        return self.stopped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,4 +344,13 @@ def plan_limit(plan: BatchPlan | int | None) -> int | None:
     return check_int("plan", plan, low=1)
 
 
-__all__ = ["ArraySpec", "BatchPlan", "StepPeaks", "Trial", "plan_limit", "sample_batch", "search_batch_size"]
+__all__ = [
+    "ArraySpec",
+    "BatchPlan",
+    "StepPeaks",
+    "Trial",
+    "TrialClock",
+    "plan_limit",
+    "sample_batch",
+    "search_batch_size",
+]

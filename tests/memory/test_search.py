@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from keras_gpu_tools.memory.search import ArraySpec, BatchPlan, Trial, sample_batch, search_batch_size
+from keras_gpu_tools.memory.search import ArraySpec, BatchPlan, Trial, TrialClock, sample_batch, search_batch_size
 
 MiB = 2**20
 
@@ -65,3 +65,51 @@ def test_trial_batches_repeat_the_samples_and_shapes_only_gives_their_shapes_and
     assert sx == {"a": ArraySpec((10**9, 4), np.dtype("float32")), "b": ArraySpec((10**9, 2), np.dtype("int32"))}
     assert sy == [ArraySpec((10**9, 1), np.dtype("float32")), ArraySpec((10**9,), by[1].dtype)]
     assert sample_batch((x["a"],), None, 5, 3, shapes_only=True) == ((ArraySpec((5, 4), np.dtype("float32")),), None)
+
+
+class StepClock:
+    """A clock that a trial advances by ``per_sample`` seconds per sample (a step's time grows with its batch)."""
+
+    def __init__(self, per_sample):
+        self.now, self.per_sample = 0.0, per_sample
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_trial_clock_stops_the_search_before_a_trial_that_would_overrun_its_share():
+    clock = StepClock(0.001)
+    measure, calls = linear(0.001)
+
+    def timed(b):
+        clock.now += clock.per_sample * b
+        return measure(b)
+
+    trial_clock = TrialClock(timed, 1.0, clock)
+    best, trials = search_batch_size(trial_clock, [1000 * MiB], refuses=trial_clock.refuses)
+    # 1 + 2 + ... + 256 samples take 0.511 s; a trial at 512 would take 0.512 s more, past the 1 s share
+    assert calls == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert best == 256 and all(t.fits for t in trials)
+    assert "stopped at per-device batch 256: a trial at 512 would take about 0.5 s" in trial_clock.stopped
+    assert "larger batches were not tried" in trial_clock.stopped
+
+
+def test_a_trial_clock_with_room_lets_the_search_finish_and_says_nothing():
+    clock = StepClock(0.0)
+    measure, calls = linear(1.0)
+    trial_clock = TrialClock(measure, 1.0, clock)
+    best, _ = search_batch_size(trial_clock, [100 * MiB], tolerance=0.0, refuses=trial_clock.refuses)
+    assert best == 90 and trial_clock.stopped == ""
+
+
+def test_a_search_stopped_during_the_binary_part_keeps_the_largest_size_known_to_fit():
+    measure, calls = linear(1.0)
+    asked = []
+
+    def refuses(b):
+        asked.append(b)
+        return "spent" if len(calls) >= 9 else None
+
+    best, trials = search_batch_size(measure, [100 * MiB], tolerance=0.0, refuses=refuses)
+    assert calls[:8] == [1, 2, 4, 8, 16, 32, 64, 128] and len(calls) == 9
+    assert best == max(t.batch_size for t in trials if t.fits) and 64 <= best < 100
