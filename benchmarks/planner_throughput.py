@@ -100,12 +100,26 @@ def _data(n: int, shape: tuple[int, ...], kind: str):
     return x, y
 
 
-def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float | None, reference: str) -> float:
+def _fit_epochs(model, shape, kind: str, b: int, steps: int, epochs: int, reference: str) -> list[float]:
+    """Each epoch's seconds of a plain model.fit of ``steps`` steps an epoch at batch ``b``."""
+    times: list[float] = []
+    clock = [_common.epoch_clock(times)]
+    if reference == "batch":
+        x, y = _data(b, shape, kind)
+        model.fit(_common.same_batch(x, y, steps), epochs=epochs, verbose=0, callbacks=clock)
+    else:
+        x, y = _data(steps * b, shape, kind)
+        model.fit(x, y, batch_size=b, epochs=epochs, shuffle=False, verbose=0, callbacks=clock)
+    return times
+
+
+def _plain_fit(model, shape, kind: str, b: int, smoke: bool, reference: str) -> float:
     """samples/s of a plain model.fit at batch ``b``: the median of epochs 1.. (epoch 0 compiles).
 
-    Epochs last about a second at the plan's expected speed (at least 5 steps), as a user's epochs
+    Epochs last about a second (at least 5 steps, 2 of a step over a second), as a user's epochs
     are long: an epoch's fixed cost (iterator, logs) would otherwise weigh on small batches only.
-    The arrays stay under about 8 GiB of host memory.
+    A short fit first (epoch 0 compiles, then 5 steps) gives the pace that sizes them. The arrays
+    stay under about 8 GiB of host memory.
     """
     import math
 
@@ -113,16 +127,13 @@ def _plain_fit(model, shape, kind: str, b: int, smoke: bool, expected_sps: float
         steps = 3
     else:
         per_sample = 4 * math.prod(shape)
-        steps = math.ceil((expected_sps or 8192) / b)
-        steps = max(5, min(steps, 2000, (8 << 30) // max(1, b * per_sample)))
-    times: list[float] = []
-    epochs, clock = 2 if smoke else 4, [_common.epoch_clock(times)]
-    if reference == "batch":
-        x, y = _data(b, shape, kind)
-        model.fit(_common.same_batch(x, y, steps), epochs=epochs, verbose=0, callbacks=clock)
-    else:
-        x, y = _data(steps * b, shape, kind)
-        model.fit(x, y, batch_size=b, epochs=epochs, shuffle=False, verbose=0, callbacks=clock)
+        most = max(2, (8 << 30) // max(1, b * per_sample))
+        probe = min(5, most)
+        rough = probe * b / _fit_epochs(model, shape, kind, b, probe, 2, reference)[1]
+        steps = math.ceil(rough / b)
+        fewest = 5 if steps > 1 else 2  # a step of over a second: two steps an epoch are already seconds of it
+        steps = max(fewest, min(steps, 2000, most))
+    times = _fit_epochs(model, shape, kind, b, steps, 2 if smoke else 4, reference)
     return steps * b / statistics.median(times[1:])
 
 
@@ -139,15 +150,13 @@ def measure(args, kind: str) -> dict:
     print(plan)
     fitting = [c for c in plan.candidates if c.fits]
     # The plain fits: every measured candidate, the largest that fits, and the round sizes users try.
-    known = {c.batch_size: c.samples_per_sec for c in fitting}
     largest = fitting[-1].batch_size if fitting else 0
     sizes = {c.batch_size for c in fitting if c.measured} | ({largest} if largest else set())
     sizes |= {b for b in USER_SIZES if b <= largest and not args.smoke}
     independent = {}
     for b in sorted(sizes) if not args.plan_only else []:
         try:
-            expected = known.get(b) or max((v or 0 for v in known.values()), default=0) or None
-            independent[b] = round(_plain_fit(model, shape, kind, b, args.smoke, expected, args.reference), 1)
+            independent[b] = round(_plain_fit(model, shape, kind, b, args.smoke, args.reference), 1)
         except Exception as e:  # an out-of-memory error: recorded, not fatal
             independent[b] = f"{type(e).__name__}: {str(e)[:200]}"
         print(f"  plain fit at {b}: {independent[b]} samples/s")

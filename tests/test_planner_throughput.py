@@ -135,6 +135,22 @@ def test_a_candidate_over_the_budget_is_reported_not_measured(monkeypatch):
     assert "only batch 2 was measured" in plan.why and "not a knee" in plan.why
 
 
+def test_a_candidate_whose_steps_alone_would_outlast_the_budget_is_not_measured(monkeypatch):
+    real = throughput_run.time_batch
+
+    def slow_steps(model, batch, *args, **kwargs):  # no compile, and a step of a second per sample
+        t = real(model, batch, *args, **kwargs)
+        return dataclasses.replace(t, compile_seconds=0.0, step_seconds=float(len(batch[0])), wall_seconds=0.0)
+
+    monkeypatch.setattr(throughput_run, "time_batch", slow_steps)
+    frozen = FakeClock()
+    monkeypatch.setattr(planner_module, "Budget", lambda max_seconds: Budget(max_seconds, clock=frozen))
+    plan = plan_batch_size(bn_model(), *data(), objective="throughput", max_batch_size=16, max_seconds=60)
+    # A timing runs at least 6 steps: at 8 they took 6 x 8 s = 48 s, so 16 would take about 96 s.
+    assert [(c.batch_size, c.measured) for c in plan.candidates] == [(2, True), (4, True), (8, True), (16, False)]
+    assert "about 96.0 s" in plan.candidates[-1].reason
+
+
 def test_after_a_candidate_runs_out_of_memory_a_finer_size_below_it_is_still_measured(monkeypatch):
     real = throughput_run.time_batch
 

@@ -38,6 +38,8 @@ from keras_gpu_tools.memory.timed_fit import Pace, time_batch
 logger = logging.getLogger("keras_gpu_tools")
 
 SMALLEST_SHARE = 64  # candidates start at the largest batch that fits over this (a power of two), at least 1
+# The fewest steps a timing runs: the first call, two rough steps, a warm-up window and two windows.
+FEWEST_STEPS = 6
 MAX_FINER = 3  # finer steps around the knee, at most (each halves the interval it lies in)
 UNBATCHED_TAKE = 64  # samples of an unbatched dataset the trials are built from (repeated to each size)
 EXCHANGE_TIMEOUT_S = 900.0  # a process waits this long for the others' figures (their compiles included)
@@ -178,6 +180,7 @@ class ThroughputRun:
         self.pace = pace or Pace.for_device(bool(backend.gpu_devices()))
         self.key = f"plan{next(_serial)}"
         self._seconds: dict[int, tuple[float, float]] = {}  # per device size: (compile, expected wall) seconds
+        self._steps: dict[int, float] = {}  # per device size: the measured step seconds
         self._oom_at: int | None = None  # the batch that ran out of memory when trained: none as large is tried
 
     def _agree(self, name: str, value: Any) -> list[Any]:
@@ -229,10 +232,10 @@ class ThroughputRun:
         sizes = candidate_sizes(largest, smallest=max(1, largest // SMALLEST_SHARE), divides=divides)
         refine = could_refine(sizes, divides)
         rows: list[Candidate] = []
-        self._seconds, self._oom_at = {}, None
+        self._seconds, self._steps, self._oom_at = {}, {}, None
         for i, per_device in enumerate(sizes):
             still = len(sizes) - i + (1 if refine else 0)  # a finer step is kept a share
-            rows.append(self._candidate(per_device, trials, expected_seconds(list(self._seconds.values())), still))
+            rows.append(self._candidate(per_device, trials, self._expected(per_device), still))
         if not refine:
             return sorted(self._merged(rows, "rows"), key=lambda r: r.batch_size)
         for step in range(MAX_FINER):
@@ -246,6 +249,18 @@ class ThroughputRun:
             expected = above[0][1] if above else expected_seconds(list(self._seconds.values()))
             rows.append(self._candidate(finer, trials, expected, MAX_FINER - step))
         return sorted(self._merged(rows, "rows"), key=lambda r: r.batch_size)
+
+    def _expected(self, per_device: int) -> float:
+        """The seconds a candidate is expected to take: compiles grow, and a step grows with its batch.
+
+        A step of seconds (a large batch) makes the fewest steps of a timing
+        outlast what the compile growth alone predicts.
+        """
+        by_compile = expected_seconds(list(self._seconds.values()))
+        if not self._steps:
+            return by_compile
+        last, step = max(self._steps.items())
+        return max(by_compile, FEWEST_STEPS * step * per_device / last)
 
     def _candidate(self, per_device: int, trials: list[Trial], expected: float, still: int) -> Candidate:
         """One candidate measured (or the reason it is not): every process decides together whether it is."""
@@ -278,9 +293,10 @@ class ThroughputRun:
             return Candidate(b, per_device, False, peak_mib=peak_mib, reason="ran out of memory when trained")
         # The next candidate's steady part is expected to take what this one's least would, not all it took:
         # its timing stops at its share of the budget.
-        least = (self.pace.min_windows + 1) * self.pace.epoch_seconds
+        least = max((self.pace.min_windows + 1) * self.pace.epoch_seconds, FEWEST_STEPS * timing.step_seconds)
         steady = min(max(0.0, timing.wall_seconds - timing.compile_seconds), least)
         self._seconds[per_device] = (timing.compile_seconds, timing.compile_seconds + steady)
+        self._steps[per_device] = timing.step_seconds
         flops = self._flops(per_device)
         mfu = None
         if flops and self.peak_flops:
