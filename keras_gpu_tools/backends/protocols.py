@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from keras_gpu_tools.memory.idle import IdlePath
+from keras_gpu_tools.memory.runners import EvalRunner, TrainRunner
 from keras_gpu_tools.profiling.trace import TracerOptions
 
 Stats = dict[int, tuple[float, float]]  # local GPU index -> (current bytes, peak bytes)
@@ -95,13 +97,15 @@ class RecoveryBackend(Protocol):
 
     def reducer_problem(self, model: Any) -> str | None: ...
 
-    def accumulation_runner(self, model: Any, original: Callable, mode: str = "accumulate", **kwargs: Any) -> Any: ...
+    def accumulation_runner(
+        self, model: Any, original: Callable, mode: str = "accumulate", **kwargs: Any
+    ) -> TrainRunner: ...
 
     def reducer_call(
-        self, one: Callable, idle: Any, runner: Any, steps_per_execution: int, replicas: int = 1
+        self, one: Callable, idle: IdlePath, runner: TrainRunner, steps_per_execution: int, replicas: int = 1
     ) -> Callable: ...
 
-    def eval_runner(self, model: Any, kind: str, original: Callable, mode: str = "accumulate") -> Any: ...
+    def eval_runner(self, model: Any, kind: str, original: Callable, mode: str = "accumulate") -> EvalRunner: ...
 
     def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable: ...
 

@@ -26,12 +26,12 @@ from keras_gpu_tools.errors import KerasInternalsError, UnrecoverableOOM
 from keras_gpu_tools.memory.accumulate import (
     FULL_SNAPSHOT_MAX_BYTES,
     LossRouting,
-    Snapshot,
     concat_outputs,
     measure_order,
     nbytes,
     refusal,
 )
+from keras_gpu_tools.memory.runners import Snapshot
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import batch_signature, leaves
 
