@@ -15,6 +15,7 @@ from typing import Any
 from keras_gpu_tools.backends.protocols import ProfilerSession, Stats
 from keras_gpu_tools.memory.idle import IdlePath
 from keras_gpu_tools.memory.runners import EvalRunner, TrainRunner
+from keras_gpu_tools.runtime.topology import Topology
 
 FUNCTIONS = ("train_function", "test_function", "predict_function")  # the model's compiled functions
 
@@ -321,7 +322,7 @@ class Backend:
         """The devices a batch is split over under data parallelism (1 without)."""
         return 1
 
-    def topology(self, model) -> Any:
+    def topology(self, model) -> Topology:
         """This process's :class:`~keras_gpu_tools.runtime.topology.Topology` under the engine in use."""
         from keras_gpu_tools.runtime import topology
 
@@ -331,7 +332,7 @@ class Backend:
         """Seconds of one all-reduce of ``nbytes`` over the step's devices, timed alone, and how; None with why not."""
         return None, f"the {self.name} backend runs the step on one device: no all-reduce"
 
-    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+    def distribution_notes(self, topology: Topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
         """What ``doctor`` says of scaling out with this framework: ``(level, text)`` pairs.
 
         ``topology`` is :meth:`topology` outside any fit (``model=None``),

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from keras_gpu_tools.memory.idle import IdlePath
 from keras_gpu_tools.memory.runners import EvalRunner, TrainRunner
 from keras_gpu_tools.profiling.trace import TracerOptions
+from keras_gpu_tools.runtime.topology import Topology
 
 Stats = dict[int, tuple[float, float]]  # local GPU index -> (current bytes, peak bytes)
 
@@ -200,9 +201,9 @@ class TopologyBackend(Protocol):
 
     def replicas(self, model: Any) -> int: ...
 
-    def topology(self, model: Any) -> Any: ...
+    def topology(self, model: Any) -> Topology: ...
 
-    def distribution_notes(self, topology: Any, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]: ...
+    def distribution_notes(self, topology: Topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]: ...
 
     def time_allreduce(self, model: Any, nbytes: int) -> tuple[float | None, str]: ...
 
