@@ -13,6 +13,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from keras_gpu_tools.backends.protocols import ProfilerSession, Stats
+from keras_gpu_tools.memory.idle import IdlePath
+from keras_gpu_tools.memory.runners import EvalRunner, TrainRunner
+from keras_gpu_tools.runtime.topology import Topology
 
 FUNCTIONS = ("train_function", "test_function", "predict_function")  # the model's compiled functions
 
@@ -99,11 +102,13 @@ class Backend:
         """Why the OOM reducer cannot run on ``model`` here, or None."""
         return f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported (tensorflow, jax, torch)."
 
-    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
+    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs) -> TrainRunner:
         """The runner that retries a batch as micro-batches (see ``memory.accumulate``)."""
         raise ValueError(self.reducer_problem(model))
 
-    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
+    def reducer_call(
+        self, one: Callable, idle: IdlePath, runner: TrainRunner, steps_per_execution: int, replicas: int = 1
+    ) -> Callable:
         """The train function the reducer runs: fetches the batch(es) and runs each on the idle path or ``one``.
 
         A batch whose signature is ``idle.signature`` (:class:`~keras_gpu_tools.memory.idle.IdlePath`)
@@ -117,7 +122,7 @@ class Backend:
         """
         raise ValueError(f"OOMBatchSizeReducer: the Keras backend {self.name!r} is not supported.")
 
-    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate") -> EvalRunner:
         """The runner that retries an evaluation (``kind="test"``) or prediction (``"predict"``) batch, split."""
         raise ValueError(self.reducer_problem(model))
 
@@ -317,7 +322,7 @@ class Backend:
         """The devices a batch is split over under data parallelism (1 without)."""
         return 1
 
-    def topology(self, model) -> Any:
+    def topology(self, model) -> Topology:
         """This process's :class:`~keras_gpu_tools.runtime.topology.Topology` under the engine in use."""
         from keras_gpu_tools.runtime import topology
 
@@ -327,7 +332,7 @@ class Backend:
         """Seconds of one all-reduce of ``nbytes`` over the step's devices, timed alone, and how; None with why not."""
         return None, f"the {self.name} backend runs the step on one device: no all-reduce"
 
-    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+    def distribution_notes(self, topology: Topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
         """What ``doctor`` says of scaling out with this framework: ``(level, text)`` pairs.
 
         ``topology`` is :meth:`topology` outside any fit (``model=None``),

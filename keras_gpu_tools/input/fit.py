@@ -44,21 +44,64 @@ def _without_advice(v: Verdict) -> Verdict:
     return v
 
 
-def _of_fit(name: str, doc: str) -> property:
-    """An attribute of the last fit's analysis (``self._fit``), read and set on its owner."""
-    return property(lambda self: getattr(self._fit, name), lambda self, v: setattr(self._fit, name, v), doc=doc)
-
-
 class FitViews:
     """The last fit's analysis (``self._fit``, an :class:`InputFit`) as attributes of the detector."""
 
     _fit: InputFit
-    verdict = _of_fit("verdict", "The run's verdict: its steady state (None before a fit).")
-    measurement = _of_fit("measurement", "The steady state's figures (the verdict's scope).")
-    fit_measurement = _of_fit("fit_measurement", "The whole fit's figures, every phase in.")
-    job_verdict = _of_fit("job_verdict", "The job's verdict (a job of several processes).")
-    epoch_verdicts = _of_fit("epoch_verdicts", "Each epoch's verdict.")
-    window_verdicts = _of_fit("window_verdicts", "(global step, verdict) of each window.")
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The run's verdict: its steady state (None before a fit)."""
+        return self._fit.verdict
+
+    @verdict.setter
+    def verdict(self, value: Verdict | None) -> None:
+        self._fit.verdict = value
+
+    @property
+    def measurement(self) -> Measurement | None:
+        """The steady state's figures (the verdict's scope)."""
+        return self._fit.measurement
+
+    @measurement.setter
+    def measurement(self, value: Measurement | None) -> None:
+        self._fit.measurement = value
+
+    @property
+    def fit_measurement(self) -> Measurement | None:
+        """The whole fit's figures, every phase in."""
+        return self._fit.fit_measurement
+
+    @fit_measurement.setter
+    def fit_measurement(self, value: Measurement | None) -> None:
+        self._fit.fit_measurement = value
+
+    @property
+    def job_verdict(self) -> stragglers.JobVerdict | None:
+        """The job's verdict (a job of several processes)."""
+        return self._fit.job_verdict
+
+    @job_verdict.setter
+    def job_verdict(self, value: stragglers.JobVerdict | None) -> None:
+        self._fit.job_verdict = value
+
+    @property
+    def epoch_verdicts(self) -> list[Verdict]:
+        """Each epoch's verdict."""
+        return self._fit.epoch_verdicts
+
+    @epoch_verdicts.setter
+    def epoch_verdicts(self, value: list[Verdict]) -> None:
+        self._fit.epoch_verdicts = value
+
+    @property
+    def window_verdicts(self) -> list[tuple[int, Verdict]]:
+        """(global step, verdict) of each window."""
+        return self._fit.window_verdicts
+
+    @window_verdicts.setter
+    def window_verdicts(self, value: list[tuple[int, Verdict]]) -> None:
+        self._fit.window_verdicts = value
 
 
 class InputFit:
@@ -123,26 +166,43 @@ class InputFit:
             raise AttributeError("InputFit: no judge before a fit has started")
         return self._judge
 
-    verdict = property(
-        lambda self: self._current("_verdict"),
-        lambda self, v: self._set("_verdict", v),
-        doc="The run's verdict: its steady state (None before an epoch ends).",
-    )
-    measurement = property(
-        lambda self: self._current("_measurement"),
-        lambda self, v: self._set("_measurement", v),
-        doc="The steady state's figures (the verdict's scope).",
-    )
-    fit_measurement = property(
-        lambda self: self._current("_fit_measurement"),
-        lambda self, v: self._set("_fit_measurement", v),
-        doc="The whole fit's figures, every phase included.",
-    )
-
-    def _current(self, name: str):
+    def _fresh(self) -> None:
+        """Makes the verdict and its figures again where an epoch ended since they were made."""
         if self._stale:
             self._refresh()
-        return getattr(self, name)
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The run's verdict: its steady state (None before an epoch ends)."""
+        self._fresh()
+        return self._verdict
+
+    @verdict.setter
+    def verdict(self, value: Verdict | None) -> None:
+        self._fresh()
+        self._verdict = value
+
+    @property
+    def measurement(self) -> Measurement | None:
+        """The steady state's figures (the verdict's scope)."""
+        self._fresh()
+        return self._measurement
+
+    @measurement.setter
+    def measurement(self, value: Measurement | None) -> None:
+        self._fresh()
+        self._measurement = value
+
+    @property
+    def fit_measurement(self) -> Measurement | None:
+        """The whole fit's figures, every phase included."""
+        self._fresh()
+        return self._fit_measurement
+
+    @fit_measurement.setter
+    def fit_measurement(self, value: Measurement | None) -> None:
+        self._fresh()
+        self._fit_measurement = value
 
     def _refresh(self) -> None:
         """Makes the verdict again when read, from any thread (LiveView draws on the fit session's).
@@ -160,13 +220,9 @@ class InputFit:
             if s is not None:
                 self._measurement, self._fit_measurement, self._verdict = s.measurement, s.fit, v
 
-    def _set(self, name: str, value) -> None:
-        self._current(name)
-        setattr(self, name, value)
-
     def steady_epochs(self) -> list[bool] | None:
         """Per epoch, whether the verdict counts it (its scope); None where its phases are not epochs."""
-        v = self._current("_verdict")
+        v = self.verdict
         if v is None or not v.phases or not all(p.label.startswith("epoch") for p in v.phases):
             return None
         return [p.steady for p in v.phases]

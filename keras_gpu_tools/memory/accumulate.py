@@ -1,33 +1,16 @@
 """Running one batch as micro-batches with one optimizer update: what all backends share.
 
-The runners themselves live with their backend (``keras_gpu_tools/backends``:
-``TFRunner``, ``JaxRunner``, ``TorchRunner``; TensorFlow and torch build on
-:class:`StatefulRunner` here). Each runner has the same methods:
-
-- ``run(batch, k, state, guarded)``: the step on ``batch`` split into ``k``
-  micro-batches (``k == 1``: Keras's own train function, untouched). In the
-  default mode ``accumulate`` the model's own ``train_step`` runs on every
-  micro-batch with the optimizer's apply routed to an accumulator
-  (``ki.capture_apply``) and each compiled loss routed through
-  :class:`LossRouting`, which weights the micro-batch by what that loss
-  really averages over in the whole batch (its samples, its mask's valid
-  entries, its sample weights, or nothing for ``"sum"``), so the gradient,
-  the loss and the per-output loss metrics are those of the whole batch.
-  Metrics and non-trainable updates run per micro-batch; the optimizer
-  applies once, to the variables ``train_step`` handed it. What cannot be
-  reproduced is refused (:func:`refusal`) before anything is applied. Mode
-  ``split`` runs the micro-batches as separate steps. JAX returns
-  ``(logs, state)``; the others return the logs.
-- ``protect(state, guarded)`` / ``restore(snapshot, state)``: what is needed
-  to put the state back as it was before a failed attempt. A guarded attempt
-  (the first at a batch shape and split) keeps a host copy of every
-  variable when the state is at most ``full_snapshot_max_bytes``; other
-  attempts keep a device copy of the small state (non-trainable and metric
-  variables, the optimizer's counters) on TensorFlow and torch. ``restore``
-  raises :class:`~keras_gpu_tools.errors.UnrecoverableOOM` where the
-  state cannot be put back exactly.
-- ``predict(batch, k, state)`` (JAX): whether the compiled step fits the
-  device's memory limit, from XLA's memory analysis; None where unknown.
+The runners' contract is :mod:`keras_gpu_tools.memory.runners`; each backend's
+runners live with it (``backends/<framework>/accumulate.py``), TensorFlow's and
+torch's built on :class:`StatefulRunner` here. In mode ``accumulate`` the
+model's own ``train_step`` runs on every micro-batch with the optimizer's apply
+routed to an accumulator (``ki.capture_apply``) and each compiled loss routed
+through :class:`LossRouting`, so the gradient, the loss and the per-output loss
+metrics are those of the whole batch; metrics and non-trainable updates run per
+micro-batch. A guarded attempt keeps a host copy of every variable when the
+state is at most ``full_snapshot_max_bytes``; other attempts keep a device copy
+of the small state (non-trainable and metric variables, the optimizer's
+counters), which cannot undo an update the optimizer had started.
 
 No module-level framework import.
 """
@@ -36,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.errors import InexactAccumulationError, UnrecoverableOOM
+from keras_gpu_tools.memory.runners import Snapshot
 from keras_gpu_tools.memory.split import split_sizes
 from keras_gpu_tools.runtime import keras_internals as ki
 
@@ -219,7 +204,7 @@ class LossRouting:
             )
 
     @contextlib.contextmanager
-    def measuring(self, out: list):
+    def measuring(self, out: list[tuple[int, Any]]):
         """Routes the compiled losses to record each one's denominator ``(j, D)`` in ``out``; they return 0."""
         from keras import ops
 
@@ -243,20 +228,13 @@ class LossRouting:
         return sums
 
 
-def measure_order(recorded: list) -> list[Any]:
+def measure_order(recorded: list[tuple[int, Any]]) -> list[Any]:
     """The denominators of one measuring pass, in the order of the compiled losses."""
     return [d for _, d in sorted(recorded, key=lambda jd: jd[0])]
 
 
-class Snapshot:
-    def __init__(self, kind: str, items, iterations: int | None = None):
-        self.kind = kind  # "full", "small", "none"
-        self.items = items
-        self.iterations = iterations
-
-
-class StatefulRunner:
-    """TensorFlow and torch: Keras variables hold the state."""
+class StatefulRunner(ABC):
+    """TensorFlow and torch: Keras variables hold the state (a :class:`~keras_gpu_tools.memory.runners.TrainRunner`)."""
 
     backend = ""
     _scaled = False  # train_step called optimizer.scale_loss, which weighted the loss
@@ -299,7 +277,8 @@ class StatefulRunner:
         self._small_changed()
 
     def _small_changed(self) -> None:
-        pass
+        """Called when the small state's variables were collected again (TensorFlow drops its copying function)."""
+        return None
 
     def _host(self, v):
         """A host copy of variable ``v``."""
@@ -427,21 +406,25 @@ class StatefulRunner:
         """``(index, has_gradient)`` of the variables to update once, in ``train_step``'s order."""
         return [(i, i in self._got_grad) for i in self._handed]
 
-    def _run_original(self, batch):
-        raise NotImplementedError
+    @abstractmethod
+    def _run_original(self, batch: Any) -> Any:
+        """Keras's own step on ``batch``, whole."""
 
-    def _run_accumulated(self, parts, totals):
-        raise NotImplementedError
+    @abstractmethod
+    def _run_accumulated(self, parts: list[tuple[Any, float]], totals: list[float] | None) -> Any:
+        """The step on ``parts`` (``(micro-batch, its share)``), one update; ``totals``: :meth:`totals`."""
 
-    def _measure(self, part) -> list[float]:
+    @abstractmethod
+    def _measure(self, part: Any) -> list[float]:
         """Each compiled loss's denominator on ``part`` (a forward pass, no update)."""
-        raise NotImplementedError
 
-    def _copy_small(self):
-        raise NotImplementedError
+    @abstractmethod
+    def _copy_small(self) -> list[Any]:
+        """A device copy of each of the small state's variables, in their order."""
 
-    def _reset_accumulator(self):
-        pass
+    def _reset_accumulator(self) -> None:
+        """Empties what a failed attempt accumulated (TensorFlow's accumulators outlive a step)."""
+        return None
 
 
 def concat_outputs(outputs: list) -> Any:
@@ -453,8 +436,8 @@ def concat_outputs(outputs: list) -> Any:
     return keras.tree.map_structure(lambda *xs: keras.ops.concatenate(list(xs), axis=0), *outputs)
 
 
-class StatefulEvalRunner:
-    """TensorFlow and torch: one evaluation (``test``) or prediction (``predict``) step, split.
+class StatefulEvalRunner(ABC):
+    """TensorFlow and torch: one evaluation (``test``) or prediction (``predict``) step, split (an ``EvalRunner``).
 
     A test step's state is the metrics (a small copy of them puts a failed
     attempt back); a predict step has none. Split, a test step runs the
@@ -527,11 +510,14 @@ class StatefulEvalRunner:
     def predict(self, batch, n: int, k: int, state) -> tuple[bool | None, int | None]:
         return None, None
 
-    def _run_original(self, batch):
-        raise NotImplementedError
+    @abstractmethod
+    def _run_original(self, batch: Any) -> Any:
+        """Keras's own step on ``batch``, whole."""
 
-    def _micro_test(self, part, w: float, totals: list[float]):
-        raise NotImplementedError
+    @abstractmethod
+    def _micro_test(self, part: Any, w: float, totals: list[float]) -> Any:
+        """The model's ``test_step`` on micro-batch ``part`` (share ``w``) with its losses routed; its logs."""
 
-    def _measure(self, part) -> list[float]:
-        raise NotImplementedError
+    @abstractmethod
+    def _measure(self, part: Any) -> list[float]:
+        """Each compiled loss's denominator on ``part`` (a forward pass, no update)."""

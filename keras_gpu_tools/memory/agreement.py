@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from keras_gpu_tools.memory.explain import OOMExplanation, explanation_of
+from keras_gpu_tools.memory.runners import Runner
 from keras_gpu_tools.memory.split import describe_split
 from keras_gpu_tools.runtime.topology import ExchangeError
 from keras_gpu_tools.runtime.units import format_bytes
@@ -105,7 +106,7 @@ class JobAgreement:
         # a split predicted not to fit here is voted out of memory without running (the reducer's probe).
         self.predict = False
 
-    def __call__(self, runner, batch, n: int, k: int, state) -> Agreement:
+    def __call__(self, runner: Runner, batch, n: int, k: int, state) -> Agreement:
         """Rehearses ``n`` as ``k`` here (or predicts it does not fit), then gathers every process's outcome."""
         need = self._predicted_need(runner, batch, n, k, state)
         error = self._rehearse(runner, batch, n, k, state) if need is None else None
@@ -151,7 +152,7 @@ class JobAgreement:
             fits=False, error=error, kind=kind, note=note, explanation=self._explanation(error, note, context)
         )
 
-    def _predicted_need(self, runner, batch, n: int, k: int, state) -> int | None:
+    def _predicted_need(self, runner: Runner, batch, n: int, k: int, state) -> int | None:
         """The bytes the rehearsal would need where it is predicted not to fit here; None where it may fit."""
         predict = getattr(runner, "predict_alone", None) if self.predict else None
         if predict is None:
@@ -163,7 +164,7 @@ class JobAgreement:
             return None
         return int(need or 0) if fits is False else None
 
-    def _rehearse(self, runner, batch, n: int, k: int, state) -> BaseException | None:
+    def _rehearse(self, runner: Runner, batch, n: int, k: int, state) -> BaseException | None:
         """This process's own out-of-memory error in a rehearsal of the split, or None."""
         rehearse = getattr(runner, "rehearse", None)
         if rehearse is None:

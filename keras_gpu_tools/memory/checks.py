@@ -68,7 +68,7 @@ def refuse_uneven(model, backend, replicas: int, processes: int) -> None:
         raise ValueError(uneven)
 
 
-PROBE_CHOICES = (True, False, "auto")
+PROBE_CHOICES: tuple[bool | str, ...] = (True, False, "auto")
 
 
 def resolve_probe(probe: bool | str, backend, warn: Callable[[str, str], None]) -> bool:

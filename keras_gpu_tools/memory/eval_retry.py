@@ -18,6 +18,7 @@ from keras_gpu_tools.errors import UnrecoverableOOM
 from keras_gpu_tools.memory.accumulate import refusal
 from keras_gpu_tools.memory.agreement import Agreement
 from keras_gpu_tools.memory.recovery import Recovery
+from keras_gpu_tools.memory.runners import EvalRunner
 from keras_gpu_tools.memory.split import SplitController
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import batch_signature, leading_dim
@@ -33,7 +34,7 @@ class _Eval:
     kind: str
     controller: SplitController
     recovery: Recovery
-    runner: Any = None
+    runner: EvalRunner | None = None
     backend: Any = None
     model: Any = None  # not the callback's `model` inside a step: on JAX that property syncs fit()'s state
     original: Callable | None = None
@@ -120,16 +121,19 @@ class EvalRetries:
             self.detach(kind)
 
     def _one(self, ev: _Eval, batch, state=None):
+        runner = ev.runner
+        if runner is None:  # detached: Keras's own function runs the steps
+            raise RuntimeError(f"OOMBatchSizeReducer: its {PHASES[ev.kind]} step ran after it was detached")
         sig = batch_signature(batch)
         ev.step += 1
         if sig in ev.idle:
             try:
-                return ev.runner.run(batch, 0, 1, state, False)
+                return runner.run(batch, 0, 1, state, False)
             except Exception as e:
                 if self.classify(e) is None:
                     self.detach(ev.kind)
                     raise
-                if not ev.runner.idle_recoverable:
+                if not runner.idle_recoverable:
                     self.unrecoverable(e, sig, ev.kind, ev.step - 1)
                     self.detach(ev.kind)
                     raise UnrecoverableOOM(
@@ -145,7 +149,7 @@ class EvalRetries:
                 self.detach(ev.kind)
                 raise refusal(problem)
         try:
-            result, k = ev.recovery.run(ev.runner, batch, n, sig, state, step=ev.step - 1)
+            result, k = ev.recovery.run(runner, batch, n, sig, state, step=ev.step - 1)
         except BaseException:
             if ev.recovery.restored_state is not None:
                 ev.backend.hand_back_eval_state(ev.model, ev.kind, ev.recovery.restored_state)

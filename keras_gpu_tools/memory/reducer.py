@@ -27,6 +27,7 @@ from keras_gpu_tools.memory.events import OOMEvent
 from keras_gpu_tools.memory.explain import Explainer
 from keras_gpu_tools.memory.headroom import Headroom
 from keras_gpu_tools.memory.recovery import Recovery
+from keras_gpu_tools.memory.runners import TrainRunner
 from keras_gpu_tools.memory.split import SplitController
 from keras_gpu_tools.runtime.ticker import Job
 
@@ -91,7 +92,7 @@ class ReducerState:
         self.evals = EvalRetries(min_batch_size, mode, late_recovery, self.new_recovery, classify, self.unrecoverable)
         self.agreement: JobAgreement | None = None  # a job's: this fit's, or an evaluate()'s outside fit()
         self.model: Any = None  # the model of this fit (not the callback's `model` in a step: on JAX it syncs)
-        self.runner: Any = None  # the training runner of this fit
+        self.runner: TrainRunner | None = None  # the training runner of this fit
         self.last_batch: int | None = None
 
     def new_recovery(self, controller: SplitController, probe: bool = False) -> Recovery:
@@ -186,8 +187,8 @@ class ReducerState:
     def headroom_rows(self) -> list[dict[str, Any]]:
         """Per device: the allocator's peak, the capacity and the batch that would fit (see Headroom)."""
         self.headroom.record(lambda: self.backend().device_peaks())
-        state_bytes = float(getattr(self.runner, "state_bytes", 0) or 0)
-        return self.headroom.rows(self.controller.micro_size or self.last_batch, state_bytes)
+        state_bytes = self.runner.state_bytes if self.runner is not None else None
+        return self.headroom.rows(self.controller.micro_size or self.last_batch, float(state_bytes or 0))
 
 
 __all__ = ["ReducerState"]

@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections.abc import Iterable, Sequence
-from typing import Any, Literal, overload
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, TypeVar, overload
+
+T = TypeVar("T")
 
 # Paths on remote file systems: not checked here, the writer reports problems.
 REMOTE_PREFIXES = ("gs://", "s3://", "hdfs://")
@@ -116,7 +118,7 @@ def check_verbose(name: str, value: Any, *, max_level: int = 2) -> int:
     raise _error(ValueError, name, value, f"{levels} or a bool")
 
 
-def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
+def check_choice(name: str, value: Any, choices: Sequence[T]) -> T:
     """One of ``choices``, of the same type (1 is not True, "1" is not 1); returns the choice."""
     if _is_bool(value):
         value = bool(value)
@@ -145,7 +147,9 @@ def check_choices(name: str, value: Any, choices: Sequence[str]) -> list[str]:
     return items
 
 
-def check_callable(name: str, value: Any, *, allow_none: bool = True, what: str = "a function") -> Any:
+def check_callable(
+    name: str, value: Any, *, allow_none: bool = True, what: str = "a function"
+) -> Callable[..., Any] | None:
     if (value is None and allow_none) or callable(value):
         return value
     raise _error(TypeError, name, value, what + (", or None" if allow_none else ""))

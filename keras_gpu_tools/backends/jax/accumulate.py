@@ -26,12 +26,12 @@ from keras_gpu_tools.errors import KerasInternalsError, UnrecoverableOOM
 from keras_gpu_tools.memory.accumulate import (
     FULL_SNAPSHOT_MAX_BYTES,
     LossRouting,
-    Snapshot,
     concat_outputs,
     measure_order,
     nbytes,
     refusal,
 )
+from keras_gpu_tools.memory.runners import Snapshot
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import batch_signature, leaves
 
@@ -142,7 +142,8 @@ class JaxRunner(_HostSnapshot):
 
     # -- traced functions ------------------------------------------------------
     def _micro(self, tv, ntv, ov, mv, acc, data, w, totals):
-        box, scaled = [], []
+        box: list[Any] = []  # the gradients train_step hands the optimizer
+        scaled: list[int] = []
         with ki.capture_apply(
             self.model.optimizer, box.append, weight=w, on_scaled=lambda: scaled.append(1), stateless=True
         ):
@@ -470,7 +471,7 @@ def _measure_losses(runner, tv, ntv, data):
 
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     y_pred, _ = runner.model.stateless_call(tv, ntv, x, **ki.training_kwargs(runner.model, False))
-    out = []
+    out: list[tuple[int, Any]] = []
     with runner.routing.measuring(out):
         ki.compute_loss_of(runner.model, y, y_pred, sample_weight)
     return [runner.jnp.asarray(d, "float32") for d in measure_order(out)]

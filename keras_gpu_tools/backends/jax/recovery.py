@@ -13,6 +13,8 @@ from collections.abc import Callable
 from keras_gpu_tools.backends.base import Backend
 from keras_gpu_tools.backends.jax.accumulate import JaxEvalRunner, JaxRunner
 from keras_gpu_tools.memory.accumulate import concat_outputs
+from keras_gpu_tools.memory.idle import IdlePath
+from keras_gpu_tools.memory.runners import EvalRunner, TrainRunner
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import batch_signature, shape_and_dtype
 
@@ -35,10 +37,10 @@ class JaxRecovery(Backend):
     def reducer_problem(self, model) -> str | None:
         return None
 
-    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
+    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs) -> TrainRunner:
         return JaxRunner(model, original, mode, device=self, **kwargs)
 
-    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate") -> EvalRunner:
         return JaxEvalRunner(model, kind, original, mode)
 
     def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
@@ -54,7 +56,9 @@ class JaxRecovery(Backend):
     def hand_back_eval_state(self, model, kind: str, state) -> None:
         ki.jax_write_variables(model, kind, state)
 
-    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
+    def reducer_call(
+        self, one: Callable, idle: IdlePath, runner: TrainRunner, steps_per_execution: int, replicas: int = 1
+    ) -> Callable:
         original, run_idle = runner.original, idle.run
         step = ki.jax_batch_step(original) if steps_per_execution == 1 else None
         if step is None:  # not Keras's own one-batch function: the batch goes in as an iterator

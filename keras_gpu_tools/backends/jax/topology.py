@@ -6,6 +6,7 @@ from keras_gpu_tools.backends.base import Backend
 from keras_gpu_tools.backends.jax.memory import local_gpus
 from keras_gpu_tools.runtime import deps
 from keras_gpu_tools.runtime import keras_internals as ki
+from keras_gpu_tools.runtime.topology import Topology
 
 
 def _distributed_client():
@@ -29,7 +30,7 @@ class JaxTopology(Backend):
     def gpu_devices(self) -> list[str]:
         return [str(d) for d in local_gpus()]
 
-    def topology(self, model):
+    def topology(self, model) -> Topology:
         from keras_gpu_tools.runtime import topology
         from keras_gpu_tools.runtime.kv_exchange import KVExchange
 
@@ -67,7 +68,7 @@ class JaxTopology(Backend):
             exchange=KVExchange(client, index, count) if client is not None else None,
         )
 
-    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+    def distribution_notes(self, topology: Topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
         jax = deps.loaded("jax")
         if jax is None:
             return []

@@ -9,7 +9,8 @@ micro-batch's gradients are summed into variables (per replica under
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from keras_gpu_tools.backends.tensorflow.data_parallel import (
     distribute,
@@ -63,12 +64,15 @@ class TFRunner(StatefulRunner):
         import tensorflow as tf
 
         self.tf = tf
-        self._accs = None
-        self._rows = self._row_indices = None
+        # Built at the first accumulated step (_build): a summed gradient per trainable variable, and a
+        # sparse gradient's rows and indices (None for a scalar variable).
+        self._accs: list[Any] | None = None
+        self._rows: list[Any] | None = None
+        self._row_indices: list[Any] | None = None
         self._sparse: dict[int, None] = {}
         self._refused: InexactAccumulationError | None = None  # variables whose gradient is sparse (tf.IndexedSlices)
         self._w = None
-        self._micro_fn = None
+        self._micro_fn: Callable | None = None
         self._apply_fns: dict[tuple, Callable] = {}
         self._measure_fn = None
         self._small_fn = None
@@ -127,7 +131,14 @@ class TFRunner(StatefulRunner):
             return fn
         return self.tf.function(fn, reduce_retracing=True, jit_compile=bool(getattr(self.model, "jit_compile", False)))
 
-    def _build(self):
+    def _buffers(self) -> tuple[list[Any], list[Any], list[Any]]:
+        """The accumulators, the sparse rows and their indices, built by :meth:`_build`."""
+        if self._accs is None or self._rows is None or self._row_indices is None:
+            raise RuntimeError("keras_gpu_tools: the accumulators are read before they were built")
+        return self._accs, self._rows, self._row_indices
+
+    def _build(self) -> Callable:
+        """The compiled micro-batch step, with the accumulators it adds to (made at the first call)."""
         tf = self.tf
         if self._accs is None:
             self._accs = [
@@ -181,6 +192,9 @@ class TFRunner(StatefulRunner):
                 return logs
 
             self._micro_fn = self._function(micro)
+        if self._micro_fn is None:
+            raise RuntimeError("keras_gpu_tools: the accumulators were built without their step")
+        return self._micro_fn
 
     def _apply(self):
         applied = self._applied()
@@ -194,15 +208,14 @@ class TFRunner(StatefulRunner):
             variables = self.model.trainable_variables
 
             sparse = set(self._sparse)
+            accs, rows, row_indices = self._buffers()
 
             def grad(i, has):
                 if not has:
                     return None
                 if i in sparse:
-                    return tf.IndexedSlices(
-                        self._rows[i].read_value(), self._row_indices[i].read_value(), tf.shape(variables[i])
-                    )
-                return self._accs[i].read_value()
+                    return tf.IndexedSlices(rows[i].read_value(), row_indices[i].read_value(), tf.shape(variables[i]))
+                return accs[i].read_value()
 
             def apply():
                 def replica():
@@ -216,26 +229,28 @@ class TFRunner(StatefulRunner):
             fn = self._apply_fns[key] = self._function(apply)
         fn()
 
-    def _clear(self, indices) -> None:
+    def _clear(self, indices: Iterable[int]) -> None:
         tf = self.tf
+        accs, rows, row_indices = self._buffers()
         for i in indices:
-            self._accs[i].assign(tf.zeros_like(self._accs[i]))
-            if self._rows[i] is not None:
-                self._rows[i].assign(self._rows[i][:0])
-                self._row_indices[i].assign(self._row_indices[i][:0])
+            accs[i].assign(tf.zeros_like(accs[i]))
+            if rows[i] is not None:
+                rows[i].assign(rows[i][:0])
+                row_indices[i].assign(row_indices[i][:0])
 
     def _sink(self, grads, variables):
         tf = self.tf
+        accs, rows, row_indices = self._buffers()
         for i, g in self._hand(grads, variables):
             if g is None:
                 continue
-            acc = self._accs[i]
+            acc = accs[i]
             w = tf.cast(self._w, acc.dtype)
-            if isinstance(g, tf.IndexedSlices) and self._rows[i] is not None:
+            if isinstance(g, tf.IndexedSlices) and rows[i] is not None:
                 self._sparse[i] = None
                 values = tf.cast(g.values, acc.dtype)
-                self._rows[i].assign(tf.concat([self._rows[i], values if self._scaled else values * w], 0))
-                self._row_indices[i].assign(tf.concat([self._row_indices[i], tf.cast(g.indices, tf.int64)], 0))
+                rows[i].assign(tf.concat([rows[i], values if self._scaled else values * w], 0))
+                row_indices[i].assign(tf.concat([row_indices[i], tf.cast(g.indices, tf.int64)], 0))
                 continue
             g = tf.cast(tf.convert_to_tensor(g), acc.dtype)
             acc.assign_add(g if self._scaled else g * w)
@@ -247,7 +262,7 @@ class TFRunner(StatefulRunner):
 
     def _run_accumulated(self, parts, totals, distributed: bool = False):
         """``parts``: (micro-batch, its share); ``distributed``: per-replica values, with per-replica totals."""
-        self._build()
+        micro_fn = self._build()
         tf = self.tf
         logs = None
         if distributed:
@@ -257,7 +272,7 @@ class TFRunner(StatefulRunner):
         self._refused = None
         try:
             for part, w in parts:
-                logs = self._micro_fn(part, w if distributed else tf.constant(w, tf.float32), vector)
+                logs = micro_fn(part, w if distributed else tf.constant(w, tf.float32), vector)
             self._apply()
         except Exception:
             refused, self._refused = self._refused, None
@@ -271,12 +286,13 @@ class TFRunner(StatefulRunner):
     def _reset_accumulator(self):
         if self._accs is None:
             return
+        every = range(len(self._accs))
         if self.replicas == 1:
-            self._clear(range(len(self._accs)))
+            self._clear(every)
         else:  # a per-replica variable is written in its replica's context
 
             def clear():
-                self._clear(range(len(self._accs)))
+                self._clear(every)
                 return self.tf.constant(0)
 
             self.strategy.run(clear)
@@ -439,7 +455,7 @@ def _measuring(runner):
     def measure(data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         y_pred = runner.model(x, training=False)
-        out = []
+        out: list[tuple[int, Any]] = []
         with runner.routing.measuring(out):
             ki.compute_loss_of(runner.model, y, y_pred, sample_weight)
         found = measure_order(out)

@@ -9,12 +9,15 @@ through the reducer's guarded path; the runners are in :mod:`.accumulate`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from keras_gpu_tools.backends.base import Backend
 from keras_gpu_tools.backends.tensorflow.accumulate import TFEvalRunner, TFRunner
 from keras_gpu_tools.backends.tensorflow.data_parallel import replica_batch
 from keras_gpu_tools.backends.tensorflow.step import end_of_data_errors, fetch_batches
 from keras_gpu_tools.memory.accumulate import concat_outputs
+from keras_gpu_tools.memory.idle import IdlePath
+from keras_gpu_tools.memory.runners import EvalRunner, TrainRunner
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import batch_signature
 
@@ -34,10 +37,10 @@ class TFRecovery(Backend):
             )
         return None
 
-    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
+    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs) -> TrainRunner:
         return TFRunner(model, original, mode, **kwargs)
 
-    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate") -> EvalRunner:
         return TFEvalRunner(model, kind, original, mode)
 
     def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
@@ -62,9 +65,15 @@ class TFRecovery(Backend):
 
         return test_function
 
-    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
-        whole, run_idle = runner._run_original, idle.run  # Keras's own step on a fetched batch
-        made = [None, whole]  # the idle signature, and the step made for it (Keras's compiled one)
+    def reducer_call(
+        self, one: Callable, idle: IdlePath, runner: TrainRunner, steps_per_execution: int, replicas: int = 1
+    ) -> Callable:
+        run_idle = idle.run
+
+        def whole(batch):  # Keras's own step on a fetched batch
+            return runner.run(batch, 0, 1)
+
+        made: list[Any] = [None, whole]  # the idle signature, and the step made for it (Keras's compiled one)
 
         def idle_step(batch):
             # Keras's compiled step, resolved once for this signature; where that fails (or

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from keras_gpu_tools.backends.base import Backend
 from keras_gpu_tools.runtime import deps
+from keras_gpu_tools.runtime.topology import Topology
 
 
 class TFTopology(Backend):
@@ -33,7 +34,7 @@ class TFTopology(Backend):
 
         return time_allreduce(getattr(model, "distribute_strategy", None), nbytes)
 
-    def topology(self, model):
+    def topology(self, model) -> Topology:
         from keras_gpu_tools.runtime import topology
 
         strategy = getattr(model, "distribute_strategy", None)
@@ -52,7 +53,7 @@ class TFTopology(Backend):
         )
         return topology.single(engine, n, tuple(range(n)) if n > 1 else None)
 
-    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+    def distribution_notes(self, topology: Topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
         # keras-team/keras#20585: "unsupported type PerReplica to a Tensor" inside fit(), with no callback.
         from keras_gpu_tools.runtime import topology as topo
 

@@ -17,7 +17,7 @@ class _Torch:
 
     def __init__(self):
         self._prof = None
-        self._run_dir = None
+        self._run_dir = ""  # start()'s: where stop() writes the trace
 
     def available(self) -> tuple[bool, str]:
         return True, ""

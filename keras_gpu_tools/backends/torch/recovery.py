@@ -12,6 +12,8 @@ from collections.abc import Callable
 from keras_gpu_tools.backends.base import Backend
 from keras_gpu_tools.backends.torch.accumulate import TorchEvalRunner, TorchRunner
 from keras_gpu_tools.memory.accumulate import concat_outputs
+from keras_gpu_tools.memory.idle import IdlePath
+from keras_gpu_tools.memory.runners import EvalRunner, TrainRunner
 from keras_gpu_tools.runtime.batches import batch_signature, shape_and_dtype
 
 
@@ -21,10 +23,10 @@ class TorchRecovery(Backend):
     def reducer_problem(self, model) -> str | None:
         return None
 
-    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs):
+    def accumulation_runner(self, model, original: Callable, mode: str = "accumulate", **kwargs) -> TrainRunner:
         return TorchRunner(model, original, mode, **kwargs)
 
-    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate"):
+    def eval_runner(self, model, kind: str, original: Callable, mode: str = "accumulate") -> EvalRunner:
         return TorchEvalRunner(model, kind, original, mode)
 
     def eval_call(self, kind: str, one: Callable, steps_per_execution: int, replicas: int = 1) -> Callable:
@@ -43,7 +45,9 @@ class TorchRecovery(Backend):
 
         return test_function
 
-    def reducer_call(self, one: Callable, idle, runner, steps_per_execution: int, replicas: int = 1) -> Callable:
+    def reducer_call(
+        self, one: Callable, idle: IdlePath, runner: TrainRunner, steps_per_execution: int, replicas: int = 1
+    ) -> Callable:
         original, run_idle = runner.original, idle.run
 
         def train_function(data):

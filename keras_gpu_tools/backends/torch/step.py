@@ -24,7 +24,7 @@ from keras_gpu_tools.runtime.batches import leading_dim
 logger = logging.getLogger("keras_gpu_tools")
 
 # Keras's train function -> {batch signature: FLOPs per step}: each shape is counted once.
-_COUNTS: weakref.WeakKeyDictionary[Callable, dict[Any, float]] = weakref.WeakKeyDictionary()
+_COUNTS: weakref.WeakKeyDictionary[Callable, dict[Any, CountedFlops]] = weakref.WeakKeyDictionary()
 
 
 def _call_torch(hook, data):

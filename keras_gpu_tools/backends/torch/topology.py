@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from keras_gpu_tools.backends.base import Backend
 from keras_gpu_tools.backends.torch.memory import available_cuda
+from keras_gpu_tools.runtime.topology import Topology
 
 
 class TorchTopology(Backend):
@@ -26,7 +27,7 @@ class TorchTopology(Backend):
         if torch.cuda.is_available():
             facts.gpus = [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
 
-    def distribution_notes(self, topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
+    def distribution_notes(self, topology: Topology, gpus: int, env: dict[str, str]) -> list[tuple[str, str]]:
         if gpus < 2:
             return []
         return [
