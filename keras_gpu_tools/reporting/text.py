@@ -9,9 +9,7 @@ from __future__ import annotations
 from keras_gpu_tools.reporting import registry
 from keras_gpu_tools.reporting.model import ReportData
 from keras_gpu_tools.reporting.section import TextSection
-
-# Names other parts of the package and its tests read here.
-from keras_gpu_tools.reporting.sections.mixed_precision import findings_markdown  # noqa: F401
+# The speed-ups' heading, as the speed-ups' tests read it here.
 from keras_gpu_tools.reporting.sections.speedups import HEADING as SPEEDUPS_HEADING  # noqa: F401
 
 

@@ -100,7 +100,9 @@ class StepBreakdown(BaseSection):
         parts = [f"<h3>{HEADING}</h3>", table(["part (steady step)", "per step", "share"], rows)]
         parts.append(f"<p>{prose(compile_line(b))}</p>")
         if b["largest"]:
-            parts.append(f"<p>Largest part: <b>{e(b['largest'])}</b>.</p>" + (bullets(b["advice"]) if b["advice"] else ""))
+            parts.append(
+                f"<p>Largest part: <b>{e(b['largest'])}</b>.</p>" + (bullets(b["advice"]) if b["advice"] else "")
+            )
         return parts
 
 

@@ -383,7 +383,9 @@ class GPUHealthSection(BaseSection):
             parts.append(f'<p class="kgt-health-ok">{prose(summary_line(gpus))}</p>')
         for g in flagged:
             parts.append(f'<p class="kgt-health">GPU {e(g.label)}:</p>' + bullets(g.attention))
-            parts.append(img(pngs, f"health_{g.label}", f"GPU {g.label} throttle reasons, SM clock and power per epoch"))
+            parts.append(
+                img(pngs, f"health_{g.label}", f"GPU {g.label} throttle reasons, SM clock and power per epoch")
+            )
         energy, unsupported = energy_lines(data, gpus), unsupported_lines(gpus)
         if energy:
             parts.append(f"<p>{e(ENERGY)}</p>" + bullets(energy))
@@ -395,7 +397,9 @@ class GPUHealthSection(BaseSection):
         if not has_health(data):
             return {}
         # the GPUs whose health deserves attention
-        return {f"health_{g.label}": _health_figure(data, g.label) for g in gpu_health(data) if g.attention and g.epochs}
+        return {
+            f"health_{g.label}": _health_figure(data, g.label) for g in gpu_health(data) if g.attention and g.epochs
+        }
 
     def badges(self, data: ReportData) -> list[Badge]:
         if not has_health(data):

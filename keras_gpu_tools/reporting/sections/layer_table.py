@@ -79,7 +79,9 @@ class LayerTable(BaseSection):
         return name_of(prof)
 
     def from_logdir(self, data: ReportData, logs: Logs) -> None:
-        tags = [t for t in logs.records if t.startswith(schema.PROFILE_PREFIX) and t.endswith(schema.LAYERS_DATA_SUFFIX)]
+        tags = [
+            t for t in logs.records if t.startswith(schema.PROFILE_PREFIX) and t.endswith(schema.LAYERS_DATA_SUFFIX)
+        ]
         if tags:  # the last window's
             last = max(tags, key=lambda t: int(t.split("_")[1]) if t.split("_")[1].isdigit() else -1)
             data.layer_table = logs.convert(data, last, layer_table_dict)

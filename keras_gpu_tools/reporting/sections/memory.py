@@ -101,7 +101,9 @@ class MemoryOverTime(BaseSection):
         if len(m["fits"]) > 1:
             rows = [FITS_HEADER, *memory_fit_rows(m)]
             widths = [max(len(r[i]) for r in rows) for i in range(len(FITS_HEADER))]
-            body += ["Fits of this process:"] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+            body += ["Fits of this process:"] + [
+                "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows
+            ]
         return HEADING, body
 
     def html(self, data: ReportData, pngs: dict[str, bytes]) -> list[str]:

@@ -45,7 +45,7 @@ def recoveries(data: ReportData) -> str:
 
 class OutOfMemory(BaseSection):
     name = "oom"
-    every_record = (schema.OOM_EVENTS_DATA,)  # one record per recovery
+    every_record: tuple[str, ...] = (schema.OOM_EVENTS_DATA,)  # one record per recovery
 
     def from_callbacks(self, data: ReportData, source: Any) -> str | None:
         hist = history_of(source)

@@ -178,9 +178,11 @@ class ProfilerWindows(BaseSection):
         profiles: dict[str, dict[str, Any]] = {}
         for tag in [t for t in logs.records if _windows(t)]:
             window = tag[: -len(schema.DATA_SUFFIX)]  # xprof's analysis comes in a tag of its own
-            analysis = logs.records[window + schema.INPUT_PIPELINE_DATA_SUFFIX][-1][1] if (
-                window + schema.INPUT_PIPELINE_DATA_SUFFIX in logs.records
-            ) else None
+            analysis = (
+                logs.records[window + schema.INPUT_PIPELINE_DATA_SUFFIX][-1][1]
+                if (window + schema.INPUT_PIPELINE_DATA_SUFFIX in logs.records)
+                else None
+            )
 
             def window_row(v: dict[str, Any], a: Any = analysis) -> dict[str, Any]:
                 return profile_row(v if a is None else {**v, "analysis": a})

@@ -40,7 +40,7 @@ def epoch_figures(value: Any) -> dict[str, Any] | None:
 
 class StepTime(BaseSection):
     name = "step_time"
-    every_record = (schema.INPUT_VERDICT_DATA,)  # each epoch's verdict holds that epoch's figures
+    every_record: tuple[str, ...] = (schema.INPUT_VERDICT_DATA,)  # each epoch's verdict holds that epoch's figures
 
     def from_callbacks(self, data: ReportData, source: Any) -> str | None:
         det = input_detector(source)

@@ -22,7 +22,10 @@ class Unreadable(BaseSection):
     def html(self, data: ReportData, pngs: dict[str, bytes]) -> list[str]:
         if not data.unreadable:
             return []
-        return [f"<h3>{HEADING}</h3>", "<ul>" + "".join(f"<li>{e(p)} {e(why)}</li>" for p, why in data.unreadable) + "</ul>"]
+        return [
+            f"<h3>{HEADING}</h3>",
+            "<ul>" + "".join(f"<li>{e(p)} {e(why)}</li>" for p, why in data.unreadable) + "</ul>",
+        ]
 
     def badges(self, data: ReportData) -> list[Badge]:
         return [(f"{len(data.unreadable)} event file(s) could not be read", "bad")] if data.unreadable else []
