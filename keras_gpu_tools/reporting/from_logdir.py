@@ -7,6 +7,9 @@ own ``train``/``validation`` runs give the training curves.
 A job of several processes holds, per callback, one run per process (``<run>/process_<p>``) and
 process 0's job-wide figures (``<run>/job``). The GPUs of every process are read (their tags name
 them apart), everything else from the lowest process alone, so nothing is counted twice.
+
+This module picks the runs of one training and reads them into a `Logs`; each section
+(`Section.from_logdir`) then takes its tags from it.
 """
 
 from __future__ import annotations

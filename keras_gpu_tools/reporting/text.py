@@ -9,6 +9,7 @@ from __future__ import annotations
 from keras_gpu_tools.reporting import registry
 from keras_gpu_tools.reporting.model import ReportData
 from keras_gpu_tools.reporting.section import TextSection
+
 # The speed-ups' heading, as the speed-ups' tests read it here.
 from keras_gpu_tools.reporting.sections.speedups import HEADING as SPEEDUPS_HEADING  # noqa: F401
 
