@@ -1,12 +1,18 @@
 """The training report: what the callbacks measured, in one view (`keras_gpu_tools.report`).
 
-Modules, in the order data flows through them:
+Modules:
 
+- `sections/`: one module per section (GPUs and host, GPU health, the job, step time, the input
+  pipeline, the step breakdown, the batch plan, speed-ups, out of memory, memory over time,
+  profiler windows, time per layer, mixed precision, training curves), each a `Section`
+  (`section`): what it gathers from the callbacks and from a log directory, its text, HTML,
+  figures and badges. `registry.SECTIONS` lists them, in the report's order.
 - `model`: `ReportData`, the report's model of a run, and its `Series`.
-- `rows`: the report's rows (GPUs, verdicts, profiler windows, findings) from callback records.
-- `from_callbacks`: gathering from live callbacks, a `History` or the model.
-- `from_logdir`: gathering from a TensorBoard log directory (read by `keras_gpu_tools.logdir.reader`).
-- `text`, `html`, `figures`: the renderers (plain text and Markdown, the HTML page, matplotlib plots).
+- `from_callbacks`: gathering from live callbacks, a `History` or the model (`sources` says which is which).
+- `from_logdir`: gathering from a TensorBoard log directory (read by `keras_gpu_tools.logdir.reader`
+  into `logs.Logs`).
+- `text`, `html`, `figures`: the page as plain text, as HTML, and its plots (drawn once); `markup`
+  and `drawing` are the pieces the sections' HTML and plots share.
 - `report`: the public `report()` and `TrainingReport`.
 
 Sections: per GPU, utilization (SM activity where the GPU reports it) and memory over time; the

@@ -1,8 +1,8 @@
-"""The report's model of a run: `ReportData`, filled by the gatherers and read by the renderers.
+"""The report's model of a run: `ReportData`, filled by the sections' gatherers and read by their views.
 
-The gatherers (`from_callbacks`, `from_logdir`) fill a `ReportData`; the renderers (`text`,
-`html`, `figures`) take one and read nothing else. The rows it holds (GPUs, verdicts, profiler
-windows, findings) are plain dicts built by `keras_gpu_tools.reporting.rows`.
+Each section (`keras_gpu_tools.reporting.sections`) fills its fields of a `ReportData` from the
+callbacks or a log directory, and its views (text, HTML, figures) read nothing else. The rows it
+holds (GPUs, verdicts, profiler windows, findings) are plain dicts built by the section they belong to.
 """
 
 from __future__ import annotations
@@ -41,17 +41,17 @@ class ReportData:
     split: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
     throughput: dict[str, float] = dataclasses.field(default_factory=dict)  # last figures of the run
     verdict: dict[str, Any] | None = None  # category, message, evidence, advice, text
-    breakdown: dict[str, Any] | None = None  # the step breakdown; see rows.breakdown_dict
+    breakdown: dict[str, Any] | None = None  # the step breakdown; see sections.breakdown
     oom_events: list[str] = dataclasses.field(default_factory=list)
     oom_details: list[list[str]] = dataclasses.field(default_factory=list)  # why, per event (may be shorter)
     oom_headroom: list[str] = dataclasses.field(default_factory=list)  # peak against capacity, per device
     oom_series: dict[str, Series] = dataclasses.field(default_factory=dict)
     oom_summary: dict[str, Any] = dataclasses.field(default_factory=dict)
     oom_seen: bool = False  # an OOM callback (or its logs) was there
-    profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # see rows.profile_row
-    layer_table: dict[str, Any] | None = None  # the last profiled window's time per layer; see rows.layer_table_dict
+    profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # see sections.profiler
+    layer_table: dict[str, Any] | None = None  # the last profiled window's time per layer; see sections.layer_table
     findings: list[dict[str, str | None]] | None = None  # None: the check did not run
-    plan: dict[str, Any] | None = None  # plan_batch_size's plan (None: none given or written); see rows.plan_row
+    plan: dict[str, Any] | None = None  # plan_batch_size's plan (None: none given or written); see sections.plan
     speedups: Any = None  # find_speedups' SpeedupReport (None: none given or written)
     training: dict[str, Series] = dataclasses.field(default_factory=dict)  # loss, val_loss, ...
     notes: list[str] = dataclasses.field(default_factory=list)
@@ -62,18 +62,20 @@ class ReportData:
     process_count: int = 1
     job: dict[str, Series] = dataclasses.field(default_factory=dict)
     # The job's input verdict (InputBoundDetector.job_verdict, or the "job" part of its JSON): each
-    # process's steady-state figures, the stragglers, the message and its advice; see rows.job_verdict_dict.
+    # process's steady-state figures, the stragglers, the message and its advice; see sections.job.
     job_verdict: dict[str, Any] | None = None
-    # MemoryLeakDetector: its verdict (see rows.memory_verdict_dict) and its figures per epoch (`memory/...`).
+    # MemoryLeakDetector: its verdict (see sections.memory) and its figures per epoch (`memory/...`).
     memory_verdict: dict[str, Any] | None = None
     memory_series: dict[str, Series] = dataclasses.field(default_factory=dict)
-    # The job's profiler windows (process 0's job records of ProfilerWindow): see rows.job_profile_row.
+    # The job's profiler windows (process 0's job records of ProfilerWindow): see sections.profiler.
     job_profiles: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # Each GPU's figures per epoch (`gpu/<label>/<field>`, `<field>_max` for some; `throughput/joules_per_sample`),
-    # one value per epoch (None: not reported that epoch): what the GPU health section reads (see `health`).
+    # one value per epoch (None: not reported that epoch): what the GPU health section reads (see `sections.gpu_health`).
     gpu_epochs: dict[str, list[float | None]] = dataclasses.field(default_factory=dict)
     # The GPU fields a GPU or driver could not report: {gpu label: {field: reason}}.
     gpu_unsupported: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    # What a section keeps that has no field above, by the section's name (`Section.name`).
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def job_rows(self) -> tuple[list[tuple[str, float | None, float | None, float | None]], list[tuple[str, float]]]:
         """The job-wide figures at their last point: (figure, min, mean, max) rows, and the other figures."""

@@ -1,8 +1,9 @@
 """The public report: `report()` gathers a run into a `TrainingReport`, which renders it.
 
 `report()` reads the callbacks given (`from_callbacks`), a log directory (`from_logdir`), or both
-(the callbacks' records first, the log directory filling what they lack). `TrainingReport` holds
-the `ReportData` and renders it as text (`text`), as HTML (`html`) and as plots (`figures`).
+(the callbacks' records first, the log directory filling what they lack: `Section.fill`).
+`TrainingReport` holds the `ReportData` and renders it as text (`text`), as HTML (`html`) and as
+plots (`figures`), each drawn once.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from typing import Any
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.reporting import figures as plots
 from keras_gpu_tools.reporting import html as html_page
+from keras_gpu_tools.reporting import registry
 from keras_gpu_tools.reporting import text as text_page
 from keras_gpu_tools.reporting.from_callbacks import flatten, gather
 from keras_gpu_tools.reporting.from_logdir import gather_log_dir
 from keras_gpu_tools.reporting.model import ReportData
+from keras_gpu_tools.reporting.sections.mixed_precision import findings_markdown
 
 _NO_MATPLOTLIB = "The plots need matplotlib, which could not be imported: `pip install matplotlib`."
 
@@ -109,7 +112,7 @@ class TrainingReport:
         writer = EventWriter(run_dir)
         try:
             if self.data.findings is not None:
-                writer.text(schema.MIXED_PRECISION_FINDINGS, text_page.findings_markdown(self.data.findings), step=0)
+                writer.text(schema.MIXED_PRECISION_FINDINGS, findings_markdown(self.data.findings), step=0)
                 writer.json(schema.MIXED_PRECISION_FINDINGS_DATA, self.data.findings, step=0)
             writer.text(schema.REPORT_SUMMARY, "```\n" + self.text() + "\n```", step=0)
         finally:
@@ -219,39 +222,7 @@ def report(
 
 
 def _fill_from(data: ReportData, other: ReportData) -> None:
-    """Fills the parts `data` lacks from `other` (read from a log directory)."""
-    if not data.series:
-        data.series, data.t0, data.gpus = other.series, other.t0, other.gpus or data.gpus
-    if not data.split_x:
-        data.split_axis, data.split_x, data.split = other.split_axis, other.split_x, other.split
-        data.throughput = data.throughput or other.throughput
-    if data.verdict is None:
-        data.verdict = other.verdict
-    if not data.oom_seen and other.oom_seen:
-        data.oom_seen, data.oom_events, data.oom_series = True, other.oom_events, other.oom_series
-    if not data.profiles:
-        data.profiles = other.profiles
-    if data.memory_verdict is None:
-        data.memory_verdict, data.memory_series = other.memory_verdict, other.memory_series
-    if data.findings is None:
-        data.findings = other.findings
-    if data.plan is None:
-        data.plan = other.plan
-    if data.speedups is None:
-        data.speedups = other.speedups
-    if not data.job:
-        data.job = other.job
-    if not data.processes:
-        data.processes, data.process_count = other.processes, other.process_count
-    if data.job_verdict is None:
-        data.job_verdict = other.job_verdict
-    if not data.job_profiles:
-        data.job_profiles = other.job_profiles
-    if not data.gpu_epochs:
-        data.gpu_epochs = other.gpu_epochs
-    if not data.gpu_unsupported:
-        data.gpu_unsupported = other.gpu_unsupported
-    data.unreadable = other.unreadable
-    if not data.training:
-        data.training = other.training
+    """Fills the parts `data` lacks from `other` (read from a log directory), section by section."""
+    for section in registry.SECTIONS:
+        section.fill(data, other)
     data.sources.append("log dir")

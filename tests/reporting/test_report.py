@@ -19,7 +19,7 @@ from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.reporting.from_logdir import gather_log_dir
 from keras_gpu_tools.reporting.model import SPLIT_AND_STEP_KEYS, ReportData
 from keras_gpu_tools.reporting.report import TrainingReport, report
-from keras_gpu_tools.reporting.text import findings_markdown
+from keras_gpu_tools.reporting.sections.mixed_precision import findings_markdown
 from tests.helpers.fake_report import FakeDetector, FakeGPULogger, fake_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -642,7 +642,7 @@ def test_save_replaces_the_earlier_file_whole_or_leaves_it(tmp_path, monkeypatch
 
 
 def test_many_windows_are_drawn_as_stacked_steps_over_the_real_steps(tmp_path):
-    from keras_gpu_tools.reporting.figures import BARS_AT_MOST
+    from keras_gpu_tools.reporting.sections.step_time import BARS_AT_MOST
 
     w = EventWriter(str(tmp_path / "input"))
     ends = [int(i * 1.5) + 10 for i in range(BARS_AT_MOST + 40)]  # uneven windows

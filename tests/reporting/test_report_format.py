@@ -11,10 +11,11 @@ from keras_gpu_tools.input.verdict import Verdict
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.mixed_precision.check import MixedPrecisionFinding
-from keras_gpu_tools.reporting.figures import BARS_AT_MOST, draw
-from keras_gpu_tools.reporting.html import prose
+from keras_gpu_tools.reporting.figures import draw
+from keras_gpu_tools.reporting.markup import prose
 from keras_gpu_tools.reporting.model import ReportData
 from keras_gpu_tools.reporting.report import report
+from keras_gpu_tools.reporting.sections.step_time import BARS_AT_MOST
 from keras_gpu_tools.runtime.units import format_metric, format_number, format_rate
 
 pytest.importorskip("matplotlib")

@@ -8,10 +8,11 @@ import pytest
 from keras_gpu_tools.callbacks.gpu_utilization_logger import GPUUtilizationLogger
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter
-from keras_gpu_tools.reporting import health, text
+from keras_gpu_tools.reporting import text
 from keras_gpu_tools.reporting.from_logdir import gather_log_dir
 from keras_gpu_tools.reporting.html import badges
 from keras_gpu_tools.reporting.report import TrainingReport, report
+from keras_gpu_tools.reporting.sections import gpu_health as health
 from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS
 from keras_gpu_tools.telemetry.nvml import NVML
 from tests.helpers.data import regression_data

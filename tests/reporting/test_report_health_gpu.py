@@ -7,7 +7,8 @@ import keras
 import pytest
 
 from keras_gpu_tools import GPUUtilizationLogger, report
-from keras_gpu_tools.reporting import health, text
+from keras_gpu_tools.reporting import text
+from keras_gpu_tools.reporting.sections import gpu_health as health
 from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS
 
 pytestmark = pytest.mark.gpu

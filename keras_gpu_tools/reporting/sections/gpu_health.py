@@ -1,4 +1,4 @@
-"""The report's GPU health section: per GPU, only what deserves attention; the energy; what a GPU cannot report.
+"""GPU health: per GPU, only what deserves attention; the energy; what a GPU cannot report.
 
 It reads each GPU's figures per epoch (`ReportData.gpu_epochs`: the logger's epoch
 figures, from its ``epoch_history`` or, in a log directory, its ``gpu_epoch/...`` tags) and names
@@ -26,11 +26,22 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.series import Series
-from keras_gpu_tools.reporting.model import ReportData
+from keras_gpu_tools.reporting import drawing
+from keras_gpu_tools.reporting.logs import UNSUPPORTED_DATA, Logs
+from keras_gpu_tools.reporting.markup import bullets, e, img, prose
+from keras_gpu_tools.reporting.model import ReportData, extend
+from keras_gpu_tools.reporting.section import Badge, BaseSection, TextSection
+from keras_gpu_tools.reporting.sources import gpu_logger, input_detector, name_of
+from keras_gpu_tools.reporting.values import finite
 from keras_gpu_tools.telemetry.health_fields import HEALTH_FIELDS, THROTTLE_REASONS
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 THROTTLE_ATTENTION = 5.0  # % of the time
 CLOCK_BELOW = 0.90
@@ -295,3 +306,145 @@ def from_series(series: dict[str, Series]) -> dict[str, list[float | None]]:
                 per_epoch[at[step]] = value if math.isfinite(value) else None
             out[schema.gpu_key(label, field)] = per_epoch
     return out
+
+
+class GPUHealthSection(BaseSection):
+    name = "gpu_health"
+
+    def from_callbacks(self, data: ReportData, source: Any) -> str | None:
+        lg = gpu_logger(source)
+        if lg is not None:
+            history = list(lg.epoch_history)
+            keys = {k for h in history for k in h if k.startswith(schema.GPU_PREFIX) or k == schema.JOULES_PER_SAMPLE}
+            if schema.JOULES_PER_SAMPLE in data.gpu_epochs:  # another callback's already
+                keys.discard(schema.JOULES_PER_SAMPLE)
+            for key in keys:
+                data.gpu_epochs[key] = [finite(h.get(key)) for h in history]
+            unsupported = getattr(lg, "unsupported_fields", None)
+            for label, fields in (unsupported if isinstance(unsupported, dict) else {}).items():
+                data.gpu_unsupported.setdefault(str(label), {}).update({str(f): str(r) for f, r in fields.items()})
+            return name_of(lg)
+        det = input_detector(source)
+        if det is not None:
+            history = list(det.epoch_history)
+            if any(schema.JOULES_PER_SAMPLE in h for h in history) and schema.JOULES_PER_SAMPLE not in data.gpu_epochs:
+                data.gpu_epochs[schema.JOULES_PER_SAMPLE] = [finite(h.get(schema.JOULES_PER_SAMPLE)) for h in history]
+            return name_of(det)
+        return None
+
+    def from_logdir(self, data: ReportData, logs: Logs) -> None:
+        epochs: dict[str, Series] = {}  # the logger's `gpu_epoch/...` figures, of every process
+        joules = Series(schema.JOULES_PER_SAMPLE)
+        for _run, tag, points in logs.scalars():  # (another process's runs hold only its GPUs')
+            if tag.startswith(schema.GPU_EPOCH_PREFIX):
+                extend(epochs, tag, points)
+            elif tag == schema.JOULES_PER_SAMPLE:  # the logger's, per epoch
+                joules.merge(points)
+        for _run, value in logs.every(UNSUPPORTED_DATA):  # every process's GPUs, the last fit's last
+            if isinstance(value, dict):
+                for label, fields in value.items():
+                    if isinstance(fields, dict):
+                        data.gpu_unsupported.setdefault(str(label), {}).update(
+                            {str(f): str(r) for f, r in fields.items()}
+                        )
+        data.gpu_epochs = from_series(epochs)
+        if joules.values:  # one point per epoch
+            data.gpu_epochs[schema.JOULES_PER_SAMPLE] = list(joules.values)
+
+    def fill(self, data: ReportData, other: ReportData) -> None:
+        if not data.gpu_epochs:
+            data.gpu_epochs = other.gpu_epochs
+        if not data.gpu_unsupported:
+            data.gpu_unsupported = other.gpu_unsupported
+
+    def text(self, data: ReportData) -> TextSection | None:
+        """Only what deserves attention, per GPU (one line where nothing does); the energy; the fields not reported."""
+        if not has_health(data):
+            return None
+        gpus = gpu_health(data)
+        flagged = [g for g in gpus if g.attention]
+        body = [] if flagged else [summary_line(gpus)]
+        for g in flagged:
+            body += [f"GPU {g.label}:"] + [f"- {a}" for a in g.attention]
+        energy, unsupported = energy_lines(data, gpus), unsupported_lines(gpus)
+        if energy:
+            body += [ENERGY] + [f"- {line}" for line in energy]
+        if unsupported:
+            body += [UNSUPPORTED] + [f"- {line}" for line in unsupported]
+        return HEADING, body
+
+    def html(self, data: ReportData, pngs: dict[str, bytes]) -> list[str]:
+        if not has_health(data):
+            return []
+        gpus = gpu_health(data)
+        flagged = [g for g in gpus if g.attention]
+        parts = [f"<h3>{HEADING}</h3>"]
+        if not flagged:
+            parts.append(f'<p class="kgt-health-ok">{prose(summary_line(gpus))}</p>')
+        for g in flagged:
+            parts.append(f'<p class="kgt-health">GPU {e(g.label)}:</p>' + bullets(g.attention))
+            parts.append(
+                img(pngs, f"health_{g.label}", f"GPU {g.label} throttle reasons, SM clock and power per epoch")
+            )
+        energy, unsupported = energy_lines(data, gpus), unsupported_lines(gpus)
+        if energy:
+            parts.append(f"<p>{e(ENERGY)}</p>" + bullets(energy))
+        if unsupported:
+            parts.append(f"<p>{e(UNSUPPORTED)}</p>" + bullets(unsupported))
+        return parts
+
+    def figures(self, data: ReportData) -> dict[str, Figure]:
+        if not has_health(data):
+            return {}
+        # the GPUs whose health deserves attention
+        return {
+            f"health_{g.label}": _health_figure(data, g.label) for g in gpu_health(data) if g.attention and g.epochs
+        }
+
+    def badges(self, data: ReportData) -> list[Badge]:
+        if not has_health(data):
+            return []
+        n = sum(len(g.attention) for g in gpu_health(data))
+        return [(f"GPU health: {n} finding(s)", "warn") if n else ("GPU health: nothing to note", "ok")]
+
+
+def _health_figure(data: ReportData, label: str) -> Figure:
+    """A GPU's health per epoch: the share of time of each throttle reason, the SM clock against its maximum, power."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (ax_t, ax_c, ax_p) = drawing.new_figure(3, height=1.9)
+    name = next((g["name"] for g in data.gpus if g.get("index") == label), "")
+    fig.suptitle(f"GPU {label} health" + (f": {name}" if name else ""), fontsize=11)
+
+    def plot(ax: Axes, field: str, style: str = "-", **kw) -> bool:
+        ys = values(data, label, field)
+        xs = [i + 1 for i, v in enumerate(ys) if v is not None]
+        if xs:
+            ax.plot(xs, [v for v in ys if v is not None], style, marker="o", markersize=3, label=field, **kw)
+        return bool(xs)
+
+    for field in THROTTLE_WORDS:
+        if any(values(data, label, field)):  # a reason never active is left out of the legend
+            plot(ax_t, field)
+    ax_t.set_ylim(0, 105)
+    ax_t.set_ylabel("% of the time")
+    ax_t.set_title("throttle reasons active", fontsize=9, loc="left")
+    for ax, fields, unit, title in (
+        (ax_c, ("sm_clock_mhz", "sm_clock_max_mhz"), "MHz", "SM clock against its maximum"),
+        (ax_p, ("power_watts", "power_limit_watts"), "W", "power against its limit"),
+    ):
+        shown = [plot(ax, f, "--" if i else "-", linewidth=1.0 if i else 1.4) for i, f in enumerate(fields)]
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        ax.set_title(title, fontsize=9, loc="left")
+        if any(shown):
+            drawing.legend_right(ax)
+    if ax_t.lines:
+        drawing.legend_right(ax_t)
+    for ax in (ax_t, ax_c, ax_p):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_p.set_xlabel("epoch")
+    return fig
+
+
+SECTION = GPUHealthSection()
