@@ -137,7 +137,8 @@ def _plain_fit(model, shape, kind: str, b: int, smoke: bool, reference: str) -> 
     return steps * b / statistics.median(times[1:])
 
 
-def measure(args, kind: str) -> dict:
+def measure(args, kind: str, keep) -> dict:
+    """The plan and its plain fits; ``keep(result)`` saves what is measured so far (a run cut short keeps it)."""
     from keras_gpu_tools import plan_batch_size
 
     model, shape = _model(kind, args.image_size, args.smoke)
@@ -153,14 +154,8 @@ def measure(args, kind: str) -> dict:
     largest = fitting[-1].batch_size if fitting else 0
     sizes = {c.batch_size for c in fitting if c.measured} | ({largest} if largest else set())
     sizes |= {b for b in USER_SIZES if b <= largest and not args.smoke}
-    independent = {}
-    for b in sorted(sizes) if not args.plan_only else []:
-        try:
-            independent[b] = round(_plain_fit(model, shape, kind, b, args.smoke, args.reference), 1)
-        except Exception as e:  # an out-of-memory error: recorded, not fatal
-            independent[b] = f"{type(e).__name__}: {str(e)[:200]}"
-        print(f"  plain fit at {b}: {independent[b]} samples/s")
-    return {
+    independent: dict[int, float | str] = {}
+    result = {
         "plan": str(plan),
         "plan_seconds": round(seconds, 2),
         "batch_size": plan.batch_size,
@@ -168,6 +163,15 @@ def measure(args, kind: str) -> dict:
         "largest_fitting": fitting[-1].batch_size if fitting else None,
         "independent_samples_per_sec": independent,
     }
+    keep(result)
+    for b in sorted(sizes) if not args.plan_only else []:
+        try:
+            independent[b] = round(_plain_fit(model, shape, kind, b, args.smoke, args.reference), 1)
+        except Exception as e:  # an out-of-memory error: recorded, not fatal
+            independent[b] = f"{type(e).__name__}: {str(e)[:200]}"
+        print(f"  plain fit at {b}: {independent[b]} samples/s")
+        keep(result)
+    return result
 
 
 def main() -> int:
@@ -175,14 +179,14 @@ def main() -> int:
     backend = _common.setup(args)
     out = _common.out_path(args, BENCHMARK)
     kinds = ("conv", "mlp") if args.model == "both" else (args.model,)
-    results = {kind: measure(args, kind) for kind in kinds}
     device = (_common.gpu_devices() or ["CPU"])[0]
-    _common.save(
-        out,
-        BENCHMARK,
-        backend,
-        {**_common.environment(backend), "device": device, "args": vars(args), "result": results},
-    )
+    doc = {**_common.environment(backend), "device": device, "args": vars(args)}
+
+    def keeper(kind: str):
+        # A run per backend and model ("torch/mlp"): measuring one model keeps the other's figures.
+        return lambda result: _common.save(out, BENCHMARK, f"{backend}/{kind}", {**doc, "result": result})
+
+    results = {kind: measure(args, kind, keeper(kind)) for kind in kinds}
     print("written to", out)
     check = _common.Checks(args)
     for kind, r in results.items():
