@@ -289,10 +289,11 @@ class Recovery:
         to fit; ran out of memory), and every one but the first is recorded as an
         :class:`OOMEvent` before the next split, or the error when no smaller split is allowed.
         """
+        k = self.controller.split_for(n)
         self.restored_state = None
         # A step of the job (its batch spread over several processes' devices), not this process's own one.
         job = self.agree is not None and getattr(runner, "spans_processes", lambda b: True)(batch)
-        loop = RetryState(runner, batch, n, signature, step, state=state, k=self.controller.split_for(n), job=job)
+        loop = RetryState(runner, batch, n, signature, step, state=state, k=k, job=job)
         loop.predicting = self.probe  # after a real out-of-memory error too: ask before running the next split
         stage = Stage.ATTEMPT
         while stage not in TERMINAL:
