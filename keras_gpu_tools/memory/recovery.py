@@ -53,20 +53,8 @@ def final_message(
         size = str(sizes[0]) if len(set(sizes)) == 1 else f"at most {sizes[0]}"
         what = f"even at micro-batches of {size} ({n} as {describe_split(n, k, g)}; min_batch_size={min_batch_size})"
     lines = [f"OOMBatchSizeReducer: out of memory {what}. Batch sizes tried: {tried_txt}."]
-    if memory:
-        parts = []
-        for key, label in (
-            ("device", "device"),
-            ("bytes_limit", "memory limit"),
-            ("bytes_in_use", "in use"),
-            ("peak_bytes_in_use", "peak"),
-            ("needed_bytes", "the step needs about"),
-        ):
-            if memory.get(key) is not None:
-                value = memory[key]
-                parts.append(f"{label} {format_bytes(value) if key != 'device' else value}")
-        if parts:
-            lines.append("Device memory: " + ", ".join(parts) + ".")
+    if memory and (figures := _memory_figures(memory)):
+        lines.append(f"Device memory: {figures}.")
     smallest = min(split_sizes(n, k, g))
     held_by_minimum = not per_device and not unsplit and k > 1 and math.ceil(n / k) > max(1, min_batch_size)
     if per_device:
@@ -103,6 +91,22 @@ def final_message(
         first = (memory_lines or text or [type(original).__name__])[0]
         lines.append(f"Last error: {type(original).__name__}: {first[:300]}")
     return "\n".join(lines)
+
+
+def _memory_figures(memory: dict[str, Any]) -> str:
+    """The device's memory figures of the final message, in words ("" where it has none)."""
+    parts = []
+    for key, label in (
+        ("device", "device"),
+        ("bytes_limit", "memory limit"),
+        ("bytes_in_use", "in use"),
+        ("peak_bytes_in_use", "peak"),
+        ("needed_bytes", "the step needs about"),
+    ):
+        if memory.get(key) is not None:
+            value = memory[key]
+            parts.append(f"{label} {format_bytes(value) if key != 'device' else value}")
+    return ", ".join(parts)
 
 
 def smallest_failing(explanation: dict[str, Any] | None, before: int | None, micro: int) -> int | None:
