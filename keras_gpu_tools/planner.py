@@ -13,10 +13,12 @@ arguments and wires the backend to the search (``memory/search.py``).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
+from typing import Any
 
 from keras_gpu_tools import backends
 from keras_gpu_tools.input.flops import table_peak
-from keras_gpu_tools.memory.search import BatchPlan, StepPeaks, TrialClock, sample_batch, search_batch_size
+from keras_gpu_tools.memory.search import BatchPlan, StepPeaks, Trial, TrialClock, sample_batch, search_batch_size
 from keras_gpu_tools.memory.throughput import Budget, Candidate, knee
 from keras_gpu_tools.memory.throughput_run import ThroughputRun, one_batch
 from keras_gpu_tools.memory.timed_fit import fit_side_effects, restore_side_effects
@@ -132,67 +134,18 @@ def plan_batch_size(
     model.fit(x_train, y_train, batch_size=plan.batch_size)
     ```
     """
-    objective = check_choice("objective", objective, OBJECTIVES)
-    max_batch_size = check_int("max_batch_size", max_batch_size, low=1, allow_none=True)
-    memory_limit_mib = check_number(
-        "memory_limit_mib", memory_limit_mib, low=0, exclusive_low=True, allow_none=True, what="number of MiB"
+    args = _check_arguments(
+        model, objective, max_batch_size, memory_limit_mib, margin, global_batch_size, max_seconds, log_dir
     )
-    margin = check_number("margin", margin, low=0, high=1, exclusive_high=True, what="fraction")
-    global_batch_size = check_int("global_batch_size", global_batch_size, low=1, allow_none=True)
-    max_seconds = check_number(
-        "max_seconds", max_seconds, low=0, exclusive_low=True, allow_none=True, what="number of seconds"
-    )
-    log_dir = check_log_dir("log_dir", log_dir)
-    throughput = objective == "throughput"
-    for name, value in (("global_batch_size", global_batch_size), ("max_seconds", max_seconds)):
-        if value is not None and not throughput:
-            raise ValueError(
-                f"Invalid value for argument `{name}`. Received: {name}={value!r} with objective='memory'. "
-                "Expected None: it applies to objective='throughput' only."
-            )
-    if global_batch_size is not None and max_batch_size is not None:
-        raise ValueError(
-            f"Invalid value for argument `max_batch_size`. Received: max_batch_size={max_batch_size} with "
-            f"global_batch_size={global_batch_size}. Expected None: a fixed global batch bounds the micro-batch itself."
-        )
-    if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
-        raise ValueError(
-            "plan_batch_size needs a compiled model (`model.compile(optimizer, loss)`): it plans a training step."
-        )
-    budget = Budget(max_seconds)
+    budget = Budget(args.max_seconds)
     x, y = one_batch(x, y, model)
     n_samples = _num_samples(model, x, y)
     backend = backends.get()
     replicas = backend.replicas(model)
-    topology = backend.topology(model)
-    if max_batch_size is not None and max_batch_size < replicas:
-        raise ValueError(
-            f"Invalid value for argument `max_batch_size`. Received: max_batch_size={max_batch_size}, but the batch "
-            f"is split over {replicas} devices (data parallelism). Expected at least {replicas}: one sample per device."
-        )
-    if global_batch_size is not None and global_batch_size % replicas:
-        raise ValueError(
-            f"Invalid value for argument `global_batch_size`. Received: global_batch_size={global_batch_size}, but "
-            f"the batch is split over {replicas} devices (data parallelism). Expected a multiple of {replicas}."
-        )
-    bound = max_batch_size if global_batch_size is None else global_batch_size
-    per_device_max = None if bound is None else bound // replicas
-    reported = backend.device_capacities(model, replicas)
-    capacities: list[float] | None
-    if memory_limit_mib is not None:
-        capacities = [memory_limit_mib * 2**20] * replicas
-    elif any(c is None for c in reported):
-        if not (throughput and per_device_max is not None):
-            raise ValueError(
-                "Invalid value for argument `memory_limit_mib`. Received: memory_limit_mib=None, but this device "
-                "reports no memory capacity (a CPU). Expected the memory to plan for, in MiB (e.g. "
-                "memory_limit_mib=16384)"
-                + (", or max_batch_size= / global_batch_size= to bound the candidates." if throughput else ".")
-            )
-        capacities = None  # nothing to plan against: every batch up to the bound is a candidate
-    else:
-        capacities = [c for c in reported if c is not None]
-    limits = None if capacities is None else [(1.0 - margin) * c for c in capacities]
+    s = _Setting(args, model, backend, (x, y, n_samples), replicas, backend.topology(model), budget)
+    _check_devices(args, replicas)
+    capacities = _capacities(s)
+    limits = None if capacities is None else [(1.0 - args.margin) * c for c in capacities]
     problem = backend.plan_problem(model, replicas, memory_search=limits is not None)
     if problem is not None:  # before anything is built or trained
         raise ValueError(problem)
@@ -200,88 +153,228 @@ def plan_batch_size(
     # last results, too), and put back after.
     snapshot = backend.plan_snapshot(model, sample_batch(x, y, replicas, n_samples))
     side_effects = fit_side_effects(model)
-
-    def step_memory(per_device: int) -> tuple[list[float], str]:
-        # A step compiled, never run (JAX), needs the trial batch's shapes only: no host batch of its size.
-        batch = sample_batch(x, y, per_device * replicas, n_samples, shapes_only=backend.plans_on_shapes)
-        return backend.step_memory(model, batch, replicas)
-
-    measure = StepPeaks(
-        step_memory,
-        backends.is_oom,
-        backend.device_memory,
-        replicas,
-    )
-    candidates: list[Candidate] = []
-    why = ""
-    clock: TrialClock | None = None
+    measure = _step_peaks(s)
     try:
-        if limits is not None:
-            if throughput and max_seconds is not None:
-                clock = TrialClock(measure, MEMORY_SEARCH_SHARE * max_seconds - budget.elapsed(), budget.clock)
-            best, trials = search_batch_size(
-                clock or measure,
-                limits,
-                start=1,
-                maximum=per_device_max,
-                refuses=None if clock is None else clock.refuses,
-            )
-            method = measure.method or backend.plan_method(model)
-        else:
-            best, trials = per_device_max or 0, []
-            method = "no memory capacity to plan against (a CPU): every batch up to the bound is a candidate"
-        if throughput and best > 0:
-            peak_of = measure if backend.plans_on_shapes and limits is not None else None  # compiled, never run
-            dtype = model.dtype_policy.compute_dtype
-            peak_flops = table_peak(backend, dtype, lambda key, message: logger.info("keras_gpu_tools: %s", message))
-            run = ThroughputRun(model, backend, (x, y, n_samples), replicas, peak_of, budget, topology, peak_flops)
-            divides = None if global_batch_size is None else global_batch_size // replicas
-            candidates = run.measure(best, trials, divides)
-            chosen, why = knee(candidates)
-            if clock is not None and clock.stopped:
-                why += f"; {clock.stopped}"
-            if chosen is None:
-                raise ValueError(
-                    f"Invalid value for argument `max_seconds`. Received: max_seconds={max_seconds:g}, too small to "
-                    f"measure one candidate: building the step and the memory search took {budget.elapsed():.2f} s. "
-                    "Expected more time (or None for no limit)."
-                    if max_seconds is not None and all("budget" in c.reason for c in candidates)
-                    else f"plan_batch_size: no candidate batch could be measured: {candidates[0].reason}"
-                )
-            best = chosen.per_device_batch_size
-            method += (
-                "; then each candidate timed with model.fit on one batch repeated (compile apart, then the steady "
-                "state): the step's speed without your input pipeline's, which InputBoundDetector measures"
-            )
+        found = _memory_search(s, measure, limits)
+        if args.throughput and found.best > 0:
+            _by_throughput(s, found, measure if backend.plans_on_shapes and limits is not None else None)
     finally:
         backend.plan_restore(model, snapshot)
         restore_side_effects(model, side_effects)
-    peak = next((t.peak_bytes for t in reversed(trials) if t.fits and t.batch_size == best), None)
-    if global_batch_size is not None and best > 0:
-        k = global_batch_size // (best * replicas)
-        why += (
-            f"; the global batch of {global_batch_size} runs as {k} micro-batches of {best * replicas}"
-            if k > 1
-            else f"; the global batch of {global_batch_size} runs whole"
+    plan = _plan(s, found, capacities)
+    if args.log_dir is not None and s.topology.is_chief:
+        plan.write(args.log_dir)
+    return plan
+
+
+@dataclass(frozen=True)
+class _Arguments:
+    """plan_batch_size's arguments, checked."""
+
+    objective: str
+    max_batch_size: int | None
+    memory_limit_mib: float | None
+    margin: float
+    global_batch_size: int | None
+    max_seconds: float | None
+    log_dir: str | None
+
+    @property
+    def throughput(self) -> bool:
+        return self.objective == "throughput"
+
+
+@dataclass
+class _Setting:
+    """What the steps of one plan share, once the arguments are checked."""
+
+    args: _Arguments
+    model: Any
+    backend: Any
+    data: tuple[Any, Any, int]  # x and y (one batch), and the samples of x
+    replicas: int  # the data-parallel devices
+    topology: Any
+    budget: Budget
+
+    @property
+    def per_device_max(self) -> int | None:
+        """The largest per-device batch to consider: the bound over the devices, or None for none."""
+        a = self.args
+        bound = a.max_batch_size if a.global_batch_size is None else a.global_batch_size
+        return None if bound is None else bound // self.replicas
+
+
+@dataclass
+class _Found:
+    """What the memory search found, then what timing the candidates chose (by throughput)."""
+
+    best: int  # per device
+    trials: list[Trial]
+    method: str
+    clock: TrialClock | None = None  # the memory search's share of max_seconds, where it had one
+    candidates: list[Candidate] = field(default_factory=list)
+    why: str = ""
+
+
+def _check_arguments(
+    model, objective, max_batch_size, memory_limit_mib, margin, global_batch_size, max_seconds, log_dir
+) -> _Arguments:
+    """The arguments checked, alone and together, before any data is looked at."""
+    args = _Arguments(
+        objective=check_choice("objective", objective, OBJECTIVES),
+        max_batch_size=check_int("max_batch_size", max_batch_size, low=1, allow_none=True),
+        memory_limit_mib=check_number(
+            "memory_limit_mib", memory_limit_mib, low=0, exclusive_low=True, allow_none=True, what="number of MiB"
+        ),
+        margin=check_number("margin", margin, low=0, high=1, exclusive_high=True, what="fraction"),
+        global_batch_size=check_int("global_batch_size", global_batch_size, low=1, allow_none=True),
+        max_seconds=check_number(
+            "max_seconds", max_seconds, low=0, exclusive_low=True, allow_none=True, what="number of seconds"
+        ),
+        log_dir=check_log_dir("log_dir", log_dir),
+    )
+    for name, value in (("global_batch_size", args.global_batch_size), ("max_seconds", args.max_seconds)):
+        if value is not None and not args.throughput:
+            raise ValueError(
+                f"Invalid value for argument `{name}`. Received: {name}={value!r} with objective='memory'. "
+                "Expected None: it applies to objective='throughput' only."
+            )
+    if args.global_batch_size is not None and args.max_batch_size is not None:
+        raise ValueError(
+            f"Invalid value for argument `max_batch_size`. Received: max_batch_size={args.max_batch_size} with "
+            f"global_batch_size={args.global_batch_size}. Expected None: a fixed global batch bounds the micro-batch "
+            "itself."
         )
-    plan = BatchPlan(
-        batch_size=best * replicas,
+    if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
+        raise ValueError(
+            "plan_batch_size needs a compiled model (`model.compile(optimizer, loss)`): it plans a training step."
+        )
+    return args
+
+
+def _check_devices(args: _Arguments, replicas: int) -> None:
+    """The batch bounds against the data-parallel devices: at least one sample per device, a multiple of them."""
+    if args.max_batch_size is not None and args.max_batch_size < replicas:
+        raise ValueError(
+            f"Invalid value for argument `max_batch_size`. Received: max_batch_size={args.max_batch_size}, but the "
+            f"batch is split over {replicas} devices (data parallelism). Expected at least {replicas}: one sample per "
+            "device."
+        )
+    if args.global_batch_size is not None and args.global_batch_size % replicas:
+        raise ValueError(
+            f"Invalid value for argument `global_batch_size`. Received: global_batch_size={args.global_batch_size}, "
+            f"but the batch is split over {replicas} devices (data parallelism). Expected a multiple of {replicas}."
+        )
+
+
+def _capacities(s: _Setting) -> list[float] | None:
+    """The bytes of each device to plan for; None where none is known and the candidates are bounded."""
+    args = s.args
+    reported = s.backend.device_capacities(s.model, s.replicas)
+    if args.memory_limit_mib is not None:
+        return [args.memory_limit_mib * 2**20] * s.replicas
+    if any(c is None for c in reported):
+        if not (args.throughput and s.per_device_max is not None):
+            raise ValueError(
+                "Invalid value for argument `memory_limit_mib`. Received: memory_limit_mib=None, but this device "
+                "reports no memory capacity (a CPU). Expected the memory to plan for, in MiB (e.g. "
+                "memory_limit_mib=16384)"
+                + (", or max_batch_size= / global_batch_size= to bound the candidates." if args.throughput else ".")
+            )
+        return None  # nothing to plan against: every batch up to the bound is a candidate
+    return [c for c in reported if c is not None]
+
+
+def _step_peaks(s: _Setting) -> StepPeaks:
+    """The peak memory of one training step per device, at a per-device batch size."""
+    x, y, n_samples = s.data
+    backend = s.backend
+
+    def step_memory(per_device: int) -> tuple[list[float], str]:
+        # A step compiled, never run (JAX), needs the trial batch's shapes only: no host batch of its size.
+        batch = sample_batch(x, y, per_device * s.replicas, n_samples, shapes_only=backend.plans_on_shapes)
+        return backend.step_memory(s.model, batch, s.replicas)
+
+    return StepPeaks(
+        step_memory,
+        backends.is_oom,
+        backend.device_memory,
+        s.replicas,
+    )
+
+
+def _memory_search(s: _Setting, measure: StepPeaks, limits: list[float] | None) -> _Found:
+    """The largest per-device batch under ``limits``; without limits, the bound (every batch up to it a candidate)."""
+    if limits is None:
+        method = "no memory capacity to plan against (a CPU): every batch up to the bound is a candidate"
+        return _Found(s.per_device_max or 0, [], method)
+    clock = None
+    if s.args.throughput and s.args.max_seconds is not None:
+        share = MEMORY_SEARCH_SHARE * s.args.max_seconds - s.budget.elapsed()
+        clock = TrialClock(measure, share, s.budget.clock)
+    best, trials = search_batch_size(
+        clock or measure,
+        limits,
+        start=1,
+        maximum=s.per_device_max,
+        refuses=None if clock is None else clock.refuses,
+    )
+    return _Found(best, trials, measure.method or s.backend.plan_method(s.model), clock)
+
+
+def _by_throughput(s: _Setting, found: _Found, peak_of: StepPeaks | None) -> None:
+    """Times the candidates up to ``found.best`` and chooses the knee; ``peak_of``: their peaks, compiled only."""
+    model, backend, args = s.model, s.backend, s.args
+    dtype = model.dtype_policy.compute_dtype
+    peak_flops = table_peak(backend, dtype, lambda key, message: logger.info("keras_gpu_tools: %s", message))
+    run = ThroughputRun(model, backend, s.data, s.replicas, peak_of, s.budget, s.topology, peak_flops)
+    divides = None if args.global_batch_size is None else args.global_batch_size // s.replicas
+    found.candidates = candidates = run.measure(found.best, found.trials, divides)
+    chosen, found.why = knee(candidates)
+    if found.clock is not None and found.clock.stopped:
+        found.why += f"; {found.clock.stopped}"
+    if chosen is None:
+        raise ValueError(
+            f"Invalid value for argument `max_seconds`. Received: max_seconds={args.max_seconds:g}, too small to "
+            f"measure one candidate: building the step and the memory search took {s.budget.elapsed():.2f} s. "
+            "Expected more time (or None for no limit)."
+            if args.max_seconds is not None and all("budget" in c.reason for c in candidates)
+            else f"plan_batch_size: no candidate batch could be measured: {candidates[0].reason}"
+        )
+    found.best = chosen.per_device_batch_size
+    found.method += (
+        "; then each candidate timed with model.fit on one batch repeated (compile apart, then the steady "
+        "state): the step's speed without your input pipeline's, which InputBoundDetector measures"
+    )
+
+
+def _plan(s: _Setting, found: _Found, capacities: list[float] | None) -> BatchPlan:
+    """The plan of what was found."""
+    best, args = found.best, s.args
+    peak = next((t.peak_bytes for t in reversed(found.trials) if t.fits and t.batch_size == best), None)
+    why = found.why
+    if args.global_batch_size is not None and best > 0:
+        k = args.global_batch_size // (best * s.replicas)
+        why += (
+            f"; the global batch of {args.global_batch_size} runs as {k} micro-batches of {best * s.replicas}"
+            if k > 1
+            else f"; the global batch of {args.global_batch_size} runs whole"
+        )
+    return BatchPlan(
+        batch_size=best * s.replicas,
         per_device_batch_size=best,
-        devices=replicas,
+        devices=s.replicas,
         peak_mib=[p / 2**20 for p in (peak or [])],
         capacity_mib=[c / 2**20 for c in (capacities or [])],
-        margin=margin,
-        method=method,
-        trials=trials,
-        objective=objective,
-        candidates=candidates,
+        margin=args.margin,
+        method=found.method,
+        trials=found.trials,
+        objective=args.objective,
+        candidates=found.candidates,
         why=why,
-        global_batch_size=global_batch_size,
-        plan_seconds=budget.elapsed(),
+        global_batch_size=args.global_batch_size,
+        plan_seconds=s.budget.elapsed(),
     )
-    if log_dir is not None and topology.is_chief:
-        plan.write(log_dir)
-    return plan
 
 
 def _num_samples(model, x, y) -> int:

@@ -9,11 +9,13 @@ explains what was tried when nothing fits.
 
 from __future__ import annotations
 
+import enum
 import gc
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 from keras_gpu_tools.errors import InexactAccumulationError, OutOfMemoryError, UnrecoverableOOM
 from keras_gpu_tools.memory.agreement import Agreement
@@ -51,20 +53,8 @@ def final_message(
         size = str(sizes[0]) if len(set(sizes)) == 1 else f"at most {sizes[0]}"
         what = f"even at micro-batches of {size} ({n} as {describe_split(n, k, g)}; min_batch_size={min_batch_size})"
     lines = [f"OOMBatchSizeReducer: out of memory {what}. Batch sizes tried: {tried_txt}."]
-    if memory:
-        parts = []
-        for key, label in (
-            ("device", "device"),
-            ("bytes_limit", "memory limit"),
-            ("bytes_in_use", "in use"),
-            ("peak_bytes_in_use", "peak"),
-            ("needed_bytes", "the step needs about"),
-        ):
-            if memory.get(key) is not None:
-                value = memory[key]
-                parts.append(f"{label} {format_bytes(value) if key != 'device' else value}")
-        if parts:
-            lines.append("Device memory: " + ", ".join(parts) + ".")
+    if memory and (figures := _memory_figures(memory)):
+        lines.append(f"Device memory: {figures}.")
     smallest = min(split_sizes(n, k, g))
     held_by_minimum = not per_device and not unsplit and k > 1 and math.ceil(n / k) > max(1, min_batch_size)
     if per_device:
@@ -101,6 +91,22 @@ def final_message(
         first = (memory_lines or text or [type(original).__name__])[0]
         lines.append(f"Last error: {type(original).__name__}: {first[:300]}")
     return "\n".join(lines)
+
+
+def _memory_figures(memory: dict[str, Any]) -> str:
+    """The device's memory figures of the final message, in words ("" where it has none)."""
+    parts = []
+    for key, label in (
+        ("device", "device"),
+        ("bytes_limit", "memory limit"),
+        ("bytes_in_use", "in use"),
+        ("peak_bytes_in_use", "peak"),
+        ("needed_bytes", "the step needs about"),
+    ):
+        if memory.get(key) is not None:
+            value = memory[key]
+            parts.append(f"{label} {format_bytes(value) if key != 'device' else value}")
+    return ", ".join(parts)
 
 
 def smallest_failing(explanation: dict[str, Any] | None, before: int | None, micro: int) -> int | None:
@@ -147,6 +153,62 @@ class Laps:
         now = self.clock()
         self.phases[name] = self.phases.get(name, 0.0) + now - self.last
         self.last = now
+
+
+class Stage(enum.Enum):
+    """Where :meth:`Recovery.run`'s loop over the splits of one batch stands."""
+
+    ATTEMPT = "attempt"  # a new split: agreed with the job, ruled out or predicted, then one of the five below
+    REFUSED = "refused"  # some process of the job cannot fit it: not run
+    RULED_OUT = "ruled out"  # the last real error's figures say it cannot fit: not run
+    PREDICTED = "predicted"  # the runner's memory analysis says it cannot fit: not run
+    RUN = "run"  # run it: DONE, or RESTORE after an out-of-memory error
+    RESTORE = "restore"  # what the failed step holds is freed, the state put back
+    RECORD = "record"  # the failed attempt's event; the next split, or GAVE_UP
+    DONE = "done"  # terminal: the split ran; the loop returns its result
+    GAVE_UP = "gave up"  # terminal: no smaller split is allowed; the loop raises
+
+
+TERMINAL = frozenset({Stage.DONE, Stage.GAVE_UP})
+
+
+@dataclass
+class Attempt:
+    """What one attempt at a split found out (a new one for each split)."""
+
+    guarded: bool  # the first run of this split at this batch shape, or a regrow trial
+    trial: bool  # a regrow trial
+    t0: float
+    lap: Laps  # the seconds of each part of the attempt, for the event
+    context: dict[str, Any]  # for `explain`
+    agreed: Agreement | None = None  # what the job's processes agreed, where they were asked
+    certain: bool = False  # ruled out by the last real error's figures
+    predicted: bool | None = None  # the runner's prediction, where it was asked
+    failure: BaseException | None = None  # this attempt's out-of-memory error, where it had one
+    explanation: dict[str, Any] | None = None
+    snap: Any = None  # the runner's copy of the state while the split runs
+    before: int | None = None  # the device's bytes in use before the run
+    result: Any = None  # the run's result (DONE)
+    event: OOMEvent | None = None  # the failed attempt's event (RECORD)
+
+
+@dataclass
+class RetryState:
+    """The loop over the splits of one batch: its inputs, and what outlives each attempt."""
+
+    runner: Any
+    batch: Any
+    n: int
+    signature: Any
+    step: int
+    state: Any  # the training state; put back after each failed run
+    k: int  # the split of the current attempt
+    job: bool  # a step of a job of several processes: each guarded attempt is agreed
+    predicting: bool = False  # ask the runner's prediction before guarded attempts
+    tried: list[tuple[int, int]] = field(default_factory=list)  # (n, k) of each failed attempt
+    real: BaseException | None = None  # the last real out-of-memory error of this batch
+    floor: int | None = None  # after a real error: micro-batches this large certainly fail too (smallest_failing)
+    attempt: Attempt = field(init=False)
 
 
 class Recovery:
@@ -224,128 +286,200 @@ class Recovery:
             )
 
     def run(self, runner, batch, n: int, signature, state=None, step: int = 0):
-        ctl = self.controller
-        k = ctl.split_for(n)
-        tried: list[tuple[int, int]] = []
+        """Runs ``batch`` (``n`` samples), split finer after each out-of-memory error; returns ``(result, k)``.
+
+        A small state machine (:class:`Stage`): each attempt at a split ends in one of five
+        outcomes (it ran; refused by the job; ruled out by a real error's figures; predicted not
+        to fit; ran out of memory), and every one but the first is recorded as an
+        :class:`OOMEvent` before the next split, or the error when no smaller split is allowed.
+        """
+        k = self.controller.split_for(n)
         self.restored_state = None
-        predicting = self.probe  # after a real out-of-memory error too: ask before running the next split
-        explanation = None
-        real: BaseException | None = None  # the last real out-of-memory error of this batch
-        floor: int | None = None  # after a real error: micro-batches this large certainly fail too (smallest_failing)
         # A step of the job (its batch spread over several processes' devices), not this process's own one.
         job = self.agree is not None and getattr(runner, "spans_processes", lambda b: True)(batch)
-        while True:
-            guarded = (signature, k) not in self.known or ctl.in_trial
-            trial = ctl.in_trial
-            failure: BaseException | None = None
-            t0 = self.clock()
-            lap = Laps(self.clock, t0)  # seconds of each part of the attempt, for the event
-            predicted = None
-            context = {"runner": runner, "batch": batch, "n": n, "k": k, "state": state, "step": step}
-            agree = self.agree
-            agreed = agree(runner, batch, n, k, state) if agree is not None and guarded and job else None
-            if agreed is not None:
-                lap("agree")
-            certain = agreed is None and floor is not None and -(-n // k) >= floor
-            if certain:
-                predicted = False  # the last real error's figures already say it cannot fit: neither run nor analysed
-            elif agreed is None and guarded and predicting and hasattr(runner, "predict"):
-                predicted, self.last_need = runner.predict(batch, n, k, state)
-                lap("predict")
-            if agreed is not None and not agreed.fits:
-                failure = agreed.error  # this process's own error, or None where another's ran out
-                explanation = agreed.explanation
-            elif certain:
-                failure = None
-                explanation = certain_explanation(n, k, floor or 0, ctl.granule)
-            elif predicted is False:
-                failure = None
-                explanation = self.explain(None, dict(context, predicted_need=self.last_need))
-                lap("explain")
+        loop = RetryState(runner, batch, n, signature, step, state=state, k=k, job=job)
+        loop.predicting = self.probe  # after a real out-of-memory error too: ask before running the next split
+        stage = Stage.ATTEMPT
+        while stage not in TERMINAL:
+            stage = TRANSITIONS[stage](self, loop)
+        if stage is Stage.GAVE_UP:
+            self._give_up(loop)
+        return loop.attempt.result, loop.k
+
+    def _attempt(self, loop: RetryState) -> Stage:
+        """A new split: agreed with the job's other processes, ruled out, or predicted; then its outcome."""
+        ctl = self.controller
+        guarded = (loop.signature, loop.k) not in self.known or ctl.in_trial
+        trial = ctl.in_trial
+        t0 = self.clock()
+        context = {
+            "runner": loop.runner,
+            "batch": loop.batch,
+            "n": loop.n,
+            "k": loop.k,
+            "state": loop.state,
+            "step": loop.step,
+        }
+        # `lap` keeps the seconds of each part of the attempt, for the event.
+        a = loop.attempt = Attempt(guarded=guarded, trial=trial, t0=t0, lap=Laps(self.clock, t0), context=context)
+        agree = self.agree
+        a.agreed = (
+            agree(loop.runner, loop.batch, loop.n, loop.k, loop.state)
+            if agree is not None and guarded and loop.job
+            else None
+        )
+        if a.agreed is not None:
+            a.lap("agree")
+        a.certain = a.agreed is None and loop.floor is not None and -(-loop.n // loop.k) >= loop.floor
+        if a.certain:
+            a.predicted = False  # the last real error's figures already say it cannot fit: neither run nor analysed
+        elif a.agreed is None and guarded and loop.predicting and hasattr(loop.runner, "predict"):
+            a.predicted, self.last_need = loop.runner.predict(loop.batch, loop.n, loop.k, loop.state)
+            a.lap("predict")
+        if a.agreed is not None and not a.agreed.fits:
+            return Stage.REFUSED
+        if a.certain:
+            return Stage.RULED_OUT
+        if a.predicted is False:
+            return Stage.PREDICTED
+        return Stage.RUN
+
+    def _refused(self, loop: RetryState) -> Stage:
+        """Some process of the job cannot fit the split: it runs nowhere."""
+        a = loop.attempt
+        assert a.agreed is not None
+        a.failure = a.agreed.error  # this process's own error, or None where another's ran out
+        a.explanation = a.agreed.explanation
+        return Stage.RECORD
+
+    def _ruled_out(self, loop: RetryState) -> Stage:
+        """The last real error's figures say the split cannot fit: neither run nor analysed."""
+        loop.attempt.explanation = certain_explanation(loop.n, loop.k, loop.floor or 0, self.controller.granule)
+        return Stage.RECORD
+
+    def _predicted(self, loop: RetryState) -> Stage:
+        """The runner's memory analysis says the split cannot fit: not run."""
+        a = loop.attempt
+        a.explanation = self.explain(None, dict(a.context, predicted_need=self.last_need))
+        a.lap("explain")
+        return Stage.RECORD
+
+    def _run(self, loop: RetryState) -> Stage:
+        """Runs the split: DONE where it fits; after an out-of-memory error, what the failed step held is freed."""
+        a, runner = loop.attempt, loop.runner
+        a.snap = runner.protect(loop.state, a.guarded)
+        a.before = in_use(self.memory) if a.guarded else None  # what a failure leaves held is measured against
+        a.lap("protect")
+        with older_frozen(a.guarded):  # a full collection of the failure's cycles costs milliseconds
+            try:
+                result = runner.run(loop.batch, loop.n, loop.k, loop.state, a.guarded)
+            except InexactAccumulationError:
+                # Refused before the update was applied: put back what the micro-batches changed.
+                self.restored_state = runner.restore(a.snap, loop.state)
+                raise
+            except Exception as e:
+                if self.classify(e) is None:
+                    raise  # not ours: unchanged, with its traceback
+                if loop.job:
+                    raise UnrecoverableOOM(
+                        "OOMBatchSizeReducer: out of memory in a step of a job of several processes, after every "
+                        f"process had fitted this split ({loop.n} as {describe_split(loop.n, loop.k, self.controller.granule)}) in its "
+                        "rehearsal. The other processes may be waiting in the step's collective for this one "
+                        "(they do not time out: a CPU job over gloo waits for good), so it cannot be retried; "
+                        "stop the whole job. Lower the batch size, or set `plan=` to a micro-batch size with "
+                        "headroom."
+                    ) from e
+                failure = a.failure = e
+                loop.predicting = loop.predicting or self.predict_after_oom
+                a.lap("run")
+                try:  # while the failed step's memory is still held: the allocator's view of it
+                    a.explanation = self.explain(e, a.context)
+                except Exception:
+                    logger.debug("keras_gpu_tools: explaining the out-of-memory error failed", exc_info=True)
+                    a.explanation = None
+                a.lap("explain")
             else:
-                snap = runner.protect(state, guarded)
-                before = in_use(self.memory) if guarded else None  # what a failure leaves held is measured against
-                lap("protect")
-                with older_frozen(guarded):  # a full collection of the failure's cycles costs milliseconds
-                    try:
-                        result = runner.run(batch, n, k, state, guarded)
-                    except InexactAccumulationError:
-                        # Refused before the update was applied: put back what the micro-batches changed.
-                        self.restored_state = runner.restore(snap, state)
-                        raise
-                    except Exception as e:
-                        if self.classify(e) is None:
-                            raise  # not ours: unchanged, with its traceback
-                        if job:
-                            raise UnrecoverableOOM(
-                                "OOMBatchSizeReducer: out of memory in a step of a job of several processes, after every "
-                                f"process had fitted this split ({n} as {describe_split(n, k, ctl.granule)}) in its "
-                                "rehearsal. The other processes may be waiting in the step's collective for this one "
-                                "(they do not time out: a CPU job over gloo waits for good), so it cannot be retried; "
-                                "stop the whole job. Lower the batch size, or set `plan=` to a micro-batch size with "
-                                "headroom."
-                            ) from e
-                        failure = e
-                        predicting = predicting or self.predict_after_oom
-                        lap("run")
-                        try:  # while the failed step's memory is still held: the allocator's view of it
-                            explanation = self.explain(e, context)
-                        except Exception:
-                            logger.debug("keras_gpu_tools: explaining the out-of-memory error failed", exc_info=True)
-                            explanation = None
-                        lap("explain")
-                    else:
-                        self.known.add((signature, k))
-                        ctl.on_success(n, k)
-                        return result, k
-                    # Outside the except block, where the failed step's frames no longer run.
-                    free_failed_step(failure, held_since(self.memory, before))
-                if self.deep_collect and held_since(self.memory, before)():
-                    self._collect_all()  # still held, maybe by a cycle through older objects: all of them
-                lap("free")
-                try:
-                    state = runner.restore(snap, state)
-                except UnrecoverableOOM as u:
-                    raise u from failure
-                lap("restore")
-                self.restored_state = state  # the state from before the failed attempt
-                snap = None
-                floor = smallest_failing(explanation, before, -(-n // k))
-                real = failure
-            tried.append((n, k))
-            nxt = ctl.on_oom(n, k)
-            if agreed is not None and not agreed.fits:
-                kind = agreed.kind
-            else:
-                # An error gets here only where `classify` recognised it.
-                kind = (self.classify(failure) or "unknown") if failure is not None else "predicted"
-            event = OOMEvent(
-                step=step,
-                batch_size=n,
-                failed_split=k,
-                next_split=nxt,
-                kind=kind,
-                regrow=trial,
-                seconds=self.clock() - t0,
-                phase=self.phase,
-                explanation=explanation,
-                granule=ctl.granule,
-                phases={name: round(v, 6) for name, v in lap.phases.items()},
-            )
-            logger.debug("keras_gpu_tools: %s; seconds: %s", event.line(), event.phases)
-            self.on_event(event)
-            if nxt is None:
-                memory = dict(self.memory() or {})
-                if self.last_need is not None:
-                    memory.setdefault("needed_bytes", self.last_need)
-                message = final_message(tried, max(1, ctl.min_batch_size), memory, failure, ctl.granule)
-                if event.why():
-                    message += "\nWhy: " + "\n     ".join(event.why())
-                if agreed is not None and not agreed.fits and failure is None:
-                    raise OutOfMemoryError(message + f"\n({agreed.note})")
-                if certain and real is not None:  # the last real error, of its own type
-                    raise self.rebuild(real, message + "\n(The last splits were not run: see Why.)") from real
-                if failure is None:
-                    raise OutOfMemoryError(message + "\n(Predicted from the compiled step's memory analysis; not run.)")
-                raise self.rebuild(failure, message) from failure
-            k = nxt
+                self.known.add((loop.signature, loop.k))
+                self.controller.on_success(loop.n, loop.k)
+                a.result = result
+                return Stage.DONE
+            # Outside the except block, where the failed step's frames no longer run.
+            free_failed_step(failure, held_since(self.memory, a.before))
+        return Stage.RESTORE
+
+    def _restore(self, loop: RetryState) -> Stage:
+        """After an out-of-memory error: what is still held is collected, and the state put back."""
+        a = loop.attempt
+        if self.deep_collect and held_since(self.memory, a.before)():
+            self._collect_all()  # still held, maybe by a cycle through older objects: all of them
+        a.lap("free")
+        try:
+            loop.state = loop.runner.restore(a.snap, loop.state)
+        except UnrecoverableOOM as u:
+            raise u from a.failure
+        a.lap("restore")
+        self.restored_state = loop.state  # the state from before the failed attempt
+        a.snap = None
+        loop.floor = smallest_failing(a.explanation, a.before, -(-loop.n // loop.k))
+        loop.real = a.failure
+        return Stage.RECORD
+
+    def _record(self, loop: RetryState) -> Stage:
+        """The failed attempt's event; then the next split, or GAVE_UP where no smaller one is allowed."""
+        ctl, a = self.controller, loop.attempt
+        loop.tried.append((loop.n, loop.k))
+        nxt = ctl.on_oom(loop.n, loop.k)
+        if a.agreed is not None and not a.agreed.fits:
+            kind = a.agreed.kind
+        else:
+            # An error gets here only where `classify` recognised it.
+            kind = (self.classify(a.failure) or "unknown") if a.failure is not None else "predicted"
+        a.event = event = OOMEvent(
+            step=loop.step,
+            batch_size=loop.n,
+            failed_split=loop.k,
+            next_split=nxt,
+            kind=kind,
+            regrow=a.trial,
+            seconds=self.clock() - a.t0,
+            phase=self.phase,
+            explanation=a.explanation,
+            granule=ctl.granule,
+            phases={name: round(v, 6) for name, v in a.lap.phases.items()},
+        )
+        logger.debug("keras_gpu_tools: %s; seconds: %s", event.line(), event.phases)
+        self.on_event(event)
+        if nxt is None:
+            return Stage.GAVE_UP
+        loop.k = nxt
+        return Stage.ATTEMPT
+
+    def _give_up(self, loop: RetryState) -> NoReturn:
+        """Raises the error of a batch that runs out of memory at every split allowed."""
+        ctl, a = self.controller, loop.attempt
+        memory = dict(self.memory() or {})
+        if self.last_need is not None:
+            memory.setdefault("needed_bytes", self.last_need)
+        message = final_message(loop.tried, max(1, ctl.min_batch_size), memory, a.failure, ctl.granule)
+        why = a.event.why() if a.event is not None else []
+        if why:
+            message += "\nWhy: " + "\n     ".join(why)
+        if a.agreed is not None and not a.agreed.fits and a.failure is None:
+            raise OutOfMemoryError(message + f"\n({a.agreed.note})")
+        if a.certain and loop.real is not None:  # the last real error, of its own type
+            raise self.rebuild(loop.real, message + "\n(The last splits were not run: see Why.)") from loop.real
+        if a.failure is None:
+            raise OutOfMemoryError(message + "\n(Predicted from the compiled step's memory analysis; not run.)")
+        raise self.rebuild(a.failure, message) from a.failure
+
+
+# What runs each stage that is not terminal; it returns the next stage. Looked up at each step of the loop.
+TRANSITIONS: dict[Stage, Callable[[Recovery, RetryState], Stage]] = {
+    Stage.ATTEMPT: Recovery._attempt,
+    Stage.REFUSED: Recovery._refused,
+    Stage.RULED_OUT: Recovery._ruled_out,
+    Stage.PREDICTED: Recovery._predicted,
+    Stage.RUN: Recovery._run,
+    Stage.RESTORE: Recovery._restore,
+    Stage.RECORD: Recovery._record,
+}

@@ -532,3 +532,74 @@ def test_a_full_collection_that_frees_nothing_is_not_repeated(fake_oom, monkeypa
     rec._collect_all = spied
     assert rec.run(runner, None, 256, "sig") == ("logs of 256 as 8", 8)
     assert deep == ([256 * 2**20] * 3 if frees else [256 * 2**20]) and rec.deep_collect is frees
+
+
+# -- the retry loop as a state machine ---------------------------------------------------------
+def test_every_stage_of_the_retry_loop_is_either_terminal_or_has_a_transition():
+    from keras_gpu_tools.memory.recovery import TERMINAL, TRANSITIONS, Stage
+
+    assert set(TRANSITIONS) | TERMINAL == set(Stage) and not set(TRANSITIONS) & TERMINAL
+    assert TERMINAL == {Stage.DONE, Stage.GAVE_UP}
+
+
+def _walk(monkeypatch, rec, *args):
+    """The stages the retry loop goes through, each with the stage its transition returned."""
+    from keras_gpu_tools.memory import recovery
+
+    path = []
+    for stage, transition in list(recovery.TRANSITIONS.items()):
+
+        def spied(self, loop, stage=stage, transition=transition):
+            path.append((stage.name, (nxt := transition(self, loop)).name))
+            return nxt
+
+        monkeypatch.setitem(recovery.TRANSITIONS, stage, spied)
+    try:
+        rec.run(*args)
+    except MemoryError:
+        pass
+    return path
+
+
+def test_the_retry_loop_goes_from_stage_to_stage_until_a_terminal_one(fake_oom, monkeypatch):
+    failed = [("ATTEMPT", "RUN"), ("RUN", "RESTORE"), ("RESTORE", "RECORD"), ("RECORD", "ATTEMPT")]
+    rec = Recovery(SplitController(), classify=fake_kind)
+    assert _walk(monkeypatch, rec, FakeRunner(limit=64), None, 256, "sig") == [
+        *failed,
+        *failed,
+        ("ATTEMPT", "RUN"),
+        ("RUN", "DONE"),
+    ]
+    assert _walk(monkeypatch, rec, FakeRunner(limit=64), None, 256, "sig") == [("ATTEMPT", "RUN"), ("RUN", "DONE")]
+    predicting = FakeRunner(limit=64)
+    predicting.predict = lambda batch, n, k, state: (-(-n // k) <= 64, 123)
+    rec = Recovery(SplitController(), classify=fake_kind, probe=True)
+    skipped = [("ATTEMPT", "PREDICTED"), ("PREDICTED", "RECORD"), ("RECORD", "ATTEMPT")]
+    assert _walk(monkeypatch, rec, predicting, None, 256, "sig") == [
+        *skipped,
+        *skipped,
+        ("ATTEMPT", "RUN"),
+        ("RUN", "DONE"),
+    ]
+    rec = Recovery(SplitController(min_batch_size=4), classify=fake_kind)
+    rec.agree = lambda *a: Agreement(fits=False, note="out of memory on process 1 of 2")
+    refused = [("ATTEMPT", "REFUSED"), ("REFUSED", "RECORD")]
+    assert _walk(monkeypatch, rec, FakeRunner(limit=0), None, 8, "sig") == [
+        *refused,
+        ("RECORD", "ATTEMPT"),
+        *refused,
+        ("RECORD", "GAVE_UP"),
+    ]
+    gib = 2**30
+    explain = lambda e, context: {"requested_bytes": 900 * gib, "in_use_bytes": 0, "capacity_bytes": 80 * gib}  # noqa: E731
+    rec = Recovery(
+        SplitController(min_batch_size=2), classify=fake_kind, memory=lambda: {"bytes_in_use": 0}, explain=explain
+    )
+    ruled_out = [("ATTEMPT", "RULED_OUT"), ("RULED_OUT", "RECORD")]
+    assert _walk(monkeypatch, rec, FakeRunner(limit=0), None, 8, "sig") == [
+        *failed,
+        *ruled_out,
+        ("RECORD", "ATTEMPT"),
+        *ruled_out,
+        ("RECORD", "GAVE_UP"),
+    ]
