@@ -1,18 +1,16 @@
 """What every callback of the package shares: the fit session, one locked teardown, the run directory.
 
-A subclass implements :meth:`FitCallback._start_fit` (what ``on_train_begin``
-did) and :meth:`FitCallback._stop_fit` (releasing all it started). The base
-class guarantees, for every fit():
+A subclass implements :meth:`FitCallback._start_fit` (what ``on_train_begin`` did) and
+:meth:`FitCallback._stop_fit` (releasing all it started). The base class guarantees, for every fit()
+(docs/debugging.md tells how):
 
 - the Keras version is checked (a warning once when outside the tested range);
 - what an earlier fit() that died left behind is released first;
-- ``_start_fit`` runs inside a try: if it raises, ``_stop_fit`` runs at once
-  and nothing stays attached;
-- ``_stop_fit`` runs exactly once per fit, under one lock, whether fit()
-  returned (``on_train_end``), raised (the shared
-  :class:`~keras_gpu_tools.runtime.session.FitSession` notices), or the user
-  calls ``close()``; with ``_stop_on_training_thread`` it is deferred to the
-  training thread when the session notices from its watchdog;
+- ``_start_fit`` runs inside a try: if it raises, ``_stop_fit`` runs at once and nothing stays attached;
+- ``_stop_fit`` runs exactly once per fit, under one lock, whether fit() returned (``on_train_end``),
+  raised (the shared :class:`~keras_gpu_tools.runtime.session.FitSession` notices), or the user calls
+  ``close()``; with ``_stop_on_training_thread`` it is deferred to the training thread when the session
+  notices from its watchdog;
 - epoch figures go into Keras's logs through ``_epoch_figures`` and lines to
   the terminal through ``_print``: the fit's
   :class:`~keras_gpu_tools.runtime.fit_output.FitOutput` keeps them off the
@@ -45,6 +43,7 @@ from keras_gpu_tools.runtime.job_channel import JobChannel
 from keras_gpu_tools.runtime.session import FitSession, run_deferred
 from keras_gpu_tools.runtime.step_hook import StepHook
 from keras_gpu_tools.runtime.ticker import Job
+from keras_gpu_tools.runtime.typing_compat import override
 
 # fit() starts per run name in this process. Every process of a job counts
 # alike, so ``<run name>/fit<n>`` names the same fit() everywhere, also when a
@@ -269,6 +268,7 @@ class FitCallback(LeanCallback):
         return self._session is not None or self._stopping
 
     # -- Keras hooks ---------------------------------------------------------------------------
+    @override
     def on_train_begin(self, logs: dict | None = None) -> None:
         ki.check_keras_version()
         self._end_fit(aborted=True)  # what a fit() that died before its session noticed left
@@ -299,6 +299,7 @@ class FitCallback(LeanCallback):
                 StepHook.detach_observer(self.model, self)  # attached before what failed
             raise
 
+    @override
     def on_train_end(self, logs: dict | None = None) -> None:
         self._end_fit(aborted=False)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import keras
 
+from keras_gpu_tools.runtime.typing_compat import override
+
 
 class LeanCallback(keras.callbacks.Callback):
     """Base of every callback of the package: nothing per step unless a subclass asks.
@@ -23,20 +25,26 @@ class LeanCallback(keras.callbacks.Callback):
 
     async_safe = True
 
+    @override
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         pass
 
+    @override
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         pass
 
+    @override
     def on_test_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         pass
 
+    @override
     def on_test_batch_end(self, batch: int, logs: dict | None = None) -> None:
         pass
 
+    @override
     def on_predict_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         pass
 
+    @override
     def on_predict_batch_end(self, batch: int, logs: dict | None = None) -> None:
         pass

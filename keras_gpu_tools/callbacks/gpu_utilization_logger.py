@@ -15,6 +15,7 @@ from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import roles
 from keras_gpu_tools.runtime.ticker import Job
 from keras_gpu_tools.runtime.topology import JobGather
+from keras_gpu_tools.runtime.typing_compat import override
 from keras_gpu_tools.runtime.validation import (
     check_bool,
     check_devices,
@@ -43,110 +44,96 @@ FIRST_SAMPLE_WAIT_S = 1.0  # at most (plus the interval), a fit's first epoch en
 class GPUUtilizationLogger(FitCallback, roles.GPUSampler):
     """Logs per-GPU utilization, memory, power, clocks and more while training.
 
-        A background thread samples NVML (and the framework's allocator, and the
-        host process) every `interval` seconds: the package's one thread in a
-        fit(), shared with the check that cleans up after a fit() that raised.
-        The training thread only counts steps: it never makes an NVML call and
-        never forces a device sync, so the callback does not slow the training
-        it measures. It is `async_safe`, so on JAX Keras keeps dispatching batch hooks asynchronously.
+    A background thread samples NVML (and the framework's allocator, and the
+    host process) every `interval` seconds: the package's one thread in a
+    fit(), shared with the check that cleans up after a fit() that raised.
+    The training thread only counts steps: it never makes an NVML call and
+    never forces a device sync, so the callback does not slow the training
+    it measures. It is `async_safe`, so on JAX Keras keeps dispatching batch hooks asynchronously.
 
-        What is logged:
-        - TensorBoard (when `log_dir` is set): one time series per metric in the
-          run `log_dir/<run_name>` on the global training-step axis (continued
-          across `fit()` calls); each point is the mean of the samples taken since
-          the previous point. At each epoch end, the epoch's figure of every GPU
-          key (the value History gets) as `gpu_epoch/<i>/<field>`, once an epoch.
-          Readable on every backend; TensorFlow is not needed.
-        - Epoch logs: the epoch mean of every metric, plus `<key>_max` for memory,
-          power, temperature and host memory, added to `logs` in `on_epoch_end`,
-          so `History` and `CSVLogger` see them (place this callback before
-          `CSVLogger` in the list). Keras's progress bar shows none of them
-          unless asked (`progress_bar`), Keras's `TensorBoard` none of them
-          (they are in this callback's run already). Every epoch
-          of a fit carries the same keys: those of the fit's first sample
-          (which waits 0.1 s so that CPU use and GPM rates are in it). A key
-          with no fresh value in an epoch (an epoch shorter than `interval`,
-          CPU use over a span under 0.1 s, a metric that stopped reporting)
-          carries its last known value (NaN: not yet measured), never 0. If the very first sample of
-          a fit is still being taken when the first epoch ends, that epoch end
-          waits for it (once, bounded by one second plus `interval`).
+    What is logged: to TensorBoard (with `log_dir`), a point per metric every `interval` in the run
+    `log_dir/<run_name>` on the global step axis (continued across `fit()` calls), the mean of the samples
+    since the previous point, and at each epoch end the epoch's figures as `gpu_epoch/<i>/<field>`; readable
+    on every backend. To the epoch logs (place this callback before `CSVLogger`): the epoch mean of every
+    metric, plus `<key>_max` for memory, power, temperature and host memory. Keras's progress bar shows none
+    of them unless asked (`progress_bar`), Keras's `TensorBoard` none. Every epoch of a fit carries the same
+    keys: those of the fit's first sample (which waits 0.1 s so that CPU use and GPM rates are in it). A key
+    with no fresh value in an epoch (shorter than `interval`, a metric that stopped reporting) carries its
+    last known value (NaN: not yet measured), never 0. If the fit's first sample is still being taken when
+    the first epoch ends, that epoch end waits for it (once, bounded by one second plus `interval`).
+    Logged keys (History, CSVLogger, TensorBoard): docs/keys.md.
 
-        Keys (`<i>` is the GPU's index as the framework numbers it, `GPU:<i>`;
-        in a job of several processes, a name unambiguous across the job, see
-        below):
-    {keys}
+    In a job of several processes (`keras.distribution.initialize` on JAX,
+    or a launcher's `RANK`/`WORLD_SIZE`, `SLURM_PROCID`, ...), each process
+    writes its own run, `log_dir/<run_name>/process_<p>`, and names its GPUs
+    by their job-wide device id (`gpu/<id>/...`), or `<host>:<NVML index>`
+    where the engine gives no such id. At each epoch end the processes
+    exchange their GPUs' epoch means of utilization, SM activity and memory
+    used, once, over the engine's coordination service (JAX's distributed
+    key-value store), and every process adds the same
+    `job/gpu/<metric>_min|_mean|_max` over all GPUs of the job to its epoch
+    logs; process 0 also writes them to the run `log_dir/<run_name>/job`.
+    If a process does not answer within `job_timeout_s` (60 s), a warning
+    is issued and the job keys are left out for the rest of the fit.
+    Without a coordination service (a launcher's variables alone) nothing
+    is exchanged.
 
-        In a job of several processes (`keras.distribution.initialize` on JAX,
-        or a launcher's `RANK`/`WORLD_SIZE`, `SLURM_PROCID`, ...), each process
-        writes its own run, `log_dir/<run_name>/process_<p>`, and names its GPUs
-        by their job-wide device id (`gpu/<id>/...`), or `<host>:<NVML index>`
-        where the engine gives no such id. At each epoch end the processes
-        exchange their GPUs' epoch means of utilization, SM activity and memory
-        used, once, over the engine's coordination service (JAX's distributed
-        key-value store), and every process adds the same
-        `job/gpu/<metric>_min|_mean|_max` over all GPUs of the job to its epoch
-        logs; process 0 also writes them to the run `log_dir/<run_name>/job`.
-        If a process does not answer within `job_timeout_s` (60 s), a warning
-        is issued and the job keys are left out for the rest of the fit.
-        Without a coordination service (a launcher's variables alone) nothing
-        is exchanged.
+    A metric a GPU cannot report (NVML says NotSupported, for example on a MIG
+    instance or a consumer card) is warned about once and left out; it is
+    never logged as 0. Its reason is kept: `unsupported_fields`, `summary()`,
+    and once a fit the text and JSON `gpu/unsupported_fields` in the run
+    (`keras-gpu-tools doctor` lists them too). Without NVML, a driver or a
+    GPU, one warning is issued and the host metrics are logged alone.
 
-        A metric a GPU cannot report (NVML says NotSupported, for example on a MIG
-        instance or a consumer card) is warned about once and left out; it is
-        never logged as 0. Its reason is kept: `unsupported_fields`, `summary()`,
-        and once a fit the text and JSON `gpu/unsupported_fields` in the run
-        (`keras-gpu-tools doctor` lists them too). Without NVML, a driver or a
-        GPU, one warning is issued and the host metrics are logged alone.
+    Health: `throttle_*_percent` is the share of the epoch's samples with
+    that clock-event reason active; `energy_joules` the epoch's difference of
+    NVML's energy counter (a TensorBoard point: joules since the previous
+    one); `xid_events` the driver's XID errors, each warned about at once.
+    `throughput/joules_per_sample` needs the epoch's examples: known for
+    arrays without `steps_per_epoch`, absent for datasets and generators.
+    Other callbacks read the last epoch through
+    `FitSession.shared["gpu_health"]` (a `GPUHealthSource`).
 
-        Health: `throttle_*_percent` is the share of the epoch's samples with
-        that clock-event reason active; `energy_joules` the epoch's difference of
-        NVML's energy counter (a TensorBoard point: joules since the previous
-        one); `xid_events` the driver's XID errors, each warned about at once.
-        `throughput/joules_per_sample` needs the epoch's examples: known for
-        arrays without `steps_per_epoch`, absent for datasets and generators.
-        Other callbacks read the last epoch through
-        `FitSession.shared["gpu_health"]` (a `GPUHealthSource`).
+    GPUs are those the process can use: `CUDA_VISIBLE_DEVICES` is mapped to
+    NVML entry by entry (UUIDs, MIG UUIDs or indices). Integer entries follow
+    NVML's PCI bus order; set `CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA agrees on
+    machines with mixed GPU models.
 
-        GPUs are those the process can use: `CUDA_VISIBLE_DEVICES` is mapped to
-        NVML entry by entry (UUIDs, MIG UUIDs or indices). Integer entries follow
-        NVML's PCI bus order; set `CUDA_DEVICE_ORDER=PCI_BUS_ID` so CUDA agrees on
-        machines with mixed GPU models.
+    Args:
+        log_dir: directory of the TensorBoard logs (the same you give Keras's
+            `TensorBoard` callback), or None to log to the epoch logs only.
+            Defaults to `"logs"`.
+        interval: seconds between samples, at most 3600 (utilization, power,
+            PCIe and ECC at most once a second). Defaults to `0.25`.
+        devices: GPUs to monitor: indices as the framework numbers them
+            (`0` is `GPU:0`) or UUID strings; None monitors every visible
+            GPU. Defaults to `None`.
+        pcie: whether to sample PCIe throughput, which blocks the sampling
+            thread about 20 ms per GPU and direction. Defaults to `True`.
+        gpm: whether to read SM activity, SM occupancy and tensor activity
+            from NVML's GPM where the GPU supports it (Hopper and later).
+            Defaults to `True`.
+        epoch_logs: whether to add the epoch means to `logs`. Defaults to
+            `True`.
+        progress_bar: which of them Keras's progress bar shows: `"brief"`
+            (the first GPU's utilization, unless an `InputBoundDetector`'s
+            field is shown), `"all"` or `"none"`. Defaults to `"none"`.
+        run_name: name of the TensorBoard run under `log_dir`. Defaults to
+            `"gpu"`.
+        nvml: an `NVML` accessor to use instead of the process-wide one (for
+            tests with a fake NVML). Defaults to `None`.
 
-        Args:
-            log_dir: directory of the TensorBoard logs (the same you give Keras's
-                `TensorBoard` callback), or None to log to the epoch logs only.
-                Defaults to `"logs"`.
-            interval: seconds between samples, at most 3600 (utilization, power,
-                PCIe and ECC at most once a second). Defaults to `0.25`.
-            devices: GPUs to monitor: indices as the framework numbers them
-                (`0` is `GPU:0`) or UUID strings; None monitors every visible
-                GPU. Defaults to `None`.
-            pcie: whether to sample PCIe throughput, which blocks the sampling
-                thread about 20 ms per GPU and direction. Defaults to `True`.
-            gpm: whether to read SM activity, SM occupancy and tensor activity
-                from NVML's GPM where the GPU supports it (Hopper and later).
-                Defaults to `True`.
-            epoch_logs: whether to add the epoch means to `logs`. Defaults to
-                `True`.
-            progress_bar: which of them Keras's progress bar shows: `"brief"`
-                (the first GPU's utilization, unless an `InputBoundDetector`'s
-                field is shown), `"all"` or `"none"`. Defaults to `"none"`.
-            run_name: name of the TensorBoard run under `log_dir`. Defaults to
-                `"gpu"`.
-            nvml: an `NVML` accessor to use instead of the process-wide one (for
-                tests with a fake NVML). Defaults to `None`.
+    Example:
 
-        Example:
+    ```python
+    from keras_gpu_tools import GPUUtilizationLogger
 
-        ```python
-        from keras_gpu_tools import GPUUtilizationLogger
-
-        model.fit(x, y, epochs=5, callbacks=[
-            GPUUtilizationLogger(log_dir="logs"),
-            keras.callbacks.TensorBoard(log_dir="logs"),
-        ])
-        # tensorboard --logdir logs   (the "gpu" run holds the GPU series)
-        ```
+    model.fit(x, y, epochs=5, callbacks=[
+        GPUUtilizationLogger(log_dir="logs"),
+        keras.callbacks.TensorBoard(log_dir="logs"),
+    ])
+    # tensorboard --logdir logs   (the "gpu" run holds the GPU series)
+    ```
     """
 
     def __init__(
@@ -197,7 +184,6 @@ class GPUUtilizationLogger(FitCallback, roles.GPUSampler):
         self._health = health.HealthRecord(dict)
         self._epoch_samples: int | None = None  # examples per epoch, where fit()'s data says
 
-    __doc__ = __doc__.replace("{keys}", monitored.key_table())
     _bar_priority = 1  # an InputBoundDetector's input wait comes first
 
     # -- properties ---------------------------------------------------------
@@ -216,6 +202,7 @@ class GPUUtilizationLogger(FitCallback, roles.GPUSampler):
         return health.summary_text(self._health, list(self._labels.values()))
 
     # -- Keras hooks ----------------------------------------------------------
+    @override
     def _start_fit(self, session) -> None:
         self._count_on()  # from the last fit's steps (under that fit's cap)
         steps = self.params.get("steps") if self.params else None
@@ -242,6 +229,7 @@ class GPUUtilizationLogger(FitCallback, roles.GPUSampler):
         self._running = True
         self._job = session.every(self.interval, self._tick, self._on_error)
 
+    @override
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._batch = batch  # the only per-step work; the step is worked out where it is read
 
@@ -262,10 +250,12 @@ class GPUUtilizationLogger(FitCallback, roles.GPUSampler):
         """A new epoch or fit: its batches count on from the steps seen so far."""
         self._global_step = self._global_step
 
+    @override
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         with self._lock:  # what was sampled since the last epoch end: only its counts (energy, XID events)
             self._epoch = self._epoch.counts_only()
 
+    @override
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self._count_on()
         if not self._first_sample.is_set() and self._running:
@@ -326,6 +316,7 @@ class GPUUtilizationLogger(FitCallback, roles.GPUSampler):
             f"GPUUtilizationLogger: sampling failed ({type(error).__name__}: {error}); it goes on.",
         )
 
+    @override
     def _stop_fit(self, aborted: bool) -> None:
         self._running = False
         job, self._job = self._job, None

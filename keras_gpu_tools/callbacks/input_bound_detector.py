@@ -25,6 +25,7 @@ from keras_gpu_tools.runtime import roles
 from keras_gpu_tools.runtime import validation as check
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
 from keras_gpu_tools.runtime.step_record import StepRecord
+from keras_gpu_tools.runtime.typing_compat import override
 from keras_gpu_tools.runtime.warn_once import WarnOnce
 from keras_gpu_tools.telemetry.cpu_meter import CpuMeter
 
@@ -57,33 +58,6 @@ class InputBoundDetector(FitViews, FitCallback, roles.InputVerdicts, roles.Input
     removing the wait is worth at most. Spans are time-weighted sums of
     their windows (`input/steps` is the weight), so all the figures add up.
 
-    Logged keys (per epoch into `logs`, so `History` and `CSVLogger` get them;
-    the progress bar none of them unless asked, see `progress_bar`; per
-    window to TensorBoard in the run `log_dir/<run_name>` on the global step
-    axis). NaN means "not yet measured" (every key of the fit is there from its first epoch); never 0:
-
-    | key | unit | meaning |
-    |---|---|---|
-    | `input/steps` | steps | training steps the figures cover (their weight when adding up) |
-    | `input/wait_fraction` | 0..1 | share of the step time spent waiting for input |
-    | `input/wait_ms` | ms | waiting for input per step (the part compute did not hide) |
-    | `input/compute_ms` | ms | step compute on the device (low end of synced steps) |
-    | `input/other_ms` | ms | the rest: callbacks, Python, dispatch |
-    | `input/step_ms` | ms | the steady step time, compilation apart: the one every view reads |
-    | `throughput/steps_per_sec` | 1/s | training steps per second: `1000 / input/step_ms` |
-    | `throughput/samples_per_sec` | 1/s | examples per second: the mean examples per step (a partial last batch counted) times the steps per second |
-    | `throughput/flops_per_sec` | FLOP/s | achieved by the step, every device of it together, where the FLOPs are known |
-    | `throughput/flops_per_sec_per_device` | FLOP/s | the same per device that runs the step |
-    | `throughput/mfu` | 0..1 | model FLOPs utilization: against the summed dense peaks of the step's devices |
-    | `step/compile_seconds` | s | compile/trace calls this epoch (first call, retraces), beyond a normal step |
-    | `step/retraces` | count | traces of the train step beyond its first this epoch (the framework's count) |
-    | `step/input_ms` | ms | the steady step's parts, compilation left out, adding up to `step/step_ms`: input wait (`input/wait_ms`) |
-    | `step/dispatch_ms` | ms | host launch time the device waits for (where told apart: JAX on a GPU) |
-    | `step/compute_ms` | ms | device compute, collectives left out where estimated |
-    | `step/collective_ms` | ms | gradient all-reduce, timed alone at fit start (several devices of one process) |
-    | `step/other_ms` | ms | callbacks, Python; dispatch where not told apart |
-    | `step/step_ms` | ms | an alias of `input/step_ms` (the epoch's), less the compile time of retraces the hook did not time |
-
     `detector.breakdown` names the largest part and what fits it (in `summary()`).
 
     The verdict, `summary()`, the breakdown, the report and TensorBoard read one step time, rate
@@ -93,21 +67,14 @@ class InputBoundDetector(FitViews, FitCallback, roles.InputVerdicts, roles.Input
 
     In a job of several processes each writes its own run,
     ``log_dir/<run_name>/process_<i>``; at each epoch end they exchange their
-    figures once, and every process's epoch logs get the same job-wide keys:
-
-    | key | unit | meaning |
-    |---|---|---|
-    | `job/step_ms_max` | ms | the slowest process's step time |
-    | `job/step_ms_slowest_process` | index | which process that is |
-    | `job/input_wait_fraction_max` | 0..1 | the highest input wait share |
-    | `job/input_wait_process` | index | which process that is |
-    | `job/samples_per_sec` | 1/s | the job's examples per second (every process's summed) |
-
+    figures once, and every process's epoch logs get the same job-wide keys.
     Process 0 also writes them, with the job verdict (`detector.job_verdict`: a straggler
     and, with a `GPUUtilizationLogger` in each process, its GPU's cause), to the run `log_dir/<run_name>/job`.
 
     On TensorFlow the fetch is timed on sampled steps only (steps under ~3 ms
     may read a few percent high), per execution with `steps_per_execution`.
+
+    Logged keys (History, CSVLogger, TensorBoard): docs/keys.md.
 
     Args:
         window: steps per window verdict and TensorBoard point; a window
@@ -240,6 +207,7 @@ class InputBoundDetector(FitViews, FitCallback, roles.InputVerdicts, roles.Input
             logger.debug("InputBoundDetector: hook of an earlier fit() removed")
 
     # -- Keras hooks -----------------------------------------------------------------------
+    @override
     def _start_fit(self, session) -> None:
         self.notes, self._step_specs = [], None
         self._batches = BatchSizes()
@@ -269,6 +237,7 @@ class InputBoundDetector(FitViews, FitCallback, roles.InputVerdicts, roles.Input
             self.warnings("internals", f"InputBoundDetector is off for this fit(): {e}")
             self._attachment = None
 
+    @override
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._fit.spans.windows = []
         self._window = StepStats(self._batches)  # (empty: the last epoch closed its windows)
@@ -283,6 +252,7 @@ class InputBoundDetector(FitViews, FitCallback, roles.InputVerdicts, roles.Input
         )
         att.hook.reschedule()
 
+    @override
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not self._running:
             return
@@ -305,6 +275,7 @@ class InputBoundDetector(FitViews, FitCallback, roles.InputVerdicts, roles.Input
         if self.verbose > 1:  # under the epoch's progress bar line
             self._print(*epoch_lines(end.verdict, end.measurement, fit.job_verdict))
 
+    @override
     def on_train_end(self, logs: dict | None = None) -> None:
         if not self._running:
             return
@@ -338,6 +309,7 @@ class InputBoundDetector(FitViews, FitCallback, roles.InputVerdicts, roles.Input
 
         return next((cb for cb in ki.find_callback_list(self.model) if isinstance(cb, GPUUtilizationLogger)), None)
 
+    @override
     def _stop_fit(self, aborted: bool) -> None:
         self._running = False
         att, self._attachment = self._attachment, None

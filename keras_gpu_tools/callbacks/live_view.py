@@ -15,6 +15,7 @@ from keras_gpu_tools.live.drawer import Drawer, Snapshot
 from keras_gpu_tools.live.render import LiveState, NotebookDisplay, in_notebook
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.session import FitSession
+from keras_gpu_tools.runtime.typing_compat import override
 from keras_gpu_tools.runtime.validation import check_callable, check_choice, check_number
 from keras_gpu_tools.runtime.warn_once import WarnOnce
 
@@ -101,6 +102,7 @@ class LiveView(LeanCallback):
     def active(self) -> bool:
         return self._active
 
+    @override
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._end(aborted=True)  # what a fit() that died unnoticed left
         on = self.enabled is True or (self.enabled == "auto" and (self.display is not None or in_notebook()))
@@ -138,10 +140,12 @@ class LiveView(LeanCallback):
         self._next = st.started + min(self.interval, 1.0)  # a first picture soon
         self._last = -math.inf
 
+    @override
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._state.epoch = epoch
         self._epoch_base = self._state.step
 
+    @override
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if not self._active:
             return
@@ -160,6 +164,7 @@ class LiveView(LeanCallback):
         if now >= self._next:
             self._redraw(now)
 
+    @override
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self._active:
             if logs is not None:
@@ -171,6 +176,7 @@ class LiveView(LeanCallback):
             if now - self._last >= EPOCH_GAP_S or now >= self._next:
                 self._redraw(now)
 
+    @override
     def on_train_end(self, logs: dict | None = None) -> None:
         drawer = self._drawer
         if self._active and drawer is not None:

@@ -19,6 +19,7 @@ from keras_gpu_tools.leaks.verdict import CERTAIN, Context, LeakVerdict, grows, 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime import validation as check
+from keras_gpu_tools.runtime.typing_compat import override
 from keras_gpu_tools.runtime.warn_once import WarnOnce
 
 
@@ -54,20 +55,9 @@ class MemoryLeakDetector(FitCallback):
     counted by a walk over the heap (up to a tenth of a second), only once
     growth is seen and at the fit's end: twice a fit at most.
 
-    Epoch logs (History, CSVLogger): every key this fit can log is there from
-    the first epoch, NaN meaning "not yet measured" (or not readable), never
-    zero:
-
-    | key | unit | meaning |
-    |---|---|---|
-    | `memory/host_rss_mib` | MiB | this process's resident memory at the epoch's end |
-    | `memory/device_in_use_mib` | MiB | the framework allocator's bytes in use, every GPU summed |
-    | `memory/device_reserved_mib` | MiB | what the allocator holds from the GPUs, cache included (torch, JAX) |
-    | `memory/live_tensors` | count | live tensors of the framework (every epoch on JAX; else on census epochs) |
-    | `memory/live_tensor_mib` | MiB | their bytes |
-    | `memory/compiled_functions` | count | traces of the model's train/test/predict functions |
-    | `memory/host_rss_growth_mib_per_epoch` | MiB/epoch | host growth since the warm-up (from 3 epochs after it) |
-    | `memory/device_growth_mib_per_epoch` | MiB/epoch | device growth since the warm-up (from 3 epochs after it) |
+    Every key this fit can log is in each epoch's logs from the first epoch, NaN
+    meaning "not yet measured" (or not readable), never zero.
+    Logged keys (History, CSVLogger, TensorBoard): docs/keys.md.
 
     Args:
         warmup_epochs: epochs left out of the growth rate (their growth is
@@ -205,6 +195,7 @@ class MemoryLeakDetector(FitCallback):
             self._track.censuses.append(Census(reading.epoch, found[0], found[1]))
 
     # -- Keras hooks ------------------------------------------------------------------------
+    @override
     def _start_fit(self, session) -> None:
         b = self.backend
         self._fit_epochs, self._compiled, self._verdict = [], {}, None
@@ -220,6 +211,7 @@ class MemoryLeakDetector(FitCallback):
         self._open_writers(job=False, session=session)  # its epochs' figures written off the training thread
         self._running = True
 
+    @override
     def _planned_epoch_keys(self) -> set[str]:
         """What the start reading has, and the growth rates (and heap counts) if the fit has epochs enough."""
         keys = set(self._track.start.figures()) if self._track is not None else set()
@@ -231,6 +223,7 @@ class MemoryLeakDetector(FitCallback):
                 keys |= {schema.MEMORY_LIVE_TENSORS, schema.MEMORY_LIVE_TENSOR_MIB}
         return keys
 
+    @override
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not self._running or self._track is None:
             return
@@ -265,6 +258,7 @@ class MemoryLeakDetector(FitCallback):
             for s in (g.host, g.device)
         )
 
+    @override
     def on_train_end(self, logs: dict | None = None) -> None:
         track = self._track
         if not self._running or track is None:
@@ -304,6 +298,7 @@ class MemoryLeakDetector(FitCallback):
         )
         return judge(track.growth(), PROCESS.growth(), ctx)
 
+    @override
     def _stop_fit(self, aborted: bool) -> None:
         if aborted:
             self._safely("end", "the fit's last figures", self._end_record)

@@ -13,6 +13,7 @@ from keras_gpu_tools.mixed_precision.check import (
     validate_ignore,
     warn_findings,
 )
+from keras_gpu_tools.runtime.typing_compat import override
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -61,6 +62,7 @@ class MixedPrecisionCheck(LeanCallback):
         self.findings: list[MixedPrecisionFinding] = []
         self._warned: set[MixedPrecisionFinding] = set()
 
+    @override
     def on_train_begin(self, logs: dict | None = None) -> None:
         try:
             self.findings = check_mixed_precision(

@@ -22,6 +22,7 @@ from keras_gpu_tools.runtime.batches import batch_signature, leading_dim
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
 from keras_gpu_tools.runtime.step_record import StepRecord
 from keras_gpu_tools.runtime.topology import single as topology_single
+from keras_gpu_tools.runtime.typing_compat import override
 from keras_gpu_tools.runtime.warn_once import WarnOnce
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -99,13 +100,7 @@ class OOMBatchSizeReducer(FitCallback, roles.MicroBatching):
     error is raised (same type) with the batch sizes tried, the memory figures
     where known, and what to do next.
 
-    Logged keys (per epoch into `logs`; to TensorBoard in the run
-    `log_dir/<run_name>` when `log_dir` is given, on the step axis; NaN: not yet measured):
-
-    | key | unit | meaning |
-    |---|---|---|
-    | `oom/events` | count | out-of-memory errors recovered from in the epoch |
-    | `oom/micro_batches` | count | micro-batches per batch at the end of the epoch (1 = unsplit) |
+    Logged keys (History, CSVLogger, TensorBoard): docs/keys.md.
 
     Args:
         min_batch_size: the smallest micro-batch to try. Defaults to `1`.
@@ -113,28 +108,25 @@ class OOMBatchSizeReducer(FitCallback, roles.MicroBatching):
             micro-batches again, so one spike does not slow a whole run (a
             failed trial doubles the wait); `None` keeps the split. Defaults to `None`.
         mode: `"accumulate"` or `"split"` (see above). Defaults to `"accumulate"`.
-        probe: `"auto"`: before a batch shape or split first runs, predict
-            whether it fits from XLA's memory analysis of the compiled step
-            against the device's memory limit, where that can be told (JAX on
-            a GPU); `True`: the same, warning once where it cannot; `False`:
-            run the first attempt and retry after its error. Defaults to `"auto"`.
+        probe: `"auto"`: before a batch shape or split first runs, predict whether it fits from XLA's memory
+            analysis of the compiled step against the device's memory limit, where that can be told (JAX on a
+            GPU); `True`: the same, warning once where it cannot; `False`: run the first attempt and retry after
+            its error. Defaults to `"auto"`.
         log_dir: TensorBoard log directory, or `None` for none. Defaults to `None`.
         run_name: TensorBoard run of the scalars. Defaults to `"oom"`.
         verbose: print each recovery under its epoch's progress bar line (0: one short line a fit)
             (it is always logged to the `keras_gpu_tools` logger). Defaults to `0`.
-        progress_bar: `"all"` shows the keys above on Keras's progress bar,
-            `"brief"` and `"none"` leave them to `History`. Defaults to `"none"`.
-        late_recovery: keep a copy of the small state (non-trainable and metric
-            variables, the optimizer's counters) before every step at a batch
-            shape that already ran whole too, so that an out-of-memory error
-            there can be retried exactly (TensorFlow, torch). Defaults to `False`.
+        progress_bar: `"all"` shows its keys on Keras's progress bar, `"brief"` and `"none"` leave them to
+            `History`. Defaults to `"none"`.
+        late_recovery: keep a copy of the small state (non-trainable and metric variables, the optimizer's
+            counters) before every step at a batch shape that already ran whole too, so that an out-of-memory
+            error there can be retried exactly (TensorFlow, torch). Defaults to `False`.
         record_memory_history: record the allocator's history (torch on CUDA)
             and write with each event the snapshot file that PyTorch's memory
             visualizer (https://pytorch.org/memory_viz) opens (needs `log_dir`).
             Other backends warn once. Defaults to `False`.
-        plan: a `BatchPlan` from `keras_gpu_tools.plan_batch_size` (or the
-            largest micro-batch size as an int): batches above it start split
-            at it, and regrowing never goes past it. Defaults to `None`.
+        plan: a `BatchPlan` from `keras_gpu_tools.plan_batch_size` (or the largest micro-batch size as an int):
+            batches above it start split at it, and regrowing never goes past it. Defaults to `None`.
 
     Example:
 
@@ -235,6 +227,7 @@ class OOMBatchSizeReducer(FitCallback, roles.MicroBatching):
         return self._state.log.summary(self.headroom(), self.micro_batch_size)
 
     # -- Keras hooks ------------------------------------------------------------
+    @override
     def _start_fit(self, session) -> None:
         model, backend, st = self.model, self.backend, self._state
         checks.refuse_fit(model, backend, self.mode)
@@ -253,10 +246,12 @@ class OOMBatchSizeReducer(FitCallback, roles.MicroBatching):
         st.start_fit(model, session.every)
         self._attachment = StepHook.attach(model, self, backend, session)  # last; calls self.inner(fn)
 
+    @override
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._state.log.epoch_events = 0
         self._idle.new_epoch()
 
+    @override
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         error = self.backend.check_late_error(self.model)  # JAX: an error can surface when outputs are read
         if error is not None and backends.is_oom(error):
@@ -266,15 +261,19 @@ class OOMBatchSizeReducer(FitCallback, roles.MicroBatching):
             raise error
         self._epoch_figures(self._state.log.end_epoch(self._micro_batches, self._global_step), logs)
 
+    @override
     def on_test_begin(self, logs: dict | None = None) -> None:
         self._attach_eval("test")
 
+    @override
     def on_test_end(self, logs: dict | None = None) -> None:
         self._state.evals.detach("test")
 
+    @override
     def on_predict_begin(self, logs: dict | None = None) -> None:
         self._attach_eval("predict")
 
+    @override
     def on_predict_end(self, logs: dict | None = None) -> None:
         self._state.evals.detach("predict")
 
@@ -340,6 +339,7 @@ class OOMBatchSizeReducer(FitCallback, roles.MicroBatching):
             raise UnrecoverableOOM(checks.late_oom_refusal(signature)) from error
         self._end_fit(aborted=True)
 
+    @override
     def _stop_fit(self, aborted: bool) -> None:
         if self.record_memory_history:
             self.backend.stop_memory_history()

@@ -28,6 +28,7 @@ from keras_gpu_tools.runtime import roles
 from keras_gpu_tools.runtime import validation as check
 from keras_gpu_tools.runtime.step_hook import Attachment, StepHook
 from keras_gpu_tools.runtime.step_record import StepRecord
+from keras_gpu_tools.runtime.typing_compat import override
 from keras_gpu_tools.runtime.warn_once import WarnOnce
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -43,47 +44,41 @@ class ProfilerWindow(FitCallback, roles.ProfileCaptures):
     `StepTraceAnnotation`, torch's `ProfilerStep#N`), so TensorBoard's Profile tab gets the per-step breakdown that
     Keras's own `TensorBoard(profile_batch=...)` trace lacks ("No step time measured").
 
-    Steps are batches, counted globally (across epochs and `fit()` calls, from 0). With `steps_per_execution=N` a
-    window runs whole calls of N steps from the first call at or past `start_step`; its figures stay per step.
+    Steps are batches, counted globally (across epochs and `fit()` calls, from 0) and named from 1 as Keras counts
+    them (`start_step=20, num_steps=5` is "steps 21-25"). With `steps_per_execution=N` a window runs whole calls of N
+    steps from the first call at or past `start_step`; its figures stay per step.
 
     Traces go to `log_dir/<run_name>/plugins/profile/<timestamp>/`, which TensorBoard's Profile tab shows
     (`tensorboard-plugin-profile`): `.xplane.pb` on TensorFlow and JAX (JAX needs Python 3.12 or newer); torch
-    writes a Chrome trace `.pt.trace.json`: open it at https://ui.perfetto.dev.
-
-    Steps are named from 1, as Keras counts them (`start_step=20, num_steps=5` is "steps 21-25"). After each window
-    a line gives the trace's path, size and mean step time, and one its input wait as `InputBoundDetector` measures
-    it (its first and last steps synced for it) beside, with `analyze=True` (TensorFlow and JAX, with xprof),
-    xprof's conclusion on the same steps and why they differ where they do (`captures[i].input`, also as text under
+    writes a Chrome trace `.pt.trace.json`: open it at https://ui.perfetto.dev. After each window a line gives the
+    trace's path, size and mean step time, and one its input wait as `InputBoundDetector` measures it (its first and
+    last steps synced for it) beside, with `analyze=True` (TensorFlow and JAX, with xprof), xprof's conclusion on the
+    same steps and why they differ where they do (`captures[i].input`, also as text under
     `profile/steps_<first>_<last>/input_pipeline`); the run's verdict is the detector's.
 
     In a job of several processes (JAX, `keras.distribution.initialize`) every process traces the same steps, and a
     window's traces form one multi-host session of the run `log_dir/<run_name>/job`. Each process writes its own
     line and conclusion to `log_dir/<run_name>/process_<i>`; process 0 also writes the job's (every process's mean
     step time, xprof's conclusion over all traces) to the job's run and `captures[i].job_*`. Without the job's
-    key-value store each process keeps its sessions in its own run. Call `trigger()` on every process. Another
-    training writing the same `log_dir` at once (no job) writes its runs under `log_dir/<run_name>/<host>_pid<pid>`.
+    key-value store each process keeps its sessions in its own run. Call `trigger()` on every process.
 
     A profiler session started by someone else (Keras's `profile_batch`) is left alone: the window is skipped with a
-    warning. A profiler error never stops training; the profiler is always stopped, also when fit() raises.
-
-    After each window (with `layers=True`) its time and FLOPs per Keras layer, forward and backward together, are
-    worked out off the training thread on every backend: `layer_table()`, a line, a table and chart under `.../layers`.
+    warning. A profiler error never stops training; the profiler is always stopped, also when fit() raises. After
+    each window (with `layers=True`) its time and FLOPs per Keras layer, forward and backward together, are worked
+    out off the training thread on every backend: `layer_table()`, a line, a table and chart under `.../layers`.
 
     Args:
         log_dir: directory of the TensorBoard logs. Defaults to `"logs"`.
         start_step: first step of the (first) window, past compilation and warm-up. Defaults to `10`.
         num_steps: steps per window. Defaults to `5`.
-        windows: a list of `(start_step, num_steps)` pairs to capture instead of one window; they may not overlap.
-            Defaults to `None`.
+        windows: `(start_step, num_steps)` pairs to capture instead of one window, not overlapping. Defaults to `None`.
         every_n_steps: repeat the window every N steps from `start_step` (N >= `num_steps`). Defaults to `None`.
         every_n_epochs: capture a window in every N-th epoch (epochs 0, N, 2N, ... of each fit), starting
             `start_step` steps into the epoch. Defaults to `None`.
-        host_tracer_level: 1 (your annotations), 2 (also the runtime's events) or 3 (verbose); TensorFlow and JAX.
-            Defaults to `2`.
+        host_tracer_level: 1 (your annotations), 2 (the runtime's events too), 3 (verbose); TF and JAX. Defaults to `2`.
         python_tracer: also trace Python function calls (slower, bigger traces). Defaults to `False`.
         device_tracer: trace GPU activity. Defaults to `True`.
-        analyze: convert each TensorFlow/JAX trace with xprof and report its input-pipeline conclusion. Defaults to
-            `True`.
+        analyze: convert each TensorFlow/JAX trace with xprof and report its input-pipeline verdict. Defaults to `True`.
         layers: after each window, its time per Keras layer (`layer_table()`). Defaults to `True`.
         run_name: TensorBoard run for the traces and the text. Defaults to `"profile"`.
         verbose: print a line per captured window, under its epoch's progress bar; `2` also lets the profiler's and
@@ -169,6 +164,7 @@ class ProfilerWindow(FitCallback, roles.ProfileCaptures):
         self.wait_for_analysis()
         return self._layers.table(window)
 
+    @override
     def _start_fit(self, session) -> None:
         self._fit_start_step = self._global_step
         self._fit_captures = len(self.captures)
@@ -193,17 +189,20 @@ class ProfilerWindow(FitCallback, roles.ProfileCaptures):
         self._steps.start_fit(att.hook.next_index, self._global_step, att.hook.steps_per_execution)
         self._reschedule()
 
+    @override
     def _stop_on_training_thread(self) -> bool:
         # torch's profiler can only be stopped from the thread that started it: after a failed fit
         # the hook stays in place while such a window runs, and the next fit()'s first step stops it.
         return self._steps.window is not None and self._profiler is not None and self._profiler.owner_thread_only
 
+    @override
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self.every_n_epochs:
             self._sync_step()
             if self._schedule.epoch_begins(epoch, self._global_step):
                 self._reschedule()
 
+    @override
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         hook = self._hook
         if hook is not None and self._inputs.waiting():
@@ -325,6 +324,7 @@ class ProfilerWindow(FitCallback, roles.ProfileCaptures):
             elif after is not None:
                 run_in_background(self._analyses, after, "keras_gpu_tools-ProfilerWindow-layers")
 
+    @override
     def _stop_fit(self, aborted: bool) -> None:
         self._sync_step()
         attachment, self._attachment = self._attachment, None

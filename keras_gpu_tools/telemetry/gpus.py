@@ -91,17 +91,3 @@ def device_records(topology: Topology, gpus: Monitored, labels: dict[int, str]) 
         }
         for i, g in gpus
     ]
-
-
-def key_table() -> str:
-    """The logger's History and TensorBoard keys with their units (its docstring's table)."""
-    from keras_gpu_tools.telemetry.job import JOB_METRICS
-    from keras_gpu_tools.telemetry.sampler import GPU_FIELDS, HOST_FIELDS
-
-    rows = [f"    - `gpu/<i>/{k}`: {doc}" for k, doc in GPU_FIELDS.items()]
-    rows += [f"    - `host/{k}`: {doc}" for k, doc in HOST_FIELDS.items()]
-    rows += [f"    - `{schema.JOULES_PER_SAMPLE}`: the epoch's energy over every GPU of the process per example, J"]
-    rows += [
-        f"    - `job/gpu/{k}_min`, `_mean`, `_max`: over every GPU of a job of several processes" for k in JOB_METRICS
-    ]
-    return "\n".join(rows)

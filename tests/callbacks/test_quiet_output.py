@@ -17,6 +17,7 @@ import keras
 import pytest
 
 from keras_gpu_tools import GPUUtilizationLogger, InputBoundDetector, OOMBatchSizeReducer, ProfilerWindow
+from keras_gpu_tools.callbacks import keys as key_tables
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.runtime.native_logs import NATIVE_LINE
 from keras_gpu_tools.telemetry.nvml import NVML
@@ -132,9 +133,8 @@ def test_kerass_callbacks_are_given_back_as_they_were_also_after_a_fit_that_rais
 
 
 def documented_keys(cls) -> set:
-    """The keys of a callback's docstring table (those of jobs of several processes left out)."""
-    keys = set(re.findall(r"^\s*\| `([a-z_/]+)` \|", cls.__doc__, re.M))
-    return {k for k in keys if not k.startswith(schema.JOB_PREFIX)}
+    """The keys docs/keys.md gives for a callback (those of jobs of several processes left out)."""
+    return {k for k in key_tables.history_keys(cls.__name__) if not k.startswith(schema.JOB_PREFIX)}
 
 
 @pytest.mark.multibackend
