@@ -4,10 +4,12 @@ What it measures: for a conv net (three Conv2D layers, `--image-size` x `--image
 128 by default) and an MLP (64 -> 8192 -> 8192 -> 1), the plan by throughput (its wall time,
 compiles included, its chosen batch and its table, each candidate's samples/s with its ±), then every measured candidate again, and the round sizes users try
 (32 to 1024, where they fit), independently, with a plain `model.fit` (epoch 0 compiles, then the median of the next epochs'
-samples/s). `--reference arrays` (the default) fits on NumPy arrays, as most users do;
-`--reference batch` fits on one batch repeated (a `PyDataset`), as the plan times its candidates,
-for a backend whose array input is slower than its step: on torch, Keras's array adapter made
-the plain fits input-bound, so they ranked the batches by noise.
+samples/s). `--reference arrays` (the default) fits on NumPy arrays, as most users do, and
+gives the planner arrays holding two batches of the largest candidate (`--plan-samples`), which it
+times the candidates on, as a user's `plan_batch_size(model, x_train, y_train)` does;
+`--reference batch` fits on one batch repeated (a `PyDataset`) and gives the planner 64 samples,
+so both time the step alone: on torch, Keras's array adapter batches the arrays on the host,
+which can cap the speed of the fits on arrays.
 
 Goals (a full run exits non-zero and names the one missed): the chosen batch's independent
 samples/s within 5% of the best plain fit measured, and not below the largest fitting batch's (within
@@ -32,7 +34,11 @@ import _common
 
 BENCHMARK = "planner_throughput"
 PLAN_GOAL_SECONDS = {"conv": 120.0}  # the conv net's planning, at most
-USER_SIZES = (32, 64, 128, 256, 512, 1024)  # the round batches users try, fitted plainly beside the plan's
+USER_SIZES = (32, 64, 128, 256, 512, 1024)
+PLAN_SAMPLES = {
+    "conv": 16384,
+    "mlp": 1 << 21,
+}  # the arrays given to the planner (about 1.8 GB and 0.5 GB)  # the round batches users try, fitted plainly beside the plan's
 
 
 def _parse():
@@ -46,6 +52,13 @@ def _parse():
         choices=("arrays", "batch"),
         default="arrays",
         help="the plain fits' input: NumPy arrays, or one batch repeated (the plan's own input)",
+    )
+    p.add_argument(
+        "--plan-samples",
+        type=int,
+        default=None,
+        help="samples of the arrays given to the planner (default: 16384 for the conv net, 2**21 for the MLP, "
+        "enough for two batches of the largest candidate, so it times them on the arrays; 64 with --reference batch)",
     )
     p.add_argument(
         "--plan-only",
@@ -142,7 +155,10 @@ def measure(args, kind: str, keep) -> dict:
     from keras_gpu_tools import plan_batch_size
 
     model, shape = _model(kind, args.image_size, args.smoke)
-    x, y = _data(64, shape, kind)
+    # The user's arrays, as a user passes them: the planner times its candidates on them where they hold two
+    # batches of the largest, as the plain fits on arrays read them.
+    samples = args.plan_samples or (64 if args.smoke or args.reference == "batch" else PLAN_SAMPLES[kind])
+    x, y = _data(samples, shape, kind)
     t0 = time.perf_counter()
     plan = plan_batch_size(
         model, x, y, objective="throughput", max_seconds=args.max_seconds, max_batch_size=args.max_batch_size

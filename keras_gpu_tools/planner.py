@@ -20,7 +20,7 @@ from keras_gpu_tools import backends
 from keras_gpu_tools.input.flops import table_peak
 from keras_gpu_tools.memory.search import BatchPlan, StepPeaks, Trial, TrialClock, sample_batch, search_batch_size
 from keras_gpu_tools.memory.throughput import Budget, Candidate, knee
-from keras_gpu_tools.memory.throughput_run import ThroughputRun, one_batch
+from keras_gpu_tools.memory.throughput_run import ThroughputRun, is_dataset, one_batch
 from keras_gpu_tools.memory.timed_fit import fit_side_effects, restore_side_effects
 from keras_gpu_tools.runtime.batches import leading_dim, leaves
 from keras_gpu_tools.runtime.validation import check_choice, check_int, check_log_dir, check_number
@@ -91,8 +91,12 @@ def plan_batch_size(
         objective: `"memory"`, the largest batch that fits; or
             `"throughput"`, the smallest batch within 5% of the fastest
             samples/s among those that fit, each candidate timed with short
-            `fit()`s (compile time apart) on one batch of `x` repeated: the
-            step's own speed. The candidates are sizes users pick: powers of
+            `fit()`s (compile time apart): on `x` and `y` themselves where
+            they are arrays holding two batches of the largest candidate (the
+            speed a fit on them reaches, Keras's batching of the arrays
+            included: on torch it can cap the speed, and not alike at every
+            batch), else on one batch of `x` repeated (the step's own
+            speed). The candidates are sizes users pick: powers of
             two up to the largest that fits and that largest (a multiple of
             8), then multiples of 8 around the knee where a finer step pays
             (under `global_batch_size`, its divisors that are multiples of
@@ -138,11 +142,12 @@ def plan_batch_size(
         model, objective, max_batch_size, memory_limit_mib, margin, global_batch_size, max_seconds, log_dir
     )
     budget = Budget(args.max_seconds)
+    arrays = not is_dataset(x)
     x, y = one_batch(x, y, model)
     n_samples = _num_samples(model, x, y)
     backend = backends.get()
     replicas = backend.replicas(model)
-    s = _Setting(args, model, backend, (x, y, n_samples), replicas, backend.topology(model), budget)
+    s = _Setting(args, model, backend, (x, y, n_samples), replicas, backend.topology(model), budget, arrays)
     _check_devices(args, replicas)
     capacities = _capacities(s)
     limits = None if capacities is None else [(1.0 - args.margin) * c for c in capacities]
@@ -195,6 +200,7 @@ class _Setting:
     replicas: int  # the data-parallel devices
     topology: Any
     budget: Budget
+    arrays: bool  # x and y are the user's arrays (not one batch of a dataset)
 
     @property
     def per_device_max(self) -> int | None:
@@ -327,7 +333,7 @@ def _by_throughput(s: _Setting, found: _Found, peak_of: StepPeaks | None) -> Non
     model, backend, args = s.model, s.backend, s.args
     dtype = model.dtype_policy.compute_dtype
     peak_flops = table_peak(backend, dtype, lambda key, message: logger.info("keras_gpu_tools: %s", message))
-    run = ThroughputRun(model, backend, s.data, s.replicas, peak_of, s.budget, s.topology, peak_flops)
+    run = ThroughputRun(model, backend, s.data, s.replicas, peak_of, s.budget, s.topology, peak_flops, arrays=s.arrays)
     divides = None if args.global_batch_size is None else args.global_batch_size // s.replicas
     found.candidates = candidates = run.measure(found.best, found.trials, divides)
     chosen, found.why = knee(candidates)
@@ -343,7 +349,10 @@ def _by_throughput(s: _Setting, found: _Found, peak_of: StepPeaks | None) -> Non
         )
     found.best = chosen.per_device_batch_size
     found.method += (
-        "; then each candidate timed with model.fit on one batch repeated (compile apart, then the steady "
+        "; then each candidate timed with model.fit on your arrays (whole batches of them, compile apart, then the "
+        "steady state): the speed your fit reaches with them, Keras's batching of the arrays included"
+        if run.on_arrays
+        else "; then each candidate timed with model.fit on one batch repeated (compile apart, then the steady "
         "state): the step's speed without your input pipeline's, which InputBoundDetector measures"
     )
 

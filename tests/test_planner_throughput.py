@@ -83,7 +83,8 @@ def test_the_plan_is_the_knee_of_measured_candidates_and_the_model_is_exactly_as
     text = str(plan)
     assert text.startswith(f"batch size {plan.batch_size}, objective 'throughput'")
     assert "samples/s" in text and f"*{plan.batch_size}" in text and "compile" in text
-    assert "without your input pipeline's" in plan.method and plan.method in text  # what the figures leave out
+    # 40 samples hold two batches of the largest candidate: timed on them, as a fit on them reads them
+    assert "on your arrays" in plan.method and plan.method in text
     # exactly as before: weights, optimizer state, BatchNormalization's statistics, the dropout's seed,
     # the metrics, History, and the global random states
     for a, b in zip(values(model), before):
@@ -122,7 +123,7 @@ def test_a_candidate_over_the_budget_is_reported_not_measured(monkeypatch):
     frozen = FakeClock()
     monkeypatch.setattr(planner_module, "Budget", lambda max_seconds: Budget(max_seconds, clock=frozen))
     model = bn_model()
-    x, y = data()
+    x, y = data(8)  # under two batches of the largest candidate: one batch repeated, which time_batch times
     plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=8, max_seconds=60)
     assert [c.batch_size for c in plan.candidates] == [2, 4, 8]
     assert [c.measured for c in plan.candidates] == [True, False, False]
@@ -145,10 +146,46 @@ def test_a_candidate_whose_steps_alone_would_outlast_the_budget_is_not_measured(
     monkeypatch.setattr(throughput_run, "time_batch", slow_steps)
     frozen = FakeClock()
     monkeypatch.setattr(planner_module, "Budget", lambda max_seconds: Budget(max_seconds, clock=frozen))
-    plan = plan_batch_size(bn_model(), *data(), objective="throughput", max_batch_size=16, max_seconds=60)
+    plan = plan_batch_size(bn_model(), *data(16), objective="throughput", max_batch_size=16, max_seconds=60)
     # A timing runs at least 6 steps: at 8 they took 6 x 8 s = 48 s, so 16 would take about 96 s.
     assert [(c.batch_size, c.measured) for c in plan.candidates] == [(2, True), (4, True), (8, True), (16, False)]
     assert "about 96.0 s" in plan.candidates[-1].reason
+
+
+def test_candidates_are_timed_on_the_users_arrays_where_they_hold_two_batches_of_the_largest(monkeypatch):
+    real = throughput_run.time_fit
+    seen = []
+
+    def spy(model, inputs, *args, **kwargs):
+        kw = inputs.kwargs()
+        seen.append((kw["batch_size"], len(kw["x"]), len(kw["y"]), inputs.batches))
+        return real(model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(throughput_run, "time_fit", spy)
+    x, y = data(40)
+    plan = plan_batch_size(bn_model(), x, y, objective="throughput", max_batch_size=16)
+    # whole batches of the arrays only: a last, smaller batch would compile anew
+    assert seen[:4] == [(2, 40, 40, 20), (4, 40, 40, 10), (8, 40, 40, 5), (16, 32, 32, 2)]
+    assert "timed with model.fit on your arrays" in plan.method
+    seen.clear()
+    few = plan_batch_size(bn_model(), *data(24), objective="throughput", max_batch_size=16)
+    assert seen == []  # 24 samples are not two batches of 16: every candidate on one batch repeated, alike
+    assert "on one batch repeated" in few.method and "without your input pipeline's" in few.method
+
+
+def test_a_dataset_is_planned_on_one_batch_repeated_not_timed_through(monkeypatch):
+    monkeypatch.setattr(throughput_run, "time_fit", lambda *a, **k: pytest.fail("timed through the dataset"))
+    x, y = data(64)
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return x[8 * i : 8 * i + 8], y[8 * i : 8 * i + 8]
+
+    plan = plan_batch_size(bn_model(), Batches(), objective="throughput", max_batch_size=4)
+    assert "on one batch repeated" in plan.method
 
 
 def test_after_a_candidate_runs_out_of_memory_a_finer_size_below_it_is_still_measured(monkeypatch):

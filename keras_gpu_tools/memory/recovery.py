@@ -21,6 +21,7 @@ from keras_gpu_tools.errors import InexactAccumulationError, OutOfMemoryError, U
 from keras_gpu_tools.memory.agreement import Agreement
 from keras_gpu_tools.memory.events import OOMEvent
 from keras_gpu_tools.memory.freeing import free_failed_step, held_since, in_use, older_frozen
+from keras_gpu_tools.memory.runners import Runner
 from keras_gpu_tools.memory.split import SplitController, describe_split, split_sizes
 from keras_gpu_tools.runtime.units import format_bytes
 
@@ -196,7 +197,7 @@ class Attempt:
 class RetryState:
     """The loop over the splits of one batch: its inputs, and what outlives each attempt."""
 
-    runner: Any
+    runner: Runner
     batch: Any
     n: int
     signature: Any

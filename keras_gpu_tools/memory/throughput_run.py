@@ -33,7 +33,7 @@ from keras_gpu_tools.memory.throughput import (
     finer_size,
     slowest,
 )
-from keras_gpu_tools.memory.timed_fit import Pace, time_batch
+from keras_gpu_tools.memory.timed_fit import FitInput, Pace, time_batch, time_fit
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -42,8 +42,26 @@ SMALLEST_SHARE = 64  # candidates start at the largest batch that fits over this
 FEWEST_STEPS = 6
 MAX_FINER = 3  # finer steps around the knee, at most (each halves the interval it lies in)
 UNBATCHED_TAKE = 64  # samples of an unbatched dataset the trials are built from (repeated to each size)
+# Candidates are timed on the user's own arrays where these hold this many batches of the largest one.
+ARRAY_BATCHES = 2
 EXCHANGE_TIMEOUT_S = 900.0  # a process waits this long for the others' figures (their compiles included)
 _serial = itertools.count(1)  # throughput plans in this process: every process of a job counts alike
+
+
+def is_dataset(x) -> bool:
+    """Whether ``x`` is a `tf.data.Dataset` or a `keras.utils.PyDataset` (else arrays, or a structure of them)."""
+    return hasattr(x, "element_spec") or (hasattr(x, "__getitem__") and hasattr(x, "num_batches"))
+
+
+def _rows(tree, m: int):
+    """The first ``m`` rows of every array of ``tree`` (views: no copy)."""
+    if tree is None:
+        return None
+    if isinstance(tree, dict):
+        return {k: _rows(v, m) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_rows(v, m) for v in tree)
+    return tree[:m]
 
 
 def one_batch(x, y, model=None):
@@ -55,8 +73,7 @@ def one_batch(x, y, model=None):
     tell) is batched for the trials: its first :data:`UNBATCHED_TAKE` samples.
     """
     kind = type(x).__name__
-    dataset = hasattr(x, "element_spec") or (hasattr(x, "__getitem__") and hasattr(x, "num_batches"))
-    if not dataset:
+    if not is_dataset(x):
         if hasattr(x, "__next__") and not hasattr(x, "shape"):
             raise ValueError(
                 f"Invalid value for argument `x`. Received: x of type {kind} (a generator or iterator). Expected "
@@ -167,9 +184,12 @@ class ThroughputRun:
         topology: Any,
         peak_flops: float | None = None,
         pace: Pace | None = None,
+        arrays: bool = False,
     ):
         self.model, self.backend = model, backend
         self.x, self.y, self.n = data
+        self.arrays = arrays  # x and y are the user's own arrays, not one batch of a dataset
+        self.on_arrays = False  # the candidates are timed on them (measure decides)
         self.replicas = replicas
         self.peak_of = peak_of  # a candidate's peak bytes per device (None: unknown), where not in the trials
         self.budget = budget
@@ -231,6 +251,12 @@ class ThroughputRun:
         """
         sizes = candidate_sizes(largest, smallest=max(1, largest // SMALLEST_SHARE), divides=divides)
         refine = could_refine(sizes, divides)
+        # Every candidate the same way: on the user's arrays (as their fit reads them, the host's batching
+        # included) where they hold enough batches of the largest and no job must run agreed steps, else
+        # on one batch repeated (the step alone).
+        self.on_arrays = bool(
+            self.arrays and sizes and self.exchange is None and self.n >= ARRAY_BATCHES * sizes[-1] * self.replicas
+        )
         rows: list[Candidate] = []
         self._seconds, self._steps, self._oom_at = {}, {}, None
         for i, per_device in enumerate(sizes):
@@ -249,6 +275,14 @@ class ThroughputRun:
             expected = above[0][1] if above else expected_seconds(list(self._seconds.values()))
             rows.append(self._candidate(finer, trials, expected, MAX_FINER - step))
         return sorted(self._merged(rows, "rows"), key=lambda r: r.batch_size)
+
+    def _arrays(self, b: int) -> FitInput:
+        """The user's arrays as a fit at batch ``b`` reads them: whole batches only (a last, smaller one would compile anew)."""
+        m = (self.n // b) * b
+        x, y = _rows(self.x, m), _rows(self.y, m)
+        per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        data = {"x": x, "batch_size": b} if y is None else {"x": x, "y": y, "batch_size": b}
+        return FitInput(lambda: dict(data), m // b, per_call)
 
     def _expected(self, per_device: int) -> float:
         """The seconds a candidate is expected to take: compiles grow, and a step grows with its batch.
@@ -272,10 +306,17 @@ class ThroughputRun:
         reasons = [r for r in self._agree(f"go{per_device}", reason) if r]
         if reasons:
             return Candidate(b, per_device, fits, peak_mib=peak_mib, reason=reasons[0])
-        # Each process feeds its share of the global batch (keras.distribution over several processes).
-        batch = sample_batch(self.x, self.y, b // self.processes, self.n)
         try:
-            if self.exchange is None:
+            if self.on_arrays:
+                timing = time_fit(
+                    self.model,
+                    self._arrays(b),
+                    self.pace,
+                    out_of_time=lambda: self.budget.left() <= 0,
+                    share=self._share(still),
+                )
+            elif self.exchange is None:
+                batch = sample_batch(self.x, self.y, b, self.n)
                 timing = time_batch(
                     self.model,
                     batch,
@@ -284,6 +325,8 @@ class ThroughputRun:
                     share=self._share(still),
                 )
             else:  # collective steps: the same steps in every process (its budget is asked before the fits)
+                # Each process feeds its share of the global batch (keras.distribution over several processes).
+                batch = sample_batch(self.x, self.y, b // self.processes, self.n)
                 steps = functools.partial(self._job_steps, per_device)
                 timing = time_batch(self.model, batch, self.pace, job_steps=steps)
         except Exception as e:
@@ -318,4 +361,4 @@ class ThroughputRun:
         )
 
 
-__all__ = ["ThroughputRun", "one_batch"]
+__all__ = ["ThroughputRun", "is_dataset", "one_batch"]
