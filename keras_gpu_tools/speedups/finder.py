@@ -50,7 +50,7 @@ class _Finder:
         self.expected = 0.0  # what a trial is expected to take: the baseline's compile and least steady time
         self.base: SpeedupRow | None = None
         self.ceiling: Timing | None = None
-        self.base_loss: float | None = None
+        self.base_loss: tuple[float, float | None] | None = None  # the baseline's loss after K steps, and before
         self.points: list[tuple[int, float]] = []  # (batch, step seconds) of one batch repeated: the host time
         self.input_x: Any = None  # the input change that paid most
         self.batch: int | None = None  # the batch that paid (arrays: the combination trains at it)
@@ -101,8 +101,9 @@ class _Finder:
     def _check(self, row: SpeedupRow, model) -> SpeedupRow:
         """The numerical check: the loss after K steps against the float32 baseline's, from the same state."""
         if self.base_loss is None:
-            self.base_loss = loss_after(trial_model(self.model), self.data.batch, R.LOSS_STEPS)
-        safe, text = R.loss_check(self.base_loss, loss_after(model, self.data.batch, R.LOSS_STEPS), R.LOSS_STEPS)
+            self.base_loss = loss_after(trial_model(self.model), self.data.batch, R.LOSS_STEPS, initial=True)
+        (base, initial), (changed, _) = self.base_loss, loss_after(model, self.data.batch, R.LOSS_STEPS)
+        safe, text = R.loss_check(base, changed, R.LOSS_STEPS, initial=initial)
         if not safe:
             return dataclasses.replace(row, status=R.UNSAFE, check=text, reason="unsafe: the loss diverged")
         return dataclasses.replace(row, check=text)

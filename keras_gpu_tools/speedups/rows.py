@@ -29,7 +29,7 @@ STATUSES = (BASELINE, CEILING, PAID, NO_GAIN, UNSAFE, NOT_APPLICABLE, NOT_MEASUR
 COMBINED = "combined"  # the kind of the last row: the changes that paid, together
 
 MIN_GAIN = 0.03  # a change pays from 3% faster on, and beyond twice the figures' combined uncertainty
-LOSS_TOLERANCE = 0.25  # a loss after K steps more than 25% above the float32 baseline's has diverged
+LOSS_TOLERANCE = 0.25  # a loss after K steps more than 25% above the float32 baseline's (or its gain) has diverged
 LOSS_STEPS = 8  # K: the steps of the numerical check
 
 
@@ -95,19 +95,35 @@ def paid(before: float, before_uncertainty: float | None, after: float, after_un
 
 
 def loss_check(
-    baseline: float, changed: float, steps: int = LOSS_STEPS, reference: str = "float32"
+    baseline: float,
+    changed: float,
+    steps: int = LOSS_STEPS,
+    reference: str = "float32",
+    initial: float | None = None,
 ) -> tuple[bool, str]:
     """Whether the loss after ``steps`` steps under a change is safe against the ``reference`` run's, and the words.
 
-    Unsafe where it is not finite, or more than :data:`LOSS_TOLERANCE` above the
-    reference's (relative; a lower loss is never unsafe).
+    Unsafe where it is not finite, or above the reference's by more than
+    :data:`LOSS_TOLERANCE` of the larger of the reference's loss and what the
+    reference's steps gained from the ``initial`` loss (where given): two runs
+    whose dropout draws differ (a compiled step draws its own) end their
+    steps apart by a share of what they learnt, while a diverging run loses
+    what it learnt. A lower loss is never unsafe.
     """
     if not math.isfinite(changed):
         return False, f"loss after {steps} steps is {changed} ({reference}: {baseline:.4g}): it diverged"
-    scale = max(abs(baseline), 1e-6)
-    rel = (changed - baseline) / scale
+    gained = 0.0 if initial is None or not math.isfinite(initial) else initial - baseline
+    scale = max(abs(baseline), gained, 1e-6)
+    rel = (changed - baseline) / max(abs(baseline), 1e-6)
     text = f"loss after {steps} steps {changed:.4g} vs {baseline:.4g} ({reference}), {100 * rel:+.1f}%"
-    if math.isfinite(baseline) and rel > LOSS_TOLERANCE:
+    if initial is not None and gained > abs(baseline):
+        text += f" (from {initial:.4g})"
+    if math.isfinite(baseline) and changed - baseline > LOSS_TOLERANCE * scale:
+        if scale == gained:
+            return (
+                False,
+                text + f": above it by more than {100 * LOSS_TOLERANCE:g}% of what its steps gained, it diverged",
+            )
         return False, text + f": more than {100 * LOSS_TOLERANCE:g}% above, it diverged"
     return True, text
 

@@ -7,7 +7,7 @@ the change's (``steps_per_execution``, ``jit_compile``); under a mixed
 precision policy its layers compute in 16 bits and each output passes
 through :class:`~keras_gpu_tools.layers.MixedPrecisionOutput`, its
 activation moved there, in float32. Nothing is done to the user's model.
-:func:`loss_after` is the numerical check's figure: the loss after K steps
+:func:`loss_after` is the numerical check's figure: the loss (evaluated) after K steps
 on one batch repeated, from the model's own weights and seed states.
 
 Keras is imported inside the functions.
@@ -104,17 +104,32 @@ def _producer(tensor) -> str:
     return getattr(layer, "name", "")
 
 
-def loss_after(model, batch: tuple[Any, Any], steps: int) -> float:
-    """The training loss at the last of ``steps`` steps on ``batch`` repeated (a fresh trial model: the model's state)."""
+def loss_after(model, batch: tuple[Any, Any], steps: int, initial: bool = False) -> tuple[float, float | None]:
+    """The loss on ``batch`` after ``steps`` training steps on it repeated, and before them where ``initial``.
+
+    Each loss is evaluated (inference mode: no dropout), so that it does not
+    hang on one step's dropout draws, which a compiled step draws its own way.
+    """
     x, y = batch
 
     def repeat():
         while True:
             yield (x, y) if y is not None else (x,)
 
+    def evaluated() -> float:
+        return float(model.evaluate(x, y, batch_size=len(_first(x)), verbose=0, return_dict=True)["loss"])
+
+    before = evaluated() if initial else None
     per_call = int(getattr(model, "steps_per_execution", 1) or 1)
-    history = model.fit(repeat(), epochs=max(1, steps // per_call), steps_per_epoch=per_call, shuffle=False, verbose=0)
-    return float(history.history["loss"][-1])
+    model.fit(repeat(), epochs=max(1, steps // per_call), steps_per_epoch=per_call, shuffle=False, verbose=0)
+    return evaluated(), before
+
+
+def _first(tree: Any) -> Any:
+    """The first array of a batch's structure."""
+    while isinstance(tree, (dict, list, tuple)):
+        tree = next(iter(tree.values())) if isinstance(tree, dict) else tree[0]
+    return tree
 
 
 __all__ = ["first_line", "loss_after", "trial_model"]

@@ -193,6 +193,29 @@ def test_a_change_that_raises_is_not_applicable_with_its_first_line():
     assert row.reason.split(":")[0].endswith("Error") and "\n" not in row.reason
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile: jit_compile on torch")
+def test_torch_compile_is_measured_on_a_clone_with_its_loss_checked(monkeypatch):
+    import functools
+
+    import torch
+
+    # torch.compile's graph capture as in a user's fit, without inductor's C++ build (minutes on a CPU)
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    model = mlp()
+    x, y = data()
+    before = values(model)
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=60, changes=["jit_compile"])
+    row = report.row("jit_compile")
+    assert row.status in (R.PAID, R.NO_GAIN, R.UNSAFE), row.reason
+    assert row.after is not None and row.after > 0 and "torch.compile" in row.cost
+    assert row.check and "loss after" in row.check  # against the float32 baseline's
+    assert row.compile_args == {"jit_compile": True} and row.code == "model.compile(..., jit_compile=True)"
+    assert not getattr(model, "jit_compile", False)  # the user's model is not compiled by looking
+    for a, b in zip(values(model), before):
+        np.testing.assert_array_equal(a, b)
+
+
 class Slow(keras.utils.PyDataset):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

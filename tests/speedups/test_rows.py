@@ -37,6 +37,18 @@ def test_a_loss_that_diverges_is_unsafe_a_close_or_lower_one_is_safe():
         assert not safe and "diverged" in text
 
 
+def test_a_loss_is_judged_against_what_the_baselines_steps_gained_where_the_start_is_known():
+    # From 0.27 the baseline's steps reached 0.049: 0.073 is 49% above it, but 11% of the 0.221 gained (dropout
+    # drawn another way), not a divergence; 0.11 (28% of the gain lost) is one.
+    safe, text = R.loss_check(0.049, 0.073, initial=0.27)
+    assert safe and text == "loss after 8 steps 0.073 vs 0.049 (float32), +49.0% (from 0.27)"
+    safe, text = R.loss_check(0.049, 0.11, initial=0.27)
+    assert not safe and text.endswith("above it by more than 25% of what its steps gained, it diverged")
+    # steps that gained less than the loss itself: judged on the loss, as without a start
+    assert R.loss_check(0.50, 0.70, initial=0.55) == R.loss_check(0.50, 0.70)
+    assert not R.loss_check(0.049, math.nan, initial=0.27)[0]
+
+
 def test_the_per_call_host_time_is_the_intercept_of_step_time_over_batch():
     # 2 ms per call plus 0.1 ms per sample
     points = [(b, 0.002 + 0.0001 * b) for b in (8, 16, 32, 64)]
