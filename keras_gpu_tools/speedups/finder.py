@@ -197,10 +197,10 @@ class _Finder:
             return
         share = PLAN_SHARES * max(0.0, self.budget.left()) / max(1, self.left)
         bound = None if self.on_gpu else PLAN_GROWTH * b0
+        # The user's arrays: the plan times its candidates on them where they hold enough batches, as the fit reads them.
+        given = (self.data.x, self.data.y) if self.data.kind == ARRAYS else self.data.batch
         try:
-            plan = plan_batch_size(
-                base_model, *self.data.batch, objective="throughput", max_batch_size=bound, max_seconds=share
-            )
+            plan = plan_batch_size(base_model, *given, objective="throughput", max_batch_size=bound, max_seconds=share)
         except Exception as e:
             self.left -= PLAN_SHARES
             status = R.NOT_MEASURED if "max_seconds" in str(e) else R.NOT_APPLICABLE
