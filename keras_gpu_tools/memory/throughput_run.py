@@ -34,6 +34,7 @@ from keras_gpu_tools.memory.throughput import (
     slowest,
 )
 from keras_gpu_tools.memory.timed_fit import FitInput, Pace, time_batch, time_fit
+from keras_gpu_tools.runtime.batches import map_leaves
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -51,17 +52,6 @@ _serial = itertools.count(1)  # throughput plans in this process: every process 
 def is_dataset(x) -> bool:
     """Whether ``x`` is a `tf.data.Dataset` or a `keras.utils.PyDataset` (else arrays, or a structure of them)."""
     return hasattr(x, "element_spec") or (hasattr(x, "__getitem__") and hasattr(x, "num_batches"))
-
-
-def _rows(tree, m: int):
-    """The first ``m`` rows of every array of ``tree`` (views: no copy)."""
-    if tree is None:
-        return None
-    if isinstance(tree, dict):
-        return {k: _rows(v, m) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_rows(v, m) for v in tree)
-    return tree[:m]
 
 
 def one_batch(x, y, model=None):
@@ -279,7 +269,7 @@ class ThroughputRun:
     def _arrays(self, b: int) -> FitInput:
         """The user's arrays as a fit at batch ``b`` reads them: whole batches only (a last, smaller one would compile anew)."""
         m = (self.n // b) * b
-        x, y = _rows(self.x, m), _rows(self.y, m)
+        x, y = (map_leaves(lambda a: a[:m], t) for t in (self.x, self.y))  # views: no copy
         per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
         data = {"x": x, "batch_size": b} if y is None else {"x": x, "y": y, "batch_size": b}
         return FitInput(lambda: dict(data), m // b, per_call)
