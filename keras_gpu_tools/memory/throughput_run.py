@@ -267,8 +267,9 @@ class ThroughputRun:
         return sorted(self._merged(rows, "rows"), key=lambda r: r.batch_size)
 
     def _arrays(self, b: int) -> FitInput:
-        """The user's arrays as a fit at batch ``b`` reads them: whole batches only (a last, smaller one would compile anew)."""
-        m = (self.n // b) * b
+        """The user's arrays as a fit at batch ``b`` reads them: whole batches only (a last, smaller one would
+        compile anew), an even number of them (a window of steps divides a pass: 2 always does)."""
+        m = (self.n // (2 * b)) * 2 * b
         x, y = (map_leaves(lambda a: a[:m], t) for t in (self.x, self.y))  # views: no copy
         per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
         data = {"x": x, "batch_size": b} if y is None else {"x": x, "y": y, "batch_size": b}

@@ -187,7 +187,7 @@ def test_a_change_that_raises_is_not_applicable_with_its_first_line():
     model = keras.Model(inputs, keras.layers.Dense(1)(HostOp()(inputs)))
     model.compile("sgd", "mse")
     x, y = data(64)
-    report = find_speedups(model, x, y, batch_size=16, max_seconds=20, changes=["jit_compile"])
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=10, changes=["jit_compile"])
     row = report.row("jit_compile")
     assert row.status == R.NOT_APPLICABLE and row.after is None
     assert row.reason.split(":")[0].endswith("Error") and "\n" not in row.reason
@@ -205,7 +205,7 @@ def test_torch_compile_is_measured_on_a_clone_with_its_loss_checked(monkeypatch)
     model = mlp()
     x, y = data()
     before = values(model)
-    report = find_speedups(model, x, y, batch_size=16, max_seconds=30, changes=["jit_compile"])
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=10, changes=["jit_compile"])
     row = report.row("jit_compile")
     assert row.status in (R.PAID, R.NO_GAIN, R.UNSAFE), row.reason
     assert row.after is not None and row.after > 0 and "torch.compile" in row.cost
