@@ -184,8 +184,13 @@ def test_event_set_freed_when_fit_raises(tmp_path):
     cb = GPUUtilizationLogger(log_dir=tmp_path, interval=0.02, nvml=NVML(fake))
     with pytest.raises(RuntimeError, match="user callback failed"):
         tiny_dense_model().fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[cb, EpochClock(), RaiseAtBatch()])
-    deadline = time.monotonic() + 60.0  # ends as soon as both are done
-    while (fake.live_event_sets or cb.fit_running) and time.monotonic() < deadline:
+
+    def alive():
+        return [t for t in threading.enumerate() if t.name.startswith("keras_gpu_tools") and t.is_alive()]
+
+    # The teardown frees the event set, then the fit's thread ends: wait for all three (ends as soon as they are).
+    deadline = time.monotonic() + 60.0
+    while (fake.live_event_sets or cb.fit_running or alive()) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert fake.count("nvmlEventSetCreate") == 1 and fake.live_event_sets == 0
-    assert not [t for t in threading.enumerate() if t.name.startswith("keras_gpu_tools") and t.is_alive()]
+    assert not alive()
