@@ -202,7 +202,10 @@ def test_torch_compile_is_measured_on_a_clone_with_its_loss_checked(monkeypatch)
 
     # torch.compile's graph capture as in a user's fit, without inductor's C++ build (minutes on a CPU)
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    model = mlp()
+    # One Dense layer and a Dropout (its seed state): dynamo traces each layer's frames, a few seconds each
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dropout(0.2), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
     x, y = data()
     before = values(model)
     report = find_speedups(model, x, y, batch_size=16, max_seconds=10, changes=["jit_compile"])
