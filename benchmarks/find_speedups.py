@@ -130,6 +130,12 @@ def _input(case: str, args, batch: int | None = None, **options) -> dict[str, An
 
 def _plain_fit(model, data: dict[str, Any], smoke: bool) -> float:
     """samples/s of a plain fit: the median of epochs 1.. (epoch 0 compiles)."""
+    import keras
+
+    if keras.backend.backend() == "torch":  # each fit compiles as in a fresh process: dynamo's recompile limit is
+        import torch._dynamo  # per process, and this one builds many models
+
+        torch._dynamo.reset()
     times: list[float] = []
     model.fit(**data, epochs=2 if smoke else 4, shuffle=False, verbose=0, callbacks=[_common.epoch_clock(times)])
     x = data["x"]

@@ -12,8 +12,9 @@ How:
   writing event files to a temporary log dir; `LiveView` on, drawing into nothing). Each
   callback's epoch hooks are wrapped with `time.perf_counter`; "all" is their sum per epoch.
 - *early* is the median over the `--window` epochs from epoch 10 on (epochs 0-9, compilation, the
-  first writes and the warm-up, are left out), *late* the median over the last `--window` epochs;
-  the A/B is `late / early` per callback. The window is wide (100 epochs by default): medians of
+  first writes and the warm-up, are left out), *late* the median over the last `--window` epochs,
+  each then the median over the rounds (`rounds_ms` keeps every round's); the A/B is
+  `late / early` per callback. The window is wide (100 epochs by default): medians of
   15 epochs take single slow epochs in; a shared machine's load still moves a whole round (the A/A
   and the control show it), which the control's `late / early` tells apart from a callback's growth.
 - The control: a callback whose epoch hooks do nothing, timed the same way, beside the others (not
@@ -21,7 +22,7 @@ How:
   collector, caches, the machine's load), not of any callback; `vs_control` is each callback's
   `late / early` over the control's: a callback that grows itself is above 1 there too.
 - The A/A: the fit runs `--rounds` times (2 by default), identically; `aa_early` and
-  `aa_late` are round 2's median over round 1's at the same epochs. Read a `late / early`
+  `aa_late` are the last round's median over the first's at the same epochs. Read a `late / early`
   only beside them: a difference the A/A also shows is noise.
 - The cost goal: "all" (every epoch hook of the seven together) at most 1 ms an epoch, early and late.
 - `--job` (JAX only): the same fit in a job of 2 processes on this machine's CPU (over gloo, as
@@ -223,18 +224,23 @@ def main() -> int:
         rounds.append(_medians(times, args.window))
     first, last = rounds[0], rounds[-1]
     table = {}
-    c_early, c_late = first[CONTROL]
+
+    def median(n: str, i: int) -> float:  # over the rounds: one slow round moves it less than round 1 alone
+        return statistics.median(ro[n][i] for ro in rounds)
+
+    c_early, c_late = median(CONTROL, 0), median(CONTROL, 1)
     drift = c_late / c_early if c_early > 0 else None
     for n in [*names, "all", CONTROL]:
-        early, late = first[n]
+        early, late = median(n, 0), median(n, 1)
         table[n] = {
             "early_ms": early,
             "late_ms": late,
             "late_over_early": late / early if early > 0 else None,
             "vs_control": late / early / drift if early > 0 and drift else None,
-            "aa_early": last[n][0] / early if early > 0 and len(rounds) > 1 else None,
-            "aa_late": last[n][1] / late if late > 0 and len(rounds) > 1 else None,
+            "aa_early": last[n][0] / first[n][0] if first[n][0] > 0 and len(rounds) > 1 else None,
+            "aa_late": last[n][1] / first[n][1] if first[n][1] > 0 and len(rounds) > 1 else None,
             "rounds_late_over_early": [ro[n][1] / ro[n][0] if ro[n][0] > 0 else None for ro in rounds],
+            "rounds_ms": [list(ro[n]) for ro in rounds],
         }
     print(
         f"{'callback':22} {'early ms':>9} {'late ms':>9} {'late/early':>11} {'vs control':>10} "

@@ -217,6 +217,11 @@ def test_torch_compile_is_measured_on_a_clone_with_its_loss_checked(monkeypatch)
     assert not getattr(model, "jit_compile", False)  # the user's model is not compiled by looking
     for a, b in zip(values(model), before):
         np.testing.assert_array_equal(a, b)
+    # The clones' graphs are dropped: left in, they use up the recompile limit of Keras's one train_step
+    from keras.src.backend.torch.trainer import TorchTrainer
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    assert _debug_get_cache_entry_list(TorchTrainer.train_step.__code__) == []
 
 
 class Slow(keras.utils.PyDataset):
