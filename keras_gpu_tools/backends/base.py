@@ -256,6 +256,9 @@ class Backend:
             self.assign_host_value(v, value)
         self.set_rng_state(snapshot["rng"])
 
+    def forget_compiled_trials(self) -> None:
+        """Drops what compiling trial clones left in the framework's caches (nothing to drop by default)."""
+
     def host_value(self, variable) -> Any:
         """A host copy of a Keras variable's value, as :meth:`assign_host_value` puts it back."""
         import keras

@@ -388,25 +388,14 @@ def _batch_code(kind: str, b: int) -> str:
     return f"batch_size={b}  # in your {kind}"
 
 
-def _forget_compiled_trials(backend: str, model, rows: list[SpeedupRow]) -> None:
-    """Drops the trials' torch.compile graphs from dynamo's cache.
-
-    Dynamo caches the graphs of Keras's one ``train_step`` for every model it
-    compiled, and falls back to eager for good once that function reached its
-    recompile limit (8): left in, the clones' graphs would use up that limit
-    and the user's own ``jit_compile=True`` fit after the finder could run
-    eager without a word. The cost: a model compiled before the call compiles
-    again at its next step.
-    """
-    compiled = getattr(model, "jit_compile", False) or any(r.compile_args.get("jit_compile") for r in rows)
-    if backend != "torch" or not compiled:
+def _forget_compiled_trials(backend, model, rows: list[SpeedupRow]) -> None:
+    """Drops the trials' compiled graphs from the framework's caches (see the backend's method), where any compiled."""
+    if not (getattr(model, "jit_compile", False) or any(r.compile_args.get("jit_compile") for r in rows)):
         return
     try:
-        import torch._dynamo
-
-        torch._dynamo.reset()
-    except Exception:  # nothing was compiled, or this torch has no dynamo: nothing to drop
-        logger.debug("find_speedups: dynamo's cache was not reset", exc_info=True)
+        backend.forget_compiled_trials()
+    except Exception:  # the caches stay as they are; the trials' results stand
+        logger.debug("find_speedups: the compiled trials were not dropped", exc_info=True)
 
 
 def run(model, x, y, batch_size: int | None, max_seconds: float, wanted: tuple[str, ...]) -> SpeedupReport:
@@ -424,7 +413,7 @@ def run(model, x, y, batch_size: int | None, max_seconds: float, wanted: tuple[s
     finally:
         backend.plan_restore(model, snapshot)
         restore_side_effects(model, side_effects)
-        _forget_compiled_trials(backend.name, model, finder.rows)
+        _forget_compiled_trials(backend, model, finder.rows)
     return SpeedupReport(
         rows,
         backend=backend.name,

@@ -90,6 +90,18 @@ class TorchPlanner(Backend):
         if cuda is not None and cuda.is_initialized():
             cuda.empty_cache()
 
+    def forget_compiled_trials(self) -> None:
+        """Resets dynamo: its cache holds a graph of Keras's one ``train_step`` per model it compiled.
+
+        Dynamo runs a function eager for good once it reached its recompile
+        limit (8): left in, the trial clones' graphs would use up that limit,
+        and the user's own ``jit_compile=True`` fit after them could run eager
+        without a word. A model compiled before compiles again at its next step.
+        """
+        import torch._dynamo
+
+        torch._dynamo.reset()
+
     def rng_state(self) -> dict[str, Any]:
         """The base's random states, and torch's global generators (CPU, and CUDA once initialised)."""
         import torch
