@@ -24,19 +24,25 @@ How:
 - The A/A: the fit runs `--rounds` times (2 by default), identically; `aa_early` and
   `aa_late` are the last round's median over the first's at the same epochs. Read a `late / early`
   only beside them: a difference the A/A also shows is noise.
+- The calls: one more fit, untimed (not with `--job`), counts the Python and C calls each
+  callback's epoch hooks make on the training thread (`sys.setprofile`); `calls_early` and
+  `calls_late` are their means over the same windows. A count does not move with the machine's
+  load: it tells a hook whose work grows with the epochs from a process that runs slower late.
+  (A NumPy call over a growing array is one call: the timings still watch for that.)
 - The cost goal: "all" (every epoch hook of the seven together) at most 1 ms an epoch, early and late.
 - `--job` (JAX only): the same fit in a job of 2 processes on this machine's CPU (over gloo, as
   `tests/distributed/launch.py` starts them), data-parallel, so the detector's and logger's
   epoch ends exchange their figures; process 0's times are reported.
 
 Output, per callback, for "all" and for the control: `early_ms`, `late_ms`, `late_over_early`,
-`vs_control`, and the A/A's `aa_early` and `aa_late`.
+`vs_control`, the A/A's `aa_early` and `aa_late`, and `calls_early` and `calls_late`.
 
 Goals (a full run exits non-zero and names the callbacks that miss one): `late_over_early` at
 most 1.1 for "all" and for every callback whose late cost is at least 0.01 ms (below that the
 clock and a shared machine move a ratio by more than 10%, and a growth of a few microseconds an
-epoch is not what the goal is about); "all" at most 1 ms an epoch, early and late (not with
-`--job`, whose epoch ends wait for the other process). The goals read the raw `late / early`;
+epoch is not what the goal is about); `calls_late` at most 1.05 times `calls_early` plus one, for
+every callback and "all"; "all" at most 1 ms an epoch, early and late (not with `--job`, whose
+epoch ends wait for the other process). The goals read the raw `late / early`;
 `vs_control` is there to tell a callback's growth from the process's. A smoke run (120 epochs, a
 window of 50) checks that every callback and the control were timed in every round and every time
 is finite and positive, and prints the goals unenforced.
@@ -73,6 +79,7 @@ SMOKE_WINDOW = 50
 CONTROL = "control (no-op)"  # a callback whose epoch hooks do nothing: the process-wide drift
 GOAL = 1.10  # late / early at most
 GOAL_FLOOR_MS = 0.01  # late costs below this are left out of the late / early goal: a ratio of noise
+CALLS_GOAL = 1.05  # mean calls an epoch late over early, at most (plus one)
 GOAL_ALL_MS = 1.0  # every epoch hook of all the callbacks together, an epoch, at most (on a GPU machine)
 
 
@@ -111,8 +118,38 @@ def _timed(cb, name: str, times: dict[str, list[float]]) -> None:
     cb.on_epoch_begin, cb.on_epoch_end = on_epoch_begin, on_epoch_end
 
 
-def _fit(names: list[str], epochs: int, log_dir: str, job: bool = False) -> dict[str, list[float]]:
-    """One fit of ``epochs`` one-step epochs with the callbacks ``names``; each one's per-epoch seconds."""
+def _counted(cb, name: str, calls: dict[str, list[float]]) -> None:
+    """Wraps ``cb``'s epoch hooks: the Python and C calls each epoch's begin and end make on this thread, together.
+
+    A count does not move with the machine's load or speed: a hook whose work grows with the epochs
+    makes more calls late (a loop over a history, a rebuilt summary), whatever the clock says.
+    """
+    begin, end = cb.on_epoch_begin, cb.on_epoch_end
+    made = [0]
+
+    def count(frame, event, arg):
+        if event in ("call", "c_call"):
+            made[0] += 1
+
+    def wrap(hook, last: bool):
+        def inner(epoch, logs=None):
+            if not last:
+                made[0] = 0
+            sys.setprofile(count)
+            try:
+                return hook(epoch, logs)
+            finally:
+                sys.setprofile(None)
+                if last:
+                    calls[name].append(float(made[0]))
+
+        return inner
+
+    cb.on_epoch_begin, cb.on_epoch_end = wrap(begin, False), wrap(end, True)
+
+
+def _fit(names: list[str], epochs: int, log_dir: str, job: bool = False, count: bool = False) -> dict[str, list[float]]:
+    """One fit of ``epochs`` one-step epochs with the callbacks ``names``; each one's per-epoch seconds (calls)."""
     import keras
     import numpy as np
 
@@ -126,7 +163,7 @@ def _fit(names: list[str], epochs: int, log_dir: str, job: bool = False) -> dict
     cbs = []
     for n in [*names, CONTROL]:
         cb = makers[n]()
-        _timed(cb, n, times)
+        (_counted if count else _timed)(cb, n, times)
         cbs.append(cb)
     if job:
         import jax
@@ -155,6 +192,13 @@ def _medians(times: dict[str, list[float]], window: int) -> dict[str, tuple[floa
         n: (1e3 * statistics.median(t[EARLY : EARLY + window]), 1e3 * statistics.median(t[-window:]))
         for n, t in per_epoch.items()
     }
+
+
+def _means(calls: dict[str, list[float]], window: int) -> dict[str, tuple[float, float]]:
+    """(early, late) mean calls an epoch, per callback, for "all" and the control (windows as :func:`_medians`)."""
+    own = [c for n, c in calls.items() if n != CONTROL]
+    per_epoch = {**calls, "all": [sum(c) for c in zip(*own)]}
+    return {n: (statistics.mean(c[EARLY : EARLY + window]), statistics.mean(c[-window:])) for n, c in per_epoch.items()}
 
 
 def _job_round(args, names: list[str], log_dir: str) -> dict[str, list[float]]:
@@ -222,6 +266,10 @@ def main() -> int:
             times = _job_round(args, names, log_dir) if args.job else _fit(names, args.epochs, log_dir)
             print(f"round {r + 1}: {args.epochs} epochs in {time.perf_counter() - t0:.1f} s", flush=True)
         rounds.append(_medians(times, args.window))
+    calls = None
+    if not args.job:  # one more fit, untimed: the calls each epoch's hooks make, early and late
+        with tempfile.TemporaryDirectory(prefix="kgt_epoch_") as log_dir:
+            calls = _means(_fit(names, args.epochs, log_dir, count=True), args.window)
     first, last = rounds[0], rounds[-1]
     table = {}
 
@@ -241,15 +289,18 @@ def main() -> int:
             "aa_late": last[n][1] / first[n][1] if first[n][1] > 0 and len(rounds) > 1 else None,
             "rounds_late_over_early": [ro[n][1] / ro[n][0] if ro[n][0] > 0 else None for ro in rounds],
             "rounds_ms": [list(ro[n]) for ro in rounds],
+            "calls_early": None if calls is None else calls[n][0],
+            "calls_late": None if calls is None else calls[n][1],
         }
     print(
         f"{'callback':22} {'early ms':>9} {'late ms':>9} {'late/early':>11} {'vs control':>10} "
-        f"{'A/A early':>10} {'A/A late':>9}"
+        f"{'A/A early':>10} {'A/A late':>9} {'calls':>13}"
     )
     for n, row in table.items():
         cells = [row["late_over_early"], row["vs_control"], row["aa_early"], row["aa_late"]]
         ratios = " ".join(f"{c:>10.2f}" if c is not None else f"{'n/a':>10}" for c in cells)
-        print(f"{n:22} {row['early_ms']:9.3f} {row['late_ms']:9.3f} {ratios}")
+        made = "" if row["calls_early"] is None else f" {row['calls_early']:6.0f} {row['calls_late']:6.0f}"
+        print(f"{n:22} {row['early_ms']:9.3f} {row['late_ms']:9.3f} {ratios}{made}")
     out = _common.out_path(args, BENCHMARK + ("_job" if args.job else ""))
     doc = {
         **_common.environment(backend),
@@ -274,6 +325,13 @@ def main() -> int:
         and (row["late_over_early"] or math.inf) > GOAL
     ]
     check.goal(not over, f"late / early at most {GOAL} (over: {', '.join(over) or 'none'})")
+    if calls is not None:  # load-independent: the same work late as early, within a few calls
+        grown = [
+            f"{n} {row['calls_early']:.0f} -> {row['calls_late']:.0f}"
+            for n, row in table.items()
+            if row["calls_late"] > CALLS_GOAL * row["calls_early"] + 1
+        ]
+        check.goal(not grown, f"calls an epoch late at most {CALLS_GOAL} x early (over: {', '.join(grown) or 'none'})")
     if not args.job:  # a job's epoch end waits for the other process: its time is not the hooks' cost
         worst = max(table["all"]["early_ms"], table["all"]["late_ms"])
         check.goal(worst <= GOAL_ALL_MS, f"all at most {GOAL_ALL_MS} ms an epoch, early and late ({worst:.3f} ms)")
