@@ -18,7 +18,16 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 import keras  # noqa: E402
 
-keras.distribution.initialize(job_addresses=f"localhost:{port}", num_processes=count, process_id=index)
+# Keras seeds TensorFlow's generator too wherever TensorFlow is installed, importing it (seconds of each
+# process's start) into a JAX job that never uses it: hidden while Keras looks, Keras skips it from then on.
+hide_tf = "tensorflow" not in sys.modules
+if hide_tf:
+    sys.modules["tensorflow"] = None  # type: ignore[assignment]
+try:
+    keras.distribution.initialize(job_addresses=f"localhost:{port}", num_processes=count, process_id=index)
+finally:
+    if hide_tf:
+        del sys.modules["tensorflow"]
 
 import importlib  # noqa: E402
 
