@@ -18,16 +18,10 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 import keras  # noqa: E402
 
-# Keras seeds TensorFlow's generator too wherever TensorFlow is installed, importing it (seconds of each
-# process's start) into a JAX job that never uses it: hidden while Keras looks, Keras skips it from then on.
-hide_tf = "tensorflow" not in sys.modules
-if hide_tf:
-    sys.modules["tensorflow"] = None  # type: ignore[assignment]
-try:
+from tests.helpers.jax_process import tensorflow_hidden  # noqa: E402
+
+with tensorflow_hidden():  # Keras seeds TensorFlow too where installed: an import this JAX job never uses
     keras.distribution.initialize(job_addresses=f"localhost:{port}", num_processes=count, process_id=index)
-finally:
-    if hide_tf:
-        del sys.modules["tensorflow"]
 
 import importlib  # noqa: E402
 
