@@ -101,7 +101,7 @@ def test_a_mirrored_strategy_plans_per_replica_candidates_and_puts_every_replica
 DATA_PARALLEL = """
 import json, keras, numpy as np
 from keras_gpu_tools import plan_batch_size
-from tests.helpers.jax_process import tensorflow_hidden
+from tests.helpers.fresh_process import tensorflow_hidden
 keras.distribution.set_distribution(keras.distribution.DataParallel(devices=keras.distribution.list_devices()))
 with tensorflow_hidden():  # Keras seeds TensorFlow too where installed: an import this JAX fit never uses
     keras.utils.set_random_seed(0)

@@ -25,7 +25,7 @@ if keras.backend.backend() == "tensorflow":
     )
     scope = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope  # a new context per model
 else:
-    from tests.helpers.jax_process import tensorflow_hidden
+    from tests.helpers.fresh_process import tensorflow_hidden
     with tensorflow_hidden():  # Keras seeds TensorFlow too where installed: an import this JAX fit never uses
         keras.utils.set_random_seed(0)
     keras.distribution.set_distribution(keras.distribution.DataParallel())
