@@ -18,7 +18,10 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 import keras  # noqa: E402
 
-keras.distribution.initialize(job_addresses=f"localhost:{port}", num_processes=count, process_id=index)
+from tests.helpers.fresh_process import tensorflow_hidden  # noqa: E402
+
+with tensorflow_hidden():  # Keras seeds TensorFlow too where installed: an import this JAX job never uses
+    keras.distribution.initialize(job_addresses=f"localhost:{port}", num_processes=count, process_id=index)
 
 import importlib  # noqa: E402
 

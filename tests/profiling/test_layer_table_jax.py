@@ -20,9 +20,11 @@ SCRIPT = textwrap.dedent(
     import numpy as np, jax
     from keras_gpu_tools.profiling.layer_table import build_table
     from keras_gpu_tools.profiling.layers import layer_tree
+    from tests.helpers.fresh_process import tensorflow_hidden
     from tests.helpers.models import one_heavy_layer_model
 
-    model = one_heavy_layer_model()
+    with tensorflow_hidden():  # Keras seeds TensorFlow too where installed: an import this JAX fit never uses
+        model = one_heavy_layer_model()
     x = np.random.default_rng(0).random((64 * 8, 256), dtype=np.float32)
     y = np.random.default_rng(1).random((64 * 8, 1), dtype=np.float32)
     model.fit(x, y, batch_size=64, verbose=0)  # compiled before the trace
