@@ -1,4 +1,4 @@
-"""README.md is exactly right: its snippets run as written, its commands are the CLI's, the demo's lines are readable.
+"""README.md is exactly right: its snippets run as written, its commands are the CLI's, its demo runs and reads well.
 
 The README's Python blocks run in order in one namespace, in a fresh process whose working
 directory is a temporary one (the snippets write `logs/`), as a reader would paste them into
@@ -191,21 +191,24 @@ def test_the_demo_writes_where_the_readme_and_the_help_say():
     assert f"keras-gpu-tools report {default}" in text and f"tensorboard --logdir {default}" in text
 
 
+def run_cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", "keras_gpu_tools", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
 @pytest.mark.slow
-def test_the_readme_demo_prints_no_line_wider_than_200_characters(tmp_path):
+def test_the_readme_demo_writes_the_logs_and_the_report_in_lines_of_200_characters_at_most(tmp_path):
+    """The quick start's demo command as written, once (a TensorFlow start and a fit): what it prints
+    and writes, then `keras-gpu-tools report` rebuilding the report from its log directory."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     first = re.search(r"```bash\n(.*?)```", readme(), re.S)
     assert first is not None
     demo = next(part.strip() for part in first.group(1).split("&&") if "keras-gpu-tools demo" in part)
     args = shlex.split(demo)[1:]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run(
-        [sys.executable, "-m", "keras_gpu_tools", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Trained " in proc.stdout
     # TensorFlow's own C++ log lines at its import (absl's "I0000 00:00:... port.cc:153] ...") are the
@@ -213,6 +216,47 @@ def test_the_readme_demo_prints_no_line_wider_than_200_characters(tmp_path):
     ours = [line for line in (proc.stdout + proc.stderr).splitlines() if not NATIVE_LOG_LINE.match(line)]
     wide = [line for line in ours if len(line) > WIDEST]
     assert not wide, "\n".join(f"{len(line)} characters: {line[:300]}" for line in wide)
+
+    # What it wrote: TensorBoard runs beside Keras's own, and the report.
+    given = args[args.index("--logdir") + 1]
+    logdir = tmp_path.resolve() / given  # the demo prints the report's absolute path
+    assert f"tensorboard --logdir {given}" in proc.stdout
+    acc = EventAccumulator(str(logdir / "gpu"))
+    acc.Reload()
+    assert "host/cpu_percent" in acc.Tags()["scalars"]
+    assert (logdir / "train").is_dir()  # Keras's own TensorBoard run next to ours
+    for run in ("input", "profile", "report"):
+        assert (logdir / run).is_dir(), run
+    assert "InputBoundDetector: Your program is" in proc.stdout
+    assert "MemoryLeakDetector: " in proc.stdout and (logdir / "memory").is_dir()
+    # The profiled window's own input wait, its span named, beside xprof's conclusion.
+    assert "ProfilerWindow: " in proc.stdout and "steps 21-25, this window only" in " ".join(proc.stdout.split())
+    html_path = logdir / "report.html"
+    assert f"HTML report:      {html_path}" in proc.stdout
+    page = html_path.read_text()
+    figures = re.findall(r'data-figure="([^"]+)"><img alt="[^"]*" src="data:image/png;base64,', page)
+    assert {"host", "step_time", "training"} <= set(figures)
+    assert sorted(p.name for p in (logdir / "report_png").iterdir()) == sorted(f"{f}.png" for f in figures)
+
+    # `keras-gpu-tools report` rebuilds it from the log directory alone.
+    out = tmp_path / "again.html"
+    proc = run_cli("report", str(logdir), "--output", str(out), "--png", str(tmp_path / "png"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for heading in (
+        "GPUs and host",
+        "Step time",
+        "Input pipeline",
+        "Profiler windows",
+        "Mixed precision",
+        "Memory over time",
+    ):
+        assert f"\n{heading}\n" in proc.stdout
+    assert "No mixed-precision finding." in proc.stdout  # kept in the log dir by the demo
+    widest = max(proc.stdout.splitlines(), key=len)
+    assert len(widest) <= 200, widest  # the prose wrapped for a terminal
+    again = out.read_text()
+    assert set(re.findall(r'data-figure="([^"]+)"', again)) == set(figures)
+    assert len(list((tmp_path / "png").iterdir())) == len(figures)
 
 
 def test_the_doctor_prints_no_line_wider_than_200_characters():

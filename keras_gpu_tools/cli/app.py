@@ -60,6 +60,12 @@ def _doctor(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     import warnings
 
+    from keras_gpu_tools.logdir.writer import check_log_dir
+
+    # Checked before Keras is imported: a --logdir that cannot be one answers at once.
+    logdir = check_log_dir(args.logdir, "--logdir")
+    assert logdir is not None  # --logdir has a default; tells type checkers so
+
     import keras
     import numpy as np
 
@@ -69,13 +75,10 @@ def _demo(args: argparse.Namespace) -> int:
     from keras_gpu_tools.callbacks.memory_leak_detector import MemoryLeakDetector
     from keras_gpu_tools.callbacks.profiler_window import ProfilerWindow
     from keras_gpu_tools.layers import MixedPrecisionOutput
-    from keras_gpu_tools.logdir.writer import check_log_dir
     from keras_gpu_tools.profiling.capture import steps_name
     from keras_gpu_tools.reporting.report import report
     from keras_gpu_tools.runtime.deps import loaded
 
-    logdir = check_log_dir(args.logdir, "--logdir")
-    assert logdir is not None  # --logdir has a default; tells type checkers so
     os.makedirs(logdir, exist_ok=True)
     print(f"Keras {keras.__version__}, backend {keras.backend.backend()}; logs in {os.path.abspath(logdir)}")
 
