@@ -7,7 +7,8 @@ dispatch-bound (NumPy arrays). For each: a plain `model.fit` as given (the basel
 (`max_seconds=180`, its wall time, the model's weights compared before and after), then for every
 row it measured a plain fit with that change made by hand, and a plain fit with every change that
 paid (`report.apply` for the compile-time ones, the rows' code for the rest). Plain fits: epoch 0
-compiles, samples/s is the median of the next epochs'.
+compiles, samples/s is the median of the next epochs' (at least 3, and 600 steps); a batch change
+fits the same samples (200 batches of the case's batch) at the new batch.
 
 Goals (a full run exits non-zero and names the one missed): each measured row's speed-up within
 10% of its plain fit's; the combination at least 2x the baseline on (a) and (b) with JAX, and at
@@ -119,13 +120,13 @@ def _decoded(smoke: bool, decode_s: float, batch: int | None = None, **options):
 
 
 def _input(case: str, args, batch: int | None = None, **options) -> dict[str, Any]:
-    """``model.fit``'s data arguments for the case (one epoch of about 200 steps at full scale)."""
+    """``model.fit``'s data arguments for the case (200 batches of the case's batch at full scale), at ``batch``."""
     if case == "a":
         return {"x": _decoded(args.smoke, args.decode_ms / 1e3, batch, **options)}
-    b = batch or _sizes(case, args.smoke)["batch"]
+    b0 = _sizes(case, args.smoke)["batch"]
     steps = 8 if args.smoke else 200
-    x, y = _arrays(case, args.smoke, steps * b)
-    return {"x": x, "y": y, "batch_size": b}
+    x, y = _arrays(case, args.smoke, steps * b0)  # the user's arrays: the same samples at any batch
+    return {"x": x, "y": y, "batch_size": batch or b0}
 
 
 def _plain_fit(model, data: dict[str, Any], smoke: bool) -> float:
@@ -137,8 +138,10 @@ def _plain_fit(model, data: dict[str, Any], smoke: bool) -> float:
 
         torch._dynamo.reset()
     times: list[float] = []
-    model.fit(**data, epochs=2 if smoke else 4, shuffle=False, verbose=0, callbacks=[_common.epoch_clock(times)])
     x = data["x"]
+    steps = len(x) if "y" not in data else -(-len(x) // data["batch_size"])
+    epochs = 2 if smoke else 1 + max(3, -(-600 // steps))  # at least 600 steps timed where epochs are short
+    model.fit(**data, epochs=epochs, shuffle=False, verbose=0, callbacks=[_common.epoch_clock(times)])
     samples = len(x) * x[0][0].shape[0] if "y" not in data else len(x)
     return samples / statistics.median(times[1:])
 

@@ -58,6 +58,8 @@ benchmarks() {
         # Keras's torch backend runs one step per call: steps_per_execution is TensorFlow's and JAX's
         if [ "$b" = jax ]; then
             part 300 "profiler_window_spe_$b" python3 benchmarks/profiler_window_spe.py --backend $b "${MACHINE_ARG[@]}"
+            # a jitted step compiles once per batch shape (torch runs eager): about 250 s of compiling
+            part 420 "retrace_storm_$b" python3 benchmarks/retrace_storm.py --backend $b "${MACHINE_ARG[@]}"
         fi
         part 600 "per_epoch_cost_$b" python3 benchmarks/per_epoch_cost.py --backend $b "${MACHINE_ARG[@]}" \
             --epochs 1500 --rounds 2

@@ -21,7 +21,7 @@ from keras_gpu_tools.input.flops import table_peak
 from keras_gpu_tools.memory.search import BatchPlan, StepPeaks, Trial, TrialClock, sample_batch, search_batch_size
 from keras_gpu_tools.memory.throughput import Budget, Candidate, knee
 from keras_gpu_tools.memory.throughput_run import ThroughputRun, is_dataset, one_batch
-from keras_gpu_tools.memory.timed_fit import fit_side_effects, restore_side_effects
+from keras_gpu_tools.memory.timed_fit import fit_side_effects, forget_compiled_trials, restore_side_effects
 from keras_gpu_tools.runtime.batches import leading_dim, leaves
 from keras_gpu_tools.runtime.validation import check_choice, check_int, check_log_dir, check_number
 
@@ -166,6 +166,7 @@ def plan_batch_size(
     finally:
         backend.plan_restore(model, snapshot)
         restore_side_effects(model, side_effects)
+        forget_compiled_trials(backend, bool(getattr(model, "jit_compile", False)))
     plan = _plan(s, found, capacities)
     if args.log_dir is not None and s.topology.is_chief:
         plan.write(args.log_dir)

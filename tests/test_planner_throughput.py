@@ -364,3 +364,26 @@ def test_each_candidates_mfu_is_its_hand_counted_flops_over_the_peak(monkeypatch
         assert c.mfu == pytest.approx(hand, rel=0.10), (c.batch_size, c.mfu, hand)
     for a, b in zip(values(model), before):  # counting changed nothing the model holds
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile's cache of Keras's one train_step")
+def test_a_compiled_torch_model_leaves_no_trial_graphs_in_dynamos_cache(monkeypatch):
+    """Each trial batch compiles Keras's train_step again: left in, the graphs use up dynamo's recompile limit."""
+    import functools
+
+    import torch
+    from keras.src.backend.torch.trainer import TorchTrainer
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    # torch.compile's graph capture as in a user's fit, without inductor's C++ build (minutes on a CPU)
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.01), "mse", jit_compile=True)
+    x, y = data(64)
+    before = values(model)
+    plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=2, max_seconds=30)
+    assert plan.batch_size == 2 and plan.candidates[0].measured
+    assert _debug_get_cache_entry_list(TorchTrainer.train_step.__code__) == []
+    for a, b in zip(values(model), before):
+        np.testing.assert_array_equal(a, b)

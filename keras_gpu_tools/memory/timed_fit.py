@@ -34,6 +34,7 @@ Keras's import is inside the functions (this module imports no framework).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,8 @@ from keras_gpu_tools.memory.throughput import (
     spread,
     timing_stop,
 )
+
+logger = logging.getLogger("keras_gpu_tools")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,4 +271,28 @@ def restore_side_effects(model, saved: dict[str, Any]) -> None:
                 pass
 
 
-__all__ = ["FitInput", "Pace", "Timing", "fit_side_effects", "restore_side_effects", "time_batch", "time_fit"]
+def forget_compiled_trials(backend, compiled: bool) -> None:
+    """Drops the graphs that trial fits compiled from the framework's caches (the backend's method), where any did.
+
+    Trial steps at other batch sizes, or of clones, compile the trainer's one
+    step function again; left in the caches they can use up a recompile limit
+    and leave the user's own compiled fit slower, or eager.
+    """
+    if not compiled:
+        return
+    try:
+        backend.forget_compiled_trials()
+    except Exception:  # the caches stay as they are; the trials' results stand
+        logger.debug("the compiled trials were not dropped", exc_info=True)
+
+
+__all__ = [
+    "FitInput",
+    "Pace",
+    "Timing",
+    "fit_side_effects",
+    "forget_compiled_trials",
+    "restore_side_effects",
+    "time_batch",
+    "time_fit",
+]

@@ -48,7 +48,9 @@ def find_speedups(
       compiles already.
     - `"mixed_precision"`: `mixed_bfloat16` (`mixed_float16` before Ampere)
       with `MixedPrecisionOutput` on the outputs, where the GPU has tensor cores.
-    - `"batch_size"`: `plan_batch_size(objective="throughput")`.
+    - `"batch_size"`: `plan_batch_size(objective="throughput")`, up to half
+      the samples of one pass where that is known: a larger batch leaves
+      under two steps an epoch (and a batch over the data is never trained).
 
     Then the changes that paid, together. Mixed precision and `jit_compile`
     get a numerical check: the loss after a few steps against the float32

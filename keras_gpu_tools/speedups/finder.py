@@ -23,6 +23,7 @@ from keras_gpu_tools.memory.timed_fit import (
     Pace,
     Timing,
     fit_side_effects,
+    forget_compiled_trials,
     restore_side_effects,
     time_batch,
     time_fit,
@@ -195,8 +196,16 @@ class _Finder:
             self.left -= PLAN_SHARES
             self.rows.append(dataclasses.replace(row, reason=f"not measured: {reason}"))
             return
+        most = self.data.largest_batch()
+        if most is not None and most <= b0:
+            self.left -= PLAN_SHARES
+            reason = f"your data holds {self.data.samples} samples: a batch over {most} leaves under two steps an epoch"
+            self.rows.append(dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=reason))
+            return
         share = PLAN_SHARES * max(0.0, self.budget.left()) / max(1, self.left)
         bound = None if self.on_gpu else PLAN_GROWTH * b0
+        if most is not None:  # a batch the data cannot fill twice is not a batch a fit on it trains
+            bound = most if bound is None else min(bound, most)
         # The user's arrays: the plan times its candidates on them where they hold enough batches, as the fit reads them.
         given = (self.data.x, self.data.y) if self.data.kind == ARRAYS else self.data.batch
         try:
@@ -388,16 +397,6 @@ def _batch_code(kind: str, b: int) -> str:
     return f"batch_size={b}  # in your {kind}"
 
 
-def _forget_compiled_trials(backend, model, rows: list[SpeedupRow]) -> None:
-    """Drops the trials' compiled graphs from the framework's caches (see the backend's method), where any compiled."""
-    if not (getattr(model, "jit_compile", False) or any(r.compile_args.get("jit_compile") for r in rows)):
-        return
-    try:
-        backend.forget_compiled_trials()
-    except Exception:  # the caches stay as they are; the trials' results stand
-        logger.debug("find_speedups: the compiled trials were not dropped", exc_info=True)
-
-
 def run(model, x, y, batch_size: int | None, max_seconds: float, wanted: tuple[str, ...]) -> SpeedupReport:
     """Checks the input, keeps the model's state, runs the trials, puts the state back (see the module)."""
     from keras_gpu_tools import backends
@@ -413,7 +412,8 @@ def run(model, x, y, batch_size: int | None, max_seconds: float, wanted: tuple[s
     finally:
         backend.plan_restore(model, snapshot)
         restore_side_effects(model, side_effects)
-        _forget_compiled_trials(backend, model, finder.rows)
+        compiled = getattr(model, "jit_compile", False) or any(r.compile_args.get("jit_compile") for r in finder.rows)
+        forget_compiled_trials(backend, compiled)
     return SpeedupReport(
         rows,
         backend=backend.name,

@@ -59,6 +59,18 @@ class TrainingInput:
         # Keras stops and restarts a PyDataset's workers at every epoch: its windows are whole passes.
         return FitInput(lambda: {"x": data}, self.batches, per_call, whole_passes=self.kind == PY_DATASET)
 
+    @property
+    def samples(self) -> int | None:
+        """The samples of one pass (None: endless or unknown)."""
+        if self.kind == ARRAYS:
+            return leading_dim(self.x)
+        return None if self.batches is None else self.batches * self.batch_size
+
+    def largest_batch(self) -> int | None:
+        """The largest batch a pass over the data fills at least twice (None: no bound known)."""
+        n = self.samples
+        return None if n is None else n // 2
+
     def changes(self, on_gpu: bool) -> list[InputChange]:
         """The input changes that apply to this kind of input (none for arrays: Keras feeds them itself)."""
         if self.kind == TF_DATA:

@@ -309,6 +309,40 @@ def test_a_trial_that_would_outlast_the_budget_is_not_measured(monkeypatch):
     assert report.rows[0].after is not None  # the baseline was measured: the only trial that ran
 
 
+def test_the_batch_is_planned_only_up_to_half_of_the_data(monkeypatch):
+    """A batch over the data is never trained (Keras runs the data as one smaller batch): none is planned."""
+    import keras_gpu_tools.planner as planner
+
+    bounds = []
+
+    def plan(*args, max_batch_size=None, **kwargs):
+        bounds.append(max_batch_size)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(planner, "plan_batch_size", plan)
+    x, y = data(64)
+    row = find_speedups(mlp(), x, y, batch_size=16, max_seconds=20, changes=["batch_size"]).row("batch_size")
+    assert bounds == [32] and row.status == R.NOT_APPLICABLE and row.reason == "RuntimeError: recorded"
+    row = find_speedups(mlp(), x, y, batch_size=32, max_seconds=20, changes=["batch_size"]).row("batch_size")
+    assert bounds == [32] and row.status == R.NOT_APPLICABLE  # no plan: no batch over 32 fills the data twice
+    assert row.reason == "your data holds 64 samples: a batch over 32 leaves under two steps an epoch"
+
+
+def test_the_samples_of_a_pass_bound_the_batch_where_they_are_known():
+    x, y = data(100)
+    assert inputs.describe(x, y, 16).largest_batch() == 50
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 5
+
+        def __getitem__(self, i):
+            return x[i * 10 : (i + 1) * 10], y[i * 10 : (i + 1) * 10]
+
+    described = inputs.describe(Batches(), None, None)
+    assert described.samples == 50 and described.largest_batch() == 25
+
+
 class _Budget(finder.Budget):
     def __init__(self, max_seconds, clock):
         super().__init__(max_seconds, clock=lambda: clock[0])
