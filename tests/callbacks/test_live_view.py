@@ -149,7 +149,7 @@ def test_steps_per_execution_counts_the_steps_run(monkeypatch):
 
 @pytest.mark.slow
 def test_many_tiny_epochs_redraw_at_most_every_epoch_gap(monkeypatch):
-    """300 epochs of 1/256 s on a virtual clock (1.17 s): each epoch end is not a redraw of its own."""
+    """120 epochs of 1/256 s on a virtual clock (0.47 s): each epoch end is not a redraw of its own."""
     tick = 1 / 256  # exact in binary: the epoch ends that redraw are exact
     clock = VirtualClock()
     patch_live_view_clock(monkeypatch, clock)
@@ -157,11 +157,11 @@ def test_many_tiny_epochs_redraw_at_most_every_epoch_gap(monkeypatch):
     advance = keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: setattr(clock, "now", clock.now + tick))
     shown = []
     view = LiveView(interval=2.0, display=shown.append)
-    small_fit([advance, view], epochs=300, n=16)
+    small_fit([advance, view], epochs=120, n=16)
 
     assert len(shown) == view.redraws
     # One epoch end each EPOCH_GAP_S (every 13th epoch from the first: 13/256 s >= 0.05 s > 12/256 s),
-    # and the end of training; the interval (2 s) never comes within the fit's 1.17 s.
+    # and the end of training; the interval (2 s) never comes within the fit's 0.47 s.
     gap = math.ceil(live_view.EPOCH_GAP_S / tick)
-    assert gap == 13 and view.redraws == len(range(0, 300, gap)) + 1, view.redraws
-    assert "<b>Done</b>" in shown[-1] and "epoch 300/300" in shown[-1]
+    assert gap == 13 and view.redraws == len(range(0, 120, gap)) + 1, view.redraws
+    assert "<b>Done</b>" in shown[-1] and "epoch 120/120" in shown[-1]
