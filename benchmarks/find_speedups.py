@@ -210,7 +210,7 @@ def main() -> int:
     args = _parse()
     cases = CASES if args.case == "all" else (args.case,)
     if args.smoke:
-        args.max_seconds = min(args.max_seconds, 5.0)
+        args.max_seconds = min(args.max_seconds, 8.0)
     results = _common.measure_and_save(args, BENCHMARK, lambda a: {case: measure(case, a) for case in cases})
     backend = _common.setup(args)
     check = _common.Checks(args)
