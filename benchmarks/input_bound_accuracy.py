@@ -41,7 +41,7 @@ SMOKE_TARGETS = (0.0, 0.9)
 
 def _parse():
     p = _common.parser(__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default 120; --smoke 40)")
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default 120; --smoke 20)")
     p.add_argument("--repeats", type=int, default=None, help="detector runs per target (default 2; --smoke 1)")
     p.add_argument("--busy", action="store_true", help="busy-loop delays instead of sleeps")
     p.add_argument("--small", action="store_true", help="the CPU-sized model (implied by --smoke)")
@@ -56,7 +56,7 @@ def measure(args) -> list[dict]:
 
     backend = keras.backend.backend()
     small = args.small or args.smoke
-    steps = args.steps or (40 if args.smoke else 120)
+    steps = args.steps or (20 if args.smoke else 120)
     repeats = args.repeats or (1 if args.smoke else 2)
     # A small input (little to copy per batch) and wide hidden layers: the
     # pipeline's own cost stays small against the injected delay.

@@ -43,8 +43,8 @@ clock and a shared machine move a ratio by more than 10%, and a growth of a few 
 epoch is not what the goal is about); `calls_late` at most 1.05 times `calls_early` plus one, for
 every callback and "all"; "all" at most 1 ms an epoch, early and late (not with `--job`, whose
 epoch ends wait for the other process). The goals read the raw `late / early`;
-`vs_control` is there to tell a callback's growth from the process's. A smoke run (120 epochs, a
-window of 50) checks that every callback and the control were timed in every round and every time
+`vs_control` is there to tell a callback's growth from the process's. A smoke run (50 epochs, a
+window of 20) checks that every callback and the control were timed in every round and every time
 is finite and positive, and prints the goals unenforced.
 
     python benchmarks/per_epoch_cost.py --backend tensorflow             # 3,000 epochs x 2 rounds
@@ -75,7 +75,7 @@ CALLBACKS = (*PER_STEP_CALLBACKS, "MemoryLeakDetector")
 BENCHMARK = "per_epoch_cost"
 EARLY = 10  # the first epoch of the early window: the ones before are compilation, first writes, warm-up
 WINDOW = 100  # epochs per median: single slow epochs of a shared machine left out (15 took them in)
-SMOKE_WINDOW = 50
+SMOKE_WINDOW = 20
 CONTROL = "control (no-op)"  # a callback whose epoch hooks do nothing: the process-wide drift
 GOAL = 1.10  # late / early at most
 GOAL_FLOOR_MS = 0.01  # late costs below this are left out of the late / early goal: a ratio of noise
@@ -244,7 +244,7 @@ def _worker(args, names: list[str]) -> int:
 def main() -> int:
     args = _parse().parse_args()
     if args.smoke:
-        args.epochs, args.rounds, args.window = min(args.epochs, 120), 2, min(args.window, SMOKE_WINDOW)
+        args.epochs, args.rounds, args.window = min(args.epochs, 50), 2, min(args.window, SMOKE_WINDOW)
     if args.job:
         args.backend = "jax"
     backend = _common.setup(args)

@@ -94,7 +94,7 @@ def _parse():
         p.error(f"--callbacks: unknown {sorted(unknown)}; expected names from {', '.join(CALLBACKS)}, or Callback")
     if args.smoke:
         args.width, args.layers, args.batch = 32, 1, 32
-        args.steps, args.block, args.epochs, args.rounds = 500, 100, 3, 1
+        args.steps, args.block, args.epochs, args.rounds = 250, 50, 3, 1
     if args.steps < 2 * args.block + 1:
         p.error("--steps must hold at least two blocks and one more step")
     return args
