@@ -42,3 +42,36 @@ def test_a_live_dot_whose_operands_are_named_without_shapes_counts():
 def test_text_without_instructions_counts_nothing():
     assert hlo_flops("") == 0.0
     assert hlo_flops("HloModule m\n") == 0.0
+
+
+def test_the_graph_count_reads_the_fits_own_trace_of_those_shapes_and_traces_anew_for_others(monkeypatch):
+    import numpy as np
+    import pytest
+
+    from tests.helpers.models import BACKEND
+
+    if BACKEND != "tensorflow":
+        pytest.skip("TensorFlow's traced step")
+    import keras
+    import tensorflow as tf
+
+    from keras_gpu_tools.backends.tensorflow.flops import op_flops
+    from keras_gpu_tools.runtime import keras_internals as ki
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    model.compile("sgd", "mse")
+    model.fit(np.zeros((16, 8), "float32"), np.zeros((16, 4), "float32"), batch_size=16, epochs=1, verbose=0)
+    function = ki.tf_step_function(model.train_function)
+    traces = function.experimental_get_tracing_count()
+
+    def specs(n):
+        return tf.TensorSpec((n, 8), tf.float32), tf.TensorSpec((n, 4), tf.float32)
+
+    def hand(n):  # the forward matmul and the kernel's gradient (no input gradient is needed)
+        return 2 * n * 8 * 4 * 2
+
+    with monkeypatch.context() as m:
+        m.setattr(tf, "function", lambda *a, **k: pytest.fail("traced anew though the fit traced these shapes"))
+        assert sum(f for _, f in op_flops(function, specs(16))) == hand(16)
+    assert sum(f for _, f in op_flops(function, specs(32))) == hand(32)  # shapes the fit never ran: a new trace
+    assert function.experimental_get_tracing_count() == traces  # Keras's own function keeps its traces
