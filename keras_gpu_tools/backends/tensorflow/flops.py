@@ -352,13 +352,13 @@ def op_flops(function, specs) -> list[tuple[str, float]]:
 def _step_graph(tf, function, specs):
     """The step's graph for a batch of ``specs``: the fit's own trace where one has exactly these shapes, else a new one.
 
-    Reusing the fit's trace costs nothing (a new trace of a ResNet-50 step
-    takes seconds of Python) and adds no trace to the function Keras calls: a
-    new ``tf.function`` of its Python function is traced instead. A trace with
-    relaxed shapes (an unknown batch dimension) is not reused: the count needs
-    every dimension.
+    Reading the fit's trace costs nothing, where a new trace of a ResNet-50
+    step takes seconds of Python. The new trace is of a new ``tf.function``
+    of the step's Python function, so Keras's own function keeps its traces
+    (and its trace count). A trace with relaxed shapes (an unknown batch
+    dimension) is not read: the count needs every dimension.
     """
-    wanted = [None if s is None else (tuple(s.shape.as_list()), s.dtype) for s in tf.nest.flatten(specs)]
+    wanted = [(tuple(s.shape.as_list()), s.dtype) for s in tf.nest.flatten(specs) if s is not None]
     try:  # the traces of a tf.function, without tracing (no public API lists them)
         traced = list(function._function_cache.values())
     except Exception:
@@ -366,9 +366,8 @@ def _step_graph(tf, function, specs):
     for concrete in traced:
         try:
             args = tf.nest.flatten(concrete.structured_input_signature[0])
-            have = [(tuple(a.shape.as_list()), a.dtype) for a in args]
+            if [(tuple(a.shape.as_list()), a.dtype) for a in args] == wanted:
+                return concrete.graph
         except Exception:
             continue
-        if len(have) == len([w for w in wanted if w is not None]) and have == [w for w in wanted if w is not None]:
-            return concrete.graph
     return tf.function(function.python_function).get_concrete_function(specs).graph
