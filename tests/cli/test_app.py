@@ -1,4 +1,4 @@
-"""The keras-gpu-tools command: doctor's reasoning and both commands end to end."""
+"""The keras-gpu-tools command: doctor's reasoning, report and demo's checks (the README's demo runs in test_readme.py)."""
 
 import os
 import subprocess
