@@ -314,6 +314,7 @@ def trace_op_ms_per_step(files: list[str], steps: int) -> float | None:
 
     Read with the package's trace reader (device kernels where the trace has them, else host ops),
     every op summed, over the steps the trace marks (torch: only the ops inside them), else ``steps``.
+    Copies between host and device are left out, as the table and xprof's per-op totals leave them.
     None without a trace file.
     """
     from keras_gpu_tools.profiling.layer_trace import torch_ops, xplane_ops
@@ -323,7 +324,7 @@ def trace_op_ms_per_step(files: list[str], steps: int) -> float | None:
     if not xplanes and not torch_files:
         return None
     found = xplane_ops(xplanes) if xplanes else torch_ops(torch_files)
-    in_steps = [op for op in found.ops if not found.steps or op.step is not None]
+    in_steps = [op for op in found.ops if not op.copy and (not found.steps or op.step is not None)]
     return sum(op.ps for op in in_steps) / max(1, found.steps or steps) / 1e9
 
 

@@ -55,6 +55,7 @@ benchmarks() {
             --max-seconds 110 $([ "$b" = torch ] && echo --reference batch)
         part 900 "find_speedups_$b" python3 benchmarks/find_speedups.py --backend $b "${MACHINE_ARG[@]}"
         part 300 "layer_table_cost_$b" python3 benchmarks/layer_table_cost.py --backend $b "${MACHINE_ARG[@]}"
+        part 300 "layer_table_heavy_$b" python3 benchmarks/layer_table_heavy.py --backend $b "${MACHINE_ARG[@]}"
         # Keras's torch backend runs one step per call: steps_per_execution is TensorFlow's and JAX's
         if [ "$b" = jax ]; then
             part 300 "profiler_window_spe_$b" python3 benchmarks/profiler_window_spe.py --backend $b "${MACHINE_ARG[@]}"

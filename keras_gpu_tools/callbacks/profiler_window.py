@@ -158,8 +158,8 @@ class ProfilerWindow(FitCallback, roles.ProfileCaptures):
         """Time per Keras layer in a profiled window (the last by default; `window` indexes them by start step).
 
         `rows` (`LayerRow`: `path`, `calls`, `ms_per_step`, `share`, `forward_ms`, `backward_ms`, `flops_per_step`,
-        `peak_activation_bytes` (torch only); None where the trace gives none) come heaviest first; the loss and
-        optimizer are `"(outside layers)"`. Waits for the analysis; None before any window or without a profiler.
+        `peak_activation_bytes` (torch only)) come heaviest first; loss and optimizer are `"(outside layers)"`;
+        host-device copies are in no row (`copy_ms_per_step`). Waits for the analysis; None before any window.
         """
         self.wait_for_analysis()
         return self._layers.table(window)

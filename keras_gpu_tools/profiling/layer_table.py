@@ -16,7 +16,7 @@ from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter
 from keras_gpu_tools.profiling.capture import steps_name
 from keras_gpu_tools.profiling.layer_trace import TraceOps, torch_ops, xplane_ops
-from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode, LayerRow, assign_flops, attribute
+from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode, LayerRow, OpTime, assign_flops, attribute
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -31,7 +31,8 @@ class LayerTable:
     start_step: int
     num_steps: int
     rows: list[LayerRow] = field(default_factory=list)
-    total_ms_per_step: float | None = None  # every op the trace counts, per step
+    total_ms_per_step: float | None = None  # every op the trace counts, per step (copies apart)
+    copy_ms_per_step: float | None = None  # copies between host and device, per step (None: none traced)
     source: str = ""  # "device kernels" (a GPU) or "host ops" (a CPU)
     note: str = ""  # what the table cannot tell (e.g. nothing in a layer: a compiled torch step)
     error: str = ""  # why there is no table
@@ -61,6 +62,8 @@ class LayerTable:
             )
         if len(self.rows) > limit:
             lines.append(f"| ... {len(self.rows) - limit} more | | | | | | |" + (" |" if peaks else ""))
+        if self.copy_ms_per_step is not None:
+            lines += ["", copies_sentence(self.copy_ms_per_step)]
         if self.flops_per_step is not None:
             lines += ["", f"FLOPs/step: {self.flops_per_step:.3g} in all, forward and backward ({self.flops_source})."]
         if peaks:
@@ -110,12 +113,14 @@ def build_table(
             return table
         found: TraceOps = xplane_ops(xplanes) if xplanes else torch_ops(torch_files)
         steps = found.steps or num_steps
-        table.rows, table.total_ms_per_step = attribute(found.ops, tree, steps, found.calls)
+        ops, copy_ps = split_copies(found.ops)
+        table.rows, table.total_ms_per_step = attribute(ops, tree, steps, found.calls)
+        table.copy_ms_per_step = None if copy_ps is None else copy_ps / max(1, steps) / 1e9
         if found.peaks is not None:  # the allocator's, where the trace has it (torch): never for a row it has not
             for row in table.rows:
                 row.peak_activation_bytes = found.peaks.get(row.path)
         table.source = found.source
-        if not found.ops:
+        if not ops:
             table.error = "the trace has no op times (a device tracer off, or steps that ran nothing)"
         elif all(r.path == OUTSIDE for r in table.rows):  # nothing measured per layer: no rows of 0 ms
             table.error = (
@@ -139,6 +144,26 @@ def build_table(
     finally:
         table.seconds = time.perf_counter() - t0
     return table
+
+
+def copies_sentence(ms_per_step: float) -> str:
+    """What the table says of the window's copies between host and device (the report says the same)."""
+    return (
+        f"Copies between host and device: {ms_per_step:.3f} ms per step, not in the rows or their total "
+        "(they move the batches in and results out on the GPU's copy engines: no layer's work)."
+    )
+
+
+def split_copies(ops: list[OpTime]) -> tuple[list[OpTime], float | None]:
+    """The ops without copies between host and device, and the copies' picoseconds in the profiled steps.
+
+    Where ops know their step (torch), only the copies inside the steps count. None: no copy traced.
+    """
+    copies = [op for op in ops if op.copy]
+    if not copies:
+        return ops, None
+    stepped = any(op.step is not None for op in ops)
+    return [op for op in ops if not op.copy], float(sum(op.ps for op in copies if not stepped or op.step is not None))
 
 
 def _add_flops(table: LayerTable, tree: LayerNode, flops: Callable) -> None:

@@ -1,7 +1,8 @@
 """A trace's op times for the layer table: XLA/TensorFlow ops from ``.xplane.pb``, torch ops from its Chrome trace.
 
 Where the trace has a device plane with kernels (a GPU), the kernels' times
-count; on a CPU the ops' own times on the host threads do (an op's time
+count; its copies between host and device are marked apart (``OpTime.copy``):
+they move batches and results on the copy engines, no layer's work. On a CPU the ops' own times on the host threads do (an op's time
 without the counted ops nested in it, so nothing counts twice).
 
 - ``.xplane.pb`` (TensorFlow, JAX): a GPU kernel is named after its framework
@@ -39,6 +40,7 @@ _TF_OP = re.compile(r"^([^:\s]+):([A-Za-z_]\w*)$")
 _TF_NOT_COMPUTE = ("PartitionedCall", "StatefulPartitionedCall", "IteratorGetNext", "XlaLaunch", "XlaLaunchV2")
 _DERIVED_LINES = {"Steps", "XLA Modules", "XLA Ops", "XLA TraceMe", "Framework Name Scope", "Framework Ops"}
 _DEVICE_PLANE = re.compile(r"^/device:(GPU|TPU)")
+_TORCH_HOST_COPIES = ("Memcpy HtoD", "Memcpy DtoH")  # torch's names of copies between host and device
 
 
 @dataclass
@@ -110,12 +112,16 @@ def xplane_ops(paths: Iterable[str]) -> TraceOps:
 def _device_ops(line, names, stat_names, progs: xla_kernels.Programs) -> list[OpTime]:
     """One stream's kernels as ops: by TensorFlow's op where it names one, else by the XLA program's HLO."""
     kernels: list[tuple[xla_kernels.Kernel, Any, str]] = []
+    copies: list[OpTime] = []
     for ev in line.events:
         stats = {stat_names.get(s.metadata_id, ""): s for s in ev.stats}
 
         def stat(key: str, stats=stats) -> str:
             return str(stat_value(stats[key], stat_names) or "") if key in stats else ""
 
+        if _host_device_copy(names.get(ev.metadata_id, ""), stat("memcpy_details")):
+            copies.append(OpTime("", ev.duration_ps, copy=True))
+            continue
         tf_op = stat("tf_op")
         if tf_op.startswith("XlaModule:"):  # XLA's own launch, not a framework op
             tf_op = ""
@@ -132,7 +138,16 @@ def _device_ops(line, names, stat_names, progs: xla_kernels.Programs) -> list[Op
             op_name = launch.split("::")[-1].split("#")[0]
         flops = next((stat_value(s, stat_names) for s in ev.stats if stat_names.get(s.metadata_id) == "flops"), None)
         out.append(OpTime(op_name, ev.duration_ps, _is_backward(op_name), float(flops) if flops else None))
-    return out
+    return out + copies
+
+
+def _host_device_copy(name: str, details: str) -> bool:
+    """A device event that copies between host and device memory (``memcpy_details``: ``kind_src:pinned kind_dst:device ...``)."""
+    kinds = dict(part.split(":", 1) for part in details.split() if part.startswith(("kind_src:", "kind_dst:")))
+    if kinds:
+        src, dst = kinds.get("kind_src", ""), kinds.get("kind_dst", "")
+        return src != dst and "device" in (src, dst)
+    return name in ("MemcpyH2D", "MemcpyD2H")
 
 
 def _host_op(name: str, ps: int, hlo: dict[str, str]) -> OpTime | None:
@@ -199,7 +214,8 @@ def torch_ops(paths: Iterable[str]) -> TraceOps:
                 bwd = launcher.backward if launcher is not None else False
                 step = launcher.step if launcher is not None else None
                 ps = int(float(k.get("dur", 0)) * 1e6)
-                device.append(OpTime("", ps, bwd, path=path_, resolved=True, step=step))
+                copy = k.get("cat") == "gpu_memcpy" and str(k.get("name", "")).startswith(_TORCH_HOST_COPIES)
+                device.append(OpTime("", ps, bwd, path=path_, resolved=True, step=step, copy=copy))
             ops, kernels = device, []
             out.source = "device kernels"
     out.source = out.source or "host ops"

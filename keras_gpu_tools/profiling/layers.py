@@ -149,6 +149,7 @@ class OpTime:
     path: str | None = None  # already resolved (torch's layer ranges)
     resolved: bool = False
     step: int | None = None  # the profiled step it ran in, where the trace tells (torch)
+    copy: bool = False  # a copy between host and device: no layer's work, kept out of the rows
 
 
 @dataclass

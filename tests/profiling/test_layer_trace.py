@@ -101,8 +101,11 @@ def _torch_trace(path):
         x("cudaLaunchKernel", "cuda_runtime", t0 + 410, 5, tid=2, correlation=100 * step + 3)
         x("Optimizer.step#Adam.step", "cpu_op", t0 + 600, 50)
         x("cudaLaunchKernel", "cuda_runtime", t0 + 610, 5, correlation=100 * step + 4)
+        x("aten::to", "cpu_op", t0 + 700, 50)  # the next batch to the device: a copy, no layer's work
+        x("cudaMemcpyAsync", "cuda_runtime", t0 + 710, 5, correlation=100 * step + 5)
         for corr, dur in ((1, 2000), (2, 100), (3, 1000), (4, 400)):
             x("kernel", "kernel", t0 + 1000 + corr * 2000, dur, tid=7, correlation=100 * step + corr)
+        x("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", t0 + 8500, 300, tid=7, correlation=100 * step + 5)
     with open(path, "w") as f:
         json.dump({"traceEvents": ev}, f)
     return str(path)
@@ -128,6 +131,9 @@ def test_torch_kernels_go_to_the_layer_of_the_op_that_launched_them(tmp_path):
     assert (by["heavy"].forward_ms, by["heavy"].backward_ms) == (pytest.approx(2.0), pytest.approx(1.0))
     assert by[OUTSIDE].ms_per_step == pytest.approx(0.4)
     assert by["inner/small"].ms_per_step == pytest.approx(0.1)
+    # the input copy is in no row and not in the total: its own figure, said under the table
+    assert table.total_ms_per_step == pytest.approx(3.5) and table.copy_ms_per_step == pytest.approx(0.3)
+    assert "Copies between host and device: 0.300 ms per step" in table.text()
 
 
 def test_an_unreadable_trace_gives_a_table_that_says_why(tmp_path):

@@ -9,14 +9,18 @@ second is the reference for the first. Also a written XSpace for the cases a
 small trace shows exactly.
 """
 
+import json
 import os
 
 import pytest
 
+from keras_gpu_tools.logdir.writer import to_plain
 from keras_gpu_tools.profiling import xla_kernels
-from keras_gpu_tools.profiling.layer_table import build_table
+from keras_gpu_tools.profiling.layer_table import build_table, copies_sentence
+from keras_gpu_tools.profiling.layer_trace import _host_device_copy
 from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode
-from keras_gpu_tools.profiling.xplane import _classes
+from keras_gpu_tools.profiling.xplane import _classes, read_xspace
+from keras_gpu_tools.reporting.sections.layer_table import layer_table_dict, layer_table_lines
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 BUFFERED = os.path.join(DATA, "jax_gpu_command_buffers.xplane.pb")
@@ -49,6 +53,45 @@ def test_a_command_buffer_trace_books_each_layer_as_the_trace_without_buffers_do
     # the two runs' kernels differ by their own run-to-run spread only
     assert max(abs(ours[p] - theirs[p]) for p in ours) < 0.03, (ours, theirs)
     assert {r.path: r.calls for r in buffered.rows}["shared"] == 2
+
+
+def test_copies_between_host_and_device_are_kept_out_of_the_rows_and_said_apart():
+    """The input batches' copies run on the copy engines' streams: no layer's work, so no row's share."""
+    space = read_xspace(BUFFERED)
+    copies = every = 0
+    for plane in space.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        names = {e.key: e.value.name for e in plane.event_metadata}
+        for line in plane.lines:
+            if line.name.startswith("Stream"):
+                every += sum(ev.duration_ps for ev in line.events)
+                copies += sum(
+                    ev.duration_ps for ev in line.events if names[ev.metadata_id] in ("MemcpyH2D", "MemcpyD2H")
+                )
+    table = build_table(5, 6, [BUFFERED], HEAVY)
+    assert copies > 0 and table.copy_ms_per_step == pytest.approx(copies / 6 / 1e9)
+    assert table.total_ms_per_step == pytest.approx((every - copies) / 6 / 1e9)
+    assert sum(r.ms_per_step for r in table.rows) == pytest.approx(table.total_ms_per_step)
+    said = copies_sentence(table.copy_ms_per_step)
+    assert f"{table.copy_ms_per_step:.3f} ms per step, not in the rows" in said and said in table.text()
+    # the report reads the same figure from the table's record (the JSON TensorBoard keeps)
+    _, lines = layer_table_lines(layer_table_dict(json.loads(json.dumps(to_plain(table)))))
+    assert said in lines
+
+
+@pytest.mark.parametrize(
+    ("name", "details", "copy"),
+    [
+        ("MemcpyH2D", "kind_src:pinned kind_dst:device size:4096 dest:0 async:1", True),
+        ("MemcpyD2H", "kind_src:device kind_dst:pageable size:4 dest:0 async:1", True),
+        ("MemcpyD2D", "kind_src:device kind_dst:device size:4096 dest:0 async:1", False),  # a layer's own copy
+        ("MemcpyH2D", "", True),  # no details: by the event's name
+        ("memcpy32_post", "", False),  # a kernel XLA generates
+    ],
+)
+def test_a_host_device_copy_is_told_by_its_kinds_else_its_name(name, details, copy):
+    assert _host_device_copy(name, details) is copy
 
 
 def _module_hlo():

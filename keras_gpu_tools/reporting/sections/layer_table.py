@@ -11,6 +11,7 @@ from typing import Any
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import to_plain
 from keras_gpu_tools.profiling.capture import steps_name
+from keras_gpu_tools.profiling.layer_table import copies_sentence
 from keras_gpu_tools.reporting.logs import Logs
 from keras_gpu_tools.reporting.markup import e, prose, table
 from keras_gpu_tools.reporting.model import ReportData
@@ -30,6 +31,7 @@ def layer_table_dict(rec: dict[str, Any]) -> dict[str, Any]:
         "span": steps_name(start, n),
         "source": str(rec.get("source") or ""),
         "total_ms": finite(rec.get("total_ms_per_step")),
+        "copy_ms": finite(rec.get("copy_ms_per_step")),
         "error": str(rec.get("error") or ""),
         "note": str(rec.get("note") or ""),
         "rows": [
@@ -62,6 +64,8 @@ def layer_table_lines(t: dict[str, Any]) -> tuple[str, list[str]]:
         )
     if len(t["rows"]) > LAYER_ROWS:
         body.append(f"  ... {len(t['rows']) - LAYER_ROWS} more rows (ProfilerWindow.layer_table())")
+    if t.get("copy_ms") is not None:
+        body.append(copies_sentence(t["copy_ms"]))
     if t["note"]:
         body.append(t["note"])
     return head, body
@@ -109,7 +113,8 @@ class LayerTable(BaseSection):
         ]
         parts = [f"<h3>{e(head)}</h3>", f"<p>{prose(lines[0])}</p>"]
         parts.append(table(["layer", "calls", "per step", "share", "forward", "backward"], rows))
-        return parts + [f"<p>{prose(t['note'])}</p>"] * bool(t["note"])
+        notes = [line for line in lines[1:] if not line.startswith("  ")]  # the copies and the note, as in the text
+        return parts + [f"<p>{prose(n)}</p>" for n in notes]
 
 
 SECTION = LayerTable()
