@@ -234,16 +234,20 @@ def timing_stop(
 
 
 def within(row: Candidate, best: Candidate, tolerance: float = KNEE_TOLERANCE) -> bool:
-    """Whether ``row`` is within ``tolerance`` of ``best``, their uncertainties counted.
+    """Whether ``row`` is within ``tolerance`` of ``best``, their uncertainties counted (``best`` always is).
 
-    The rule: ``row``'s samples/s plus its uncertainty reaches ``1 - tolerance``
-    of ``best``'s samples/s less its uncertainty. A figure known only to ±3%
-    is given the benefit of its doubt, so a noisy reading of a smaller batch
-    does not make the plan a larger one.
+    The rule: ``row``'s samples/s less its uncertainty reaches ``1 - tolerance``
+    of ``best``'s samples/s plus its uncertainty. A smaller batch is planned
+    only where it is within 5% at the worst of both figures: what the plan
+    says of its batch ("within 5% of the fastest") then holds in the fit,
+    where a reading given the benefit of its doubt planned batches slower than
+    that.
     """
-    up = (row.samples_per_sec or 0.0) * (1.0 + (row.uncertainty or 0.0))
-    down = (best.samples_per_sec or 0.0) * (1.0 - (best.uncertainty or 0.0))
-    return up >= (1.0 - tolerance) * down
+    if row is best:
+        return True
+    down = (row.samples_per_sec or 0.0) * (1.0 - (row.uncertainty or 0.0))
+    up = (best.samples_per_sec or 0.0) * (1.0 + (best.uncertainty or 0.0))
+    return down >= (1.0 - tolerance) * up
 
 
 def _sps(r: Candidate) -> str:
