@@ -103,8 +103,8 @@ def plan_batch_size(
             8). Each is timed until its samples/s is known within ±2% (one
             standard error over repeated windows) or its share of
             `max_seconds` is spent (the table says which); a candidate is
-            within 5% when its samples/s less its uncertainty reaches 95% of
-            the fastest's plus the fastest's uncertainty; an input pipeline slower than it caps what
+            within 5% when its samples/s over the fastest's, less that ratio's
+            uncertainty (the two added in quadrature), reaches 95%; an input pipeline slower than it caps what
             training reaches at any batch (`InputBoundDetector` says). Under data parallelism
             (`keras.distribution`, `tf.distribute.MirroredStrategy`) the
             candidates are per device, and every process of a job plans the

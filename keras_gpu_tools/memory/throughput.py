@@ -236,18 +236,19 @@ def timing_stop(
 def within(row: Candidate, best: Candidate, tolerance: float = KNEE_TOLERANCE) -> bool:
     """Whether ``row`` is within ``tolerance`` of ``best``, their uncertainties counted (``best`` always is).
 
-    The rule: ``row``'s samples/s less its uncertainty reaches ``1 - tolerance``
-    of ``best``'s samples/s plus its uncertainty. A smaller batch is planned
-    only where it is within 5% at the worst of both figures: what the plan
+    The rule: the ratio of ``row``'s samples/s to ``best``'s, less the ratio's
+    own uncertainty (both relative uncertainties added in quadrature, one
+    standard error), reaches ``1 - tolerance``. A smaller batch is planned
+    only where it is within 5% of the fastest with that margin: what the plan
     says of its batch ("within 5% of the fastest") then holds in the fit,
     where a reading given the benefit of its doubt planned batches slower than
-    that.
+    that. Two figures known to ±2% need a ratio of 97.8%; bare figures, 95%.
     """
-    if row is best:
+    r, b = row.samples_per_sec or 0.0, best.samples_per_sec or 0.0
+    if row is best or r >= b:
         return True
-    down = (row.samples_per_sec or 0.0) * (1.0 - (row.uncertainty or 0.0))
-    up = (best.samples_per_sec or 0.0) * (1.0 + (best.uncertainty or 0.0))
-    return down >= (1.0 - tolerance) * up
+    margin = math.hypot(row.uncertainty or 0.0, best.uncertainty or 0.0)
+    return r / b - margin >= 1.0 - tolerance
 
 
 def _sps(r: Candidate) -> str:

@@ -4,13 +4,16 @@
   framework op name), each op's framework name matched to a layer path;
 - torch: ``torch.profiler``'s own parse of a session (``prof.events()``): each kernel's device time
   (once, under the CPU op that launched it), to the ``keras_layer::`` range among that op's CPU
-  parents, a backward op by its autograd sequence number to the layer of the forward op with that number.
+  parents, a backward op by its autograd sequence number to the layer of the forward op with that number;
+  copies between host and device left out, as the table and xprof's per-op totals leave them.
 """
 
 from __future__ import annotations
 
 from keras_gpu_tools.profiling.layers import OUTSIDE, Matcher, layer_tree, segments_of
 from keras_gpu_tools.profiling.trace import tool_data
+
+_HOST_COPIES = ("Memcpy HtoD", "Memcpy DtoH")  # torch.profiler's names of copies between host and device
 
 
 def xprof_layer_shares(model, xplane_files) -> dict[str, float]:
@@ -58,7 +61,8 @@ def torch_layer_shares(model, run_steps, steps: int = 5) -> dict[str, float]:
     for e in events:
         # Each kernel once, under the CPU op that launched it (torch.profiler links them by correlation):
         # an op's self device time would count a kernel again as an event of its own, with no CPU parent.
-        t = float(sum(k.duration for k in getattr(e, "kernels", ()) or ()))
+        # Copies between host and device are no layer's work: the table keeps them apart too.
+        t = float(sum(k.duration for k in getattr(e, "kernels", ()) or () if not k.name.startswith(_HOST_COPIES)))
         if t <= 0:
             continue
         path = layer_of(e)

@@ -106,6 +106,10 @@ def _torch_trace(path):
         for corr, dur in ((1, 2000), (2, 100), (3, 1000), (4, 400)):
             x("kernel", "kernel", t0 + 1000 + corr * 2000, dur, tid=7, correlation=100 * step + corr)
         x("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", t0 + 8500, 300, tid=7, correlation=100 * step + 5)
+    # a copy outside the profiled steps (the window's warm-up): not the steps' time
+    x("aten::to", "cpu_op", 30_000, 50)
+    x("cudaMemcpyAsync", "cuda_runtime", 30_010, 5, correlation=999)
+    x("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 30_100, 5_000, tid=7, correlation=999)
     with open(path, "w") as f:
         json.dump({"traceEvents": ev}, f)
     return str(path)
@@ -131,7 +135,7 @@ def test_torch_kernels_go_to_the_layer_of_the_op_that_launched_them(tmp_path):
     assert (by["heavy"].forward_ms, by["heavy"].backward_ms) == (pytest.approx(2.0), pytest.approx(1.0))
     assert by[OUTSIDE].ms_per_step == pytest.approx(0.4)
     assert by["inner/small"].ms_per_step == pytest.approx(0.1)
-    # the input copy is in no row and not in the total: its own figure, said under the table
+    # the input copies of the steps are in no row and not in the total: their own figure, said under the table
     assert table.total_ms_per_step == pytest.approx(3.5) and table.copy_ms_per_step == pytest.approx(0.3)
     assert "Copies between host and device: 0.300 ms per step" in table.text()
 

@@ -9,6 +9,7 @@ second is the reference for the first. Also a written XSpace for the cases a
 small trace shows exactly.
 """
 
+import html
 import json
 import os
 
@@ -20,7 +21,8 @@ from keras_gpu_tools.profiling.layer_table import build_table, copies_sentence
 from keras_gpu_tools.profiling.layer_trace import _host_device_copy
 from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode
 from keras_gpu_tools.profiling.xplane import _classes, read_xspace
-from keras_gpu_tools.reporting.sections.layer_table import layer_table_dict, layer_table_lines
+from keras_gpu_tools.reporting.model import ReportData
+from keras_gpu_tools.reporting.sections.layer_table import SECTION, layer_table_dict, layer_table_lines
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 BUFFERED = os.path.join(DATA, "jax_gpu_command_buffers.xplane.pb")
@@ -76,8 +78,9 @@ def test_copies_between_host_and_device_are_kept_out_of_the_rows_and_said_apart(
     said = copies_sentence(table.copy_ms_per_step)
     assert f"{table.copy_ms_per_step:.3f} ms per step, not in the rows" in said and said in table.text()
     # the report reads the same figure from the table's record (the JSON TensorBoard keeps)
-    _, lines = layer_table_lines(layer_table_dict(json.loads(json.dumps(to_plain(table)))))
-    assert said in lines
+    data = ReportData(layer_table=layer_table_dict(json.loads(json.dumps(to_plain(table)))))
+    assert said in layer_table_lines(data.layer_table)[1]
+    assert f"<p>{html.escape(said)}</p>" in "".join(SECTION.html(data, {}))
 
 
 @pytest.mark.parametrize(
