@@ -14,7 +14,8 @@ Whether the table is right, two shares:
   table could not put in a layer. Goal: at most 10% on ResNet-50.
 - `coverage`: the layer rows' time (every row but `(outside layers)`) over the profiler's own op
   time per step, `trace_op_ms_per_step`: the trace files' device kernels (host ops without a
-  device), read with the package's trace reader but summed before any op is put in a layer. The
+  device; copies between host and device left out, as the table leaves them), read with the
+  package's trace reader but summed before any op is put in a layer. The
   table exposes only its rows' sum, so the denominator is read again from the window's trace.
   Goal: at least 90%.
 
