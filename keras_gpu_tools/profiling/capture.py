@@ -1,4 +1,4 @@
-"""What a profiled window produced: its trace files, size, mean step time, xprof's conclusion."""
+"""What a profiled window produced (its trace files, size, mean step time, xprof's conclusion), and how every view names it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,14 @@ def steps_name(start: int, num_steps: int) -> str:
     """
     first, last = start + 1, start + max(num_steps, 1)
     return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
+def copies_sentence(ms_per_step: float) -> str:
+    """What the table says of the window's copies between host and device (every view says it so)."""
+    return (
+        f"Copies between host and device: {ms_per_step:.3f} ms per step, not in the rows or their total "
+        "(they move the batches in and results out on the GPU's copy engines: no layer's work)."
+    )
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import EventWriter
-from keras_gpu_tools.profiling.capture import steps_name
+from keras_gpu_tools.profiling.capture import copies_sentence, steps_name
 from keras_gpu_tools.profiling.layer_trace import TraceOps, torch_ops, xplane_ops
 from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode, LayerRow, OpTime, assign_flops, attribute
 
@@ -144,14 +144,6 @@ def build_table(
     finally:
         table.seconds = time.perf_counter() - t0
     return table
-
-
-def copies_sentence(ms_per_step: float) -> str:
-    """What the table says of the window's copies between host and device (the report says the same)."""
-    return (
-        f"Copies between host and device: {ms_per_step:.3f} ms per step, not in the rows or their total "
-        "(they move the batches in and results out on the GPU's copy engines: no layer's work)."
-    )
 
 
 def split_copies(ops: list[OpTime]) -> tuple[list[OpTime], float | None]:

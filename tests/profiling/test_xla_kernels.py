@@ -17,7 +17,8 @@ import pytest
 
 from keras_gpu_tools.logdir.writer import to_plain
 from keras_gpu_tools.profiling import xla_kernels
-from keras_gpu_tools.profiling.layer_table import build_table, copies_sentence
+from keras_gpu_tools.profiling.capture import copies_sentence
+from keras_gpu_tools.profiling.layer_table import build_table
 from keras_gpu_tools.profiling.layer_trace import _host_device_copy
 from keras_gpu_tools.profiling.layers import OUTSIDE, LayerNode
 from keras_gpu_tools.profiling.xplane import _classes, read_xspace

@@ -10,8 +10,7 @@ from typing import Any
 
 from keras_gpu_tools.logdir import schema
 from keras_gpu_tools.logdir.writer import to_plain
-from keras_gpu_tools.profiling.capture import steps_name
-from keras_gpu_tools.profiling.layer_table import copies_sentence
+from keras_gpu_tools.profiling.capture import copies_sentence, steps_name
 from keras_gpu_tools.reporting.logs import Logs
 from keras_gpu_tools.reporting.markup import e, prose, table
 from keras_gpu_tools.reporting.model import ReportData
