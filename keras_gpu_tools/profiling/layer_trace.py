@@ -2,8 +2,9 @@
 
 Where the trace has a device plane with kernels (a GPU), the kernels' times
 count; its copies between host and device are marked apart (``OpTime.copy``):
-they move batches and results on the copy engines, no layer's work. On a CPU the ops' own times on the host threads do (an op's time
-without the counted ops nested in it, so nothing counts twice).
+they move batches and results on the copy engines, no layer's work. On a CPU
+the ops' own times on the host threads count (an op's time without the
+counted ops nested in it, so nothing counts twice).
 
 - ``.xplane.pb`` (TensorFlow, JAX): a GPU kernel is named after its framework
   op by its ``tf_op`` stat, else by the XLA program's HLO (``xla_kernels``:
@@ -40,7 +41,7 @@ _TF_OP = re.compile(r"^([^:\s]+):([A-Za-z_]\w*)$")
 _TF_NOT_COMPUTE = ("PartitionedCall", "StatefulPartitionedCall", "IteratorGetNext", "XlaLaunch", "XlaLaunchV2")
 _DERIVED_LINES = {"Steps", "XLA Modules", "XLA Ops", "XLA TraceMe", "Framework Name Scope", "Framework Ops"}
 _DEVICE_PLANE = re.compile(r"^/device:(GPU|TPU)")
-_TORCH_HOST_COPIES = ("Memcpy HtoD", "Memcpy DtoH")  # torch's names of copies between host and device
+TORCH_HOST_COPIES = ("Memcpy HtoD", "Memcpy DtoH")  # torch's names of copies between host and device
 
 
 @dataclass
@@ -214,7 +215,7 @@ def torch_ops(paths: Iterable[str]) -> TraceOps:
                 bwd = launcher.backward if launcher is not None else False
                 step = launcher.step if launcher is not None else None
                 ps = int(float(k.get("dur", 0)) * 1e6)
-                copy = k.get("cat") == "gpu_memcpy" and str(k.get("name", "")).startswith(_TORCH_HOST_COPIES)
+                copy = k.get("cat") == "gpu_memcpy" and str(k.get("name", "")).startswith(TORCH_HOST_COPIES)
                 device.append(OpTime("", ps, bwd, path=path_, resolved=True, step=step, copy=copy))
             ops, kernels = device, []
             out.source = "device kernels"

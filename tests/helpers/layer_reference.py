@@ -10,10 +10,9 @@
 
 from __future__ import annotations
 
+from keras_gpu_tools.profiling.layer_trace import TORCH_HOST_COPIES
 from keras_gpu_tools.profiling.layers import OUTSIDE, Matcher, layer_tree, segments_of
 from keras_gpu_tools.profiling.trace import tool_data
-
-_HOST_COPIES = ("Memcpy HtoD", "Memcpy DtoH")  # torch.profiler's names of copies between host and device
 
 
 def xprof_layer_shares(model, xplane_files) -> dict[str, float]:
@@ -62,7 +61,7 @@ def torch_layer_shares(model, run_steps, steps: int = 5) -> dict[str, float]:
         # Each kernel once, under the CPU op that launched it (torch.profiler links them by correlation):
         # an op's self device time would count a kernel again as an event of its own, with no CPU parent.
         # Copies between host and device are no layer's work: the table keeps them apart too.
-        t = float(sum(k.duration for k in getattr(e, "kernels", ()) or () if not k.name.startswith(_HOST_COPIES)))
+        t = float(sum(k.duration for k in getattr(e, "kernels", ()) or () if not k.name.startswith(TORCH_HOST_COPIES)))
         if t <= 0:
             continue
         path = layer_of(e)
