@@ -12,8 +12,10 @@ so both time the step alone: on torch, Keras's array adapter batches the arrays 
 which can cap the speed of the fits on arrays.
 
 Goals (a full run exits non-zero and names the one missed): the chosen batch's independent
-samples/s within 5% of the best plain fit measured, and not below the largest fitting batch's (within
-2%); the conv net planned within 2 minutes, and any model within `--max-seconds` where given.
+samples/s within 5% of the best plain fit measured, and within 5% of the largest fitting batch's (the
+plan's own rule: the smallest batch within 5% of the fastest, so a larger batch may be up to 5%
+faster); the conv net planned within 2 minutes, and any model within `--max-seconds` plus 10%
+where given (a compile cannot be cut short).
 Every run checks that a batch was planned and (unless `--plan-only`) that the chosen batch's
 plain fit ran; a smoke run's CPU timings say nothing of a GPU's knee, so it prints the goals
 unenforced.
@@ -34,6 +36,7 @@ import _common
 
 BENCHMARK = "planner_throughput"
 PLAN_GOAL_SECONDS = {"conv": 120.0}  # the conv net's planning, at most
+PLAN_OVER = 1.10  # planning within max_seconds plus 10%
 USER_SIZES = (32, 64, 128, 256, 512, 1024)
 PLAN_SAMPLES = {
     "conv": 16384,
@@ -220,8 +223,8 @@ def main() -> int:
         )
         if args.max_seconds is not None:
             check.goal(
-                r["plan_seconds"] <= args.max_seconds,
-                f"{kind}: planned within max_seconds={args.max_seconds:g} ({r['plan_seconds']} s)",
+                r["plan_seconds"] <= PLAN_OVER * args.max_seconds,
+                f"{kind}: planned within max_seconds={args.max_seconds:g} plus 10% ({r['plan_seconds']} s)",
             )
         if kind in PLAN_GOAL_SECONDS:
             goal = PLAN_GOAL_SECONDS[kind]
@@ -237,8 +240,8 @@ def main() -> int:
         )
         largest = fast.get(r["largest_fitting"])
         check.goal(
-            largest is None or chosen >= 0.98 * largest,
-            f"{kind}: the chosen batch not slower than the largest ({r['largest_fitting']}: {largest})",
+            largest is None or chosen >= 0.95 * largest,
+            f"{kind}: the chosen batch within 5% of the largest ({r['largest_fitting']}: {largest})",
         )
     return check.exit_code()
 

@@ -113,8 +113,10 @@ def plan_batch_size(
             its fastest micro-batch (for `OOMBatchSizeReducer(plan=...)`).
             Defaults to `None`.
         max_seconds: by throughput, the time planning may take; a candidate
-            that would not finish in what is left is reported as not
-            measured. The memory search takes at most half of it: it stops
+            that would not finish in what is left (its expected compile
+            counted twice: a compile cannot be cut short) is reported as not
+            measured, and so are the batches above a doubling known to gain
+            under 1% (the device is saturated). The memory search takes at most half of it: it stops
             before a trial expected to overrun that share, with the largest
             size known to fit, and the plan's `why` says so. Defaults to
             `None` (no limit).

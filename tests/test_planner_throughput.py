@@ -136,6 +136,33 @@ def test_a_candidate_over_the_budget_is_reported_not_measured(monkeypatch):
     assert "only batch 2 was measured" in plan.why and "not a knee" in plan.why
 
 
+def test_under_a_budget_the_climb_stops_where_a_doubling_gains_nothing(monkeypatch):
+    real = throughput_run.time_batch
+
+    def flat(model, batch, *args, **kwargs):  # 1,000 samples/s from batch 4 on, known to ±0.1%
+        t = real(model, batch, *args, **kwargs)
+        b = len(batch[0])
+        sps = 500.0 * b / 2 if b < 4 else 1000.0
+        return dataclasses.replace(t, step_seconds=b / sps, uncertainty=0.001)
+
+    monkeypatch.setattr(throughput_run, "time_batch", flat)
+    x, y = data(8)  # one batch repeated: time_batch times every candidate
+    plan = plan_batch_size(bn_model(), x, y, objective="throughput", max_batch_size=32, max_seconds=600)
+    # 2 -> 4 doubled the speed; 4 -> 8 gained nothing: 16 and 32 are not timed, and say why
+    assert [(c.batch_size, c.measured) for c in plan.candidates] == [
+        (2, True),
+        (4, True),
+        (8, True),
+        (16, False),
+        (32, False),
+    ]
+    assert "batch 8 ran +0.0% (±0.1%) against 4" in plan.candidates[3].reason
+    assert "device is saturated" in plan.candidates[4].reason and plan.batch_size == 4
+    # without a budget every candidate is timed
+    unbounded = plan_batch_size(bn_model(), x, y, objective="throughput", max_batch_size=32)
+    assert all(c.measured for c in unbounded.candidates) and unbounded.batch_size == 4
+
+
 def test_a_candidate_whose_steps_alone_would_outlast_the_budget_is_not_measured(monkeypatch):
     real = throughput_run.time_batch
 

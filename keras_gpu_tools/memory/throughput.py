@@ -24,6 +24,8 @@ from typing import Any
 from keras_gpu_tools.runtime.units import format_bytes
 
 KNEE_TOLERANCE = 0.05  # a batch within 5% of the best samples/s is as good as the best
+SATURATED_GAIN = 0.01  # a doubling of the batch known to gain less than this: the device is saturated
+COMPILE_MARGIN = 2.0  # a candidate starts only where twice its expected compile fits in what is left
 TARGET_UNCERTAINTY = 0.02  # a candidate is timed until its samples/s is known within ±2% (one standard error)
 GRID = 8  # sizes users pick past 8: multiples of 8 (tensor cores, vector widths)
 FINER_SAVING = 0.125  # a finer step pays where it may cut the planned batch by an eighth or more
@@ -305,27 +307,65 @@ def knee(rows: Sequence[Candidate], tolerance: float = KNEE_TOLERANCE) -> tuple[
     return chosen, why
 
 
-def expected_seconds(measured: Sequence[tuple[float, float]]) -> float:
-    """What the next, larger candidate is expected to take, from the measured ones' (compile, wall) seconds.
+def saturation(rows: Sequence[Candidate]) -> str:
+    """Why no larger candidate is measured once the device is saturated, or "".
+
+    Saturated: the last two measured candidates are a batch and its double,
+    and the double is known (its samples/s over the smaller's plus that ratio's
+    uncertainty) to gain less than :data:`SATURATED_GAIN`. A step's speed per
+    sample rises with the batch until the device is busy and then stays flat,
+    so larger batches, whose compiles grow, are not expected to change a plan
+    that takes the smallest batch within 5% of the fastest.
+    """
+    measured = [r for r in rows if r.measured and r.samples_per_sec]
+    if len(measured) < 2:
+        return ""
+    small, large = measured[-2], measured[-1]
+    if large.batch_size != 2 * small.batch_size:
+        return ""
+    gain = (large.samples_per_sec or 0.0) / (small.samples_per_sec or 1.0) - 1.0
+    margin = math.hypot(small.uncertainty or 0.0, large.uncertainty or 0.0)
+    if gain + margin >= SATURATED_GAIN:
+        return ""
+    return (
+        f"batch {large.batch_size} ran {100 * gain:+.1f}% (±{100 * margin:.1f}%) against {small.batch_size}: "
+        f"a doubling gains under {100 * SATURATED_GAIN:g}%, so the device is saturated and larger batches, "
+        "whose compiles grow, are not timed within max_seconds"
+    )
+
+
+def expected_compile(measured: Sequence[tuple[float, float]]) -> float:
+    """The next, larger candidate's expected compile, from the measured ones' (compile, wall) seconds.
 
     Compiles grow with the batch (XLA's autotuning about doubles with it): the
-    last compile, grown as it grew over the one before (1x to 4x), plus the
-    last steady-state measurement. 0 before the first.
+    last compile, grown as it grew over the one before (1x to 4x). 0 before the first.
     """
     if not measured:
         return 0.0
-    compiled, wall = measured[-1]
+    compiled = measured[-1][0]
     growth = 1.0
     if len(measured) >= 2 and measured[-2][0] > 0:
         growth = min(4.0, max(1.0, compiled / measured[-2][0]))
-    return compiled * growth + max(0.0, wall - compiled)
+    return compiled * growth
+
+
+def expected_seconds(measured: Sequence[tuple[float, float]]) -> float:
+    """What the next, larger candidate is expected to take: :func:`expected_compile` plus the last
+    steady-state measurement. 0 before the first."""
+    if not measured:
+        return 0.0
+    compiled, wall = measured[-1]
+    return expected_compile(measured) + max(0.0, wall - compiled)
 
 
 class Budget:
     """``max_seconds`` of planning: whether a candidate can still be measured.
 
     A candidate is expected to take :func:`expected_seconds`; one that would
-    not finish within what is left is not measured (a compile cannot be cut short).
+    not finish within what is left is not measured. A compile cannot be cut
+    short, and one can jump past its growth (XLA's autotuning of one batch of
+    convolutions took 6.8 times the one before it): a candidate is started only
+    where its expected compile fits :data:`COMPILE_MARGIN` times over.
     """
 
     def __init__(self, max_seconds: float | None, clock: Callable[[], float] = time.perf_counter):
@@ -339,8 +379,9 @@ class Budget:
     def left(self) -> float:
         return math.inf if self.max_seconds is None else self.max_seconds - (self.clock() - self.start)
 
-    def refuses(self, expected_seconds: float) -> str | None:
-        """Why a candidate expected to take ``expected_seconds`` is not measured, or None."""
+    def refuses(self, expected_seconds: float, compile_seconds: float = 0.0) -> str | None:
+        """Why a candidate expected to take ``expected_seconds`` (``compile_seconds`` of it compiling) is not
+        measured, or None."""
         if self.max_seconds is None:
             return None
         left = self.left()
@@ -350,6 +391,13 @@ class Budget:
             return (
                 f"its compile and measurement would take about {expected_seconds:.1f} s (compiles grow with the "
                 f"batch), more than the {left:.1f} s left of max_seconds={self.max_seconds:g}"
+            )
+        kept = expected_seconds + (COMPILE_MARGIN - 1.0) * compile_seconds
+        if kept > left:
+            return (
+                f"its compile and measurement would take about {expected_seconds:.1f} s, and a compile can take "
+                f"{COMPILE_MARGIN:g} times what its growth predicts ({kept:.1f} s), more than the {left:.1f} s left "
+                f"of max_seconds={self.max_seconds:g}"
             )
         return None
 
@@ -431,14 +479,18 @@ def format_table(rows: Sequence[Candidate], chosen: int | None = None) -> str:
 
 
 __all__ = [
+    "COMPILE_MARGIN",
     "GRID",
     "KNEE_TOLERANCE",
+    "SATURATED_GAIN",
     "TABLE_HEADER",
     "TARGET_UNCERTAINTY",
     "Budget",
     "Candidate",
     "candidate_sizes",
     "could_refine",
+    "saturation",
+    "expected_compile",
     "finer_grid",
     "finer_size",
     "format_table",

@@ -29,8 +29,10 @@ from keras_gpu_tools.memory.throughput import (
     Candidate,
     candidate_sizes,
     could_refine,
+    expected_compile,
     expected_seconds,
     finer_size,
+    saturation,
     slowest,
 )
 from keras_gpu_tools.memory.timed_fit import FitInput, Pace, time_batch, time_fit
@@ -251,7 +253,9 @@ class ThroughputRun:
         self._seconds, self._steps, self._oom_at = {}, {}, None
         for i, per_device in enumerate(sizes):
             still = len(sizes) - i + (1 if refine else 0)  # a finer step is kept a share
-            rows.append(self._candidate(per_device, trials, self._expected(per_device), still))
+            # Under a budget, a saturated device ends the climb: larger batches' compiles grow, not their speed.
+            saturated = saturation(rows) if self.budget.max_seconds is not None else ""
+            rows.append(self._candidate(per_device, trials, *self._expected(per_device), still, saturated))
         if not refine:
             return sorted(self._merged(rows, "rows"), key=lambda r: r.batch_size)
         for step in range(MAX_FINER):
@@ -262,8 +266,9 @@ class ThroughputRun:
                 return sorted(merged, key=lambda r: r.batch_size)
             # Between two measured sizes: expected to take about as long as the larger one did.
             above = [s for b, s in sorted(self._seconds.items()) if b > finer]
-            expected = above[0][1] if above else expected_seconds(list(self._seconds.values()))
-            rows.append(self._candidate(finer, trials, expected, MAX_FINER - step))
+            measured = list(self._seconds.values())
+            expected = above[0] if above else (expected_compile(measured), expected_seconds(measured))
+            rows.append(self._candidate(finer, trials, expected[1], expected[0], MAX_FINER - step))
         return sorted(self._merged(rows, "rows"), key=lambda r: r.batch_size)
 
     def _arrays(self, b: int) -> FitInput:
@@ -275,25 +280,29 @@ class ThroughputRun:
         data = {"x": x, "batch_size": b} if y is None else {"x": x, "y": y, "batch_size": b}
         return FitInput(lambda: dict(data), m // b, per_call)
 
-    def _expected(self, per_device: int) -> float:
-        """The seconds a candidate is expected to take: compiles grow, and a step grows with its batch.
+    def _expected(self, per_device: int) -> tuple[float, float]:
+        """The seconds a candidate is expected to take, and to compile: compiles grow, and a step grows with its batch.
 
         A step of seconds (a large batch) makes the fewest steps of a timing
         outlast what the compile growth alone predicts.
         """
-        by_compile = expected_seconds(list(self._seconds.values()))
+        measured = list(self._seconds.values())
+        by_compile, compiling = expected_seconds(measured), expected_compile(measured)
         if not self._steps:
-            return by_compile
+            return by_compile, compiling
         last, step = max(self._steps.items())
-        return max(by_compile, FEWEST_STEPS * step * per_device / last)
+        return max(by_compile, FEWEST_STEPS * step * per_device / last), compiling
 
-    def _candidate(self, per_device: int, trials: list[Trial], expected: float, still: int) -> Candidate:
+    def _candidate(
+        self, per_device: int, trials: list[Trial], expected: float, compiling: float, still: int, saturated: str = ""
+    ) -> Candidate:
         """One candidate measured (or the reason it is not): every process decides together whether it is."""
         b = per_device * self.replicas
         peak_mib, fits = self._peak(per_device, trials)
         oom = self._oom_at is not None and b >= self._oom_at  # a finer step below it is still tried
         reason = f"not measured: batch {self._oom_at} ran out of memory when trained" if oom else ""
-        reason = reason or self.budget.refuses(expected) or ""
+        reason = reason or (f"not measured: {saturated}" if saturated else "")
+        reason = reason or self.budget.refuses(expected, compiling) or ""
         reasons = [r for r in self._agree(f"go{per_device}", reason) if r]
         if reasons:
             return Candidate(b, per_device, fits, peak_mib=peak_mib, reason=reasons[0])

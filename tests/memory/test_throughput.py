@@ -13,11 +13,13 @@ from keras_gpu_tools.memory.throughput import (
     Candidate,
     candidate_sizes,
     could_refine,
+    expected_compile,
     expected_seconds,
     finer_grid,
     finer_size,
     format_table,
     knee,
+    saturation,
     slowest,
     spread,
     table_rows,
@@ -154,6 +156,31 @@ def test_the_budget_refuses_a_candidate_that_would_not_finish_in_what_is_left():
     now[0] = 11.0
     assert "spent" in budget.refuses(0.0)
     assert budget.elapsed() == 11.0
+
+
+def test_a_doubling_known_to_gain_under_one_percent_saturates_the_device():
+    # A conv net's figures: 128 -> 256 gained 0.4% (±0.5%): under 1% even with its uncertainty.
+    assert "device is saturated" in saturation([row(128, 26495, u=0.004), row(256, 26597, u=0.003)])
+    assert "batch 256 ran +0.4% (±0.5%) against 128" in saturation([row(128, 26495, u=0.004), row(256, 26597, u=0.003)])
+    assert "saturated" in saturation([row(256, 6000, u=0.01), row(512, 5000, u=0.01)])  # slower: saturated too
+    assert saturation([row(128, 26495, u=0.004), row(256, 26597, u=0.01)]) == ""  # ±1.1%: a gain not ruled out
+    assert saturation([row(128, 1000, u=0.001), row(256, 1100, u=0.001)]) == ""  # +10%: still climbing
+    assert saturation([row(128, 1000, u=0.001), row(192, 1001, u=0.001)]) == ""  # not a doubling
+    assert saturation([row(128, 1000), row(256, 0, measured=False, reason="x")]) == ""  # one measured
+    assert saturation([row(64, 1000), row(128, 1000), row(256, 0, measured=False, reason="x")]) != ""
+
+
+def test_a_candidate_starts_only_where_twice_its_expected_compile_fits():
+    # A compile cannot be cut short and can jump past its growth: twice the expected compile is kept for it.
+    now = [0.0]
+    budget = Budget(110.0, clock=lambda: now[0])
+    now[0] = 60.0  # 50 s left
+    reason = budget.refuses(27.0, compile_seconds=25.0)
+    assert reason and "about 27.0 s" in reason and "2 times what its growth predicts (52.0 s)" in reason
+    assert "50.0 s left of max_seconds=110" in reason
+    assert budget.refuses(27.0, compile_seconds=20.0) is None  # 47 s with the margin: it fits
+    assert budget.refuses(45.0) is None  # no compile expected: no margin (the first candidate, torch)
+    assert expected_compile([]) == 0.0 and expected_compile([(2.0, 3.0), (4.0, 5.0)]) == 8.0
 
 
 def test_the_next_candidate_is_expected_to_compile_as_much_longer_as_the_last_did():
