@@ -12,7 +12,9 @@ arguments and wires the backend to the search (``memory/search.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,7 @@ from keras_gpu_tools.runtime.validation import check_choice, check_int, check_lo
 OBJECTIVES = ("memory", "throughput")
 # By throughput, the memory search may take this share of max_seconds; the rest times the candidates.
 MEMORY_SEARCH_SHARE = 0.5
+DEFAULT_MAX_SECONDS = 120.0  # by throughput, planning's budget unless given (math.inf: none)
 logger = logging.getLogger("keras_gpu_tools")
 
 
@@ -116,10 +119,12 @@ def plan_batch_size(
             that would not finish in what is left (its expected compile
             counted twice: a compile cannot be cut short) is reported as not
             measured, and so are the batches above a doubling known to gain
-            under 1% (the device is saturated). The memory search takes at most half of it: it stops
-            before a trial expected to overrun that share, with the largest
-            size known to fit, and the plan's `why` says so. Defaults to
-            `None` (no limit).
+            under 1% (the device is saturated). The memory search takes at
+            most half of it: it stops before a trial expected to overrun that
+            share, with the largest size known to fit, and the plan's `why`
+            says so. `math.inf` plans without a budget, timing every
+            candidate. Defaults to `None`: 120 seconds by throughput (it
+            applies to objective="throughput" only).
         log_dir: a TensorBoard log directory: the plan is written to its run
             `plan` (text, JSON, scalars per batch size, a figure), and
             `keras_gpu_tools.report(log_dir)` shows it. Defaults to `None`.
@@ -238,7 +243,13 @@ def _check_arguments(
         margin=check_number("margin", margin, low=0, high=1, exclusive_high=True, what="fraction"),
         global_batch_size=check_int("global_batch_size", global_batch_size, low=1, allow_none=True),
         max_seconds=check_number(
-            "max_seconds", max_seconds, low=0, exclusive_low=True, allow_none=True, what="number of seconds"
+            "max_seconds",
+            max_seconds,
+            low=0,
+            exclusive_low=True,
+            allow_none=True,
+            finite=False,
+            what="number of seconds",
         ),
         log_dir=check_log_dir("log_dir", log_dir),
     )
@@ -248,6 +259,9 @@ def _check_arguments(
                 f"Invalid value for argument `{name}`. Received: {name}={value!r} with objective='memory'. "
                 "Expected None: it applies to objective='throughput' only."
             )
+    if args.throughput:  # a budget by default; math.inf plans without one
+        seconds = DEFAULT_MAX_SECONDS if args.max_seconds is None else args.max_seconds
+        args = dataclasses.replace(args, max_seconds=None if math.isinf(seconds) else seconds)
     if args.global_batch_size is not None and args.max_batch_size is not None:
         raise ValueError(
             f"Invalid value for argument `max_batch_size`. Received: max_batch_size={args.max_batch_size} with "

@@ -6,6 +6,7 @@ and few steps keep each plan to seconds.
 """
 
 import dataclasses
+import math
 import random
 
 import keras
@@ -69,7 +70,7 @@ def test_the_plan_is_the_knee_of_measured_candidates_and_the_model_is_exactly_as
     seeds = global_state.get_global_attribute("global_seed_generator")
     seed_value = np.array(ops.convert_to_numpy(seeds.state.value))
 
-    plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=16)
+    plan = plan_batch_size(model, x, y, objective="throughput", max_seconds=math.inf, max_batch_size=16)
 
     sizes = [c.batch_size for c in plan.candidates]
     assert sizes == [2, 4, 8, 16]  # powers of two, never an odd size
@@ -100,7 +101,7 @@ def test_the_plan_is_the_knee_of_measured_candidates_and_the_model_is_exactly_as
 def test_a_fixed_global_batch_gets_its_fastest_split_and_the_reducer_trains_with_it():
     model = bn_model()
     x, y = data(48)
-    plan = plan_batch_size(model, x, y, objective="throughput", global_batch_size=24)
+    plan = plan_batch_size(model, x, y, objective="throughput", max_seconds=math.inf, global_batch_size=24)
     assert [c.batch_size for c in plan.candidates] == [8, 24]  # its divisors that are multiples of 8
     assert 24 % plan.batch_size == 0 and plan.micro_batches == 24 // plan.batch_size
     assert plan.global_batch_size == 24 and "global batch of 24" in plan.why
@@ -159,7 +160,7 @@ def test_under_a_budget_the_climb_stops_where_a_doubling_gains_nothing(monkeypat
     assert "batch 8 ran +0.0% (±0.1%) against 4" in plan.candidates[3].reason
     assert "device is saturated" in plan.candidates[4].reason and plan.batch_size == 4
     # without a budget every candidate is timed
-    unbounded = plan_batch_size(bn_model(), x, y, objective="throughput", max_batch_size=32)
+    unbounded = plan_batch_size(bn_model(), x, y, objective="throughput", max_seconds=math.inf, max_batch_size=32)
     assert all(c.measured for c in unbounded.candidates) and unbounded.batch_size == 4
 
 
@@ -190,12 +191,12 @@ def test_candidates_are_timed_on_the_users_arrays_where_they_hold_two_batches_of
 
     monkeypatch.setattr(throughput_run, "time_fit", spy)
     x, y = data(20)
-    plan = plan_batch_size(bn_model(), x, y, objective="throughput", max_batch_size=8)
+    plan = plan_batch_size(bn_model(), x, y, objective="throughput", max_seconds=math.inf, max_batch_size=8)
     # whole batches of the arrays only (a last, smaller batch would compile anew), an even number of them
     assert seen[:3] == [(2, 20, 20, 10), (4, 16, 16, 4), (8, 16, 16, 2)]
     assert "timed with model.fit on your arrays" in plan.method
     seen.clear()
-    few = plan_batch_size(bn_model(), *data(12), objective="throughput", max_batch_size=8)
+    few = plan_batch_size(bn_model(), *data(12), objective="throughput", max_seconds=math.inf, max_batch_size=8)
     assert seen == []  # 12 samples are not two batches of 8: every candidate on one batch repeated, alike
     assert "on one batch repeated" in few.method and "without your input pipeline's" in few.method
 
@@ -211,7 +212,7 @@ def test_a_dataset_is_planned_on_one_batch_repeated_not_timed_through(monkeypatc
         def __getitem__(self, i):
             return x[8 * i : 8 * i + 8], y[8 * i : 8 * i + 8]
 
-    plan = plan_batch_size(bn_model(), Batches(), objective="throughput", max_batch_size=4)
+    plan = plan_batch_size(bn_model(), Batches(), objective="throughput", max_seconds=math.inf, max_batch_size=4)
     assert "on one batch repeated" in plan.method
 
 
@@ -232,7 +233,7 @@ def test_after_a_candidate_runs_out_of_memory_a_finer_size_below_it_is_still_mea
     backend = type(get_backend())
     is_oom = backend.is_oom
     monkeypatch.setattr(backend, "is_oom", lambda self, e: isinstance(e, OutOfMemory) or is_oom(self, e))
-    plan = plan_batch_size(bn_model(), *data(), objective="throughput", max_batch_size=128)
+    plan = plan_batch_size(bn_model(), *data(), objective="throughput", max_seconds=math.inf, max_batch_size=128)
     rows = {c.batch_size: c for c in plan.candidates}
     assert not rows[64].measured and "ran out of memory when trained" in rows[64].reason
     assert "batch 64 ran out of memory" in rows[128].reason  # none as large is tried
@@ -250,6 +251,22 @@ def test_a_memory_search_over_its_share_of_the_budget_stops_with_what_fits_and_s
     assert "larger batches were not tried" in str(plan)
 
 
+def test_by_throughput_planning_has_a_budget_of_two_minutes_unless_given(monkeypatch):
+    budgets = []
+
+    def spy(max_seconds):
+        budgets.append(max_seconds)
+        return Budget(max_seconds)
+
+    monkeypatch.setattr(planner_module, "Budget", spy)
+    x, y = data(8)
+    for given in ({}, {"max_seconds": 30}, {"max_seconds": math.inf}):
+        plan_batch_size(bn_model(), x, y, objective="throughput", max_batch_size=2, **given)
+    assert budgets == [120.0, 30.0, None]  # math.inf: no budget, every candidate timed
+    with pytest.raises(ValueError, match=r"Received: max_seconds=inf with objective='memory'"):
+        plan_batch_size(bn_model(), x, y, max_batch_size=2, max_seconds=math.inf)
+
+
 def test_a_budget_too_small_for_one_candidate_is_refused():
     model = bn_model()
     x, y = data()
@@ -262,7 +279,9 @@ def test_the_plan_is_written_to_a_log_dir_and_tensorboard_reads_its_figure(tmp_p
     pytest.importorskip("matplotlib")
     model = bn_model()
     x, y = data()
-    plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=4, log_dir=str(tmp_path))
+    plan = plan_batch_size(
+        model, x, y, objective="throughput", max_seconds=math.inf, max_batch_size=4, log_dir=str(tmp_path)
+    )
     runs = {name: (d, files) for name, d, files in find_runs(str(tmp_path))}
     directory, files = runs[schema.PLAN_RUN]
     values_ = read_run(schema.PLAN_RUN, directory, files, [])
@@ -290,11 +309,15 @@ def test_bad_arguments_and_inputs_are_refused_with_the_reason():
     with pytest.raises(ValueError, match=r"`global_batch_size`.*objective='memory'"):
         plan_batch_size(model, x, y, global_batch_size=8, memory_limit_mib=64)
     with pytest.raises(ValueError, match=r"max_batch_size= / global_batch_size="):
-        plan_batch_size(model, x, y, objective="throughput")  # a CPU: nothing bounds the candidates
+        plan_batch_size(
+            model, x, y, objective="throughput", max_seconds=math.inf
+        )  # a CPU: nothing bounds the candidates
     with pytest.raises(ValueError, match=r"`x`.*generator"):
-        plan_batch_size(model, ((x, y) for _ in range(3)), objective="throughput", max_batch_size=4)
+        plan_batch_size(
+            model, ((x, y) for _ in range(3)), objective="throughput", max_seconds=math.inf, max_batch_size=4
+        )
     with pytest.raises(ValueError, match=r"at least one sample"):
-        plan_batch_size(model, x[:0], y[:0], objective="throughput", max_batch_size=4)
+        plan_batch_size(model, x[:0], y[:0], objective="throughput", max_seconds=math.inf, max_batch_size=4)
     with pytest.raises(ValueError, match="needs a compiled model"):
         plan_batch_size(
             keras.Sequential([keras.Input((16,)), keras.layers.Dense(1)]),
@@ -302,6 +325,7 @@ def test_bad_arguments_and_inputs_are_refused_with_the_reason():
             y,
             max_batch_size=4,
             objective="throughput",
+            max_seconds=math.inf,
         )
     assert not model.optimizer.built  # nothing was built or trained
 
@@ -316,7 +340,7 @@ def test_a_py_dataset_and_dict_inputs_are_planned_from_one_batch():
             return data(8)
 
     model = bn_model()
-    plan = plan_batch_size(model, Batches(), objective="throughput", max_batch_size=4)
+    plan = plan_batch_size(model, Batches(), objective="throughput", max_seconds=math.inf, max_batch_size=4)
     assert plan.batch_size in (2, 4)
     keras.utils.set_random_seed(0)
     a, b = keras.Input((16,), name="a"), keras.Input((4,), name="b")
@@ -324,7 +348,9 @@ def test_a_py_dataset_and_dict_inputs_are_planned_from_one_batch():
     dict_model = keras.Model({"a": a, "b": b}, out)
     dict_model.compile("sgd", "mse")
     x, y = data(8)
-    plan = plan_batch_size(dict_model, {"a": x, "b": x[:, :4]}, y, objective="throughput", max_batch_size=4)
+    plan = plan_batch_size(
+        dict_model, {"a": x, "b": x[:, :4]}, y, objective="throughput", max_seconds=math.inf, max_batch_size=4
+    )
     assert [c.batch_size for c in plan.candidates] == [2, 4]
 
 
@@ -335,11 +361,17 @@ def test_a_tf_data_dataset_is_planned_from_one_batch():
     x, y = data(16)
     model = bn_model()
     plan = plan_batch_size(
-        model, tf.data.Dataset.from_tensor_slices((x, y)).batch(8), objective="throughput", max_batch_size=4
+        model,
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(8),
+        objective="throughput",
+        max_seconds=math.inf,
+        max_batch_size=4,
     )
     assert [c.batch_size for c in plan.candidates] == [2, 4]
     with pytest.raises(ValueError, match=r"`y`.*Expected None: the dataset yields the targets"):
-        plan_batch_size(model, tf.data.Dataset.from_tensor_slices(x).batch(8), y, objective="throughput")
+        plan_batch_size(
+            model, tf.data.Dataset.from_tensor_slices(x).batch(8), y, objective="throughput", max_seconds=math.inf
+        )
 
 
 def test_an_unbatched_tf_data_dataset_is_batched_for_the_trials_or_refused_before_any():
@@ -349,17 +381,26 @@ def test_an_unbatched_tf_data_dataset_is_batched_for_the_trials_or_refused_befor
     model = bn_model()
     before = values(model)
     # single samples, as from_tensor_slices yields them: planned from a batch of its first samples
-    plan = plan_batch_size(model, tf.data.Dataset.from_tensor_slices((x, y)), objective="throughput", max_batch_size=4)
+    plan = plan_batch_size(
+        model,
+        tf.data.Dataset.from_tensor_slices((x, y)),
+        objective="throughput",
+        max_seconds=math.inf,
+        max_batch_size=4,
+    )
     assert [c.batch_size for c in plan.candidates] == [2, 4] and all(c.measured for c in plan.candidates)
     for a, b in zip(values(model), before):
         np.testing.assert_array_equal(a, b)
     # scalar labels: every leaf's first dimension differs from a batch's
     labels = tf.data.Dataset.from_tensor_slices((x, r.randint(0, 2, 16).astype("float32")))
-    plan = plan_batch_size(bn_model(), labels, objective="throughput", max_batch_size=4)
+    plan = plan_batch_size(bn_model(), labels, objective="throughput", max_seconds=math.inf, max_batch_size=4)
     assert plan.batch_size in (2, 4)
     # a batch of one size (drop_remainder) is still a batch: the model's inputs have the same rank
     even = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
-    assert plan_batch_size(model, even, objective="throughput", max_batch_size=4).batch_size in (2, 4)
+    assert plan_batch_size(model, even, objective="throughput", max_seconds=math.inf, max_batch_size=4).batch_size in (
+        2,
+        4,
+    )
     # samples that do not stack: refused naming `x`, its kind and what is expected, before any trial is built
     ragged = tf.data.Dataset.from_generator(
         lambda: ((np.ones(n, "float32"), np.float32(0)) for n in (16, 12)),
@@ -369,7 +410,7 @@ def test_an_unbatched_tf_data_dataset_is_batched_for_the_trials_or_refused_befor
     with pytest.raises(
         ValueError, match=r"argument `x`\. Received: x of type \w+ that yields single samples.*Expected a"
     ):
-        plan_batch_size(fresh, ragged, objective="throughput", max_batch_size=4)
+        plan_batch_size(fresh, ragged, objective="throughput", max_seconds=math.inf, max_batch_size=4)
     assert not fresh.optimizer.built
 
 
@@ -383,7 +424,7 @@ def test_each_candidates_mfu_is_its_hand_counted_flops_over_the_peak(monkeypatch
     x, y = np.random.RandomState(0).rand(64, 16).astype("float32"), np.zeros((64, 1), "float32")
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     before = values(model)
-    plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=32)
+    plan = plan_batch_size(model, x, y, objective="throughput", max_seconds=math.inf, max_batch_size=32)
     assert all(c.mfu is not None and c.mfu > 0 for c in plan.candidates)
     # From 16 samples on: below, XLA's count on JAX (every op) is ruled by the update's elementwise work.
     for c in (c for c in plan.candidates if c.batch_size >= 16):

@@ -31,7 +31,7 @@ def run_script(script: str, backend: str, **env) -> dict:
 
 
 MIRRORED = """
-import json, keras, numpy as np, tensorflow as tf
+import json, math, keras, numpy as np, tensorflow as tf
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2
 )
@@ -64,9 +64,9 @@ out = {}
 for name, inside in (("outside", False), ("inside", True)):
     if inside:
         with strategy.scope():
-            plan = plan_batch_size(model, x, y, objective="throughput", global_batch_size=8)
+            plan = plan_batch_size(model, x, y, objective="throughput", max_seconds=math.inf, global_batch_size=8)
     else:
-        plan = plan_batch_size(model, x, y, objective="throughput", max_batch_size=8)
+        plan = plan_batch_size(model, x, y, objective="throughput", max_seconds=math.inf, max_batch_size=8)
     out[name] = {
         "devices": plan.devices, "batch_size": plan.batch_size, "per_device": plan.per_device_batch_size,
         "sizes": [[c.batch_size, c.per_device_batch_size, c.measured] for c in plan.candidates],
@@ -99,7 +99,7 @@ def test_a_mirrored_strategy_plans_per_replica_candidates_and_puts_every_replica
 
 
 DATA_PARALLEL = """
-import json, keras, numpy as np
+import json, math, keras, numpy as np
 from keras_gpu_tools import plan_batch_size
 from tests.helpers.fresh_process import tensorflow_hidden
 keras.distribution.set_distribution(keras.distribution.DataParallel(devices=keras.distribution.list_devices()))
@@ -114,7 +114,7 @@ state = lambda: [np.asarray(v.value).tolist() for v in model.variables + model.o
 before = state()
 out = {}
 for name, kwargs in (("bounded", {"max_batch_size": 8}), ("memory", {"memory_limit_mib": 64, "max_batch_size": 16})):
-    plan = plan_batch_size(model, x, y, objective="throughput", **kwargs)
+    plan = plan_batch_size(model, x, y, objective="throughput", max_seconds=math.inf, **kwargs)
     out[name] = {
         "devices": plan.devices, "batch_size": plan.batch_size, "per_device": plan.per_device_batch_size,
         "sizes": [[c.batch_size, c.per_device_batch_size, c.measured] for c in plan.candidates],

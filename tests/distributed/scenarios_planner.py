@@ -8,6 +8,7 @@ pick the same batch from the same (merged) figures.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import keras
@@ -37,7 +38,13 @@ def throughput_plan(index: int, count: int, out: Path, max_batch_size: int = 8) 
     throughput_run.slowest = recorded
     try:
         plan = plan_batch_size(
-            model, x, y, objective="throughput", max_batch_size=max_batch_size, log_dir=str(out / "logs")
+            model,
+            x,
+            y,
+            objective="throughput",
+            max_seconds=math.inf,
+            max_batch_size=max_batch_size,
+            log_dir=str(out / "logs"),
         )
     finally:
         throughput_run.slowest = merge

@@ -1,6 +1,7 @@
 """The batch size plan in the report: from the log dir a real plan_batch_size(log_dir=...) wrote, or the plan itself."""
 
 import base64
+import math
 import os
 import re
 
@@ -32,7 +33,9 @@ def planned(tmp_path_factory):
     logs = tmp_path_factory.mktemp("plan_logs")
     r = np.random.default_rng(0)
     x, y = r.random((16, 8), dtype="float32"), r.random((16, 1), dtype="float32")
-    plan = plan_batch_size(_model(), x, y, objective="throughput", max_batch_size=4, log_dir=str(logs))
+    plan = plan_batch_size(
+        _model(), x, y, objective="throughput", max_seconds=math.inf, max_batch_size=4, log_dir=str(logs)
+    )
     return plan, logs
 
 
