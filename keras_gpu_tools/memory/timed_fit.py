@@ -47,6 +47,7 @@ from keras_gpu_tools.memory.throughput import (
     spread,
     timing_stop,
 )
+from keras_gpu_tools.runtime.typing_compat import override
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -134,9 +135,11 @@ def _callback(times: list[tuple[str, int, float]], decide: Callable[[list[float]
 
     class _Clock(keras.callbacks.Callback):
         # Epoch hooks only: a batch hook would make Keras read (and wait for) every step's logs.
+        @override
         def on_epoch_begin(self, epoch, logs=None):
             times.append(("begin", epoch, time.perf_counter()))
 
+        @override
         def on_epoch_end(self, epoch, logs=None):
             times.append(("end", epoch, time.perf_counter()))  # Keras has read the logs: the device is done
             if decide is not None and decide(_epochs(times)):
