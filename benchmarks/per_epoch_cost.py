@@ -98,7 +98,11 @@ def _parse():
     p.add_argument(
         "--window", type=int, default=WINDOW, help=f"epochs per median (from epoch {EARLY} on; the last ones)"
     )
-    p.add_argument("--callbacks", default=",".join(CALLBACKS), help="comma-separated subset of the seven")
+    p.add_argument(
+        "--callbacks",
+        default=",".join(CALLBACKS),
+        help="comma-separated subset of the seven, or none (the controls alone)",
+    )
     p.add_argument("--job", action="store_true", help="JAX: a job of 2 processes on the CPU (gloo)")
     p.add_argument("--worker", nargs=3, metavar=("INDEX", "PORT", "DIR"), help=argparse.SUPPRESS)
     return p
@@ -363,7 +367,9 @@ def main() -> int:
         "late_epochs": f"{args.epochs - args.window}-{args.epochs - 1}",
         "callbacks": table,
     }
-    _common.save(out, BENCHMARK + ("_job" if args.job else ""), backend, doc)
+    # A run of other callbacks than the seven is kept beside theirs, under its own key.
+    key = backend if names == list(CALLBACKS) else f"{backend}/{args.callbacks}"
+    _common.save(out, BENCHMARK + ("_job" if args.job else ""), key, doc)
     print(f"result: {out}")
     check = _common.Checks(args)
     timed = len(names) + (1 if names else 0) + len(CONTROLS)

@@ -360,7 +360,7 @@ def _by_throughput(s: _Setting, found: _Found, peak_of: StepPeaks | None) -> Non
         raise ValueError(
             f"Invalid value for argument `max_seconds`. Received: max_seconds={args.max_seconds:g}, too small to "
             f"measure one candidate: building the step and the memory search took {s.budget.elapsed():.2f} s. "
-            "Expected more time (or None for no limit)."
+            "Expected more time (or math.inf for no limit; None is 120 s)."
             if args.max_seconds is not None and all("budget" in c.reason for c in candidates)
             else f"plan_batch_size: no candidate batch could be measured: {candidates[0].reason}"
         )

@@ -321,10 +321,10 @@ def saturation(rows: Sequence[Candidate]) -> str:
     if len(measured) < 2:
         return ""
     small, large = measured[-2], measured[-1]
-    if large.batch_size != 2 * small.batch_size:
-        return ""
+    if large.batch_size != 2 * small.batch_size or small.uncertainty is None or large.uncertainty is None:
+        return ""  # a figure without its uncertainty is not known to be flat
     gain = (large.samples_per_sec or 0.0) / (small.samples_per_sec or 1.0) - 1.0
-    margin = math.hypot(small.uncertainty or 0.0, large.uncertainty or 0.0)
+    margin = math.hypot(small.uncertainty, large.uncertainty)
     if gain + margin >= SATURATED_GAIN:
         return ""
     return (
@@ -395,9 +395,9 @@ class Budget:
         kept = expected_seconds + (COMPILE_MARGIN - 1.0) * compile_seconds
         if kept > left:
             return (
-                f"its compile and measurement would take about {expected_seconds:.1f} s, and a compile can take "
-                f"{COMPILE_MARGIN:g} times what its growth predicts ({kept:.1f} s), more than the {left:.1f} s left "
-                f"of max_seconds={self.max_seconds:g}"
+                f"its compile and measurement would take about {expected_seconds:.1f} s, and {kept:.1f} s with "
+                f"its compile counted {COMPILE_MARGIN:g} times (a compile can jump past its growth), more than "
+                f"the {left:.1f} s left of max_seconds={self.max_seconds:g}"
             )
         return None
 

@@ -291,7 +291,7 @@ class ThroughputRun:
         if not self._steps:
             return by_compile, compiling
         last, step = max(self._steps.items())
-        return max(by_compile, FEWEST_STEPS * step * per_device / last), compiling
+        return max(by_compile, compiling + FEWEST_STEPS * step * per_device / last), compiling
 
     def _candidate(
         self, per_device: int, trials: list[Trial], expected: float, compiling: float, still: int, saturated: str = ""
