@@ -363,9 +363,9 @@ class Budget:
 
     A candidate is expected to take :func:`expected_seconds`; one that would
     not finish within what is left is not measured. A compile cannot be cut
-    short, and one can jump past its growth (XLA's autotuning of one batch of
-    convolutions took 6.8 times the one before it): a candidate is started only
-    where its expected compile fits :data:`COMPILE_MARGIN` times over.
+    short, and XLA's autotuning can jump far past its growth from one batch to
+    the next: a candidate is started only where its expected compile fits
+    :data:`COMPILE_MARGIN` times over (decision record 0014).
     """
 
     def __init__(self, max_seconds: float | None, clock: Callable[[], float] = time.perf_counter):

@@ -267,8 +267,8 @@ class ThroughputRun:
             # Between two measured sizes: expected to take about as long as the larger one did.
             above = [s for b, s in sorted(self._seconds.items()) if b > finer]
             measured = list(self._seconds.values())
-            expected = above[0] if above else (expected_compile(measured), expected_seconds(measured))
-            rows.append(self._candidate(finer, trials, expected[1], expected[0], MAX_FINER - step))
+            compiling, wall = above[0] if above else (expected_compile(measured), expected_seconds(measured))
+            rows.append(self._candidate(finer, trials, wall, compiling, MAX_FINER - step))
         return sorted(self._merged(rows, "rows"), key=lambda r: r.batch_size)
 
     def _arrays(self, b: int) -> FitInput:
