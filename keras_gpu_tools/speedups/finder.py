@@ -54,7 +54,7 @@ class _Finder:
         self.base_loss: tuple[float, float | None] | None = None  # the baseline's loss after K steps, and before
         self.points: list[tuple[int, float]] = []  # (batch, step seconds) of one batch repeated: the host time
         self.input_x: Any = None  # the input change that paid most
-        self.batch: int | None = None  # the batch that paid (arrays: the combination trains at it)
+        self.batch: int | None = None  # the batch that paid (the combination trains at it where the input can be)
         self.policy: str | None = None
 
     # -- timing -----------------------------------------------------------------------
@@ -230,8 +230,10 @@ class _Finder:
             reason = f"the plan, {b}, is not larger than your batch of {b0}: a larger batch trains no faster"
             self.rows.append(dataclasses.replace(row, status=R.NO_GAIN, reason=reason, cost=""))
             return
-        if self.data.kind == ARRAYS:  # the user's own input at the planned batch
+        refused = self.data.rebatch_refused(b)
+        if refused is None:  # the user's own input at the planned batch
             self.left += 1
+            row = dataclasses.replace(row, cost=f"{rule}; timed on {self.data.rebatch_method(b)}")
             row = self._trial(row, lambda: (base_model, self.data.fit_input(self.per_call, batch_size=b)), batch=b)
         else:  # one batch repeated at both sizes: the step's own speed, as the plan measures it
             chosen = next(c for c in plan.candidates if c.batch_size == b)
@@ -243,7 +245,7 @@ class _Finder:
                 row,
                 before=ceiling.after,
                 before_uncertainty=ceiling.after_uncertainty,
-                cost=rule + "; both figures on one batch repeated (the dataset's batch is yours to change)",
+                cost=f"{rule}; both figures on one batch repeated, without your input ({refused})",
             )
             row = R.decide(row, chosen.samples_per_sec, chosen.uncertainty)
         if row.paid:
@@ -374,9 +376,9 @@ class _Finder:
         for r in paid:
             args.update(r.compile_args)
         n = int(args.get("steps_per_execution", self.per_call))
-        batch = self.batch if self.data.kind == ARRAYS else None
+        batch = self.batch if self.batch and self.data.rebatch_refused(self.batch) is None else None
         code = "; ".join(r.code for r in paid if r.code)
-        note = "" if batch or self.batch is None else "the batch size left out (the dataset's batch is yours to set)"
+        note = "" if batch or self.batch is None else "the batch size left out (timed without your input)"
         row = dataclasses.replace(row, code=code, compile_args=args, cost=note)
         input_x = self.input_x
 

@@ -22,8 +22,10 @@ from typing import Any
 
 from keras_gpu_tools.memory.timed_fit import FitInput
 from keras_gpu_tools.runtime.batches import leading_dim, map_leaves
+from keras_gpu_tools.speedups import rebatch
 
-ARRAYS, TF_DATA, PY_DATASET, DATA_LOADER = "arrays", "tf.data", "PyDataset", "DataLoader"
+ARRAYS = "arrays"
+TF_DATA, PY_DATASET, DATA_LOADER = rebatch.TF_DATA, rebatch.PY_DATASET, rebatch.DATA_LOADER
 DEFAULT_BATCH = 32  # model.fit's batch size for arrays when none is given
 
 
@@ -50,14 +52,31 @@ class TrainingInput:
     batches: int | None  # batches of one pass (None: endless or unknown)
 
     def fit_input(self, per_call: int = 1, x: Any = None, batch_size: int | None = None) -> FitInput:
-        """``model.fit``'s data: as given, or with ``x`` changed (an input change), or arrays at ``batch_size``."""
+        """``model.fit``'s data: as given, or with ``x`` changed (an input change), at ``batch_size`` (or its own).
+
+        A dataset at another batch is rebuilt by :mod:`~keras_gpu_tools.speedups.rebatch`
+        (:meth:`rebatch_refused` says where it cannot be).
+        """
         data = self.x if x is None else x
+        b = batch_size or self.batch_size
         if self.kind == ARRAYS:
-            b = batch_size or self.batch_size
             n = leading_dim(self.x) or b
             return FitInput(lambda: {"x": data, "y": self.y, "batch_size": b}, math.ceil(n / b), per_call)
+        batches = self.batches
+        if b != self.batch_size:
+            data, batches = rebatch.rebatched(self.kind, data, self.batch_size, batches, b)
         # Keras stops and restarts a PyDataset's workers at every epoch: its windows are whole passes.
-        return FitInput(lambda: {"x": data}, self.batches, per_call, whole_passes=self.kind == PY_DATASET)
+        return FitInput(lambda: {"x": data}, batches, per_call, whole_passes=self.kind == PY_DATASET)
+
+    def rebatch_refused(self, b: int) -> str | None:
+        """Why this input cannot be timed at batch ``b`` (None where it can: arrays always)."""
+        return None if self.kind == ARRAYS else rebatch.why_not(self.kind, self.x, self.batch_size, b)
+
+    def rebatch_method(self, b: int) -> str:
+        """How the input at batch ``b`` is built for its timing, in words."""
+        if self.kind == ARRAYS:
+            return f"your arrays at batch_size={b}"
+        return rebatch.method(self.kind, self.batch_size, b)
 
     @property
     def samples(self) -> int | None:

@@ -1,0 +1,132 @@
+"""The batch-size row on the user's own input: each kind rebuilt at the planned batch, or refused with the reason."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_gpu_tools import find_speedups
+from keras_gpu_tools.speedups import inputs, rebatch
+from keras_gpu_tools.speedups import rows as R
+from tests.helpers.models import BACKEND
+from tests.speedups.test_find import data, mlp
+
+pytestmark = pytest.mark.multibackend
+
+
+class Counted(keras.utils.PyDataset):
+    """Batches of 8 from 64 samples; counts the batches it was asked for."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.x, self.y = data(64)
+        self.asked: list[int] = []
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        self.asked.append(i)
+        return self.x[8 * i : 8 * i + 8], self.y[8 * i : 8 * i + 8]
+
+
+def test_a_py_dataset_at_a_multiple_of_its_batch_joins_consecutive_batches():
+    dataset = Counted(workers=3)
+    described = inputs.describe(dataset, None, None)
+    assert described.rebatch_refused(32) is None
+    assert "4 of your batches joined" in described.rebatch_method(32)
+    fit = described.fit_input(batch_size=32)
+    joined = fit.kwargs()["x"]
+    assert fit.batches == joined.num_batches == 2 and fit.whole_passes
+    assert (joined.workers, joined.use_multiprocessing) == (3, False)  # the dataset's own workers
+    dataset.asked.clear()
+    bx, by = joined[1]
+    assert dataset.asked == [4, 5, 6, 7]
+    np.testing.assert_array_equal(bx, dataset.x[32:64])
+    np.testing.assert_array_equal(by, dataset.y[32:64])
+    assert np.shares_memory(bx, dataset.x) and not bx.flags.writeable  # adjacent slices: one view, no copy
+
+
+def test_batches_that_are_not_adjacent_slices_of_one_array_are_joined_by_a_copy():
+    class Fresh(Counted):
+        def __getitem__(self, i):
+            x, y = super().__getitem__(7 - i)  # adjacent slices, in reverse order
+            return x.copy() if i % 2 else x, y
+
+    dataset = Fresh()
+    joined = inputs.describe(dataset, None, None).fit_input(batch_size=16).kwargs()["x"]
+    bx, by = joined[0]
+    np.testing.assert_array_equal(bx, np.concatenate([dataset.x[56:64], dataset.x[48:56]]))
+    np.testing.assert_array_equal(by, np.concatenate([dataset.y[56:64], dataset.y[48:56]]))
+    assert not np.shares_memory(bx, dataset.x) and not np.shares_memory(by, dataset.y)
+
+
+def test_a_batch_that_is_not_a_multiple_of_the_py_dataset_s_is_refused_with_the_reason():
+    reason = inputs.describe(Counted(), None, None).rebatch_refused(12)
+    assert reason == "batch 12 is not a multiple of your PyDataset's 8: its batches cannot be joined into it"
+
+
+def test_arrays_are_always_timed_at_the_batch():
+    x, y = data(64)
+    described = inputs.describe(x, y, 8)
+    assert described.rebatch_refused(12) is None
+    assert described.fit_input(batch_size=12).kwargs()["batch_size"] == 12
+
+
+def test_a_tf_data_dataset_is_rebatched_as_the_row_s_code_says():
+    import tensorflow as tf
+
+    x, y = data(64)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    described = inputs.describe(dataset, None, None)
+    assert described.rebatch_refused(24) is None and described.rebatch_method(24) == "dataset.rebatch(24)"
+    fit = described.fit_input(batch_size=24)
+    sizes = [len(bx) for bx, _ in fit.kwargs()["x"].as_numpy_iterator()]
+    assert sizes == [24, 24, 16] and fit.batches == 3
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="a torch DataLoader: tested in the torch session")
+def test_a_data_loader_is_rebuilt_at_the_batch_with_its_sampler_and_workers_and_a_custom_sampler_refused():
+    import torch
+
+    x, y = data(64)
+    dataset = torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y))
+    sampler = torch.utils.data.SequentialSampler(dataset)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8, sampler=sampler, drop_last=True)
+    described = inputs.describe(loader, None, None)
+    fit = described.fit_input(batch_size=24)
+    rebuilt = fit.kwargs()["x"]
+    assert rebuilt.batch_size == 24 and rebuilt.sampler is sampler and rebuilt.drop_last
+    assert [len(bx) for bx, _ in rebuilt] == [24, 24] and fit.batches == 3  # from the 8 batches of 8, rounded up
+    custom = torch.utils.data.DataLoader(dataset, batch_sampler=[[0, 1], [2, 3]])
+    reason = rebatch.why_not(inputs.DATA_LOADER, custom, 2, 4)
+    assert reason is not None and "batch_sampler" in reason
+
+
+@pytest.mark.slow
+def test_the_batch_row_on_a_py_dataset_is_timed_on_its_joined_batches_against_the_baseline(monkeypatch):
+    from keras_gpu_tools import planner
+
+    def plan(model, *args, **kwargs):  # the planner's choice, fixed: the row's own timing is under test
+        return _Plan(32)
+
+    monkeypatch.setattr(planner, "plan_batch_size", plan)
+    dataset = Counted()
+    report = find_speedups(mlp(), dataset, max_seconds=20, changes=["batch_size"])
+    row = report.row("batch_size")
+    base = report.rows[0]
+    assert row.change == "batch size 32" and "4 of your batches joined" in row.cost
+    assert row.before == base.after  # against the fit as given, not against one batch repeated
+    assert row.after is not None and row.status in (R.PAID, R.NO_GAIN)
+    assert dataset.workers == 1 and len(dataset) == 8  # the user's dataset is untouched
+
+
+class _Candidate:
+    def __init__(self, batch_size):
+        self.batch_size, self.measured, self.step_seconds = batch_size, True, 0.01
+        self.samples_per_sec, self.uncertainty = batch_size / 0.01, 0.01
+
+
+class _Plan:
+    def __init__(self, batch_size):
+        self.batch_size = batch_size
+        self.candidates = [_Candidate(batch_size)]
