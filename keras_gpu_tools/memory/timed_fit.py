@@ -109,8 +109,20 @@ class FitInput:
 
     @classmethod
     def repeated(cls, batch, per_call: int = 1) -> FitInput:
-        """One batch ``(x, y)`` repeated without end."""
+        """One batch ``(x, y)`` repeated without end.
+
+        On TensorFlow a ``tf.data`` dataset: Keras feeds a Python generator
+        to TensorFlow through a ``py_function`` call per step, which on a
+        short step costs as much as the step (the input-free figure would not be).
+        """
         x, y = batch
+        import keras
+
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            one = tf.data.Dataset.from_tensors((x, y) if y is not None else (x,))
+            return cls(lambda: {"x": one.repeat()}, None, per_call)
 
         def repeat():
             while True:

@@ -64,7 +64,7 @@ class TrainingInput:
             return FitInput(lambda: {"x": data, "y": self.y, "batch_size": b}, math.ceil(n / b), per_call)
         batches = self.batches
         if b != self.batch_size:
-            data, batches = rebatch.rebatched(self.kind, data, self.batch_size, batches, b)
+            data, batches = rebatch.rebatched(self.kind, data, self.batch_size, b)
         # Keras stops and restarts a PyDataset's workers at every epoch: its windows are whole passes.
         return FitInput(lambda: {"x": data}, batches, per_call, whole_passes=self.kind == PY_DATASET)
 
@@ -265,14 +265,8 @@ def _data_loader_change(loader: Any, on_gpu: bool) -> InputChange:
                 "an IterableDataset yields every sample in each worker unless it splits itself "
                 "(torch.utils.data.get_worker_info): workers are not added for it"
             )
-        return torch.utils.data.DataLoader(
-            loader.dataset,
-            batch_sampler=loader.batch_sampler,
-            collate_fn=loader.collate_fn,
-            num_workers=n,
-            pin_memory=pin,
-            persistent_workers=True,
-        )
+        settings = rebatch.loader_settings(loader, num_workers=n, pin_memory=pin, persistent_workers=True)
+        return torch.utils.data.DataLoader(loader.dataset, batch_sampler=loader.batch_sampler, **settings)
 
     code = f"DataLoader(dataset, ..., num_workers={n}, pin_memory={pin}, persistent_workers=True)"
     return InputChange(
