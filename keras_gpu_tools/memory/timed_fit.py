@@ -134,8 +134,10 @@ class FitInput:
         """The steps of a window of about ``k``: a multiple of ``per_call`` that divides ``batches`` where known."""
         n = max(1, self.per_call)
         k = max(n, k - k % n)
-        if not self.batches or self.batches < n:
+        if not self.batches:
             return k
+        if self.batches < n:  # one call runs the whole pass: Keras stops a call where the pass ends
+            return self.batches
         if self.whole_passes:
             return self.batches
         fitting = [s for s in range(n, min(k, self.batches) + 1, n) if self.batches % s == 0]
