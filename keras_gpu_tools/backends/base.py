@@ -316,6 +316,11 @@ class Backend:
     def plan_method(self, model) -> str:
         return ""
 
+    def repeated_batch(self, batch: tuple[Any, Any]) -> Any | None:
+        """``model.fit``'s ``x`` for one batch ``(x, y)`` repeated without end, where the framework has its own
+        way; None: a Python generator serves (Keras reads it on the host at no cost to the step)."""
+        return None
+
     # -- the job and its devices (TopologyBackend) -------------------------------------------------
     def gpu_devices(self) -> list[str]:
         """Names of the GPUs the framework sees (no framework import)."""

@@ -188,6 +188,8 @@ class PlannerBackend(Protocol):
 
     def plan_problem(self, model: Any, replicas: int, memory_search: bool) -> str | None: ...
 
+    def repeated_batch(self, batch: tuple[Any, Any]) -> Any | None: ...
+
 
 @runtime_checkable
 class TopologyBackend(Protocol):

@@ -323,12 +323,13 @@ class ThroughputRun:
                     self.pace,
                     out_of_time=lambda: self.budget.left() <= 0,
                     share=self._share(still),
+                    backend=self.backend,
                 )
             else:  # collective steps: the same steps in every process (its budget is asked before the fits)
                 # Each process feeds its share of the global batch (keras.distribution over several processes).
                 batch = sample_batch(self.x, self.y, b // self.processes, self.n)
                 steps = functools.partial(self._job_steps, per_device)
-                timing = time_batch(self.model, batch, self.pace, job_steps=steps)
+                timing = time_batch(self.model, batch, self.pace, job_steps=steps, backend=self.backend)
         except Exception as e:
             if not self.backend.is_oom(e):
                 raise

@@ -108,21 +108,12 @@ class FitInput:
     whole_passes: bool = False
 
     @classmethod
-    def repeated(cls, batch, per_call: int = 1) -> FitInput:
-        """One batch ``(x, y)`` repeated without end.
-
-        On TensorFlow a ``tf.data`` dataset: Keras feeds a Python generator
-        to TensorFlow through a ``py_function`` call per step, which on a
-        short step costs as much as the step (the input-free figure would not be).
-        """
+    def repeated(cls, batch, per_call: int = 1, native: Any = None) -> FitInput:
+        """One batch ``(x, y)`` repeated without end: ``native`` where the backend gave its own pipeline for it
+        (TensorFlow's ``tf.data``: Keras feeds a generator through a ``py_function`` per step), else a generator."""
+        if native is not None:
+            return cls(lambda: {"x": native}, None, per_call)
         x, y = batch
-        import keras
-
-        if keras.backend.backend() == "tensorflow":
-            import tensorflow as tf
-
-            one = tf.data.Dataset.from_tensors((x, y) if y is not None else (x,))
-            return cls(lambda: {"x": one.repeat()}, None, per_call)
 
         def repeat():
             while True:
@@ -175,8 +166,12 @@ def time_batch(
     out_of_time: Callable[[], bool] | None = None,
     job_steps: Callable[[int], int] | None = None,
     share: float | None = None,
+    backend: Any = None,
 ) -> Timing:
     """Times training on ``batch`` (``(x, y)`` arrays) repeated: the first call, then the steady state. See the module.
+
+    ``backend`` (the package's backend object) repeats the batch in the
+    framework's own pipeline where it has one (``repeated_batch``).
 
     ``share`` is the seconds this candidate may take (its compile included)
     before its timing stops short of ``pace.target``; ``out_of_time`` ends
@@ -187,7 +182,7 @@ def time_batch(
     windows are ``pace.epochs`` and nothing stops early.
     """
     per_call = int(getattr(model, "steps_per_execution", 1) or 1)
-    inputs = FitInput.repeated(batch, per_call)
+    inputs = FitInput.repeated(batch, per_call, None if backend is None else backend.repeated_batch(batch))
     return time_fit(model, inputs, pace, out_of_time=out_of_time, job_steps=job_steps, share=share)
 
 

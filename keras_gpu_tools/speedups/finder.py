@@ -62,7 +62,7 @@ class _Finder:
         share = shares * max(0.0, self.budget.left()) / max(1, self.left)
         out = lambda: self.budget.left() <= 0  # noqa: E731
         if inputs is None:
-            return time_batch(model, self.data.batch, self.pace, out_of_time=out, share=share)
+            return time_batch(model, self.data.batch, self.pace, out_of_time=out, share=share, backend=self.backend)
         return time_fit(model, inputs, self.pace, out_of_time=out, share=share)
 
     def _refused(self, compiles: int = 1) -> str | None:
@@ -259,7 +259,8 @@ class _Finder:
             small = b0 // 4
             cut = head(self.data.batch[0], small), head(self.data.batch[1], small)
             try:
-                t = time_batch(base_model, cut, self.pace, share=max(0.0, self.budget.left()) / max(1, self.left))
+                share = max(0.0, self.budget.left()) / max(1, self.left)
+                t = time_batch(base_model, cut, self.pace, share=share, backend=self.backend)
                 self.points.append((small, t.step_seconds))
             except Exception as e:
                 logger.info("keras_gpu_tools: find_speedups: no host time measured (%s)", first_line(e))

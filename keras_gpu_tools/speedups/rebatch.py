@@ -137,30 +137,21 @@ def _joined(dataset: Any, k: int) -> Any:
 
 
 def _join(*parts: Any) -> Any:
-    """The parts as one along the batch axis, in their own framework: NumPy arrays that are adjacent slices of
-    one array as a view (as a dataset that slices its arrays returns at the larger batch too), else one copy."""
+    """The parts as one along the batch axis: NumPy arrays that are adjacent slices of one array as a view (as
+    a dataset that slices its arrays returns at the larger batch too), the backend's tensors by its own
+    concatenation, anything else by one NumPy copy."""
+    import keras
     import numpy as np
 
     first = parts[0]
     if first is None:
         return None
-    if not all(isinstance(p, np.ndarray) for p in parts):
-        module = type(first).__module__.split(".")[0]
-        if module == "torch":
-            import torch
-
-            return torch.cat(parts)
-        if module == "tensorflow":
-            import tensorflow as tf
-
-            return tf.concat(parts, 0)
-        if module in ("jax", "jaxlib"):
-            import jax.numpy as jnp
-
-            return jnp.concatenate(parts)
-        return np.concatenate([np.asarray(p) for p in parts])
-    view = _adjacent_view(parts)
-    return np.concatenate(parts) if view is None else view
+    if all(isinstance(p, np.ndarray) for p in parts):
+        view = _adjacent_view(parts)
+        return np.concatenate(parts) if view is None else view
+    if all(keras.ops.is_tensor(p) for p in parts):
+        return keras.ops.concatenate(list(parts), axis=0)
+    return np.concatenate([np.asarray(p) for p in parts])
 
 
 def _adjacent_view(arrays: Any) -> Any | None:

@@ -1,6 +1,10 @@
 """FitInput: a timed window's steps divide a finite input's pass and hold whole calls."""
 
+import numpy as np
+import pytest
+
 from keras_gpu_tools.memory.timed_fit import FitInput
+from tests.helpers.models import BACKEND
 
 
 def test_a_window_divides_the_pass_and_holds_whole_calls():
@@ -19,3 +23,23 @@ def test_a_window_divides_the_pass_and_holds_whole_calls():
 def test_an_input_that_restarts_its_workers_every_epoch_is_timed_over_whole_passes():
     assert [FitInput(dict, batches=12, whole_passes=True).steps(k) for k in (1, 5, 40)] == [12, 12, 12]
     assert FitInput(dict, whole_passes=True).steps(5) == 5  # endless: no pass to keep whole
+
+
+@pytest.mark.multibackend
+def test_one_batch_is_repeated_in_the_backend_s_own_pipeline_where_it_has_one():
+    """TensorFlow's tf.data (a generator costs a py_function call per step there); a generator elsewhere."""
+    from keras_gpu_tools import backends
+
+    x, y = np.arange(8, dtype="float32").reshape(4, 2), np.ones((4, 1), "float32")
+    native = backends.get().repeated_batch((x, y))
+    fit_x = FitInput.repeated((x, y), native=native).kwargs()["x"]
+    if BACKEND == "tensorflow":
+        assert fit_x is native
+        batches = list(fit_x.take(3).as_numpy_iterator())
+    else:
+        assert native is None
+        batches = [next(fit_x) for _ in range(3)]
+    assert len(batches) == 3
+    for bx, by in batches:
+        np.testing.assert_array_equal(bx, x)
+        np.testing.assert_array_equal(by, y)

@@ -20,29 +20,10 @@ from keras_gpu_tools.speedups import rows as R
 from keras_gpu_tools.speedups.report import SpeedupReport
 from keras_gpu_tools.speedups.rows import SpeedupRow
 from tests.helpers.models import BACKEND
+from tests.helpers.speedups import data, mlp
 from tests.helpers.state import rng_states, values
 
 pytestmark = pytest.mark.multibackend
-
-
-def mlp(seed=0, scale=1.0):
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential(
-        [
-            keras.Input((16,)),
-            keras.layers.Rescaling(scale),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dropout(0.2),  # draws from its SeedGenerator in every training step
-            keras.layers.Dense(1),
-        ]
-    )
-    model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
-    return model
-
-
-def data(n=256):
-    r = np.random.RandomState(0)
-    return r.rand(n, 16).astype("float32"), r.rand(n, 1).astype("float32")
 
 
 def random_states():

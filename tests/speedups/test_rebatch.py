@@ -8,7 +8,7 @@ from keras_gpu_tools import find_speedups
 from keras_gpu_tools.speedups import inputs, rebatch
 from keras_gpu_tools.speedups import rows as R
 from tests.helpers.models import BACKEND
-from tests.speedups.test_find import data, mlp
+from tests.helpers.speedups import data, mlp
 
 pytestmark = pytest.mark.multibackend
 
