@@ -4,16 +4,19 @@ Three cases modelled on the performance guides: (a) a `PyDataset` that decodes i
 (it sleeps `--decode-ms` for each 64 images, so a batch of 256 takes four times as long) feeding a
 small conv net at batch 64; (b) a float32 conv net on
 128x128x3 images at batch 256 (NumPy arrays); (c) a small MLP at batch 64 whose steps are
-dispatch-bound (NumPy arrays). For each: a plain `model.fit` as given (the baseline), the finder
-(`max_seconds=180`, its wall time, the model's weights compared before and after), then for every
-row it measured a plain fit with that change made by hand, and a plain fit with every change that
+dispatch-bound (NumPy arrays). For each: the finder (`max_seconds=180`, its wall time, the model's
+weights compared before and after); a plain `model.fit` as given (the baseline); for every row it
+measured, a plain fit with that change made by hand; the baseline's plain fit again (the A/A: every
+by-hand ratio is over the two baselines' mean; where they differ by more than 5% that goal fails
+and the rows and the combination are not read); and a plain fit with every change that
 paid (`report.apply` for the compile-time ones, the rows' code for the rest). Plain fits: epoch 0
 compiles, samples/s is the median of the next epochs' (at least 3, and 600 steps); a batch change
 fits the same samples (200 batches of the case's batch) at the new batch.
 
-Goals (a full run exits non-zero and names the one missed): each measured row's speed-up within
-10% of its plain fit's; the combination at least 2x the baseline on (a) and (b) with JAX, and at
-least 1.5x on every case where any change pays; the finder within 180 s on each case; the model
+Goals (a full run exits non-zero and names the one missed): the plain baseline's A/A within 5%;
+the finder's own baseline within 10% of the plain fits' (every row's speed-up is over it); each
+measured row's speed-up within 10% of its plain fit's; the combination at least 2x the baseline
+on (a) and (b) with JAX, and at least 1.5x on every case where any change pays; the finder within 180 s on each case; the model
 untouched. A smoke run (CPU, tiny sizes) checks the output's structure and prints the goals
 unenforced.
 
@@ -34,6 +37,7 @@ import _common
 BENCHMARK = "find_speedups"
 FINDER_SECONDS = 180.0  # the finder's budget and goal on each case
 ROW_TOLERANCE = 0.10  # a row's speed-up within 10% of the plain fit with that change by hand
+AA_TOLERANCE = 0.05  # the plain baseline fitted twice (before and after the rows by hand) agrees within 5%
 COMBINED_GOAL = 1.5  # the combination, where any change pays
 JAX_COMBINED_GOAL = {"a": 2.0, "b": 2.0}  # JAX's combination on (a) and (b)
 CASES = ("a", "b", "c")
@@ -167,7 +171,6 @@ def measure(case: str, args) -> dict[str, Any]:
 
     from keras_gpu_tools import find_speedups
 
-    baseline = _plain_fit(_model(case, args.smoke), _input(case, args), args.smoke)
     model = _model(case, args.smoke)
     data = _input(case, args)
     weights = [np.array(w) for w in model.get_weights()]
@@ -180,15 +183,23 @@ def measure(case: str, args) -> dict[str, Any]:
     untouched = all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
     mixed = report.row("mixed_precision")
     policy = None if mixed is None else mixed.settings.get("dtype_policy")
+    # The plain baseline is fitted before the rows by hand and again after them (the A/A): every ratio is over
+    # their mean, and their spread says whether the run is steady enough to read the rows' tolerance.
+    first = _plain_fit(_model(case, args.smoke), _input(case, args), args.smoke)
     hand: dict[str, Any] = {}
     for row in report.rows:
         if row.kind in ("baseline", "ceiling", "combined") or row.speedup is None or row.status == "unsafe":
             continue
         try:
-            hand[row.change] = {"finder": row.speedup, "by_hand": _by_hand(case, args, [row], policy) / baseline}
+            hand[row.change] = {"finder": row.speedup, "samples_per_sec": _by_hand(case, args, [row], policy)}
         except Exception as e:  # recorded, not fatal
             hand[row.change] = {"finder": row.speedup, "error": f"{type(e).__name__}: {str(e)[:200]}"}
-        print(f"  {row.change}: finder {row.speedup:.2f}x, by hand {hand[row.change]}")
+    last = _plain_fit(_model(case, args.smoke), _input(case, args), args.smoke)
+    baseline = (first + last) / 2
+    for change, h in hand.items():
+        if "samples_per_sec" in h:
+            h["by_hand"] = h["samples_per_sec"] / baseline
+        print(f"  {change}: finder {h['finder']:.2f}x, by hand {h.get('by_hand', h.get('error'))}")
     combined = None
     if report.paid:
         applied = _model(case, args.smoke, policy if report.row("mixed_precision") in report.paid else None)
@@ -199,6 +210,7 @@ def measure(case: str, args) -> dict[str, Any]:
         combined = _plain_fit(applied, _input(case, args, batch, **options), args.smoke) / baseline
     return {
         "baseline_samples_per_sec": baseline,
+        "baseline_a_a": [first, last],
         "finder_seconds": round(seconds, 2),
         "untouched": untouched,
         "report": report.as_dict(),
@@ -217,12 +229,29 @@ def main() -> int:
     check = _common.Checks(args)
     for case, r in results.items():
         check.figure(f"({case}) the baseline's samples/s", r["baseline_samples_per_sec"], 0.0)
+        first, last = r["baseline_a_a"]
+        steady = abs(last / first - 1.0) <= AA_TOLERANCE
+        check.goal(
+            steady,
+            f"({case}) the plain baseline's A/A within {100 * AA_TOLERANCE:g}% ({first:,.0f} then {last:,.0f} "
+            "samples/s): the rows' tolerance can be read",
+        )
+        own = next(row["after"] for row in r["report"]["rows"] if row["kind"] == "baseline")
+        check.goal(
+            abs(own / r["baseline_samples_per_sec"] - 1.0) <= ROW_TOLERANCE,
+            f"({case}) the finder's baseline within {100 * ROW_TOLERANCE:g}% of the plain fits' ({own:,.0f} "
+            f"against {r['baseline_samples_per_sec']:,.0f} samples/s): every row's speed-up is over it",
+        )
         check(bool(r["report"]["rows"]), f"({case}) the report has rows")
         check(r["untouched"], f"({case}) the model's weights are as before the finder")
         check.goal(
             r["finder_seconds"] <= FINDER_SECONDS,
             f"({case}) the finder within {FINDER_SECONDS:g} s ({r['finder_seconds']} s)",
         )
+        if not steady:
+            print(f"({case}) the rows and the combination not read: the plain baseline moved more than the A/A allows")
+            if not args.smoke:  # a smoke run still runs every check (none is enforced)
+                continue
         for change, h in r["rows_by_hand"].items():
             if "by_hand" not in h:
                 check(False, f"({case}) {change}: the plain fit by hand ran ({h['error']})")

@@ -379,6 +379,10 @@ class Budget:
     def left(self) -> float:
         return math.inf if self.max_seconds is None else self.max_seconds - (self.clock() - self.start)
 
+    def overrun(self, seconds: float) -> bool:
+        """Whether ``seconds`` more would outlast the budget (a timing's next window, say)."""
+        return self.left() <= seconds
+
     def refuses(self, expected_seconds: float, compile_seconds: float = 0.0) -> str | None:
         """Why a candidate expected to take ``expected_seconds`` (``compile_seconds`` of it compiling) is not
         measured, or None."""

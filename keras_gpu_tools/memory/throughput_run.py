@@ -312,7 +312,7 @@ class ThroughputRun:
                     self.model,
                     self._arrays(b),
                     self.pace,
-                    out_of_time=lambda: self.budget.left() <= 0,
+                    out_of_time=self.budget.overrun,
                     share=self._share(still),
                 )
             elif self.exchange is None:
@@ -321,7 +321,7 @@ class ThroughputRun:
                     self.model,
                     batch,
                     self.pace,
-                    out_of_time=lambda: self.budget.left() <= 0,
+                    out_of_time=self.budget.overrun,
                     share=self._share(still),
                     backend=self.backend,
                 )

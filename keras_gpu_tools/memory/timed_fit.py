@@ -163,7 +163,7 @@ def time_batch(
     batch,
     pace: Pace,
     *,
-    out_of_time: Callable[[], bool] | None = None,
+    out_of_time: Callable[[float], bool] | None = None,
     job_steps: Callable[[int], int] | None = None,
     share: float | None = None,
     backend: Any = None,
@@ -174,8 +174,9 @@ def time_batch(
     framework's own pipeline where it has one (``repeated_batch``).
 
     ``share`` is the seconds this candidate may take (its compile included)
-    before its timing stops short of ``pace.target``; ``out_of_time`` ends
-    the steady state at a window's end (the whole budget is spent);
+    before its timing stops short of ``pace.target``; ``out_of_time(seconds)``
+    ends the steady state at a window's end where one more window, expected
+    to take as long as the last (``seconds``), would outlast the budget;
     ``job_steps`` turns this process's steps per window into the job's:
     where every step is collective (a step over several processes' devices),
     every process must run the same steps, so the count is agreed, the
@@ -191,7 +192,7 @@ def time_fit(
     inputs: FitInput,
     pace: Pace,
     *,
-    out_of_time: Callable[[], bool] | None = None,
+    out_of_time: Callable[[float], bool] | None = None,
     job_steps: Callable[[int], int] | None = None,
     share: float | None = None,
 ) -> Timing:
@@ -234,7 +235,7 @@ def time_fit(
                 ):
                     state["resize"] = True
                     return True
-                if out_of_time is not None and len(done) >= 2 and out_of_time():
+                if out_of_time is not None and len(done) >= 2 and out_of_time(epochs[-1]):
                     state["stopped"] = STOP_BUDGET
                     return True
                 state["stopped"] = timing_stop(

@@ -52,7 +52,10 @@ def find_speedups(
       the samples of one pass where that is known: a larger batch leaves
       under two steps an epoch (and a batch over the data is never trained).
 
-    Then the changes that paid, together. Mixed precision and `jit_compile`
+    Then the baseline again: each row is read against the two timings' mean,
+    with at least half their difference as its uncertainty, so that a host
+    whose pace moves during the search shows in the baseline's ± and not as
+    a speed-up. Then the changes that paid, together. Mixed precision and `jit_compile`
     get a numerical check: the loss after a few steps against the float32
     baseline's; a loss that diverges makes the change "unsafe". A change that
     raises is "not applicable" (with the error's first line), one that would

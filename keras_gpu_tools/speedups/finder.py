@@ -3,7 +3,8 @@
 Order: the baseline (the fit as given) and the input-free ceiling (one
 batch repeated), the input changes, the batch size (its plan's candidates
 also give the per-call host time), ``steps_per_execution``, ``jit_compile``,
-mixed precision, then the changes that paid, together. Each trial asks the
+mixed precision, the baseline again (every row is read against the two
+timings' mean), then the changes that paid, together. Each trial asks the
 :class:`~keras_gpu_tools.memory.throughput.Budget` first: one expected to
 outlast what is left of ``max_seconds`` is not measured, and a timing stops
 at its share of what is left.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +34,7 @@ from keras_gpu_tools.speedups import rows as R
 from keras_gpu_tools.speedups.inputs import ARRAYS, TF_DATA, TrainingInput, describe, head
 from keras_gpu_tools.speedups.report import SpeedupReport
 from keras_gpu_tools.speedups.rows import SpeedupRow
-from keras_gpu_tools.speedups.trials import first_line, loss_after, trial_model
+from keras_gpu_tools.speedups.trials import check_steps, first_line, loss_after, trial_model
 
 logger = logging.getLogger("keras_gpu_tools")
 
@@ -49,25 +51,30 @@ class _Finder:
         self.rows: list[SpeedupRow] = []
         self.left = 0  # trials still to run (each gets its share of what is left)
         self.expected = 0.0  # what a trial is expected to take: the baseline's compile and least steady time
+        self.base_compile = 0.0
+        self.compiles: dict[str, float] = {}  # each measured row's compile beyond the baseline's, by change
         self.base: SpeedupRow | None = None
         self.ceiling: Timing | None = None
-        self.base_loss: tuple[float, float | None] | None = None  # the baseline's loss after K steps, and before
+        # The baseline's loss after so many steps, and before them: by the steps (a multiple of every model's calls).
+        self.base_loss: dict[int, tuple[float, float | None]] = {}
         self.points: list[tuple[int, float]] = []  # (batch, step seconds) of one batch repeated: the host time
         self.input_x: Any = None  # the input change that paid most
+        self.input_data: dict[str, Any] = {}  # each input row's data, by change
         self.batch: int | None = None  # the batch that paid (the combination trains at it where the input can be)
         self.policy: str | None = None
 
     # -- timing -----------------------------------------------------------------------
     def _time(self, model, inputs: FitInput | None, shares: int = 1) -> Timing:
         share = shares * max(0.0, self.budget.left()) / max(1, self.left)
-        out = lambda: self.budget.left() <= 0  # noqa: E731
+        out = self.budget.overrun
         if inputs is None:
             return time_batch(model, self.data.batch, self.pace, out_of_time=out, share=share, backend=self.backend)
         return time_fit(model, inputs, self.pace, out_of_time=out, share=share)
 
-    def _refused(self, compiles: int = 1) -> str | None:
-        """Why a trial of ``compiles`` compiles is not run (it would outlast the budget), or None."""
-        return self.budget.refuses(self.expected * compiles)
+    def _refused(self, compiles: int = 1, extra: float = 0.0) -> str | None:
+        """Why a trial of ``compiles`` compiles, each ``extra`` seconds longer than the baseline's, is not run (it
+        would outlast the budget), or None. Its steady windows are timed once; each further compile adds a compile."""
+        return self.budget.refuses(self.expected + extra + (compiles - 1) * (self.base_compile + extra))
 
     def _sps(self, t: Timing, batch: int | None = None) -> float:
         return (batch or self.data.batch_size) / t.step_seconds
@@ -78,20 +85,25 @@ class _Finder:
         build: Callable[[], tuple[Any, FitInput | None]],
         check: bool = False,
         batch: int | None = None,
+        extra: float = 0.0,
     ) -> SpeedupRow:
-        """``row`` measured: built, checked (where ``check``), timed; or why not."""
+        """``row`` measured: built, checked (where ``check``), timed; or why not. ``extra``: how much longer than
+        the baseline's its compile is known to be (a combination's, from its parts')."""
         self.left = max(1, self.left)
         try:
-            reason = self._refused(2 if check else 1)  # the numerical check compiles the step once more
+            reason = self._refused(2 if check else 1, extra)  # the numerical check compiles the step once more
             if reason:
                 return dataclasses.replace(row, status=R.NOT_MEASURED, reason=f"not measured: {reason}")
             try:
                 model, inputs = build()
+                checked = 0.0
                 if check:
-                    row = self._check(row, model)
+                    row, checked = self._check(row, model)
                     if row.status == R.UNSAFE:
                         return row
                 timing = self._time(model, inputs)
+                # The check's fit compiles the train step first: the timed fit then finds it compiled.
+                self.compiles[row.change] = max(0.0, max(timing.compile_seconds, checked) - self.base_compile)
             except Exception as e:
                 why = "ran out of memory: " if self.backend.is_oom(e) else ""
                 return dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=why + first_line(e))
@@ -99,15 +111,19 @@ class _Finder:
         finally:
             self.left -= 1
 
-    def _check(self, row: SpeedupRow, model) -> SpeedupRow:
-        """The numerical check: the loss after K steps against the float32 baseline's, from the same state."""
-        if self.base_loss is None:
-            self.base_loss = loss_after(trial_model(self.model), self.data.batch, R.LOSS_STEPS, initial=True)
-        (base, initial), (changed, _) = self.base_loss, loss_after(model, self.data.batch, R.LOSS_STEPS)
-        safe, text = R.loss_check(base, changed, R.LOSS_STEPS, initial=initial)
+    def _check(self, row: SpeedupRow, model) -> tuple[SpeedupRow, float]:
+        """The numerical check: the loss after K steps against the float32 baseline's, from the same state; and
+        the seconds the changed model's check took (its compiles)."""
+        steps = check_steps(R.LOSS_STEPS, self.model, model)  # both train the same steps from the same state
+        if steps not in self.base_loss:
+            self.base_loss[steps] = loss_after(trial_model(self.model), self.data.batch, steps, initial=True)
+        start = time.perf_counter()
+        (base, initial), (changed, _) = self.base_loss[steps], loss_after(model, self.data.batch, steps)
+        seconds = time.perf_counter() - start
+        safe, text = R.loss_check(base, changed, steps, initial=initial)
         if not safe:
-            return dataclasses.replace(row, status=R.UNSAFE, check=text, reason="unsafe: the loss diverged")
-        return dataclasses.replace(row, check=text)
+            return dataclasses.replace(row, status=R.UNSAFE, check=text, reason="unsafe: the loss diverged"), seconds
+        return dataclasses.replace(row, check=text), seconds
 
     def _row(self, change: str, kind: str, code: str = "", cost: str = "", **compile_args: Any) -> SpeedupRow:
         base = self.base
@@ -124,13 +140,19 @@ class _Finder:
     # -- the trials -------------------------------------------------------------------
     def run(self) -> list[SpeedupRow]:
         inputs_changes = self.data.changes(self.on_gpu) if "input" in self.wanted else []
-        self.left = 2 + len(inputs_changes) + PLAN_SHARES * ("batch_size" in self.wanted) + len(self.wanted) + 1
+        # The baseline, the ceiling, each input change, the plan, each other change, the baseline again, the combination.
+        self.left = 3 + len(inputs_changes) + PLAN_SHARES * ("batch_size" in self.wanted) + len(self.wanted) + 1
         base_model = trial_model(self.model)
         # Every row is measured against the baseline: it gets two shares, to be known more closely.
         self.left += 1
         timing = self._time(base_model, self.data.fit_input(self.per_call), shares=2)
         self.left -= 2
-        least = (self.pace.min_windows + 1) * self.pace.epoch_seconds
+        # The fewest windows a timing holds, each as long as the baseline's (a whole pass, where windows are passes:
+        # then its first fit's two rough calls are passes too).
+        window = max(self.pace.epoch_seconds, timing.step_seconds * timing.steps / max(1, timing.windows))
+        rough = 2 if self.data.fit_input(self.per_call).whole_passes else 0
+        least = (self.pace.min_windows + 1 + rough) * window
+        self.base_compile = timing.compile_seconds
         self.expected = expected_seconds([(timing.compile_seconds, timing.compile_seconds + least)])
         sps = self._sps(timing)
         self.base = SpeedupRow(
@@ -154,6 +176,7 @@ class _Finder:
             self._jit_compile()
         if "mixed_precision" in self.wanted:
             self._mixed_precision()
+        self._again(base_model)
         self._combined()
         return self.rows
 
@@ -162,13 +185,7 @@ class _Finder:
         row = self._trial(row, lambda: (base_model, None))
         if row.after is not None:
             self.points.append((self.data.batch_size, self.data.batch_size / row.after))
-            share = 1.0 - (row.before or 0.0) / row.after if row.after else 0.0
-            cost = (
-                f"the most any input change can give: the input holds back {100 * max(0.0, share):.0f}% of the step"
-                if share > 0
-                else "the input holds nothing back"
-            )
-            row = dataclasses.replace(row, status=R.CEILING, cost=cost)
+            row = dataclasses.replace(row, status=R.CEILING, cost=_ceiling_cost(row.before, row.after))
         self.rows.append(row)
 
     def _input(self, base_model, change) -> None:
@@ -180,6 +197,7 @@ class _Finder:
             self.rows.append(dataclasses.replace(row, reason=reason))
             return
         row = self._trial(row, lambda: (base_model, self.data.fit_input(self.per_call, x=change.data())))
+        self.input_data[row.change] = change.data
         if row.paid:
             best = max((r for r in self.rows if r.kind == "input" and r.paid), key=lambda r: r.after or 0, default=None)
             if best is None or (row.after or 0) > (best.after or 0):
@@ -260,7 +278,8 @@ class _Finder:
             cut = head(self.data.batch[0], small), head(self.data.batch[1], small)
             try:
                 share = max(0.0, self.budget.left()) / max(1, self.left)
-                t = time_batch(base_model, cut, self.pace, share=share, backend=self.backend)
+                out = self.budget.overrun
+                t = time_batch(base_model, cut, self.pace, out_of_time=out, share=share, backend=self.backend)
                 self.points.append((small, t.step_seconds))
             except Exception as e:
                 logger.info("keras_gpu_tools: find_speedups: no host time measured (%s)", first_line(e))
@@ -359,6 +378,53 @@ class _Finder:
 
         return [tuple(c) for c in gpu_compute_capabilities()] if self.on_gpu else []
 
+    def _again(self, base_model) -> None:
+        """The baseline timed again after the single changes: the search's own A/A.
+
+        Every row measured against the baseline is read against the two
+        timings' mean, with an uncertainty of at least half their difference,
+        and is decided again. A host whose pace moved during the search then
+        shows in the baseline's ±, not as a speed-up or a loss.
+        """
+        base = self.base
+        try:
+            if base is None or base.after is None or self._refused():
+                return
+            timing = self._time(base_model, self.data.fit_input(self.per_call))
+        except Exception as e:  # the first timing stands
+            logger.info("keras_gpu_tools: find_speedups: the baseline was not timed again (%s)", first_line(e))
+            return
+        finally:
+            self.left -= 1
+        first, again = base.after, self._sps(timing)
+        mean = (first + again) / 2
+        spread = max(R.noise(base.after_uncertainty, timing.uncertainty) / 2, abs(again - first) / (2 * mean))
+        self.base = dataclasses.replace(
+            base,
+            after=mean,
+            after_uncertainty=spread,
+            cost=f"{base.cost}; timed before and after the other trials: {first:,.0f} then {again:,.0f} samples/s",
+        )
+        rows = []
+        for row in self.rows:
+            if row is base:
+                row = self.base
+            elif row.before == first:  # measured against the baseline (not against the ceiling)
+                row = dataclasses.replace(row, before=mean, before_uncertainty=spread)
+                if row.kind == R.CEILING and row.after is not None:
+                    row = dataclasses.replace(row, cost=_ceiling_cost(mean, row.after))
+                elif row.after is not None and row.status in (R.PAID, R.NO_GAIN):
+                    row = R.decide(row, row.after, row.after_uncertainty)
+            rows.append(row)
+        self.rows = rows
+        # What the combination takes, as the rows are decided now.
+        paid = {r.kind: r for r in rows if r.paid}
+        inputs = [r for r in rows if r.kind == "input" and r.paid]
+        best = max(inputs, key=lambda r: r.after or 0.0, default=None)
+        self.input_x = None if best is None else self.input_data.get(best.change)
+        self.batch = self.batch if "batch_size" in paid else None
+        self.policy = self.policy if "mixed_precision" in paid else None
+
     def _combined(self) -> None:
         paid = [r for r in self.rows if r.paid]
         row = self._row("combined: " + (" + ".join(r.change for r in paid) or "nothing paid"), R.COMBINED)
@@ -389,7 +455,15 @@ class _Finder:
 
         self.left = max(self.left, 1)
         checked = bool(self.policy) or "jit_compile" in args
-        self.rows.append(self._trial(row, build, check=checked, batch=batch))
+        extra = max(self.compiles.get(r.change, 0.0) for r in paid)  # the longest compile of its parts
+        self.rows.append(self._trial(row, build, check=checked, batch=batch, extra=extra))
+
+
+def _ceiling_cost(before: float | None, after: float) -> str:
+    share = 1.0 - (before or 0.0) / after if after else 0.0
+    if share > 0:
+        return f"the most any input change can give: the input holds back {100 * max(0.0, share):.0f}% of the step"
+    return "the input holds nothing back"
 
 
 def _batch_code(kind: str, b: int) -> str:

@@ -15,6 +15,7 @@ Keras is imported inside the functions.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from keras_gpu_tools.runtime import keras_internals as ki
@@ -104,13 +105,28 @@ def _producer(tensor) -> str:
     return getattr(layer, "name", "")
 
 
+def check_steps(steps: int, *models) -> int:
+    """The fewest steps, at least ``steps``, that every model runs whole: a multiple of each one's calls.
+
+    A model compiled with ``steps_per_execution=N`` trains N steps per call,
+    so the check's models all train one count of steps from the same state.
+    """
+    unit = math.lcm(*(int(getattr(m, "steps_per_execution", 1) or 1) for m in models))
+    return unit * max(1, -(-steps // unit))
+
+
 def loss_after(model, batch: tuple[Any, Any], steps: int, initial: bool = False) -> tuple[float, float | None]:
     """The loss on ``batch`` after ``steps`` training steps on it repeated, and before them where ``initial``.
 
-    Each loss is evaluated (inference mode: no dropout), so that it does not
-    hang on one step's dropout draws, which a compiled step draws its own way.
+    ``steps`` is a multiple of the model's ``steps_per_execution``
+    (:func:`check_steps`). Each loss is evaluated (inference mode: no
+    dropout), so that it does not hang on one step's dropout draws, which a
+    compiled step draws its own way.
     """
     x, y = batch
+    per_call = int(getattr(model, "steps_per_execution", 1) or 1)
+    if steps < 1 or steps % per_call:
+        raise ValueError(f"steps={steps}: expected a positive multiple of the model's steps_per_execution ({per_call})")
 
     def repeat():
         while True:
@@ -120,8 +136,7 @@ def loss_after(model, batch: tuple[Any, Any], steps: int, initial: bool = False)
         return float(model.evaluate(x, y, batch_size=len(_first(x)), verbose=0, return_dict=True)["loss"])
 
     before = evaluated() if initial else None
-    per_call = int(getattr(model, "steps_per_execution", 1) or 1)
-    model.fit(repeat(), epochs=max(1, steps // per_call), steps_per_epoch=per_call, shuffle=False, verbose=0)
+    model.fit(repeat(), epochs=steps // per_call, steps_per_epoch=per_call, shuffle=False, verbose=0)
     return evaluated(), before
 
 
@@ -132,4 +147,4 @@ def _first(tree: Any) -> Any:
     return tree
 
 
-__all__ = ["first_line", "loss_after", "trial_model"]
+__all__ = ["check_steps", "first_line", "loss_after", "trial_model"]

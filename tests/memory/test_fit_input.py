@@ -43,3 +43,24 @@ def test_one_batch_is_repeated_in_the_backend_s_own_pipeline_where_it_has_one():
     for bx, by in batches:
         np.testing.assert_array_equal(bx, x)
         np.testing.assert_array_equal(by, y)
+
+
+def test_the_steady_state_stops_where_one_more_window_would_outlast_the_budget():
+    """``out_of_time`` is asked with the last window's seconds, after two steady windows, and ends the timing."""
+    import keras
+
+    from keras_gpu_tools.memory.throughput import STOP_BUDGET
+    from keras_gpu_tools.memory.timed_fit import Pace, time_batch
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    asked: list[float] = []
+
+    def out_of_time(seconds: float) -> bool:
+        asked.append(seconds)
+        return True  # the budget has room for no further window
+
+    batch = (np.ones((4, 2), "float32"), np.ones((4, 1), "float32"))
+    timing = time_batch(model, batch, Pace(epoch_seconds=0.01, min_windows=4, max_windows=10), out_of_time=out_of_time)
+    assert timing.stopped == STOP_BUDGET and timing.windows == 2  # the first window warms up; two are kept
+    assert len(asked) == 1 and asked[0] > 0.0  # asked once, with a window's own length

@@ -153,6 +153,8 @@ def test_the_budget_refuses_a_candidate_that_would_not_finish_in_what_is_left():
     now[0] = 4.0
     reason = budget.refuses(7.0)
     assert reason and "7.0 s" in reason and "6.0 s left of max_seconds=10" in reason
+    # A timing's next window, as long as its last: one of 5.9 s still ends in time, one of 6 s would not.
+    assert not budget.overrun(5.9) and budget.overrun(6.0) and not Budget(None).overrun(1e9)
     now[0] = 11.0
     assert "spent" in budget.refuses(0.0)
     assert budget.elapsed() == 11.0

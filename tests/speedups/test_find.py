@@ -5,6 +5,7 @@ are tested on fixed figures in test_rows.py; here the trials run for real,
 with small models, few changes and a small `max_seconds`.
 """
 
+import dataclasses
 import random
 import time
 
@@ -355,3 +356,90 @@ def test_a_data_loader_gets_workers_and_persistent_workers_measured():
     assert row.settings == {"num_workers": n, "pin_memory": False, "persistent_workers": True}
     assert row.code == f"DataLoader(dataset, ..., num_workers={n}, pin_memory=False, persistent_workers=True)"
     assert row.status in (R.PAID, R.NO_GAIN, R.NOT_MEASURED) and loader.num_workers == 0
+
+
+def several_steps_per_call():
+    from keras_gpu_tools import backends
+
+    if not backends.get().several_steps_per_call:
+        pytest.skip("this backend's Keras trainer runs one step per call")
+
+
+def test_the_numerical_check_trains_each_model_the_same_steps_whole_calls_of_each():
+    from keras_gpu_tools.speedups.trials import check_steps, loss_after, trial_model
+
+    several_steps_per_call()
+    base = mlp()
+    several = trial_model(base, {"steps_per_execution": 12})
+    assert check_steps(R.LOSS_STEPS, base, trial_model(base, {"steps_per_execution": 4})) == 8
+    steps = check_steps(R.LOSS_STEPS, base, several)
+    assert steps == 12  # not 8: a call of 12 steps cannot stop at 8
+    x, y = data(16)
+    loss_after(several, (x, y), steps)
+    assert int(several.optimizer.iterations) == 12
+    with pytest.raises(ValueError, match=r"steps=8: expected a positive multiple of the model's steps_per_execution"):
+        loss_after(trial_model(base, {"steps_per_execution": 12}), (x, y), 8)
+
+
+def a_finder(model, max_seconds=60.0, clock=None):
+    from keras_gpu_tools import backends
+
+    x, y = data(64)
+    budget = finder.Budget(max_seconds) if clock is None else _Budget(max_seconds, clock)
+    return finder._Finder(model, inputs.describe(x, y, 16), budget, backends.get(), ("jit_compile",))
+
+
+def test_a_checked_change_and_its_baseline_train_the_same_whole_calls():
+    from keras_gpu_tools.speedups.trials import trial_model
+
+    several_steps_per_call()
+    model = mlp()
+    f = a_finder(model)
+    row, seconds = f._check(SpeedupRow("x", "combined"), trial_model(model, {"steps_per_execution": 12}))
+    assert row.check.startswith("loss after 12 steps") and set(f.base_loss) == {12} and seconds > 0.0
+    row, _ = f._check(SpeedupRow("y", "jit_compile"), trial_model(model, {}))
+    assert row.check.startswith(f"loss after {R.LOSS_STEPS} steps") and set(f.base_loss) == {12, R.LOSS_STEPS}
+
+
+def test_a_trial_counts_its_check_s_compile_and_a_combination_its_parts_longest(monkeypatch):
+    clock = [0.0]
+    f = a_finder(mlp(), max_seconds=100.0, clock=clock)
+    f.expected, f.base_compile = 10.0, 2.0  # the baseline: 2 s of compile, 8 s of steady windows
+    # The check's fit compiled the step (30 s): the timed fit found it compiled (0.01 s).
+    monkeypatch.setattr(finder._Finder, "_check", lambda self, row, model: (row, 30.0))
+    quick = timed_fit.Timing(compile_seconds=0.01, step_seconds=0.01, steps=10, wall_seconds=1.0, windows=2)
+    monkeypatch.setattr(finder._Finder, "_time", lambda self, model, inputs, shares=1: quick)
+    f._trial(SpeedupRow("jit_compile=True", "jit_compile"), lambda: (None, None), check=True)
+    assert f.compiles == {"jit_compile=True": 28.0}
+    # A checked combination with it: its windows once, two compiles of 2 + 28 s: 10 + 28 + 30 = 68 s.
+    clock[0] = 31.0  # 69 s left: it starts
+    assert f._refused(2, extra=28.0) is None
+    clock[0] = 33.0  # 67 s left: it would overrun
+    assert "about 68.0 s" in f._refused(2, extra=28.0)
+
+
+def test_the_baseline_timed_again_reads_every_row_against_the_mean_and_decides_it_again(monkeypatch):
+    f = a_finder(mlp(), max_seconds=600.0)
+    base = SpeedupRow("baseline: the fit as given", R.BASELINE, status=R.BASELINE, after=100.0, after_uncertainty=0.01)
+    f.base = base
+    ceiling = R.decide(dataclasses.replace(f._row("ceiling", R.CEILING), status=R.CEILING), 150.0, 0.01)
+    jit = R.decide(f._row("jit_compile=True", "jit_compile"), 107.0, 0.01)  # paid against 100 alone
+    bf16 = R.decide(f._row("mixed precision (mixed_bfloat16)", "mixed_precision"), 130.0, 0.01)
+    bf16 = dataclasses.replace(bf16, settings={"dtype_policy": "mixed_bfloat16"})
+    skipped = dataclasses.replace(f._row("steps_per_execution", "steps_per_execution"), status=R.NOT_APPLICABLE)
+    f.rows = [base, dataclasses.replace(ceiling, status=R.CEILING), jit, bf16, skipped]
+    f.policy = "mixed_bfloat16"
+    assert jit.paid and bf16.paid
+    # The host's pace moved: the baseline reads 110 samples/s the second time (a batch of 16 in 16/110 s).
+    again = timed_fit.Timing(compile_seconds=0.0, step_seconds=16 / 110, steps=10, wall_seconds=1.0, uncertainty=0.01)
+    monkeypatch.setattr(finder._Finder, "_time", lambda self, model, inputs, shares=1: again)
+    f._again(None)
+    base, ceiling, jit, bf16, skipped = f.rows
+    assert base.after == pytest.approx(105.0) and base.after_uncertainty == pytest.approx(5 / 105)
+    assert "timed before and after the other trials: 100 then 110 samples/s" in base.cost
+    for row in (ceiling, jit, bf16, skipped):
+        assert row.before == base.after and row.before_uncertainty == base.after_uncertainty
+    assert ceiling.status == R.CEILING and "holds back 30% of the step" in ceiling.cost
+    assert jit.status == R.NO_GAIN and jit.speedup == pytest.approx(107 / 105)  # within the baseline's own spread
+    assert bf16.paid and f.policy == "mixed_bfloat16"  # 1.24x: beyond it
+    assert skipped.status == R.NOT_APPLICABLE
