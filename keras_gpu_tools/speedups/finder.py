@@ -60,6 +60,7 @@ class _Finder:
         self.points: list[tuple[int, float]] = []  # (batch, step seconds) of one batch repeated: the host time
         self.input_x: Any = None  # the input change that paid most
         self.input_data: dict[str, Any] = {}  # each input row's data, by change
+        self.against_ceiling: set[str] = set()  # rows compared with the ceiling, not with the baseline
         self.batch: int | None = None  # the batch that paid (the combination trains at it where the input can be)
         self.policy: str | None = None
 
@@ -140,7 +141,8 @@ class _Finder:
     # -- the trials -------------------------------------------------------------------
     def run(self) -> list[SpeedupRow]:
         inputs_changes = self.data.changes(self.on_gpu) if "input" in self.wanted else []
-        # The baseline, the ceiling, each input change, the plan, each other change, the baseline again, the combination.
+        # Trials to share what is left among: the baseline (two shares), the ceiling, each input change, the plan,
+        # one per wanted change, the baseline again, the combination.
         self.left = 3 + len(inputs_changes) + PLAN_SHARES * ("batch_size" in self.wanted) + len(self.wanted) + 1
         base_model = trial_model(self.model)
         # Every row is measured against the baseline: it gets two shares, to be known more closely.
@@ -148,9 +150,10 @@ class _Finder:
         timing = self._time(base_model, self.data.fit_input(self.per_call), shares=2)
         self.left -= 2
         # The fewest windows a timing holds, each as long as the baseline's (a whole pass, where windows are passes:
-        # then its first fit's two rough calls are passes too).
+        # then its first fit's three calls are passes too, and its compile figure leaves the first one out).
         window = max(self.pace.epoch_seconds, timing.step_seconds * timing.steps / max(1, timing.windows))
-        rough = 2 if self.data.fit_input(self.per_call).whole_passes else 0
+        given = self.data.fit_input(self.per_call)
+        rough = 3 if given.whole_passes and given.batches else 0
         least = (self.pace.min_windows + 1 + rough) * window
         self.base_compile = timing.compile_seconds
         self.expected = expected_seconds([(timing.compile_seconds, timing.compile_seconds + least)])
@@ -266,6 +269,7 @@ class _Finder:
                 cost=f"{rule}; both figures on one batch repeated, without your input ({refused})",
             )
             row = R.decide(row, chosen.samples_per_sec, chosen.uncertainty)
+            self.against_ceiling.add(row.change)
         if row.paid:
             self.batch = b
         self.rows.append(row)
@@ -387,16 +391,26 @@ class _Finder:
         shows in the baseline's ±, not as a speed-up or a loss.
         """
         base = self.base
-        try:
-            if base is None or base.after is None or self._refused():
-                return
-            timing = self._time(base_model, self.data.fit_input(self.per_call))
-        except Exception as e:  # the first timing stands
-            logger.info("keras_gpu_tools: find_speedups: the baseline was not timed again (%s)", first_line(e))
+        if base is None or base.after is None:
+            self.left -= 1
             return
+        first = base.after
+        try:
+            # Its step is compiled already: a steady timing without a compile.
+            reason = self.budget.refuses(self.expected - self.base_compile)
+            if reason is None:
+                timing = self._time(base_model, self.data.fit_input(self.per_call))
+                again = self._sps(timing)
+                if not (again > 0 and math.isfinite(again)):
+                    reason = f"it read {again} samples/s"
+        except Exception as e:
+            reason = first_line(e)
         finally:
             self.left -= 1
-        first, again = base.after, self._sps(timing)
+        if reason is not None:  # the first timing stands, and the row says why
+            self.base = dataclasses.replace(base, cost=f"{base.cost}; not timed again after the other trials: {reason}")
+            self.rows = [self.base if row is base else row for row in self.rows]
+            return
         mean = (first + again) / 2
         spread = max(R.noise(base.after_uncertainty, timing.uncertainty) / 2, abs(again - first) / (2 * mean))
         self.base = dataclasses.replace(
@@ -409,7 +423,7 @@ class _Finder:
         for row in self.rows:
             if row is base:
                 row = self.base
-            elif row.before == first:  # measured against the baseline (not against the ceiling)
+            elif row.change not in self.against_ceiling:  # measured against the baseline
                 row = dataclasses.replace(row, before=mean, before_uncertainty=spread)
                 if row.kind == R.CEILING and row.after is not None:
                     row = dataclasses.replace(row, cost=_ceiling_cost(mean, row.after))
@@ -422,8 +436,8 @@ class _Finder:
         inputs = [r for r in rows if r.kind == "input" and r.paid]
         best = max(inputs, key=lambda r: r.after or 0.0, default=None)
         self.input_x = None if best is None else self.input_data.get(best.change)
-        self.batch = self.batch if "batch_size" in paid else None
-        self.policy = self.policy if "mixed_precision" in paid else None
+        self.batch = paid["batch_size"].settings.get("batch_size") if "batch_size" in paid else None
+        self.policy = paid["mixed_precision"].settings.get("dtype_policy") if "mixed_precision" in paid else None
 
     def _combined(self) -> None:
         paid = [r for r in self.rows if r.paid]

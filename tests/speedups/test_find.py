@@ -418,28 +418,84 @@ def test_a_trial_counts_its_check_s_compile_and_a_combination_its_parts_longest(
     assert "about 68.0 s" in f._refused(2, extra=28.0)
 
 
+def searched(f, rows, policy=None):
+    """``f`` as after the single changes: the baseline (100 samples/s ±2%) and ``rows`` (change, kind, after, u)."""
+    f.base = SpeedupRow(
+        "baseline: the fit as given", R.BASELINE, status=R.BASELINE, after=100.0, after_uncertainty=0.02
+    )
+    f.rows = [f.base]
+    for change, kind, after, u, settings in rows:
+        row = dataclasses.replace(f._row(change, kind), settings=settings)
+        f.rows.append(R.decide(row, after, u) if after is not None else row)
+    f.policy = policy
+    return f.rows
+
+
+def timed_again(monkeypatch, samples_per_sec, uncertainty):
+    again = timed_fit.Timing(
+        compile_seconds=0.0, step_seconds=16 / samples_per_sec, steps=10, wall_seconds=1.0, uncertainty=uncertainty
+    )
+    monkeypatch.setattr(finder._Finder, "_time", lambda self, model, inputs, shares=1: again)
+
+
 def test_the_baseline_timed_again_reads_every_row_against_the_mean_and_decides_it_again(monkeypatch):
     f = a_finder(mlp(), max_seconds=600.0)
-    base = SpeedupRow("baseline: the fit as given", R.BASELINE, status=R.BASELINE, after=100.0, after_uncertainty=0.01)
-    f.base = base
-    ceiling = R.decide(dataclasses.replace(f._row("ceiling", R.CEILING), status=R.CEILING), 150.0, 0.01)
-    jit = R.decide(f._row("jit_compile=True", "jit_compile"), 107.0, 0.01)  # paid against 100 alone
-    bf16 = R.decide(f._row("mixed precision (mixed_bfloat16)", "mixed_precision"), 130.0, 0.01)
-    bf16 = dataclasses.replace(bf16, settings={"dtype_policy": "mixed_bfloat16"})
-    skipped = dataclasses.replace(f._row("steps_per_execution", "steps_per_execution"), status=R.NOT_APPLICABLE)
-    f.rows = [base, dataclasses.replace(ceiling, status=R.CEILING), jit, bf16, skipped]
-    f.policy = "mixed_bfloat16"
-    assert jit.paid and bf16.paid
-    # The host's pace moved: the baseline reads 110 samples/s the second time (a batch of 16 in 16/110 s).
-    again = timed_fit.Timing(compile_seconds=0.0, step_seconds=16 / 110, steps=10, wall_seconds=1.0, uncertainty=0.01)
-    monkeypatch.setattr(finder._Finder, "_time", lambda self, model, inputs, shares=1: again)
+    searched(
+        f,
+        [
+            ("ceiling", R.CEILING, 150.0, 0.01, {}),
+            ("jit_compile=True", "jit_compile", 107.0, 0.01, {}),  # paid against 100 alone
+            ("mixed precision (mixed_bfloat16)", "mixed_precision", 130.0, 0.01, {"dtype_policy": "mixed_bfloat16"}),
+            ("steps_per_execution", "steps_per_execution", None, None, {}),
+        ],
+        policy="mixed_bfloat16",
+    )
+    f.rows[1] = dataclasses.replace(f.rows[1], status=R.CEILING)
+    # A batch row compared with the ceiling (step against step), whatever its figure: never re-read.
+    against = dataclasses.replace(R.decide(f._row("batch size 64", "batch_size"), 180.0, 0.01), before=100.0)
+    f.rows.append(against)
+    f.against_ceiling.add(against.change)
+    f.rows[4] = dataclasses.replace(f.rows[4], status=R.NOT_APPLICABLE)
+    assert f.rows[2].paid and f.rows[3].paid
+    timed_again(monkeypatch, 110.0, 0.01)  # the host's pace moved: 110 samples/s the second time
     f._again(None)
-    base, ceiling, jit, bf16, skipped = f.rows
+    base, ceiling, jit, bf16, skipped, batch = f.rows
     assert base.after == pytest.approx(105.0) and base.after_uncertainty == pytest.approx(5 / 105)
     assert "timed before and after the other trials: 100 then 110 samples/s" in base.cost
     for row in (ceiling, jit, bf16, skipped):
         assert row.before == base.after and row.before_uncertainty == base.after_uncertainty
+    assert batch == against
     assert ceiling.status == R.CEILING and "holds back 30% of the step" in ceiling.cost
     assert jit.status == R.NO_GAIN and jit.speedup == pytest.approx(107 / 105)  # within the baseline's own spread
     assert bf16.paid and f.policy == "mixed_bfloat16"  # 1.24x: beyond it
     assert skipped.status == R.NOT_APPLICABLE
+
+
+def test_two_timings_that_agree_narrow_the_baseline_and_what_then_pays_goes_into_the_combination(monkeypatch):
+    f = a_finder(mlp(), max_seconds=600.0)
+    rows = searched(
+        f,
+        [
+            ("input: workers=2", "input", 104.0, 0.01, {"workers": 2}),
+            ("batch size 64", "batch_size", 104.0, 0.01, {"batch_size": 64}),
+            ("mixed precision (mixed_bfloat16)", "mixed_precision", 104.0, 0.01, {"dtype_policy": "mixed_bfloat16"}),
+        ],
+    )
+    f.input_data["input: workers=2"] = data
+    assert not any(r.paid for r in rows)  # +4% is within twice the noise of 100 ±2% and 104 ±1%
+    timed_again(monkeypatch, 100.0, 0.02)  # the same again: the mean is known to ±1.4%
+    f._again(None)
+    assert f.base.after == pytest.approx(100.0) and f.base.after_uncertainty == pytest.approx(0.02 / 2**0.5)
+    assert all(r.paid for r in f.rows[1:])
+    assert f.input_x is data and f.batch == 64 and f.policy == "mixed_bfloat16"
+
+
+def test_a_baseline_that_cannot_be_timed_again_stands_and_says_why(monkeypatch):
+    clock = [0.0]
+    f = a_finder(mlp(), max_seconds=100.0, clock=clock)
+    f.expected, f.base_compile = 10.0, 2.0
+    rows = searched(f, [("jit_compile=True", "jit_compile", 107.0, 0.01, {})])
+    clock[0] = 95.0  # 5 s left: the 8 s of steady windows would overrun
+    f._again(None)
+    assert f.rows[1:] == rows[1:] and f.base.after == 100.0
+    assert "not timed again after the other trials: its compile and measurement would take about 8.0 s" in f.base.cost
