@@ -317,8 +317,8 @@ class Backend:
         return ""
 
     def repeated_batch(self, batch: tuple[Any, Any]) -> Any | None:
-        """``model.fit``'s ``x`` for one batch ``(x, y)`` repeated without end, where the framework has its own
-        way; None: a Python generator serves (Keras reads it on the host at no cost to the step)."""
+        """``model.fit``'s ``x`` for one batch ``(x, y)`` repeated without end, where the framework has a cheaper
+        way than the same host arrays yielded again; None: a Python generator of them serves."""
         return None
 
     # -- the job and its devices (TopologyBackend) -------------------------------------------------

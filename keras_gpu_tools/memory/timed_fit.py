@@ -109,8 +109,9 @@ class FitInput:
 
     @classmethod
     def repeated(cls, batch, per_call: int = 1, native: Any = None) -> FitInput:
-        """One batch ``(x, y)`` repeated without end: ``native`` where the backend gave its own pipeline for it
-        (TensorFlow's ``tf.data``: Keras feeds a generator through a ``py_function`` per step), else a generator."""
+        """One batch ``(x, y)`` repeated without end: ``native`` where the backend gave its own way (TensorFlow's
+        ``tf.data``: Keras feeds a generator through a ``py_function`` per step; JAX's batch already on the
+        device: no copy per step), else a generator of the host arrays."""
         if native is not None:
             return cls(lambda: {"x": native}, None, per_call)
         x, y = batch

@@ -27,7 +27,8 @@ def test_an_input_that_restarts_its_workers_every_epoch_is_timed_over_whole_pass
 
 @pytest.mark.multibackend
 def test_one_batch_is_repeated_in_the_backend_s_own_pipeline_where_it_has_one():
-    """TensorFlow's tf.data (a generator costs a py_function call per step there); a generator elsewhere."""
+    """TensorFlow's tf.data (a generator costs a py_function call per step there); on JAX the batch placed on
+    the device once (no host-to-device copy per step); torch: a generator of the host arrays."""
     from keras_gpu_tools import backends
 
     x, y = np.arange(8, dtype="float32").reshape(4, 2), np.ones((4, 1), "float32")
@@ -36,6 +37,13 @@ def test_one_batch_is_repeated_in_the_backend_s_own_pipeline_where_it_has_one():
     if BACKEND == "tensorflow":
         assert fit_x is native
         batches = list(fit_x.take(3).as_numpy_iterator())
+    elif BACKEND == "jax":
+        import jax
+
+        assert fit_x is native
+        batches = [next(fit_x) for _ in range(3)]
+        assert all(isinstance(a, jax.Array) for b in batches for a in b)
+        assert batches[0][0] is batches[2][0]  # placed once, not put again per step
     else:
         assert native is None
         batches = [next(fit_x) for _ in range(3)]

@@ -71,6 +71,24 @@ class JaxPlanner(Backend):
         peak = memory["arguments"] + memory["temporaries"] + memory["outputs"] - memory["aliased"]
         return [float(peak)] * replicas, self.plan_method(model)
 
+    def repeated_batch(self, batch):
+        """A generator of the batch placed on the device once: Keras's JAX feed ``jax.device_put``s every
+        batch, which for an array already there costs nothing, so no step pays a host-to-device copy. None
+        under a ``keras.distribution``, whose feed lays each batch out over its devices itself."""
+        import jax
+        import keras
+
+        if keras.distribution.distribution() is not None:
+            return None
+        x, y = batch
+        placed = jax.device_put((x, y) if y is not None else (x,))
+
+        def repeat():
+            while True:
+                yield placed
+
+        return repeat()
+
     def plan_method(self, model) -> str:
         return (
             "XLA's memory analysis of the compiled train step, per device (arguments + temporaries + outputs, "
