@@ -229,8 +229,12 @@ def callback_makers(log_dir: str | None) -> dict[str, Callable[[], Any]]:
     }
 
 
-def epoch_clock(times: list[float]):
-    """A callback that appends each epoch's wall time, in seconds, to ``times``."""
+def epoch_clock(times: list[float], stop_after: tuple[int, float] | None = None):
+    """A callback that appends each epoch's wall time, in seconds, to ``times``.
+
+    ``stop_after=(epochs, seconds)`` ends the fit once at least ``epochs`` epochs past the first (which
+    compiles) have run and they took at least ``seconds`` together: a steady figure however long an epoch is.
+    """
     import keras
 
     class Clock(keras.callbacks.Callback):
@@ -239,6 +243,8 @@ def epoch_clock(times: list[float]):
 
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.t0)
+            if stop_after is not None and len(times) > stop_after[0] and sum(times[1:]) >= stop_after[1]:
+                self.model.stop_training = True
 
     return Clock()
 

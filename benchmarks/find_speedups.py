@@ -40,6 +40,7 @@ ROW_TOLERANCE = 0.10  # a row's speed-up within 10% of the plain fit with that c
 AA_TOLERANCE = 0.05  # the plain baseline fitted twice (before and after the rows by hand) agrees within 5%
 COMBINED_GOAL = 1.5  # the combination, where any change pays
 JAX_COMBINED_GOAL = {"a": 2.0, "b": 2.0}  # JAX's combination on (a) and (b)
+PLAIN_EPOCHS, PLAIN_SECONDS = 3, 8.0  # a plain fit times at least 3 epochs after its first, 8 s of them together
 CASES = ("a", "b", "c")
 
 
@@ -135,7 +136,8 @@ def _input(case: str, args, batch: int | None = None, **options) -> dict[str, An
 
 
 def _plain_fit(model, data: dict[str, Any], smoke: bool) -> float:
-    """samples/s of a plain fit: the median of epochs 1.. (epoch 0 compiles)."""
+    """samples/s of a plain fit: the median of epochs 1.. (epoch 0 compiles), timed until at least
+    ``PLAIN_EPOCHS`` of them have run for at least ``PLAIN_SECONDS`` together."""
     import keras
 
     if keras.backend.backend() == "torch":  # each fit compiles as in a fresh process: dynamo's recompile limit is
@@ -144,9 +146,11 @@ def _plain_fit(model, data: dict[str, Any], smoke: bool) -> float:
         torch._dynamo.reset()
     times: list[float] = []
     x = data["x"]
-    steps = len(x) if "y" not in data else -(-len(x) // data["batch_size"])
-    epochs = 2 if smoke else 1 + max(3, -(-600 // steps))  # at least 600 steps timed where epochs are short
-    model.fit(**data, epochs=epochs, shuffle=False, verbose=0, callbacks=[_common.epoch_clock(times)])
+    # Timed by duration, not by steps: 600 steps of a 1 ms step is too short to read, and of a batch of 4096
+    # decoded in Python far too long.
+    stop = (1, 0.0) if smoke else (PLAIN_EPOCHS, PLAIN_SECONDS)
+    clock = _common.epoch_clock(times, stop_after=stop)
+    model.fit(**data, epochs=10_000, shuffle=False, verbose=0, callbacks=[clock])
     samples = len(x) * x[0][0].shape[0] if "y" not in data else len(x)
     return samples / statistics.median(times[1:])
 
@@ -196,6 +200,7 @@ def measure(case: str, args) -> dict[str, Any]:
             hand[row.change] = {"finder": row.speedup, "error": f"{type(e).__name__}: {str(e)[:200]}"}
     last = _plain_fit(_model(case, args.smoke), _input(case, args), args.smoke)
     baseline = (first + last) / 2
+    print(f"  plain baseline (A/A): {first:,.0f} then {last:,.0f} samples/s")
     for change, h in hand.items():
         if "samples_per_sec" in h:
             h["by_hand"] = h["samples_per_sec"] / baseline
