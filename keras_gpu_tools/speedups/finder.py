@@ -63,6 +63,10 @@ class _Finder:
         self.against_ceiling: set[str] = set()  # rows compared with the ceiling, not with the baseline
         self.batch: int | None = None  # the batch that paid (the combination trains at it where the input can be)
         self.policy: str | None = None
+        # The random states at the call: each loss check starts from them, so that the baseline's and a change's
+        # steps draw alike where dropout draws from the framework's global generator (torch), however many
+        # draws the timed fits before made.
+        self.rng = backend.rng_state()
 
     # -- timing -----------------------------------------------------------------------
     def _time(self, model, inputs: FitInput | None, shares: int = 1) -> Timing:
@@ -117,14 +121,20 @@ class _Finder:
         the seconds the changed model's check took (its compiles)."""
         steps = check_steps(R.LOSS_STEPS, self.model, model)  # both train the same steps from the same state
         if steps not in self.base_loss:
-            self.base_loss[steps] = loss_after(trial_model(self.model), self.data.batch, steps, initial=True)
+            self.base_loss[steps] = loss_after(
+                trial_model(self.model), self.data.batch, steps, initial=True, before_steps=self._same_draws
+            )
         start = time.perf_counter()
-        (base, initial), (changed, _) = self.base_loss[steps], loss_after(model, self.data.batch, steps)
+        changed, _ = loss_after(model, self.data.batch, steps, before_steps=self._same_draws)
+        base, initial = self.base_loss[steps]
         seconds = time.perf_counter() - start
         safe, text = R.loss_check(base, changed, steps, initial=initial)
         if not safe:
             return dataclasses.replace(row, status=R.UNSAFE, check=text, reason="unsafe: the loss diverged"), seconds
         return dataclasses.replace(row, check=text), seconds
+
+    def _same_draws(self) -> None:
+        self.backend.set_rng_state(self.rng)
 
     def _row(self, change: str, kind: str, code: str = "", cost: str = "", **compile_args: Any) -> SpeedupRow:
         base = self.base

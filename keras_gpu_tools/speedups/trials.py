@@ -16,6 +16,7 @@ Keras is imported inside the functions.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from keras_gpu_tools.runtime import keras_internals as ki
@@ -115,13 +116,21 @@ def check_steps(steps: int, *models) -> int:
     return unit * max(1, -(-steps // unit))
 
 
-def loss_after(model, batch: tuple[Any, Any], steps: int, initial: bool = False) -> tuple[float, float | None]:
+def loss_after(
+    model,
+    batch: tuple[Any, Any],
+    steps: int,
+    initial: bool = False,
+    before_steps: Callable[[], None] | None = None,
+) -> tuple[float, float | None]:
     """The loss on ``batch`` after ``steps`` training steps on it repeated, and before them where ``initial``.
 
     ``steps`` is a multiple of the model's ``steps_per_execution``
     (:func:`check_steps`). Each loss is evaluated (inference mode: no
     dropout), so that it does not hang on one step's dropout draws, which a
-    compiled step draws its own way.
+    compiled step draws its own way. ``before_steps`` is called right before
+    the steps, once the model is built for training and evaluated (either
+    may draw from a framework's global generator).
     """
     x, y = batch
     per_call = int(getattr(model, "steps_per_execution", 1) or 1)
@@ -135,7 +144,10 @@ def loss_after(model, batch: tuple[Any, Any], steps: int, initial: bool = False)
     def evaluated() -> float:
         return float(model.evaluate(x, y, batch_size=len(_first(x)), verbose=0, return_dict=True)["loss"])
 
+    ki.build_for_training(model, batch)  # what fit() does first, with or without an evaluation before it
     before = evaluated() if initial else None
+    if before_steps is not None:
+        before_steps()
     model.fit(repeat(), epochs=steps // per_call, steps_per_epoch=per_call, shuffle=False, verbose=0)
     return evaluated(), before
 
