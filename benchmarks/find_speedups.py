@@ -10,7 +10,7 @@ measured, a plain fit with that change made by hand; the baseline's plain fit ag
 by-hand ratio is over the two baselines' mean; where they differ by more than 5% that goal fails
 and the rows and the combination are not read); and a plain fit with every change that
 paid (`report.apply` for the compile-time ones, the rows' code for the rest). Plain fits: epoch 0
-compiles, samples/s is the median of the next epochs' (at least 3, and 600 steps); a batch change
+compiles, samples/s is the median of the next epochs' (at least 3, 8 s of them together); a batch change
 fits the same samples (200 batches of the case's batch) at the new batch.
 
 Goals (a full run exits non-zero and names the one missed): the plain baseline's A/A within 5%;

@@ -167,6 +167,16 @@ def one_torch_thread():
 
 
 @pytest.fixture(autouse=True)
+def _first_sample_awaited(monkeypatch):
+    """A fit's first epoch end waits for GPUUtilizationLogger's first sample however loaded the machine.
+
+    The callback waits at most a second (plus its interval) so as not to stall a user's training; a
+    starved sampler thread on a busy test machine would then leave the first epoch without its keys.
+    """
+    monkeypatch.setattr("keras_gpu_tools.callbacks.gpu_utilization_logger.FIRST_SAMPLE_WAIT_S", 120.0)
+
+
+@pytest.fixture(autouse=True)
 def _collect_each_tests_garbage():
     """A test's garbage is collected when it ends, and what outlives it is frozen (``gc.freeze``).
 

@@ -16,9 +16,9 @@ step; an epoch's end reads the logs, which waits for the device):
    timed until the mean step time is known within ``Pace.target`` (one
    standard error over the mean, :func:`~keras_gpu_tools.memory.throughput.timing_stop`),
    or the candidate's ``share`` of the budget is spent, or ``max_windows``.
-   A window far shorter than meant (the rough step was slow) restarts the
-   fit once with more steps per window: short windows time an epoch's fixed
-   cost more than the step.
+   A window under half as long as meant (the rough step was slow: a one-step
+   epoch carries an epoch's fixed cost) restarts the fit once with more steps
+   per window: short windows time an epoch's fixed cost more than the step.
 
 A finite input (arrays, a dataset of known length) runs windows whose steps
 divide its batches, so that no window is cut short where a pass ends (an
@@ -51,6 +51,8 @@ from keras_gpu_tools.runtime.typing_compat import override
 
 logger = logging.getLogger("keras_gpu_tools")
 
+LONG_CPU_BUDGET = 60.0  # seconds: a CPU budget this long times windows of 0.2 s (Pace.for_device)
+
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
@@ -80,10 +82,17 @@ class Pace:
     target: float = TARGET_UNCERTAINTY
 
     @classmethod
-    def for_device(cls, on_gpu: bool) -> Pace:
-        # A CPU's steps are slow and steady (no autotuning, no asynchronous queue): fewer, shorter windows.
+    def for_device(cls, on_gpu: bool, max_seconds: float | None = None) -> Pace:
+        """The pace on a GPU, or on a CPU; there, a budget of ``max_seconds`` of at least a minute buys longer windows.
+
+        A CPU's steps are slow and steady (no autotuning, no asynchronous
+        queue): fewer, shorter windows, unless the budget affords windows long
+        enough to time a millisecond step to a few percent on a shared host.
+        """
         if on_gpu:
             return cls()
+        if max_seconds is not None and max_seconds >= LONG_CPU_BUDGET:
+            return cls(epoch_seconds=0.2, epochs=2, max_steps_per_epoch=500, min_windows=4, max_windows=24)
         return cls(epoch_seconds=0.05, epochs=2, max_steps_per_epoch=20, min_windows=3, max_windows=8)
 
     def steps_for(self, step_seconds: float) -> int:
@@ -231,7 +240,7 @@ def time_fit(
                 if (
                     attempt == 0
                     and len(done) == 1
-                    and epochs[1] < pace.epoch_seconds / 4
+                    and epochs[1] < pace.epoch_seconds / 2  # (a one-step epoch's fixed cost made the rough step slow)
                     and inputs.steps(pace.steps_for(done[0])) > k
                 ):
                     state["resize"] = True

@@ -46,7 +46,7 @@ class _Finder:
     def __init__(self, model, data: TrainingInput, budget: Budget, backend: Any, wanted: tuple[str, ...]):
         self.model, self.data, self.budget, self.backend, self.wanted = model, data, budget, backend, wanted
         self.on_gpu = bool(backend.gpu_devices())
-        self.pace = Pace.for_device(self.on_gpu)
+        self.pace = Pace.for_device(self.on_gpu, budget.max_seconds)
         self.per_call = int(getattr(model, "steps_per_execution", 1) or 1)
         self.rows: list[SpeedupRow] = []
         self.left = 0  # trials still to run (each gets its share of what is left)

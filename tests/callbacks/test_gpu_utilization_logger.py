@@ -14,7 +14,6 @@ import keras
 import pytest
 
 from keras_gpu_tools import GPUUtilizationLogger
-from keras_gpu_tools.callbacks import gpu_utilization_logger
 from keras_gpu_tools.errors import GPUMonitoringWarning
 from keras_gpu_tools.telemetry import sampler
 from keras_gpu_tools.telemetry.nvml import NVML
@@ -61,12 +60,6 @@ def wait_for_no_threads(timeout=60.0):  # returns as soon as they are gone
 @pytest.fixture(autouse=True)
 def no_cuda_env(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-
-
-@pytest.fixture(autouse=True)
-def first_sample_awaited(monkeypatch):
-    """The first epoch end waits for the fit's first sample however loaded the machine: an event, not a deadline."""
-    monkeypatch.setattr(gpu_utilization_logger, "FIRST_SAMPLE_WAIT_S", 120.0)
 
 
 def fake_nvml(**gpu_kwargs):

@@ -31,12 +31,6 @@ def no_cuda_env(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
-@pytest.fixture(autouse=True)
-def first_sample_awaited(monkeypatch):
-    """The first epoch end waits for the fit's first sample however loaded the machine: an event, not a deadline."""
-    monkeypatch.setattr(gpu_utilization_logger, "FIRST_SAMPLE_WAIT_S", 120.0)
-
-
 class EpochClock(keras.callbacks.Callback):
     """Sleeps a little each step, so the sampler thread ticks during the fit."""
 

@@ -125,7 +125,7 @@ def test_kerass_callbacks_are_given_back_as_they_were_also_after_a_fit_that_rais
         with warnings.catch_warnings(), pytest.raises(RuntimeError) if boom else contextlib.nullcontext():
             warnings.simplefilter("ignore")
             model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=callbacks)
-        deadline = time.monotonic() + 3  # after a raise, the fit's session notices within 0.2 s
+        deadline = time.monotonic() + 30  # after a raise, the fit's session notices within 0.2 s (more under load)
         while any("on_epoch_end" in vars(c) for c in (board, history, bar)) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert [c for c in (board, history, bar) if "on_epoch_end" in vars(c)] == []

@@ -34,7 +34,13 @@ def test_snapshots_handed_over_during_a_draw_are_coalesced_into_the_newest():
         drawer.hand_over(Snapshot(time.monotonic(), 0, step, {"loss": 1.0 / step}))
     # The hand-overs never waited for the blocked display: all returned while it still holds the first picture.
     assert not returned.is_set()
-    release.set()
+    hand_over = drawer.hand_over
+
+    def final_then_release(snap):  # the display is released once the final snapshot is pending, never before
+        hand_over(snap)
+        release.set()
+
+    drawer.hand_over = final_then_release  # type: ignore[method-assign]
     assert drawer.finish(Snapshot(time.monotonic(), 0, 12, {"loss": 0.05}, done=True), timeout=30)
     ticker.close(timeout=30)
     # The first picture, then only the newest: the final one (the ten in between were replaced).

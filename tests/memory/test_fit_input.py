@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from keras_gpu_tools.memory.timed_fit import FitInput
+from keras_gpu_tools.memory.timed_fit import LONG_CPU_BUDGET, FitInput, Pace
 from tests.helpers.models import BACKEND
 
 
@@ -18,6 +18,14 @@ def test_a_window_divides_the_pass_and_holds_whole_calls():
     assert FitInput(dict, batches=7, per_call=2).steps(10) == 2  # no multiple of 2 divides 7: one call
     # A call of more steps than a pass runs the pass: a window of more would run past its end.
     assert [FitInput(dict, batches=3, per_call=8).steps(k) for k in (1, 10, 100)] == [3, 3, 3]
+
+
+def test_a_cpu_budget_of_a_minute_or_more_times_longer_windows():
+    short, long = Pace.for_device(False), Pace.for_device(False, LONG_CPU_BUDGET)
+    assert Pace.for_device(False, LONG_CPU_BUDGET - 1) == short and Pace.for_device(False, None) == short
+    assert long.epoch_seconds > short.epoch_seconds and long.max_steps_per_epoch > short.max_steps_per_epoch
+    assert long.max_windows > short.max_windows
+    assert Pace.for_device(True) == Pace.for_device(True, LONG_CPU_BUDGET) == Pace()  # a GPU's pace: the budget aside
 
 
 def test_an_input_that_restarts_its_workers_every_epoch_is_timed_over_whole_passes():
@@ -58,7 +66,7 @@ def test_the_steady_state_stops_where_one_more_window_would_outlast_the_budget()
     import keras
 
     from keras_gpu_tools.memory.throughput import STOP_BUDGET
-    from keras_gpu_tools.memory.timed_fit import Pace, time_batch
+    from keras_gpu_tools.memory.timed_fit import time_batch
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")

