@@ -81,8 +81,11 @@ class _Finder:
         would outlast the budget), or None. Its steady windows are timed once; each further compile adds a compile."""
         return self.budget.refuses(self.expected + extra + (compiles - 1) * (self.base_compile + extra))
 
-    def _sps(self, t: Timing, batch: int | None = None) -> float:
-        return (batch or self.data.batch_size) / t.step_seconds
+    def _sps(self, t: Timing, batch: int | None = None, repeated: bool = False) -> float:
+        """samples/s of a timing on the user's input at ``batch`` (its pass's last batch may be smaller), or on one
+        batch ``repeated``."""
+        per_step = (batch or self.data.batch_size) if repeated else self.data.samples_per_step(batch)
+        return per_step / t.step_seconds
 
     def _trial(
         self,
@@ -112,7 +115,7 @@ class _Finder:
             except Exception as e:
                 why = "ran out of memory: " if self.backend.is_oom(e) else ""
                 return dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=why + first_line(e))
-            return R.decide(row, self._sps(timing, batch), timing.uncertainty, True)
+            return R.decide(row, self._sps(timing, batch, repeated=inputs is None), timing.uncertainty, True)
         finally:
             self.left -= 1
 

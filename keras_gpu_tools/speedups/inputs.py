@@ -68,6 +68,17 @@ class TrainingInput:
         # Keras stops and restarts a PyDataset's workers at every epoch: its windows are whole passes.
         return FitInput(lambda: {"x": data}, batches, per_call, whole_passes=self.kind == PY_DATASET)
 
+    def samples_per_step(self, b: int | None = None) -> float:
+        """The samples a step of the input at batch ``b`` trains, on average over a pass.
+
+        A pass over arrays ends in a smaller batch where ``b`` does not divide
+        the samples (a timed window of whole passes holds it); other inputs
+        are counted at their full batch.
+        """
+        b = b or self.batch_size
+        n = leading_dim(self.x) if self.kind == ARRAYS else None
+        return n / math.ceil(n / b) if n else float(b)
+
     def rebatch_refused(self, b: int) -> str | None:
         """Why this input cannot be timed at batch ``b`` (None where it can: arrays always)."""
         return None if self.kind == ARRAYS else rebatch.why_not(self.kind, self.x, self.batch_size, b)

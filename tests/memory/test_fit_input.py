@@ -34,6 +34,34 @@ def test_an_input_that_restarts_its_workers_every_epoch_is_timed_over_whole_pass
 
 
 @pytest.mark.multibackend
+def test_a_window_of_a_whole_pass_is_fitted_as_a_user_s_epoch():
+    """No steps_per_epoch where a window is the pass: Keras starts the input afresh each epoch, as in a user's fit."""
+    import keras
+
+    from keras_gpu_tools.memory.timed_fit import time_fit
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x, y = np.ones((64, 4), "float32"), np.ones((64, 1), "float32")
+    asked = []
+    fit = model.fit
+
+    def recorded(*args, **kwargs):
+        asked.append(kwargs["steps_per_epoch"])
+        return fit(*args, **kwargs)
+
+    model.fit = recorded
+    pace = Pace(epoch_seconds=10.0, min_windows=2, max_windows=3)  # windows as long as the pass allows
+    timing = time_fit(model, FitInput(lambda: {"x": x, "y": y, "batch_size": 16}, batches=4), pace)
+    assert asked[0] == 1 and set(asked[1:]) == {None}  # the rough steps, then windows of the whole pass
+    assert timing.steps == 4 * timing.windows
+    asked.clear()
+    time_fit(model, FitInput(lambda: {"x": x, "y": y, "batch_size": 8}, batches=8), Pace(epoch_seconds=1e-9))
+    assert set(asked) == {1, 2}  # windows shorter than the pass (2 of its 8 steps, the fewest a window holds)
+
+
+@pytest.mark.multibackend
 def test_one_batch_is_repeated_in_the_backend_s_own_pipeline_where_it_has_one():
     """TensorFlow's tf.data (a generator costs a py_function call per step there); on JAX the batch placed on
     the device once (no host-to-device copy per step); torch: a generator of the host arrays."""

@@ -70,6 +70,12 @@ def test_arrays_are_always_timed_at_the_batch():
     described = inputs.describe(x, y, 8)
     assert described.rebatch_refused(12) is None
     assert described.fit_input(batch_size=12).kwargs()["batch_size"] == 12
+    # A pass of 64 samples at 12 is 6 steps, the last of 4: 10.67 samples a step, not 12 (a whole-pass window
+    # would read 12% too fast); at 8 and 32 every step is whole.
+    assert described.samples_per_step(12) == pytest.approx(64 / 6)
+    assert described.samples_per_step() == 8 and described.samples_per_step(32) == 32
+    dataset = keras.utils.PyDataset()  # (another input: its batches counted whole)
+    assert inputs.TrainingInput(inputs.PY_DATASET, dataset, None, 16, (x, y), 4).samples_per_step(48) == 48
 
 
 def test_a_tf_data_dataset_is_rebatched_as_the_row_s_code_says():
