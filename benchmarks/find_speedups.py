@@ -9,8 +9,10 @@ weights compared before and after); a plain `model.fit` as given (the baseline);
 measured, a plain fit with that change made by hand; the baseline's plain fit again (the A/A: every
 by-hand ratio is over the two baselines' mean; where they differ by more than 5% that goal fails
 and the rows and the combination are not read); and a plain fit with every change that
-paid (`report.apply` for the compile-time ones, the rows' code for the rest). Plain fits: epoch 0
-compiles, samples/s is the median of the next epochs' (at least 3, 8 s of them together); a batch change
+paid (`report.apply` for the compile-time ones, the rows' code for the rest). Plain fits: each in a
+fresh process, as a user's script (TensorFlow's fits slow as a process fits more models; a smoke
+run fits only the first baseline so); epoch 0 compiles, samples/s is the median of the next
+epochs' (at least 3, 8 s of them together); a batch change
 fits the same samples (200 batches of the case's batch) at the new batch.
 
 Goals (a full run exits non-zero and names the one missed): the plain baseline's A/A within 5%;
@@ -27,7 +29,11 @@ unenforced.
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any
@@ -49,6 +55,8 @@ def _parse():
     p.add_argument("--case", choices=(*CASES, "all"), default="all")
     p.add_argument("--decode-ms", type=float, default=4.0, help="case (a): the Python decode's time per 64 images")
     p.add_argument("--max-seconds", type=float, default=FINDER_SECONDS, help="the finder's budget")
+    # --plain SPEC: one plain fit in this process, printed (how _plain asks a fresh process for one).
+    p.add_argument("--plain", default=None, help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -155,8 +163,28 @@ def _plain_fit(model, data: dict[str, Any], smoke: bool) -> float:
     return samples / statistics.median(times[1:])
 
 
+def _plain(case: str, args, fresh: bool, batch=None, options=None, compile_args=None, policy=None) -> float:
+    """samples/s of a plain fit of the case's model (under ``policy``, compiled with ``compile_args``) on its input
+    (at ``batch``, with ``options``): in a fresh process where ``fresh``, as a user's script runs it.
+
+    TensorFlow's fits slow as a process fits more models (8-16% by the A/A's second fitting), so a plain fit
+    made late in this process, after the finder's trials, would read under the same fit made first.
+    """
+    spec = {"batch": batch, "options": options or {}, "compile_args": compile_args or {}, "policy": policy}
+    if not fresh:
+        model = _model(case, args.smoke, policy, **spec["compile_args"])
+        return _plain_fit(model, _input(case, args, batch, **spec["options"]), args.smoke)
+    command = [sys.executable, os.path.abspath(__file__), "--backend", _common.setup(args), "--case", case]
+    command += ["--decode-ms", str(args.decode_ms), "--plain", json.dumps(spec)] + (["--smoke"] if args.smoke else [])
+    done = subprocess.run(command, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines or not lines[-1].startswith("plain samples/s "):
+        raise RuntimeError(f"the plain fit's process (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+    return float(lines[-1].split()[-1])
+
+
 def _by_hand(case: str, args, rows: list[Any], policy: str | None) -> float:
-    """samples/s of a plain fit with the changes of ``rows`` made by hand."""
+    """samples/s of a plain fit, in a fresh process, with the changes of ``rows`` made by hand."""
     compile_args: dict[str, Any] = {}
     options: dict[str, Any] = {}
     batch = None
@@ -166,8 +194,8 @@ def _by_hand(case: str, args, rows: list[Any], policy: str | None) -> float:
             options.update(row.settings)
         if row.kind == "batch_size":
             batch = row.settings["batch_size"]
-    model = _model(case, args.smoke, policy if any(r.kind == "mixed_precision" for r in rows) else None, **compile_args)
-    return _plain_fit(model, _input(case, args, batch, **options), args.smoke)
+    mixed = policy if any(r.kind == "mixed_precision" for r in rows) else None
+    return _plain(case, args, not args.smoke, batch, options, compile_args, mixed)
 
 
 def measure(case: str, args) -> dict[str, Any]:
@@ -189,7 +217,8 @@ def measure(case: str, args) -> dict[str, Any]:
     policy = None if mixed is None else mixed.settings.get("dtype_policy")
     # The plain baseline is fitted before the rows by hand and again after them (the A/A): every ratio is over
     # their mean, and their spread says whether the run is steady enough to read the rows' tolerance.
-    first = _plain_fit(_model(case, args.smoke), _input(case, args), args.smoke)
+    # Each in a fresh process (a smoke run: the first alone, so that the path runs in CI within its limit).
+    first = _plain(case, args, fresh=True)
     hand: dict[str, Any] = {}
     for row in report.rows:
         if row.kind in ("baseline", "ceiling", "combined") or row.speedup is None or row.status == "unsafe":
@@ -198,7 +227,7 @@ def measure(case: str, args) -> dict[str, Any]:
             hand[row.change] = {"finder": row.speedup, "samples_per_sec": _by_hand(case, args, [row], policy)}
         except Exception as e:  # recorded, not fatal
             hand[row.change] = {"finder": row.speedup, "error": f"{type(e).__name__}: {str(e)[:200]}"}
-    last = _plain_fit(_model(case, args.smoke), _input(case, args), args.smoke)
+    last = _plain(case, args, fresh=not args.smoke)
     baseline = (first + last) / 2
     print(f"  plain baseline (A/A): {first:,.0f} then {last:,.0f} samples/s")
     for change, h in hand.items():
@@ -207,12 +236,13 @@ def measure(case: str, args) -> dict[str, Any]:
         print(f"  {change}: finder {h['finder']:.2f}x, by hand {h.get('by_hand', h.get('error'))}")
     combined = None
     if report.paid:
-        applied = _model(case, args.smoke, policy if report.row("mixed_precision") in report.paid else None)
-        report.apply(applied)  # the compile-time changes, as a user applies them
+        mixed = policy if report.row("mixed_precision") in report.paid else None
+        applied = report.apply(_model(case, args.smoke, mixed))  # the compile-time changes, as a user applies them
         inputs = [r for r in report.paid if r.kind == "input"]  # the fastest input change, as the finder combines
         options = max(inputs, key=lambda r: r.after or 0.0).settings if inputs else {}
         batch = next((r.settings["batch_size"] for r in report.paid if r.kind == "batch_size"), None)
-        combined = _plain_fit(applied, _input(case, args, batch, **options), args.smoke) / baseline
+        # The model compiled with what apply() applied, in a fresh process.
+        combined = _plain(case, args, not args.smoke, batch, options, applied, mixed) / baseline
     return {
         "baseline_samples_per_sec": baseline,
         "baseline_a_a": [first, last],
@@ -226,6 +256,11 @@ def measure(case: str, args) -> dict[str, Any]:
 
 def main() -> int:
     args = _parse()
+    if args.plain is not None:  # one plain fit for the process that asked (_plain)
+        _common.setup(args)
+        spec = json.loads(args.plain)
+        print("plain samples/s", _plain(args.case, args, False, **spec))
+        return 0
     cases = CASES if args.case == "all" else (args.case,)
     if args.smoke:
         args.max_seconds = min(args.max_seconds, 8.0)
