@@ -10,8 +10,9 @@ measured, a plain fit with that change made by hand; the baseline's plain fit ag
 by-hand ratio is over the two baselines' mean; where they differ by more than 5% that goal fails
 and the rows and the combination are not read); and a plain fit with every change that
 paid (`report.apply` for the compile-time ones, the rows' code for the rest). Plain fits: each in a
-fresh process, as a user's script (TensorFlow's fits slow as a process fits more models; a smoke
-run fits only the first baseline so); epoch 0 compiles, samples/s is the median of the next
+fresh process on TensorFlow, as a user's script (its fits slow as a process fits more models; a
+smoke run fits only case (c)'s first baseline so; JAX's and torch's do not slow, and on a GPU a second
+process would share the first one's memory); epoch 0 compiles, samples/s is the median of the next
 epochs' (at least 3, 8 s of them together); a batch change
 fits the same samples (200 batches of the case's batch) at the new batch.
 
@@ -167,8 +168,8 @@ def _plain(case: str, args, fresh: bool, batch=None, options=None, compile_args=
     """samples/s of a plain fit of the case's model (under ``policy``, compiled with ``compile_args``) on its input
     (at ``batch``, with ``options``): in a fresh process where ``fresh``, as a user's script runs it.
 
-    TensorFlow's fits slow as a process fits more models (8-16% by the A/A's second fitting), so a plain fit
-    made late in this process, after the finder's trials, would read under the same fit made first.
+    TensorFlow's fits slow as a process fits more models, so a plain fit made late in this process, after the
+    finder's trials, would read under the same fit made first (:func:`_fresh`).
     """
     spec = {"batch": batch, "options": options or {}, "compile_args": compile_args or {}, "policy": policy}
     if not fresh:
@@ -176,7 +177,7 @@ def _plain(case: str, args, fresh: bool, batch=None, options=None, compile_args=
         return _plain_fit(model, _input(case, args, batch, **spec["options"]), args.smoke)
     command = [sys.executable, os.path.abspath(__file__), "--backend", _common.setup(args), "--case", case]
     command += ["--decode-ms", str(args.decode_ms), "--plain", json.dumps(spec)] + (["--smoke"] if args.smoke else [])
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines or not lines[-1].startswith("plain samples/s "):
         raise RuntimeError(f"the plain fit's process (exit {done.returncode}): {done.stderr.strip()[-400:]}")
@@ -184,7 +185,7 @@ def _plain(case: str, args, fresh: bool, batch=None, options=None, compile_args=
 
 
 def _by_hand(case: str, args, rows: list[Any], policy: str | None) -> float:
-    """samples/s of a plain fit, in a fresh process, with the changes of ``rows`` made by hand."""
+    """samples/s of a plain fit with the changes of ``rows`` made by hand."""
     compile_args: dict[str, Any] = {}
     options: dict[str, Any] = {}
     batch = None
@@ -195,7 +196,14 @@ def _by_hand(case: str, args, rows: list[Any], policy: str | None) -> float:
         if row.kind == "batch_size":
             batch = row.settings["batch_size"]
     mixed = policy if any(r.kind == "mixed_precision" for r in rows) else None
-    return _plain(case, args, not args.smoke, batch, options, compile_args, mixed)
+    return _plain(case, args, _fresh(args), batch, options, compile_args, mixed)
+
+
+def _fresh(args, first: bool = False) -> bool:
+    """Whether a plain fit runs in a fresh process: on TensorFlow, whose fits slow as a process fits more models
+    (JAX's and torch's do not; on a GPU a second process would share the first one's memory). A smoke run: one
+    first baseline alone, so that the path runs in CI within its limit."""
+    return _common.setup(args) == "tensorflow" and (first or not args.smoke)
 
 
 def measure(case: str, args) -> dict[str, Any]:
@@ -217,8 +225,7 @@ def measure(case: str, args) -> dict[str, Any]:
     policy = None if mixed is None else mixed.settings.get("dtype_policy")
     # The plain baseline is fitted before the rows by hand and again after them (the A/A): every ratio is over
     # their mean, and their spread says whether the run is steady enough to read the rows' tolerance.
-    # Each in a fresh process (a smoke run: the first alone, so that the path runs in CI within its limit).
-    first = _plain(case, args, fresh=True)
+    first = _plain(case, args, _fresh(args, first=case == "c"))  # (a smoke run: case (c)'s alone, the quickest)
     hand: dict[str, Any] = {}
     for row in report.rows:
         if row.kind in ("baseline", "ceiling", "combined") or row.speedup is None or row.status == "unsafe":
@@ -227,7 +234,7 @@ def measure(case: str, args) -> dict[str, Any]:
             hand[row.change] = {"finder": row.speedup, "samples_per_sec": _by_hand(case, args, [row], policy)}
         except Exception as e:  # recorded, not fatal
             hand[row.change] = {"finder": row.speedup, "error": f"{type(e).__name__}: {str(e)[:200]}"}
-    last = _plain(case, args, fresh=not args.smoke)
+    last = _plain(case, args, _fresh(args))
     baseline = (first + last) / 2
     print(f"  plain baseline (A/A): {first:,.0f} then {last:,.0f} samples/s")
     for change, h in hand.items():
@@ -241,8 +248,8 @@ def measure(case: str, args) -> dict[str, Any]:
         inputs = [r for r in report.paid if r.kind == "input"]  # the fastest input change, as the finder combines
         options = max(inputs, key=lambda r: r.after or 0.0).settings if inputs else {}
         batch = next((r.settings["batch_size"] for r in report.paid if r.kind == "batch_size"), None)
-        # The model compiled with what apply() applied, in a fresh process.
-        combined = _plain(case, args, not args.smoke, batch, options, applied, mixed) / baseline
+        # The model compiled with what apply() applied.
+        combined = _plain(case, args, _fresh(args), batch, options, applied, mixed) / baseline
     return {
         "baseline_samples_per_sec": baseline,
         "baseline_a_a": [first, last],

@@ -25,10 +25,9 @@ divide its batches, so that no window is cut short where a pass ends (an
 input that restarts its workers at every Keras epoch, whole passes); with
 ``steps_per_execution=N`` a window's steps are a multiple of N (one call runs N).
 A window that is a whole pass is fitted without ``steps_per_epoch``, as a
-user's epoch is: Keras then starts the input afresh at every epoch, where
-with ``steps_per_epoch`` it keeps its iterator and starts a new one only at
-a pass's end (TensorFlow's new ``tf.data`` iterator each epoch is part of a
-user's epoch).
+user's epoch is: Keras then starts an iterator at the epoch's start as well
+as at the pass's end, where with ``steps_per_epoch`` it starts one only at
+the pass's end.
 
 In a job whose steps are collective, every process runs ``epochs`` windows
 of the agreed ``k`` steps (no process may stop alone).

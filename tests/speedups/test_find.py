@@ -416,6 +416,17 @@ def a_finder(model, max_seconds=60.0, clock=None):
     return finder._Finder(model, inputs.describe(x, y, 16), budget, backends.get(), ("jit_compile",))
 
 
+def test_a_timing_on_the_user_s_arrays_counts_the_pass_s_smaller_last_batch():
+    from keras_gpu_tools import backends
+
+    x, y = data(64)  # at batch 12: 6 steps a pass, the last of 4 samples
+    f = finder._Finder(mlp(), inputs.describe(x, y, 12), finder.Budget(60.0), backends.get(), ("jit_compile",))
+    t = timed_fit.Timing(compile_seconds=0.0, step_seconds=0.5, steps=6, wall_seconds=3.0)
+    assert f._sps(t) == pytest.approx(64 / 6 / 0.5)  # the user's input: 10.67 samples a step
+    assert f._sps(t, repeated=True) == 24.0  # one batch repeated: every step whole
+    assert f._sps(t, 32) == 64.0  # at 32 the pass is 2 whole steps
+
+
 def test_a_checked_change_and_its_baseline_train_the_same_whole_calls():
     from keras_gpu_tools.speedups.trials import trial_model
 
