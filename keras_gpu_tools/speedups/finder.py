@@ -43,7 +43,15 @@ PLAN_SHARES = 2  # the batch plan measures several candidates: it is given the s
 
 
 class _Finder:
-    def __init__(self, model, data: TrainingInput, budget: Budget, backend: Any, wanted: tuple[str, ...]):
+    def __init__(
+        self,
+        model,
+        data: TrainingInput,
+        budget: Budget,
+        backend: Any,
+        wanted: tuple[str, ...],
+        rng: dict[str, Any] | None = None,
+    ):
         self.model, self.data, self.budget, self.backend, self.wanted = model, data, budget, backend, wanted
         self.on_gpu = bool(backend.gpu_devices())
         self.pace = Pace.for_device(self.on_gpu, budget.max_seconds)
@@ -65,8 +73,8 @@ class _Finder:
         self.policy: str | None = None
         # The random states at the call: each loss check starts from them, so that the baseline's and a change's
         # steps draw alike where dropout draws from the framework's global generator (torch), however many
-        # draws the timed fits before made.
-        self.rng = backend.rng_state()
+        # draws the timed fits before made (the snapshot's, where the caller took one).
+        self.rng = backend.rng_state() if rng is None else rng
 
     # -- timing -----------------------------------------------------------------------
     def _time(self, model, inputs: FitInput | None, shares: int = 1) -> Timing:
@@ -510,7 +518,7 @@ def run(model, x, y, batch_size: int | None, max_seconds: float, wanted: tuple[s
     backend = backends.get()
     snapshot = backend.plan_snapshot(model, data.batch)
     side_effects = fit_side_effects(model)
-    finder = _Finder(model, data, budget, backend, wanted)
+    finder = _Finder(model, data, budget, backend, wanted, rng=snapshot["rng"])
     try:
         rows = finder.run()
     finally:

@@ -76,7 +76,7 @@ class TrainingInput:
         are counted at their full batch.
         """
         b = b or self.batch_size
-        n = leading_dim(self.x) if self.kind == ARRAYS else None
+        n = self.samples if self.kind == ARRAYS else None
         return n / math.ceil(n / b) if n else float(b)
 
     def rebatch_refused(self, b: int) -> str | None:
