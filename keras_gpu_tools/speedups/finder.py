@@ -260,6 +260,9 @@ class _Finder:
         self.left -= PLAN_SHARES
         self.points += [(c.batch_size, c.step_seconds) for c in plan.candidates if c.measured and c.step_seconds]
         b = plan.batch_size
+        moved = ""
+        if b > b0 and self.data.timeable_batch(b) != b:  # a batch the user's input can make, timed on that input
+            b, moved = self.data.timeable_batch(b), f" (the plan's {b}, moved to a batch your input can make)"
         rule = (
             f"a batch of {b} instead of {b0} changes the optimisation: scale the learning rate with it (linear "
             f"scaling, x{b / b0:g}, with a warm-up for SGD; the square-root rule, x{math.sqrt(b / b0):.2f}, for "
@@ -275,7 +278,7 @@ class _Finder:
         refused = self.data.rebatch_refused(b)
         if refused is None:  # the user's own input at the planned batch
             self.left += 1
-            row = dataclasses.replace(row, cost=f"{rule}; timed on {self.data.rebatch_method(b)}")
+            row = dataclasses.replace(row, cost=f"{rule}; timed on {self.data.rebatch_method(b)}{moved}")
             row = self._trial(row, lambda: (base_model, self.data.fit_input(self.per_call, batch_size=b)), batch=b)
         else:  # one batch repeated at both sizes: the step's own speed, as the plan measures it
             chosen = next(c for c in plan.candidates if c.batch_size == b)

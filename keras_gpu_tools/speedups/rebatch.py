@@ -16,6 +16,8 @@ at that batch as well as the step's:
   (a decoder's); a fixed cost per batch would gain more at ``b`` than the
   joined batches show.
 
+:func:`nearest` moves a planned batch to one the input can be rebuilt at (a `PyDataset`'s next
+multiple), so that the row is timed on the user's input and its line of code makes that batch;
 :func:`why_not` says why an input cannot be rebuilt at ``b`` (the finder then
 times the step alone, on one batch repeated). Frameworks are imported inside
 the functions, and only where the input is of theirs.
@@ -42,6 +44,18 @@ def why_not(kind: str, x: Any, batch: int, b: int) -> str | None:
     if kind not in (DATA_LOADER, PY_DATASET, TF_DATA):
         return f"an input of kind {kind} is not rebatched here"
     return None
+
+
+def nearest(kind: str, batch: int, b: int, most: int | None) -> int:
+    """The batch nearest ``b`` that an input of ``kind`` (batches of ``batch``) can be rebuilt at, at most ``most``:
+    for a `PyDataset`, the nearest multiple of its batch past it (a batch its own code can make and the
+    timing can join), else ``b`` itself."""
+    if kind != PY_DATASET or b % batch == 0:
+        return b
+    joined = batch * max(2, int(b / batch + 0.5))
+    if most is not None and joined > most:
+        joined = batch * (most // batch)
+    return joined if joined > batch else b
 
 
 def rebatched(kind: str, x: Any, batch: int, b: int) -> tuple[Any, int | None]:
@@ -173,4 +187,4 @@ def _adjacent_view(arrays: Any) -> Any | None:
     return np.lib.stride_tricks.as_strided(first, (n, *first.shape[1:]), first.strides, writeable=writeable)
 
 
-__all__ = ["loader_settings", "method", "rebatched", "why_not"]
+__all__ = ["loader_settings", "method", "nearest", "rebatched", "why_not"]

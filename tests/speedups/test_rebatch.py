@@ -65,6 +65,14 @@ def test_a_batch_that_is_not_a_multiple_of_the_py_dataset_s_is_refused_with_the_
     assert reason == "batch 12 is not a multiple of your PyDataset's 8: its batches cannot be joined into it"
 
 
+def test_a_planned_batch_moves_to_the_nearest_multiple_of_the_py_dataset_s_that_the_data_fills_twice():
+    described = inputs.describe(Counted(), None, None)  # batches of 8, 64 samples: a batch of 32 at most
+    assert [described.timeable_batch(b) for b in (12, 20, 27, 32, 60)] == [16, 24, 24, 32, 32]
+    assert rebatch.nearest(rebatch.PY_DATASET, 8, 12, most=15) == 12  # no multiple past 8 fits: left to be refused
+    x, y = data(64)
+    assert inputs.describe(x, y, 8).timeable_batch(12) == 12  # arrays are timed at any batch
+
+
 def test_arrays_are_always_timed_at_the_batch():
     x, y = data(64)
     described = inputs.describe(x, y, 8)
@@ -163,6 +171,19 @@ def test_the_batch_row_on_a_py_dataset_is_timed_on_its_joined_batches_against_th
     assert row.before == base.after  # against the fit as given, not against one batch repeated
     assert row.after is not None and row.status in (R.PAID, R.NO_GAIN)
     assert set(dataset.asked) == set(range(8))  # the timed fit read the user's own batches, joined
+
+
+def test_a_plan_off_the_py_dataset_s_multiples_is_timed_at_the_nearest_one_on_its_batches(monkeypatch):
+    from keras_gpu_tools import planner
+
+    monkeypatch.setattr(planner, "plan_batch_size", lambda model, *a, **k: _Plan(28))
+    dataset = Counted()
+    report = find_speedups(mlp(), dataset, max_seconds=45, changes=["batch_size"])
+    row = report.row("batch_size")
+    assert row.change == "batch size 32" and row.settings == {"batch_size": 32} and "batch_size=32" in row.code
+    assert "4 of your batches joined" in row.cost and "the plan's 28" in row.cost
+    assert row.before == report.rows[0].after  # on the user's input, not one batch repeated
+    assert row.after is not None and set(dataset.asked) == set(range(8))
 
 
 class _Candidate:
