@@ -136,7 +136,9 @@ class FitInput:
         return cls(lambda: {"x": repeat()}, None, per_call)
 
     def steps(self, k: int) -> int:
-        """The steps of a window of about ``k``: a multiple of ``per_call`` that divides ``batches`` where known."""
+        """The steps of a window of about ``k``: a multiple of ``per_call`` that divides ``batches`` where known, else
+        a whole pass (Keras ends a pass with a shorter call; a window of calls crossing the pass's end would count
+        steps it did not run)."""
         n = max(1, self.per_call)
         k = max(n, k - k % n)
         if not self.batches:
@@ -146,7 +148,7 @@ class FitInput:
         if self.whole_passes:
             return self.batches
         fitting = [s for s in range(n, min(k, self.batches) + 1, n) if self.batches % s == 0]
-        return fitting[-1] if fitting else n
+        return fitting[-1] if fitting else self.batches
 
 
 def _callback(times: list[tuple[str, int, float]], decide: Callable[[list[float]], bool] | None):

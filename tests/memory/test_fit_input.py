@@ -15,7 +15,7 @@ def test_a_window_divides_the_pass_and_holds_whole_calls():
     calls = FitInput(dict, batches=32, per_call=4)
     assert [calls.steps(k) for k in (1, 6, 9, 100)] == [4, 4, 8, 32]
     assert FitInput(dict, per_call=4).steps(10) == 8
-    assert FitInput(dict, batches=7, per_call=2).steps(10) == 2  # no multiple of 2 divides 7: one call
+    assert FitInput(dict, batches=7, per_call=2).steps(10) == 7  # no multiple of 2 divides 7: the whole pass
     # A call of more steps than a pass runs the pass: a window of more would run past its end.
     assert [FitInput(dict, batches=3, per_call=8).steps(k) for k in (1, 10, 100)] == [3, 3, 3]
 
@@ -59,6 +59,34 @@ def test_a_window_of_a_whole_pass_is_fitted_as_a_user_s_epoch():
     asked.clear()
     time_fit(model, FitInput(lambda: {"x": x, "y": y, "batch_size": 8}, batches=8), Pace(epoch_seconds=1e-9))
     assert set(asked) == {1, 2}  # windows shorter than the pass (2 of its 8 steps, the fewest a window holds)
+
+
+@pytest.mark.multibackend
+def test_calls_that_divide_no_window_of_the_pass_are_timed_over_whole_passes():
+    """7 batches at 2 steps a call: a window of calls would cross the pass's end, where Keras runs a call of one
+    step; a whole pass runs all 7 steps, as the window counts them."""
+    import keras
+
+    from keras_gpu_tools import backends
+    from keras_gpu_tools.memory.timed_fit import time_fit
+
+    if not getattr(backends.get(), "several_steps_per_call", True):
+        pytest.skip("this backend's trainer runs one step per call")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", steps_per_execution=2)
+    x, y = np.ones((56, 4), "float32"), np.ones((56, 1), "float32")
+    asked = []
+    fit = model.fit
+
+    def recorded(*args, **kwargs):
+        asked.append(kwargs["steps_per_epoch"])
+        return fit(*args, **kwargs)
+
+    model.fit = recorded
+    inputs = FitInput(lambda: {"x": x, "y": y, "batch_size": 8}, batches=7, per_call=2)
+    timing = time_fit(model, inputs, Pace(epoch_seconds=1e-9, min_windows=2, max_windows=3))
+    assert set(asked) == {None} and timing.steps == 7 * timing.windows
 
 
 @pytest.mark.multibackend
