@@ -46,7 +46,7 @@ import _common
 BENCHMARK = "find_speedups"
 FINDER_SECONDS = 180.0  # the finder's budget and goal on each case
 ROW_TOLERANCE = 0.10  # a row's speed-up within 10% of the plain fit with that change by hand
-AA_TOLERANCE = 0.05  # the plain baseline fitted twice (before and after the rows by hand) agrees within 5%
+AA_TOLERANCE = 0.05  # the plain baselines either side of a fit by hand agree within 5%
 COMBINED_GOAL = 1.5  # the combination, where any change pays
 JAX_COMBINED_GOAL = {"a": 2.0, "b": 2.0}  # JAX's combination on (a) and (b)
 PLAIN_EPOCHS, PLAIN_SECONDS = 3, 8.0  # a plain fit times at least 3 epochs after its first, 8 s of them together
@@ -241,11 +241,10 @@ def measure(case: str, args) -> dict[str, Any]:
         if row.kind in ("baseline", "ceiling", "combined") or row.speedup is None or row.status == "unsafe":
             continue
         try:
-            measured = _by_hand(case, args, [row], policy)
-        except Exception as e:  # recorded, not fatal
+            hand[row.change] = {"finder": row.speedup, **bracketed(_by_hand(case, args, [row], policy))}
+        except Exception as e:  # recorded, not fatal (a failed baseline too: the next row is bracketed by the last)
             hand[row.change] = {"finder": row.speedup, "error": f"{type(e).__name__}: {str(e)[:200]}"}
             continue
-        hand[row.change] = {"finder": row.speedup, **bracketed(measured)}
         print(f"  {row.change}: finder {row.speedup:.2f}x, by hand {hand[row.change]['by_hand']:.2f}x")
     combined = None
     if report.paid:
@@ -255,7 +254,10 @@ def measure(case: str, args) -> dict[str, Any]:
         options = max(inputs, key=lambda r: r.after or 0.0).settings if inputs else {}
         batch = next((r.settings["batch_size"] for r in report.paid if r.kind == "batch_size"), None)
         # The model compiled with what apply() applied.
-        combined = bracketed(_plain(case, args, _fresh(args), batch, options, applied, mixed))
+        try:
+            combined = bracketed(_plain(case, args, _fresh(args), batch, options, applied, mixed))
+        except Exception as e:  # recorded, not fatal
+            combined = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
     elif len(baselines) == 1:  # no row: the A/A still needs its second baseline
         baselines.append(_plain(case, args, _fresh(args)))
     print("  plain baselines (A/A): " + ", ".join(f"{b:,.0f}" for b in baselines) + " samples/s")
@@ -267,7 +269,7 @@ def measure(case: str, args) -> dict[str, Any]:
         "report": report.as_dict(),
         "rows_by_hand": hand,
         "combined": combined,
-        "combined_speedup": None if combined is None else combined["by_hand"],
+        "combined_speedup": None if combined is None else combined.get("by_hand"),
     }
 
 
@@ -325,6 +327,9 @@ def main() -> int:
         combined = r["combined"]
         if combined is None:
             print(f"({case}) no change paid")
+            continue
+        if "error" in combined:
+            check(False, f"({case}) the combination's plain fit ran ({combined['error']})")
             continue
         check.figure(f"({case}) the combination's speed-up", combined["by_hand"], 0.0)
         goal = JAX_COMBINED_GOAL.get(case, COMBINED_GOAL) if backend == "jax" else COMBINED_GOAL

@@ -23,7 +23,8 @@ step; an epoch's end reads the logs, which waits for the device):
 A finite input (arrays, a dataset of known length) runs windows whose steps
 divide its batches, so that no window is cut short where a pass ends (an
 input that restarts its workers at every Keras epoch, whole passes); with
-``steps_per_execution=N`` a window's steps are a multiple of N (one call runs N).
+``steps_per_execution=N`` a window's steps are a multiple of N (one call runs N),
+and where no multiple of N divides a short pass, the window is the pass.
 A window that is a whole pass is fitted without ``steps_per_epoch``, as a
 user's epoch is: Keras then starts an iterator at the epoch's start as well
 as at the pass's end, where with ``steps_per_epoch`` it starts one only at
@@ -136,9 +137,12 @@ class FitInput:
         return cls(lambda: {"x": repeat()}, None, per_call)
 
     def steps(self, k: int) -> int:
-        """The steps of a window of about ``k``: a multiple of ``per_call`` that divides ``batches`` where known, else
-        a whole pass (Keras ends a pass with a shorter call; a window of calls crossing the pass's end would count
-        steps it did not run)."""
+        """The steps of a window of about ``k``: a multiple of ``per_call`` that divides ``batches`` where known.
+
+        Where none does, a whole pass of at most twice ``k`` (Keras ends a pass with a shorter call, which a window
+        of calls crossing the pass's end would count whole); a longer pass keeps windows of whole calls, one of
+        its many windows then counting at most ``per_call - 1`` steps too many.
+        """
         n = max(1, self.per_call)
         k = max(n, k - k % n)
         if not self.batches:
@@ -148,7 +152,9 @@ class FitInput:
         if self.whole_passes:
             return self.batches
         fitting = [s for s in range(n, min(k, self.batches) + 1, n) if self.batches % s == 0]
-        return fitting[-1] if fitting else self.batches
+        if fitting:
+            return fitting[-1]
+        return self.batches if self.batches <= 2 * k else k
 
 
 def _callback(times: list[tuple[str, int, float]], decide: Callable[[list[float]], bool] | None):

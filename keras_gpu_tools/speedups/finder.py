@@ -260,9 +260,11 @@ class _Finder:
         self.left -= PLAN_SHARES
         self.points += [(c.batch_size, c.step_seconds) for c in plan.candidates if c.measured and c.step_seconds]
         b = plan.batch_size
+        # A batch the user's input can make, timed on that input: no larger than the plan measured fitting.
+        fitting = max((c.batch_size for c in plan.candidates if c.measured), default=b)
         moved = ""
-        if b > b0 and self.data.timeable_batch(b) != b:  # a batch the user's input can make, timed on that input
-            b, moved = self.data.timeable_batch(b), f" (the plan's {b}, moved to a batch your input can make)"
+        if b > b0 and self.data.timeable_batch(b, fitting) != b:
+            b, moved = self.data.timeable_batch(b, fitting), f" (the plan's {b}, moved to a batch your input can make)"
         rule = (
             f"a batch of {b} instead of {b0} changes the optimisation: scale the learning rate with it (linear "
             f"scaling, x{b / b0:g}, with a warm-up for SGD; the square-root rule, x{math.sqrt(b / b0):.2f}, for "

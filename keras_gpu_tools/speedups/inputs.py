@@ -83,9 +83,11 @@ class TrainingInput:
         """Why this input cannot be timed at batch ``b`` (None where it can: arrays always)."""
         return None if self.kind == ARRAYS else rebatch.why_not(self.kind, self.x, self.batch_size, b)
 
-    def timeable_batch(self, b: int) -> int:
-        """The batch nearest ``b`` that this input can be timed at (:func:`~keras_gpu_tools.speedups.rebatch.nearest`)."""
-        return b if self.kind == ARRAYS else rebatch.nearest(self.kind, self.batch_size, b, self.largest_batch())
+    def timeable_batch(self, b: int, most: int | None = None) -> int:
+        """The batch nearest ``b``, at most ``most``, that this input can be timed at
+        (:func:`~keras_gpu_tools.speedups.rebatch.nearest`; the data bounds it too)."""
+        bounds = [m for m in (most, self.largest_batch()) if m is not None]
+        return b if self.kind == ARRAYS else rebatch.nearest(self.kind, self.batch_size, b, min(bounds, default=None))
 
     def rebatch_method(self, b: int) -> str:
         """How the input at batch ``b`` is built for its timing, in words."""

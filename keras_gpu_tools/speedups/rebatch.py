@@ -16,7 +16,7 @@ at that batch as well as the step's:
   (a decoder's); a fixed cost per batch would gain more at ``b`` than the
   joined batches show.
 
-:func:`nearest` moves a planned batch to one the input can be rebuilt at (a `PyDataset`'s next
+:func:`nearest` moves a planned batch to one the input can be rebuilt at (a `PyDataset`'s nearest
 multiple), so that the row is timed on the user's input and its line of code makes that batch;
 :func:`why_not` says why an input cannot be rebuilt at ``b`` (the finder then
 times the step alone, on one batch repeated). Frameworks are imported inside
@@ -48,8 +48,8 @@ def why_not(kind: str, x: Any, batch: int, b: int) -> str | None:
 
 def nearest(kind: str, batch: int, b: int, most: int | None) -> int:
     """The batch nearest ``b`` that an input of ``kind`` (batches of ``batch``) can be rebuilt at, at most ``most``:
-    for a `PyDataset`, the nearest multiple of its batch past it (a batch its own code can make and the
-    timing can join), else ``b`` itself."""
+    for a `PyDataset`, the nearest multiple of its batch, at least twice it (a batch its own code can make
+    and the timing can join); else, or where no such multiple is at most ``most``, ``b`` itself."""
     if kind != PY_DATASET or b % batch == 0:
         return b
     joined = batch * max(2, int(b / batch + 0.5))

@@ -16,6 +16,7 @@ def test_a_window_divides_the_pass_and_holds_whole_calls():
     assert [calls.steps(k) for k in (1, 6, 9, 100)] == [4, 4, 8, 32]
     assert FitInput(dict, per_call=4).steps(10) == 8
     assert FitInput(dict, batches=7, per_call=2).steps(10) == 7  # no multiple of 2 divides 7: the whole pass
+    assert FitInput(dict, batches=1001, per_call=2).steps(10) == 10  # unless the pass is long: whole calls
     # A call of more steps than a pass runs the pass: a window of more would run past its end.
     assert [FitInput(dict, batches=3, per_call=8).steps(k) for k in (1, 10, 100)] == [3, 3, 3]
 
@@ -85,8 +86,9 @@ def test_calls_that_divide_no_window_of_the_pass_are_timed_over_whole_passes():
 
     model.fit = recorded
     inputs = FitInput(lambda: {"x": x, "y": y, "batch_size": 8}, batches=7, per_call=2)
-    timing = time_fit(model, inputs, Pace(epoch_seconds=1e-9, min_windows=2, max_windows=3))
-    assert set(asked) == {None} and timing.steps == 7 * timing.windows
+    timing = time_fit(model, inputs, Pace(epoch_seconds=10.0, min_windows=2, max_windows=3))
+    # The rough steps (three epochs of one call: 6 of the 7 batches), then windows of the whole pass.
+    assert asked[0] == 2 and set(asked[1:]) == {None} and timing.steps == 7 * timing.windows
 
 
 @pytest.mark.multibackend

@@ -68,6 +68,7 @@ def test_a_batch_that_is_not_a_multiple_of_the_py_dataset_s_is_refused_with_the_
 def test_a_planned_batch_moves_to_the_nearest_multiple_of_the_py_dataset_s_that_the_data_fills_twice():
     described = inputs.describe(Counted(), None, None)  # batches of 8, 64 samples: a batch of 32 at most
     assert [described.timeable_batch(b) for b in (12, 20, 27, 32, 60)] == [16, 24, 24, 32, 32]
+    assert described.timeable_batch(27, most=30) == 24  # the plan measured nothing above 30
     assert rebatch.nearest(rebatch.PY_DATASET, 8, 12, most=15) == 12  # no multiple past 8 fits: left to be refused
     x, y = data(64)
     assert inputs.describe(x, y, 8).timeable_batch(12) == 12  # arrays are timed at any batch
@@ -176,7 +177,7 @@ def test_the_batch_row_on_a_py_dataset_is_timed_on_its_joined_batches_against_th
 def test_a_plan_off_the_py_dataset_s_multiples_is_timed_at_the_nearest_one_on_its_batches(monkeypatch):
     from keras_gpu_tools import planner
 
-    monkeypatch.setattr(planner, "plan_batch_size", lambda model, *a, **k: _Plan(28))
+    monkeypatch.setattr(planner, "plan_batch_size", lambda model, *a, **k: _Plan(28, 56))  # 56 measured: it fits
     dataset = Counted()
     report = find_speedups(mlp(), dataset, max_seconds=45, changes=["batch_size"])
     row = report.row("batch_size")
@@ -184,6 +185,10 @@ def test_a_plan_off_the_py_dataset_s_multiples_is_timed_at_the_nearest_one_on_it
     assert "4 of your batches joined" in row.cost and "the plan's 28" in row.cost
     assert row.before == report.rows[0].after  # on the user's input, not one batch repeated
     assert row.after is not None and set(dataset.asked) == set(range(8))
+    # Nothing above 28 measured (it may not fit): the multiple below it.
+    monkeypatch.setattr(planner, "plan_batch_size", lambda model, *a, **k: _Plan(28))
+    row = find_speedups(mlp(), Counted(), max_seconds=45, changes=["batch_size"]).row("batch_size")
+    assert row.change == "batch size 24" and "3 of your batches joined" in row.cost
 
 
 class _Candidate:
@@ -193,6 +198,6 @@ class _Candidate:
 
 
 class _Plan:
-    def __init__(self, batch_size):
+    def __init__(self, batch_size, *larger):
         self.batch_size = batch_size
-        self.candidates = [_Candidate(batch_size)]
+        self.candidates = [_Candidate(b) for b in (batch_size, *larger)]
