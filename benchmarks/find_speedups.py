@@ -25,7 +25,7 @@ on (a) and (b) with JAX, and at least 1.5x on every case where any change pays; 
 untouched. A smoke run (CPU, tiny sizes) checks the output's structure and prints the goals
 unenforced.
 
-    python benchmarks/find_speedups.py --backend jax             # H200: the three cases, ~15 min
+    python benchmarks/find_speedups.py --backend jax             # H200: the three cases, ~10-20 min
     python benchmarks/find_speedups.py --backend torch --case b  # one case
     python benchmarks/find_speedups.py --backend jax --smoke     # CPU check, under a minute
 """

@@ -53,7 +53,7 @@ benchmarks() {
         # torch's plain fits on arrays wait for Keras's array adapter: the reference trains on one batch repeated
         part 600 "planner_throughput_$b" python3 benchmarks/planner_throughput.py --backend $b "${MACHINE_ARG[@]}" \
             --max-seconds 110 $([ "$b" = torch ] && echo --reference batch)
-        part 900 "find_speedups_$b" python3 benchmarks/find_speedups.py --backend $b "${MACHINE_ARG[@]}"
+        part 1200 "find_speedups_$b" python3 benchmarks/find_speedups.py --backend $b "${MACHINE_ARG[@]}"
         part 300 "layer_table_cost_$b" python3 benchmarks/layer_table_cost.py --backend $b "${MACHINE_ARG[@]}"
         part 300 "layer_table_heavy_$b" python3 benchmarks/layer_table_heavy.py --backend $b "${MACHINE_ARG[@]}"
         # Keras's torch backend runs one step per call: steps_per_execution is TensorFlow's and JAX's
