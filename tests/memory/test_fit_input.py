@@ -34,18 +34,14 @@ def test_an_input_that_restarts_its_workers_every_epoch_is_timed_over_whole_pass
     assert FitInput(dict, whole_passes=True).steps(5) == 5  # endless: no pass to keep whole
 
 
-@pytest.mark.multibackend
-def test_a_window_of_a_whole_pass_is_fitted_as_a_user_s_epoch():
-    """No steps_per_epoch where a window is the pass: Keras starts the input afresh each epoch, as in a user's fit."""
+def _dense(samples: int, steps_per_execution: int = 1):
+    """A one-layer model whose ``fit`` records each call's ``steps_per_epoch`` (the list returned), and its data."""
     import keras
-
-    from keras_gpu_tools.memory.timed_fit import time_fit
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile("sgd", "mse")
-    x, y = np.ones((64, 4), "float32"), np.ones((64, 1), "float32")
-    asked = []
+    model.compile("sgd", "mse", steps_per_execution=steps_per_execution)
+    asked: list = []
     fit = model.fit
 
     def recorded(*args, **kwargs):
@@ -53,6 +49,15 @@ def test_a_window_of_a_whole_pass_is_fitted_as_a_user_s_epoch():
         return fit(*args, **kwargs)
 
     model.fit = recorded
+    return model, asked, np.ones((samples, 4), "float32"), np.ones((samples, 1), "float32")
+
+
+@pytest.mark.multibackend
+def test_a_window_of_a_whole_pass_is_fitted_as_a_user_s_epoch():
+    """No steps_per_epoch where a window is the pass: Keras starts the input afresh each epoch, as in a user's fit."""
+    from keras_gpu_tools.memory.timed_fit import time_fit
+
+    model, asked, x, y = _dense(64)
     pace = Pace(epoch_seconds=10.0, min_windows=2, max_windows=3)  # windows as long as the pass allows
     timing = time_fit(model, FitInput(lambda: {"x": x, "y": y, "batch_size": 16}, batches=4), pace)
     assert asked[0] == 1 and set(asked[1:]) == {None}  # the rough steps, then windows of the whole pass
@@ -66,25 +71,12 @@ def test_a_window_of_a_whole_pass_is_fitted_as_a_user_s_epoch():
 def test_calls_that_divide_no_window_of_the_pass_are_timed_over_whole_passes():
     """7 batches at 2 steps a call: a window of calls would cross the pass's end, where Keras runs a call of one
     step; a whole pass runs all 7 steps, as the window counts them."""
-    import keras
-
     from keras_gpu_tools import backends
     from keras_gpu_tools.memory.timed_fit import time_fit
 
     if not getattr(backends.get(), "several_steps_per_call", True):
         pytest.skip("this backend's trainer runs one step per call")
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    model.compile("sgd", "mse", steps_per_execution=2)
-    x, y = np.ones((56, 4), "float32"), np.ones((56, 1), "float32")
-    asked = []
-    fit = model.fit
-
-    def recorded(*args, **kwargs):
-        asked.append(kwargs["steps_per_epoch"])
-        return fit(*args, **kwargs)
-
-    model.fit = recorded
+    model, asked, x, y = _dense(56, steps_per_execution=2)
     inputs = FitInput(lambda: {"x": x, "y": y, "batch_size": 8}, batches=7, per_call=2)
     timing = time_fit(model, inputs, Pace(epoch_seconds=10.0, min_windows=2, max_windows=3))
     # The rough steps (three epochs of one call: 6 of the 7 batches), then windows of the whole pass.
