@@ -262,9 +262,9 @@ class _Finder:
         b = plan.batch_size
         # A batch the user's input can make, timed on that input: no larger than the plan measured fitting.
         fitting = max((c.batch_size for c in plan.candidates if c.measured), default=b)
-        moved = ""
-        if b > b0 and self.data.timeable_batch(b, fitting) != b:
-            b, moved = self.data.timeable_batch(b, fitting), f" (the plan's {b}, moved to a batch your input can make)"
+        timeable = self.data.timeable_batch(b, fitting) if b > b0 else b
+        moved = f" (the plan's {b}, moved to a batch your input can make)" if timeable != b else ""
+        b = timeable
         rule = (
             f"a batch of {b} instead of {b0} changes the optimisation: scale the learning rate with it (linear "
             f"scaling, x{b / b0:g}, with a warm-up for SGD; the square-root rule, x{math.sqrt(b / b0):.2f}, for "
