@@ -28,7 +28,9 @@ and where no multiple of N divides a short pass, the window is the pass.
 A window that is a whole pass is fitted without ``steps_per_epoch``, as a
 user's epoch is: Keras then starts an iterator at the epoch's start as well
 as at the pass's end, where with ``steps_per_epoch`` it starts one only at
-the pass's end.
+the pass's end. Where every window is a pass (``whole_passes``), steps 1
+and 2 are one fit: its first pass compiles, its second warms up, and the
+windows follow (a rough pass would be a window already, thrown away).
 
 In a job whose steps are collective, every process runs ``epochs`` windows
 of the agreed ``k`` steps (no process may stop alone).
@@ -209,6 +211,33 @@ def time_batch(
     return time_fit(model, inputs, pace, out_of_time=out_of_time, job_steps=job_steps, share=share)
 
 
+def _steady(fit, inputs: FitInput, pace: Pace, k: int, stop, resize: bool = True) -> tuple[int, list[float], str]:
+    """Windows of ``k`` steps after a warm-up one, until ``stop`` says: ``(k, windows, why it stopped)``. Where
+    ``resize`` and the first window came out under half as long as meant (a one-step epoch's fixed cost made the
+    rough step slow), the fit starts once more with windows sized by that window."""
+    state: dict[str, Any] = {"stopped": "", "resize": False}
+
+    def decide(epochs: list[float]) -> bool:
+        done = [d / k for d in epochs[1:]]  # the first window warms up
+        if not done:
+            return False
+        if (
+            resize
+            and len(done) == 1
+            and epochs[1] < pace.epoch_seconds / 2
+            and inputs.steps(pace.steps_for(done[0])) > k
+        ):
+            state["resize"] = True
+            return True
+        return stop(done, epochs[-1], state)
+
+    epochs = fit(pace.max_windows + 1, k, decide)
+    windows = [d / k for d in epochs[1:]] or [d / k for d in epochs]
+    if state["resize"]:
+        return _steady(fit, inputs, pace, inputs.steps(pace.steps_for(windows[0])), stop, resize=False)
+    return k, windows, str(state["stopped"]) or STOP_CAP
+
+
 def time_fit(
     model,
     inputs: FitInput,
@@ -232,51 +261,41 @@ def time_fit(
         )
         return _epochs(times)
 
+    def stop(done: list[float], last: float, state: dict[str, Any]) -> bool:
+        """Whether the timing stops after the windows ``done`` (steps' seconds), the last epoch ``last`` long."""
+        if out_of_time is not None and len(done) >= 2 and out_of_time(last):
+            state["stopped"] = STOP_BUDGET
+            return True
+        state["stopped"] = timing_stop(
+            done,
+            elapsed=time.perf_counter() - start,
+            share=share,
+            min_windows=pace.min_windows,
+            max_windows=pace.max_windows,
+            target=pace.target,
+        )
+        return bool(state["stopped"])
+
     start = time.perf_counter()
     one = inputs.steps(1)  # the fewest steps a window can hold (one call)
-    first, *rough = fit(3, one, None)
-    first -= min(rough) * (one - 1) / one  # the first call's steps past its first are steady ones
-    k = inputs.steps(pace.steps_for(min(rough) / one))
-    if job_steps is not None:
-        k = job_steps(k)
-        windows = [d / k for d in fit(pace.epochs + 1, k, None)[1:]]
-        stopped = STOP_FIXED
+    if job_steps is None and inputs.whole_passes and one == inputs.batches:
+        # Every window is a pass, the rough epochs' too: no rough step is needed to size one. One fit: its first
+        # pass compiles, its second warms up, and the windows follow.
+        state: dict[str, Any] = {"stopped": ""}
+        epochs = fit(pace.max_windows + 2, one, lambda e: len(e) > 2 and stop([d / one for d in e[2:]], e[-1], state))
+        windows = [d / one for d in epochs[2:]] or [d / one for d in epochs[1:]]
+        first = epochs[0] - spread(windows)[0] * (one - 1)  # the first pass's steps past its first are steady ones
+        k, stopped = one, str(state["stopped"]) or STOP_CAP
     else:
-        for attempt in range(2):
-            state = {"stopped": "", "resize": False}
-
-            def decide(epochs: list[float], k=k, state=state, attempt=attempt) -> bool:
-                done = [d / k for d in epochs[1:]]  # the first window warms up
-                if not done:
-                    return False
-                if (
-                    attempt == 0
-                    and len(done) == 1
-                    and epochs[1] < pace.epoch_seconds / 2  # (a one-step epoch's fixed cost made the rough step slow)
-                    and inputs.steps(pace.steps_for(done[0])) > k
-                ):
-                    state["resize"] = True
-                    return True
-                if out_of_time is not None and len(done) >= 2 and out_of_time(epochs[-1]):
-                    state["stopped"] = STOP_BUDGET
-                    return True
-                state["stopped"] = timing_stop(
-                    done,
-                    elapsed=time.perf_counter() - start,
-                    share=share,
-                    min_windows=pace.min_windows,
-                    max_windows=pace.max_windows,
-                    target=pace.target,
-                )
-                return bool(state["stopped"])
-
-            epochs = fit(pace.max_windows + 1, k, decide)
-            windows = [d / k for d in epochs[1:]] or [d / k for d in epochs]
-            if state["resize"]:
-                k = inputs.steps(pace.steps_for(windows[0]))
-                continue
-            stopped = str(state["stopped"]) or STOP_CAP
-            break
+        first, *rough = fit(3, one, None)
+        first -= min(rough) * (one - 1) / one  # the first call's steps past its first are steady ones
+        k = inputs.steps(pace.steps_for(min(rough) / one))
+        if job_steps is not None:
+            k = job_steps(k)
+            windows = [d / k for d in fit(pace.epochs + 1, k, None)[1:]]
+            stopped = STOP_FIXED
+        else:
+            k, windows, stopped = _steady(fit, inputs, pace, k, stop)
     step, uncertainty = spread(windows)
     # The first call ran one step besides compiling: what it took beyond a steady step is the compile.
     return Timing(

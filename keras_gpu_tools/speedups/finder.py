@@ -1,13 +1,16 @@
 """The trials of ``find_speedups`` in order, each a row; the model's state kept and put back.
 
 Order: the baseline (the fit as given) and the input-free ceiling (one
-batch repeated), the input changes, the batch size (its plan's candidates
-also give the per-call host time), ``steps_per_execution``, ``jit_compile``,
-mixed precision, the baseline again (every row is read against the two
-timings' mean), then the changes that paid, together. Each trial asks the
+batch repeated), ``jit_compile`` and mixed precision (the trials that
+compile anew: the longest compile the combination can hold is then known),
+the input changes, the batch size (its plan's candidates also give the
+per-call host time), ``steps_per_execution``, the baseline again (every row
+is read against the two timings' mean), then the changes that paid,
+together; the rows are listed in the guides' order. Each trial asks the
 :class:`~keras_gpu_tools.memory.throughput.Budget` first: one expected to
 outlast what is left of ``max_seconds`` is not measured, and a timing stops
-at its share of what is left.
+at its share of what is left once the combination's expected seconds are
+kept for it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from keras_gpu_tools.memory.timed_fit import (
     time_fit,
 )
 from keras_gpu_tools.speedups import rows as R
-from keras_gpu_tools.speedups.inputs import ARRAYS, TF_DATA, TrainingInput, describe, head
+from keras_gpu_tools.speedups.inputs import ARRAYS, TrainingInput, describe, head
 from keras_gpu_tools.speedups.report import SpeedupReport
 from keras_gpu_tools.speedups.rows import SpeedupRow
 from keras_gpu_tools.speedups.trials import check_steps, first_line, loss_after, trial_model
@@ -63,8 +66,11 @@ class _Finder:
         self.compiles: dict[str, float] = {}  # each measured row's compile beyond the baseline's, by change
         self.base: SpeedupRow | None = None
         self.ceiling: Timing | None = None
-        # The baseline's loss after so many steps, and before them: by the steps (a multiple of every model's calls).
-        self.base_loss: dict[int, tuple[float, float | None]] = {}
+        # The baseline's loss after so many steps, and before them: by the steps (a multiple of every model's calls)
+        # and the batch.
+        self.base_loss: dict[tuple[int, int], tuple[float, float | None]] = {}
+        self.check_reused = False  # whether a timed fit found the step its check compiled (until one shows, no)
+        self.keeping = True  # the combination's seconds are kept for it until its turn
         self.points: list[tuple[int, float]] = []  # (batch, step seconds) of one batch repeated: the host time
         self.input_x: Any = None  # the input change that paid most
         self.input_data: dict[str, Any] = {}  # each input row's data, by change
@@ -77,17 +83,54 @@ class _Finder:
         self.rng = backend.rng_state() if rng is None else rng
 
     # -- timing -----------------------------------------------------------------------
-    def _time(self, model, inputs: FitInput | None, shares: int = 1) -> Timing:
-        share = shares * max(0.0, self.budget.left()) / max(1, self.left)
-        out = self.budget.overrun
-        if inputs is None:
-            return time_batch(model, self.data.batch, self.pace, out_of_time=out, share=share, backend=self.backend)
-        return time_fit(model, inputs, self.pace, out_of_time=out, share=share)
+    def _share(self, shares: int = 1) -> float:
+        """A trial's seconds: its ``shares`` of what is left, once the combination's seconds are kept for it, among
+        the trials left."""
+        kept = self._kept()
+        return shares * max(0.0, self.budget.left() - kept) / max(1, self.left - (kept > 0))
 
-    def _refused(self, compiles: int = 1, extra: float = 0.0) -> str | None:
-        """Why a trial of ``compiles`` compiles, each ``extra`` seconds longer than the baseline's, is not run (it
-        would outlast the budget), or None. Its steady windows are timed once; each further compile adds a compile."""
-        return self.budget.refuses(self.expected + extra + (compiles - 1) * (self.base_compile + extra))
+    def _kept(self) -> float:
+        """The seconds kept for the combination until its turn: what it is expected to take, as far as the rows
+        measured so far tell (their longest compile; a numerical check where any row was checked)."""
+        if not self.keeping:
+            return 0.0
+        extra = max(self.compiles.values(), default=0.0)
+        return self._expected(extra, any(r.check for r in self.rows), self.batch)
+
+    def _time(self, model, inputs: FitInput | None, shares: int = 1) -> Timing:
+        share = self._share(shares)
+        out = self.budget.overrun
+        start = time.perf_counter()
+        if inputs is None:
+            t = time_batch(model, self.data.batch, self.pace, out_of_time=out, share=share, backend=self.backend)
+        else:
+            t = time_fit(model, inputs, self.pace, out_of_time=out, share=share)
+        # Where the budget went, for whoever tunes its split (logging's DEBUG level).
+        logger.debug(
+            "find_speedups: timed in %.1f s (share %.1f s, compile %.1f s, %d steady windows), %.1f s left",
+            time.perf_counter() - start,
+            share,
+            t.compile_seconds,
+            t.windows,
+            self.budget.left(),
+        )
+        return t
+
+    def _expected(self, extra: float = 0.0, check: bool = False, batch: int | None = None) -> float:
+        """What a trial is expected to take. Its compile is ``extra`` seconds longer than the baseline's. A
+        ``check`` compiles the changed step first, on one batch of the trial's ``batch`` (the timed fit then finds
+        it compiled, where earlier checks showed so), and the baseline's step at that batch where its loss is not
+        known yet."""
+        seconds = self.expected + extra
+        if check:
+            seconds += 0.0 if self.check_reused else self.base_compile + extra
+            if (batch or self.data.batch_size) not in {b for _, b in self.base_loss}:
+                seconds += self.base_compile
+        return seconds
+
+    def _refused(self, extra: float = 0.0, check: bool = False, batch: int | None = None) -> str | None:
+        """Why a trial is not run (it would outlast the budget: :meth:`_expected`), or None."""
+        return self.budget.refuses(self._expected(extra, check, batch))
 
     def _sps(self, t: Timing, batch: int | None = None, repeated: bool = False) -> float:
         """samples/s of a timing on the user's input at ``batch`` (its pass's last batch may be smaller), or on one
@@ -106,38 +149,45 @@ class _Finder:
         """``row`` measured: built, checked (where ``check``), timed; or why not. ``extra``: how much longer than
         the baseline's its compile is known to be (a combination's, from its parts')."""
         self.left = max(1, self.left)
+        start = time.perf_counter()
         try:
-            reason = self._refused(2 if check else 1, extra)  # the numerical check compiles the step once more
+            reason = self._refused(extra, check, batch)
             if reason:
                 return dataclasses.replace(row, status=R.NOT_MEASURED, reason=f"not measured: {reason}")
             try:
                 model, inputs = build()
                 checked = 0.0
                 if check:
-                    row, checked = self._check(row, model)
+                    row, checked = self._check(row, model, batch)
                     if row.status == R.UNSAFE:
                         return row
                 timing = self._time(model, inputs)
-                # The check's fit compiles the train step first: the timed fit then finds it compiled.
+                # The check's fit compiles the train step first: the timed fit then finds it compiled, as a rule.
                 self.compiles[row.change] = max(0.0, max(timing.compile_seconds, checked) - self.base_compile)
+                if check:
+                    self.check_reused = timing.compile_seconds < checked / 2
             except Exception as e:
                 why = "ran out of memory: " if self.backend.is_oom(e) else ""
                 return dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=why + first_line(e))
             return R.decide(row, self._sps(timing, batch, repeated=inputs is None), timing.uncertainty, True)
         finally:
             self.left -= 1
+            logger.debug("find_speedups: %s took %.1f s", row.change, time.perf_counter() - start)
 
-    def _check(self, row: SpeedupRow, model) -> tuple[SpeedupRow, float]:
-        """The numerical check: the loss after K steps against the float32 baseline's, from the same state; and
-        the seconds the changed model's check took (its compiles)."""
+    def _check(self, row: SpeedupRow, model, batch: int | None = None) -> tuple[SpeedupRow, float]:
+        """The numerical check: the loss after K steps against the float32 baseline's, from the same state, on one
+        batch of the trial's ``batch`` (so that its compile is the timed fit's); and the seconds the changed
+        model's check took (its compiles)."""
         steps = check_steps(R.LOSS_STEPS, self.model, model)  # both train the same steps from the same state
-        if steps not in self.base_loss:
-            self.base_loss[steps] = loss_after(
-                trial_model(self.model), self.data.batch, steps, initial=True, before_steps=self._same_draws
+        b = batch or self.data.batch_size
+        data = self.data.batch_of(b)
+        if (steps, b) not in self.base_loss:
+            self.base_loss[steps, b] = loss_after(
+                trial_model(self.model), data, steps, initial=True, before_steps=self._same_draws
             )
         start = time.perf_counter()
-        changed, _ = loss_after(model, self.data.batch, steps, before_steps=self._same_draws)
-        base, initial = self.base_loss[steps]
+        changed, _ = loss_after(model, data, steps, before_steps=self._same_draws)
+        base, initial = self.base_loss[steps, b]
         seconds = time.perf_counter() - start
         safe, text = R.loss_check(base, changed, steps, initial=initial)
         if not safe:
@@ -170,12 +220,12 @@ class _Finder:
         self.left += 1
         timing = self._time(base_model, self.data.fit_input(self.per_call), shares=2)
         self.left -= 2
-        # The fewest windows a timing holds, each as long as the baseline's (a whole pass, where windows are passes:
-        # then its first fit's three calls are passes too, and its compile figure leaves the first one out).
+        # The fewest windows a timing holds and its warm-up, each as long as the baseline's (a whole pass, where
+        # windows are passes: then the compiling first call is a pass too, and its compile figure leaves it out).
         window = max(self.pace.epoch_seconds, timing.step_seconds * timing.steps / max(1, timing.windows))
         given = self.data.fit_input(self.per_call)
-        rough = 3 if given.whole_passes and given.batches else 0
-        least = (self.pace.min_windows + 1 + rough) * window
+        first = 1 if given.whole_passes and given.batches else 0
+        least = (self.pace.min_windows + 1 + first) * window
         self.base_compile = timing.compile_seconds
         self.expected = expected_seconds([(timing.compile_seconds, timing.compile_seconds + least)])
         sps = self._sps(timing)
@@ -190,26 +240,28 @@ class _Finder:
         )
         self.rows.append(self.base)
         self._ceiling(base_model)
+        # The trials that compile the step anew first: the longest compile the combination can hold is then known,
+        # and its seconds kept for it (:meth:`_kept`), before the other trials share what is left.
+        if "jit_compile" in self.wanted:
+            self._jit_compile()
+        if "mixed_precision" in self.wanted:
+            self._mixed_precision()
         for change in inputs_changes:
             self._input(base_model, change)
         if "batch_size" in self.wanted:
             self._batch_size(base_model)
         if "steps_per_execution" in self.wanted:
             self._steps_per_execution(base_model)
-        if "jit_compile" in self.wanted:
-            self._jit_compile()
-        if "mixed_precision" in self.wanted:
-            self._mixed_precision()
         self._again(base_model)
         self._combined()
-        return self.rows
+        return sorted(self.rows, key=lambda r: R.ORDER.index(r.kind))  # as the guides list them
 
     def _ceiling(self, base_model) -> None:
         row = self._row("input-free ceiling: one batch repeated", R.CEILING, code="(no input pipeline)")
         row = self._trial(row, lambda: (base_model, None))
         if row.after is not None:
             self.points.append((self.data.batch_size, self.data.batch_size / row.after))
-            row = dataclasses.replace(row, status=R.CEILING, cost=_ceiling_cost(row.before, row.after))
+            row = dataclasses.replace(row, status=R.CEILING, cost=R.ceiling_cost(row.before, row.after))
         self.rows.append(row)
 
     def _input(self, base_model, change) -> None:
@@ -244,14 +296,16 @@ class _Finder:
             reason = f"your data holds {self.data.samples} samples: a batch over {most} leaves under two steps an epoch"
             self.rows.append(dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=reason))
             return
-        share = PLAN_SHARES * max(0.0, self.budget.left()) / max(1, self.left)
+        share = self._share(PLAN_SHARES)
         bound = None if self.on_gpu else PLAN_GROWTH * b0
         if most is not None:  # a batch the data cannot fill twice is not a batch a fit on it trains
             bound = most if bound is None else min(bound, most)
         # The user's arrays: the plan times its candidates on them where they hold enough batches, as the fit reads them.
         given = (self.data.x, self.data.y) if self.data.kind == ARRAYS else self.data.batch
+        start = time.perf_counter()
         try:
             plan = plan_batch_size(base_model, *given, objective="throughput", max_batch_size=bound, max_seconds=share)
+            logger.debug("find_speedups: the plan took %.1f s (share %.1f s)", time.perf_counter() - start, share)
         except Exception as e:
             self.left -= PLAN_SHARES
             status = R.NOT_MEASURED if "max_seconds" in str(e) else R.NOT_APPLICABLE
@@ -271,7 +325,7 @@ class _Finder:
             "Adam-like optimizers) and expect fewer steps per epoch"
         )
         row = dataclasses.replace(
-            row, change=f"batch size {b}", code=_batch_code(self.data.kind, b), cost=rule, settings={"batch_size": b}
+            row, change=f"batch size {b}", code=R.batch_code(self.data.kind, b), cost=rule, settings={"batch_size": b}
         )
         if b <= b0:  # the knee at or below the batch trained with: a larger batch buys next to nothing
             reason = f"the plan, {b}, is not larger than your batch of {b0}: a larger batch trains no faster"
@@ -307,7 +361,7 @@ class _Finder:
             small = b0 // 4
             cut = head(self.data.batch[0], small), head(self.data.batch[1], small)
             try:
-                share = max(0.0, self.budget.left()) / max(1, self.left)
+                share = self._share()
                 out = self.budget.overrun
                 t = time_batch(base_model, cut, self.pace, out_of_time=out, share=share, backend=self.backend)
                 self.points.append((small, t.step_seconds))
@@ -452,7 +506,7 @@ class _Finder:
             elif row.change not in self.against_ceiling:  # measured against the baseline
                 row = dataclasses.replace(row, before=mean, before_uncertainty=spread)
                 if row.kind == R.CEILING and row.after is not None:
-                    row = dataclasses.replace(row, cost=_ceiling_cost(mean, row.after))
+                    row = dataclasses.replace(row, cost=R.ceiling_cost(mean, row.after))
                 elif row.after is not None and row.status in (R.PAID, R.NO_GAIN):
                     row = R.decide(row, row.after, row.after_uncertainty)
             rows.append(row)
@@ -493,25 +547,10 @@ class _Finder:
             model = trial_model(self.model, args, policy=self.policy)
             return model, self.data.fit_input(n, x=None if input_x is None else input_x(), batch_size=batch)
 
-        self.left = max(self.left, 1)
+        self.left, self.keeping = max(self.left, 1), False
         checked = bool(self.policy) or "jit_compile" in args
         extra = max(self.compiles.get(r.change, 0.0) for r in paid)  # the longest compile of its parts
         self.rows.append(self._trial(row, build, check=checked, batch=batch, extra=extra))
-
-
-def _ceiling_cost(before: float | None, after: float) -> str:
-    share = 1.0 - (before or 0.0) / after if after else 0.0
-    if share > 0:
-        return f"the most any input change can give: the input holds back {100 * max(0.0, share):.0f}% of the step"
-    return "the input holds nothing back"
-
-
-def _batch_code(kind: str, b: int) -> str:
-    if kind == ARRAYS:
-        return f"model.fit(x, y, batch_size={b})"
-    if kind == TF_DATA:
-        return f"dataset = dataset.rebatch({b})"
-    return f"batch_size={b}  # in your {kind}"
 
 
 def run(model, x, y, batch_size: int | None, max_seconds: float, wanted: tuple[str, ...]) -> SpeedupReport:

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from keras_gpu_tools.memory.search import sample_batch
 from keras_gpu_tools.memory.timed_fit import FitInput
 from keras_gpu_tools.runtime.batches import leading_dim, map_leaves
 from keras_gpu_tools.speedups import rebatch
@@ -78,6 +79,15 @@ class TrainingInput:
         b = b or self.batch_size
         n = self.samples if self.kind == ARRAYS else None
         return n / math.ceil(n / b) if n else float(b)
+
+    def batch_of(self, b: int) -> tuple[Any, Any]:
+        """One batch ``(x, y)`` of ``b`` samples: the user's first ``b`` where they are arrays, else the first batch's
+        samples repeated."""
+        if b == self.batch_size:
+            return self.batch
+        if self.kind == ARRAYS:
+            return sample_batch(self.x, self.y, b, self.samples or b)
+        return sample_batch(*self.batch, b, self.batch_size)
 
     def rebatch_refused(self, b: int) -> str | None:
         """Why this input cannot be timed at batch ``b`` (None where it can: arrays always)."""

@@ -17,6 +17,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from keras_gpu_tools.speedups.inputs import ARRAYS, TF_DATA
+
 # A row's status.
 BASELINE = "baseline"  # the fit as given
 CEILING = "ceiling"  # one batch repeated: the most any input change can give
@@ -27,6 +29,8 @@ NOT_APPLICABLE = "not applicable"  # the change raised, or the backend or the in
 NOT_MEASURED = "not measured"  # it would not finish in max_seconds, or nothing on this machine to measure
 STATUSES = (BASELINE, CEILING, PAID, NO_GAIN, UNSAFE, NOT_APPLICABLE, NOT_MEASURED)
 COMBINED = "combined"  # the kind of the last row: the changes that paid, together
+# The rows' kinds in the order a report lists them (the guides').
+ORDER = (BASELINE, CEILING, "input", "batch_size", "steps_per_execution", "jit_compile", "mixed_precision", COMBINED)
 
 MIN_GAIN = 0.03  # a change pays from 3% faster on, and beyond twice the figures' combined uncertainty
 LOSS_TOLERANCE = 0.25  # a loss after K steps more than 25% above the float32 baseline's (or its gain) has diverged
@@ -162,6 +166,23 @@ def steps_per_execution(dispatch: float, step: float) -> int:
     return steps_per_execution_for(dispatch, max(step - dispatch, 1e-9))
 
 
+def ceiling_cost(before: float | None, after: float) -> str:
+    """The ceiling row's cost: how much of the step the input holds back."""
+    share = 1.0 - (before or 0.0) / after if after else 0.0
+    if share > 0:
+        return f"the most any input change can give: the input holds back {100 * max(0.0, share):.0f}% of the step"
+    return "the input holds nothing back"
+
+
+def batch_code(kind: str, b: int) -> str:
+    """The line that trains an input of ``kind`` at batch ``b``."""
+    if kind == ARRAYS:
+        return f"model.fit(x, y, batch_size={b})"
+    if kind == TF_DATA:
+        return f"dataset = dataset.rebatch({b})"
+    return f"batch_size={b}  # in your {kind}"
+
+
 __all__ = [
     "BASELINE",
     "CEILING",
@@ -172,10 +193,13 @@ __all__ = [
     "NOT_APPLICABLE",
     "NOT_MEASURED",
     "NO_GAIN",
+    "ORDER",
     "PAID",
     "STATUSES",
     "UNSAFE",
     "SpeedupRow",
+    "batch_code",
+    "ceiling_cost",
     "decide",
     "dispatch_seconds",
     "loss_check",

@@ -68,6 +68,19 @@ def test_a_window_of_a_whole_pass_is_fitted_as_a_user_s_epoch():
 
 
 @pytest.mark.multibackend
+def test_an_input_timed_over_whole_passes_is_timed_in_one_fit():
+    """Its first pass compiles, its second warms up, the windows follow: no rough fit of passes thrown away."""
+    from keras_gpu_tools.memory.timed_fit import time_fit
+
+    model, asked, x, y = _dense(64)
+    inputs = FitInput(lambda: {"x": x, "y": y, "batch_size": 16}, batches=4, whole_passes=True)
+    timing = time_fit(model, inputs, Pace(epoch_seconds=10.0, min_windows=2, max_windows=3))
+    assert asked == [None] and 2 <= timing.windows <= 3 and timing.steps == 4 * timing.windows
+    assert model.history.epoch[-1] == timing.windows + 1  # two passes before the windows
+    assert timing.compile_seconds >= 0.0 and timing.step_seconds > 0.0
+
+
+@pytest.mark.multibackend
 def test_calls_that_divide_no_window_of_the_pass_are_timed_over_whole_passes():
     """7 batches at 2 steps a call: a window of calls would cross the pass's end, where Keras runs a call of one
     step; a whole pass runs all 7 steps, as the window counts them."""

@@ -433,27 +433,62 @@ def test_a_checked_change_and_its_baseline_train_the_same_whole_calls():
     several_steps_per_call()
     model = mlp()
     f = a_finder(model)
+    b = f.data.batch_size
     row, seconds = f._check(SpeedupRow("x", "combined"), trial_model(model, {"steps_per_execution": 12}))
-    assert row.check.startswith("loss after 12 steps") and set(f.base_loss) == {12} and seconds > 0.0
+    assert row.check.startswith("loss after 12 steps") and set(f.base_loss) == {(12, b)} and seconds > 0.0
     row, _ = f._check(SpeedupRow("y", "jit_compile"), trial_model(model, {}))
-    assert row.check.startswith(f"loss after {R.LOSS_STEPS} steps") and set(f.base_loss) == {12, R.LOSS_STEPS}
+    assert row.check.startswith(f"loss after {R.LOSS_STEPS} steps")
+    assert set(f.base_loss) == {(12, b), (R.LOSS_STEPS, b)}
+
+
+def test_a_check_at_a_combination_s_batch_trains_on_a_batch_of_that_size(monkeypatch):
+    """So that the step it compiles is the one the combination's timed fit runs."""
+    from keras_gpu_tools.speedups import trials
+
+    model = mlp()
+    f = a_finder(model)
+    sizes = []
+    real = trials.loss_after
+
+    def loss_after(m, batch, steps, **kwargs):
+        sizes.append(len(batch[0]))
+        return real(m, batch, steps, **kwargs)
+
+    monkeypatch.setattr(finder, "loss_after", loss_after)
+    b = 2 * f.data.batch_size
+    row, _ = f._check(SpeedupRow("x", "combined"), trials.trial_model(model, {}), batch=b)
+    assert sizes == [b, b] and set(f.base_loss) == {(R.LOSS_STEPS, b)} and row.check
 
 
 def test_a_trial_counts_its_check_s_compile_and_a_combination_its_parts_longest(monkeypatch):
     clock = [0.0]
     f = a_finder(mlp(), max_seconds=100.0, clock=clock)
     f.expected, f.base_compile = 10.0, 2.0  # the baseline: 2 s of compile, 8 s of steady windows
+    # Until a timed fit has shown that it finds the step its check compiled, the check's compile is counted as
+    # one more: 10 + 28 + (2 + 28), and the baseline's own check at that batch (2 s).
+    assert f._expected(28.0, check=True) == 70.0
     # The check's fit compiled the step (30 s): the timed fit found it compiled (0.01 s).
-    monkeypatch.setattr(finder._Finder, "_check", lambda self, row, model: (row, 30.0))
+    monkeypatch.setattr(finder._Finder, "_check", lambda self, row, model, batch=None: (row, 30.0))
     quick = timed_fit.Timing(compile_seconds=0.01, step_seconds=0.01, steps=10, wall_seconds=1.0, windows=2)
     monkeypatch.setattr(finder._Finder, "_time", lambda self, model, inputs, shares=1: quick)
     f._trial(SpeedupRow("jit_compile=True", "jit_compile"), lambda: (None, None), check=True)
-    assert f.compiles == {"jit_compile=True": 28.0}
-    # A checked combination with it: its windows once, two compiles of 2 + 28 s: 10 + 28 + 30 = 68 s.
-    clock[0] = 31.0  # 69 s left: it starts
-    assert f._refused(2, extra=28.0) is None
-    clock[0] = 33.0  # 67 s left: it would overrun
-    assert "about 68.0 s" in f._refused(2, extra=28.0)
+    assert f.compiles == {"jit_compile=True": 28.0} and f.check_reused
+    # A checked combination with it: its windows once, one compile of 2 + 28 s, the baseline's check: 40 s.
+    clock[0] = 59.0  # 41 s left: it starts
+    assert f._refused(extra=28.0, check=True) is None
+    clock[0] = 61.0  # 39 s left: it would overrun
+    assert "about 40.0 s" in f._refused(extra=28.0, check=True)
+
+
+def test_the_combination_s_seconds_are_kept_from_the_other_trials_shares():
+    clock = [0.0]
+    f = a_finder(mlp(), max_seconds=100.0, clock=clock)
+    f.expected, f.base_compile, f.left = 10.0, 2.0, 5  # four trials and the combination left
+    f.compiles = {"jit_compile=True": 28.0}
+    assert f._kept() == 38.0 and f._share() == (100.0 - 38.0) / 4
+    f.keeping = False  # the combination's own turn: all that is left
+    f.left = 1
+    assert f._share() == 100.0
 
 
 def searched(f, rows, policy=None):
