@@ -34,15 +34,16 @@ from keras_gpu_tools.memory.timed_fit import (
     time_fit,
 )
 from keras_gpu_tools.speedups import rows as R
-from keras_gpu_tools.speedups.inputs import ARRAYS, TrainingInput, describe, head
+from keras_gpu_tools.speedups.inputs import ARRAYS, TrainingInput, batch_code, describe, head
 from keras_gpu_tools.speedups.report import SpeedupReport
 from keras_gpu_tools.speedups.rows import SpeedupRow
-from keras_gpu_tools.speedups.trials import check_steps, first_line, loss_after, trial_model
+from keras_gpu_tools.speedups.trials import check_steps, first_line, loss_after, trial_model, whole_calls
 
 logger = logging.getLogger("keras_gpu_tools")
 
 PLAN_GROWTH = 8  # on a CPU (no memory to plan against) the batch plan's candidates go up to 8x the batch
 PLAN_SHARES = 2  # the batch plan measures several candidates: it is given the share of two trials
+REUSED_COMPILE = 0.1  # seconds: a timed fit's first call under this (or half the baseline's compile) compiled nothing
 
 
 class _Finder:
@@ -70,7 +71,7 @@ class _Finder:
         # and the batch.
         self.base_loss: dict[tuple[int, int], tuple[float, float | None]] = {}
         self.check_reused = False  # whether a timed fit found the step its check compiled (until one shows, no)
-        self.keeping = True  # the combination's seconds are kept for it until its turn
+        self.keeping = False  # whether the combination's seconds are kept for it (until its turn)
         self.points: list[tuple[int, float]] = []  # (batch, step seconds) of one batch repeated: the host time
         self.input_x: Any = None  # the input change that paid most
         self.input_data: dict[str, Any] = {}  # each input row's data, by change
@@ -95,7 +96,11 @@ class _Finder:
         if not self.keeping:
             return 0.0
         extra = max(self.compiles.values(), default=0.0)
-        return self._expected(extra, any(r.check for r in self.rows), self.batch)
+        return self._expected(extra, any(r.check for r in self.rows), self._combined_batch())
+
+    def _combined_batch(self) -> int | None:
+        """The batch the combination trains at: the batch that paid, where the user's input can be made at it."""
+        return self.batch if self.batch and self.data.rebatch_refused(self.batch) is None else None
 
     def _time(self, model, inputs: FitInput | None, shares: int = 1) -> Timing:
         share = self._share(shares)
@@ -116,21 +121,24 @@ class _Finder:
         )
         return t
 
-    def _expected(self, extra: float = 0.0, check: bool = False, batch: int | None = None) -> float:
+    def _expected(self, extra: float = 0.0, check: bool = False, batch: int | None = None, per_call: int = 1) -> float:
         """What a trial is expected to take. Its compile is ``extra`` seconds longer than the baseline's. A
         ``check`` compiles the changed step first, on one batch of the trial's ``batch`` (the timed fit then finds
-        it compiled, where earlier checks showed so), and the baseline's step at that batch where its loss is not
-        known yet."""
+        it compiled, where earlier checks showed so), and the baseline's step at that batch and the check's steps
+        (whole calls of ``per_call`` steps) where its loss is not known yet."""
         seconds = self.expected + extra
         if check:
             seconds += 0.0 if self.check_reused else self.base_compile + extra
-            if (batch or self.data.batch_size) not in {b for _, b in self.base_loss}:
+            steps = whole_calls(R.LOSS_STEPS, self.per_call, per_call)
+            if (steps, batch or self.data.batch_size) not in self.base_loss:
                 seconds += self.base_compile
         return seconds
 
-    def _refused(self, extra: float = 0.0, check: bool = False, batch: int | None = None) -> str | None:
+    def _refused(
+        self, extra: float = 0.0, check: bool = False, batch: int | None = None, per_call: int = 1
+    ) -> str | None:
         """Why a trial is not run (it would outlast the budget: :meth:`_expected`), or None."""
-        return self.budget.refuses(self._expected(extra, check, batch))
+        return self.budget.refuses(self._expected(extra, check, batch, per_call))
 
     def _sps(self, t: Timing, batch: int | None = None, repeated: bool = False) -> float:
         """samples/s of a timing on the user's input at ``batch`` (its pass's last batch may be smaller), or on one
@@ -151,7 +159,7 @@ class _Finder:
         self.left = max(1, self.left)
         start = time.perf_counter()
         try:
-            reason = self._refused(extra, check, batch)
+            reason = self._refused(extra, check, batch, int(row.compile_args.get("steps_per_execution", 1)))
             if reason:
                 return dataclasses.replace(row, status=R.NOT_MEASURED, reason=f"not measured: {reason}")
             try:
@@ -162,10 +170,11 @@ class _Finder:
                     if row.status == R.UNSAFE:
                         return row
                 timing = self._time(model, inputs)
-                # The check's fit compiles the train step first: the timed fit then finds it compiled, as a rule.
+                # The check's fit compiles the step first (and its evaluation's): the timed fit then finds it
+                # compiled, as a rule. A combination with this change checks, and so compiles, alike.
                 self.compiles[row.change] = max(0.0, max(timing.compile_seconds, checked) - self.base_compile)
                 if check:
-                    self.check_reused = timing.compile_seconds < checked / 2
+                    self.check_reused = timing.compile_seconds < max(self.base_compile / 2, REUSED_COMPILE)
             except Exception as e:
                 why = "ran out of memory: " if self.backend.is_oom(e) else ""
                 return dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=why + first_line(e))
@@ -212,12 +221,14 @@ class _Finder:
     # -- the trials -------------------------------------------------------------------
     def run(self) -> list[SpeedupRow]:
         inputs_changes = self.data.changes(self.on_gpu) if "input" in self.wanted else []
-        # Trials to share what is left among: the baseline (two shares), the ceiling, each input change, the plan,
-        # one per wanted change, the baseline again, the combination.
-        self.left = 3 + len(inputs_changes) + PLAN_SHARES * ("batch_size" in self.wanted) + len(self.wanted) + 1
+        singles = len(set(self.wanted) & {"steps_per_execution", "jit_compile", "mixed_precision"})
+        plan = "batch_size" in self.wanted
+        # Trials to share what is left among: the baseline (two shares: every row is measured against it, so it is
+        # known more closely), the ceiling, each input change, the plan (its timed row adds itself), the single
+        # changes, the baseline again, the combination (timed where two changes can pay: its seconds kept till then).
+        self.left = 2 + 1 + len(inputs_changes) + PLAN_SHARES * plan + singles + 1 + 1
+        self.keeping = len(inputs_changes) + plan + singles >= 2
         base_model = trial_model(self.model)
-        # Every row is measured against the baseline: it gets two shares, to be known more closely.
-        self.left += 1
         timing = self._time(base_model, self.data.fit_input(self.per_call), shares=2)
         self.left -= 2
         # The fewest windows a timing holds and its warm-up, each as long as the baseline's (a whole pass, where
@@ -254,7 +265,7 @@ class _Finder:
             self._steps_per_execution(base_model)
         self._again(base_model)
         self._combined()
-        return sorted(self.rows, key=lambda r: R.ORDER.index(r.kind))  # as the guides list them
+        return sorted(self.rows, key=R.order)  # as the guides list them
 
     def _ceiling(self, base_model) -> None:
         row = self._row("input-free ceiling: one batch repeated", R.CEILING, code="(no input pipeline)")
@@ -325,7 +336,7 @@ class _Finder:
             "Adam-like optimizers) and expect fewer steps per epoch"
         )
         row = dataclasses.replace(
-            row, change=f"batch size {b}", code=R.batch_code(self.data.kind, b), cost=rule, settings={"batch_size": b}
+            row, change=f"batch size {b}", code=batch_code(self.data.kind, b), cost=rule, settings={"batch_size": b}
         )
         if b <= b0:  # the knee at or below the batch trained with: a larger batch buys next to nothing
             reason = f"the plan, {b}, is not larger than your batch of {b0}: a larger batch trains no faster"
@@ -520,7 +531,7 @@ class _Finder:
         self.policy = paid["mixed_precision"].settings.get("dtype_policy") if "mixed_precision" in paid else None
 
     def _combined(self) -> None:
-        paid = [r for r in self.rows if r.paid]
+        paid = sorted((r for r in self.rows if r.paid), key=R.order)  # the report's order
         row = self._row("combined: " + (" + ".join(r.change for r in paid) or "nothing paid"), R.COMBINED)
         if not paid:
             self.rows.append(dataclasses.replace(row, status=R.NO_GAIN, reason="no change paid"))
@@ -537,7 +548,7 @@ class _Finder:
         for r in paid:
             args.update(r.compile_args)
         n = int(args.get("steps_per_execution", self.per_call))
-        batch = self.batch if self.batch and self.data.rebatch_refused(self.batch) is None else None
+        batch = self._combined_batch()
         code = "; ".join(r.code for r in paid if r.code)
         note = "" if batch or self.batch is None else "the batch size left out (timed without your input)"
         row = dataclasses.replace(row, code=code, compile_args=args, cost=note)
@@ -547,7 +558,7 @@ class _Finder:
             model = trial_model(self.model, args, policy=self.policy)
             return model, self.data.fit_input(n, x=None if input_x is None else input_x(), batch_size=batch)
 
-        self.left, self.keeping = max(self.left, 1), False
+        self.left, self.keeping = 1, False  # the last trial: all that is left
         checked = bool(self.policy) or "jit_compile" in args
         extra = max(self.compiles.get(r.change, 0.0) for r in paid)  # the longest compile of its parts
         self.rows.append(self._trial(row, build, check=checked, batch=batch, extra=extra))

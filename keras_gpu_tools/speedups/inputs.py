@@ -20,7 +20,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from keras_gpu_tools.memory.search import sample_batch
 from keras_gpu_tools.memory.timed_fit import FitInput
 from keras_gpu_tools.runtime.batches import leading_dim, map_leaves
 from keras_gpu_tools.speedups import rebatch
@@ -85,9 +84,12 @@ class TrainingInput:
         samples repeated."""
         if b == self.batch_size:
             return self.batch
-        if self.kind == ARRAYS:
-            return sample_batch(self.x, self.y, b, self.samples or b)
-        return sample_batch(*self.batch, b, self.batch_size)
+        if self.kind == ARRAYS and (self.samples or 0) >= b:
+            return head(self.x, b), head(self.y, b)
+        import numpy as np
+
+        index = np.arange(b) % self.batch_size
+        return map_leaves(lambda a: np.asarray(a)[index], self.batch)
 
     def rebatch_refused(self, b: int) -> str | None:
         """Why this input cannot be timed at batch ``b`` (None where it can: arrays always)."""
@@ -126,6 +128,15 @@ class TrainingInput:
         if self.kind == DATA_LOADER:
             return [_data_loader_change(self.x, on_gpu)]
         return []
+
+
+def batch_code(kind: str, b: int) -> str:
+    """The line that trains an input of ``kind`` at batch ``b``."""
+    if kind == ARRAYS:
+        return f"model.fit(x, y, batch_size={b})"
+    if kind == TF_DATA:
+        return f"dataset = dataset.rebatch({b})"
+    return f"batch_size={b}  # in your {kind}"
 
 
 def workers() -> int:
@@ -313,6 +324,7 @@ __all__ = [
     "TF_DATA",
     "InputChange",
     "TrainingInput",
+    "batch_code",
     "describe",
     "head",
     "workers",

@@ -17,8 +17,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from keras_gpu_tools.speedups.inputs import ARRAYS, TF_DATA
-
 # A row's status.
 BASELINE = "baseline"  # the fit as given
 CEILING = "ceiling"  # one batch repeated: the most any input change can give
@@ -166,21 +164,17 @@ def steps_per_execution(dispatch: float, step: float) -> int:
     return steps_per_execution_for(dispatch, max(step - dispatch, 1e-9))
 
 
+def order(row: SpeedupRow) -> int:
+    """A row's place in a report (:data:`ORDER`; a kind not listed there goes last)."""
+    return ORDER.index(row.kind) if row.kind in ORDER else len(ORDER)
+
+
 def ceiling_cost(before: float | None, after: float) -> str:
     """The ceiling row's cost: how much of the step the input holds back."""
     share = 1.0 - (before or 0.0) / after if after else 0.0
     if share > 0:
         return f"the most any input change can give: the input holds back {100 * max(0.0, share):.0f}% of the step"
     return "the input holds nothing back"
-
-
-def batch_code(kind: str, b: int) -> str:
-    """The line that trains an input of ``kind`` at batch ``b``."""
-    if kind == ARRAYS:
-        return f"model.fit(x, y, batch_size={b})"
-    if kind == TF_DATA:
-        return f"dataset = dataset.rebatch({b})"
-    return f"batch_size={b}  # in your {kind}"
 
 
 __all__ = [
@@ -198,9 +192,9 @@ __all__ = [
     "STATUSES",
     "UNSAFE",
     "SpeedupRow",
-    "batch_code",
     "ceiling_cost",
     "decide",
+    "order",
     "dispatch_seconds",
     "loss_check",
     "noise",

@@ -112,7 +112,12 @@ def check_steps(steps: int, *models) -> int:
     A model compiled with ``steps_per_execution=N`` trains N steps per call,
     so the check's models all train one count of steps from the same state.
     """
-    unit = math.lcm(*(int(getattr(m, "steps_per_execution", 1) or 1) for m in models))
+    return whole_calls(steps, *(int(getattr(m, "steps_per_execution", 1) or 1) for m in models))
+
+
+def whole_calls(steps: int, *calls: int) -> int:
+    """The fewest steps, at least ``steps``, that are whole calls of each of ``calls`` steps."""
+    unit = math.lcm(*calls)
     return unit * max(1, -(-steps // unit))
 
 
@@ -159,4 +164,4 @@ def _first(tree: Any) -> Any:
     return tree
 
 
-__all__ = ["check_steps", "first_line", "loss_after", "trial_model"]
+__all__ = ["check_steps", "first_line", "loss_after", "trial_model", "whole_calls"]

@@ -478,6 +478,41 @@ def test_a_trial_counts_its_check_s_compile_and_a_combination_its_parts_longest(
     assert f._refused(extra=28.0, check=True) is None
     clock[0] = 61.0  # 39 s left: it would overrun
     assert "about 40.0 s" in f._refused(extra=28.0, check=True)
+    # At 3 steps a call the check trains 9 steps: the baseline's loss after 9 is not known, one more compile.
+    f.base_loss[8, f.data.batch_size] = (1.0, 2.0)
+    assert f._expected(28.0, check=True) == 38.0 and f._expected(28.0, check=True, per_call=3) == 40.0
+    # A timed fit that compiled the step again after its check: later checks count that compile again.
+    slow = dataclasses.replace(quick, compile_seconds=30.0)
+    monkeypatch.setattr(finder._Finder, "_time", lambda self, model, inputs, shares=1: slow)
+    f._trial(SpeedupRow("mixed precision", "mixed_precision"), lambda: (None, None), check=True)
+    assert not f.check_reused and f._expected(28.0, check=True) == 68.0
+
+
+def test_the_trials_that_compile_anew_run_first_and_the_rows_follow_the_guides_order(monkeypatch):
+    """jit_compile and mixed precision first, so that the combination's longest compile is known early."""
+    from keras_gpu_tools import backends
+
+    ran = []
+
+    def trial(kind):
+        def run(self, *args):
+            ran.append(kind)
+            self.rows.append(SpeedupRow(kind, kind))
+
+        return run
+
+    kinds = [R.CEILING, "batch_size", "steps_per_execution", "jit_compile", "mixed_precision", R.COMBINED]
+    for kind in kinds:
+        method = {R.CEILING: "_ceiling", R.COMBINED: "_combined"}.get(kind, f"_{kind}")
+        monkeypatch.setattr(finder._Finder, method, trial(kind))
+    monkeypatch.setattr(finder._Finder, "_again", lambda self, model: None)
+    quick = timed_fit.Timing(compile_seconds=0.0, step_seconds=0.01, steps=10, wall_seconds=1.0, windows=2)
+    monkeypatch.setattr(finder._Finder, "_time", lambda self, model, inputs, shares=1: quick)
+    x, y = data(64)
+    wanted = ("batch_size", "steps_per_execution", "jit_compile", "mixed_precision")
+    rows = finder._Finder(mlp(), inputs.describe(x, y, 16), finder.Budget(60.0), backends.get(), wanted).run()
+    assert ran == [R.CEILING, "jit_compile", "mixed_precision", "batch_size", "steps_per_execution", R.COMBINED]
+    assert [r.kind for r in rows] == [R.BASELINE, *kinds]
 
 
 def test_the_combination_s_seconds_are_kept_from_the_other_trials_shares():
@@ -485,7 +520,11 @@ def test_the_combination_s_seconds_are_kept_from_the_other_trials_shares():
     f = a_finder(mlp(), max_seconds=100.0, clock=clock)
     f.expected, f.base_compile, f.left = 10.0, 2.0, 5  # four trials and the combination left
     f.compiles = {"jit_compile=True": 28.0}
+    assert f._kept() == 0.0 and f._share() == 100.0 / 5  # a search of one change: no combination to keep for
+    f.keeping = True
     assert f._kept() == 38.0 and f._share() == (100.0 - 38.0) / 4
+    f.rows.append(SpeedupRow("jit_compile=True", "jit_compile", check="loss after 8 steps"))
+    assert f._kept() == 38.0 + 2.0 + 30.0  # its check: the baseline's loss, and a compile not yet shown reused
     f.keeping = False  # the combination's own turn: all that is left
     f.left = 1
     assert f._share() == 100.0

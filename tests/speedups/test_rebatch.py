@@ -201,3 +201,19 @@ class _Plan:
     def __init__(self, batch_size, *larger):
         self.batch_size = batch_size
         self.candidates = [_Candidate(b) for b in (batch_size, *larger)]
+
+
+def test_one_batch_at_another_size_is_the_user_s_samples():
+    """The numerical check's batch at a trial's batch size: the arrays' first samples, a dataset's first batch's
+    samples repeated (its only samples at hand), the dtypes as given."""
+    x, y = data(64)
+    arrays = inputs.describe(x, y, 8)
+    bx, by = arrays.batch_of(24)
+    np.testing.assert_array_equal(bx, x[:24])
+    np.testing.assert_array_equal(by, y[:24])
+    dataset = inputs.describe(Counted(), None, None)
+    bx, by = dataset.batch_of(20)
+    index = np.arange(20) % 8
+    np.testing.assert_array_equal(bx, x[:8][index])
+    np.testing.assert_array_equal(by, y[:8][index])
+    assert bx.dtype == x.dtype and dataset.batch_of(8) is dataset.batch
