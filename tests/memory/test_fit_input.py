@@ -77,8 +77,6 @@ def test_an_input_timed_over_whole_passes_is_timed_in_one_fit():
     timing = time_fit(model, inputs, Pace(epoch_seconds=10.0, min_windows=2, max_windows=3))
     assert asked == [None] and 2 <= timing.windows <= 3 and timing.steps == 4 * timing.windows
     assert model.history.epoch[-1] == timing.windows + 1  # two passes before the windows
-    # The windows and the compile, within the fit's wall time, which also ran the first pass's steps and a warm-up.
-    assert 0.0 < timing.step_seconds * timing.steps + timing.compile_seconds < timing.wall_seconds
 
 
 @pytest.mark.multibackend
