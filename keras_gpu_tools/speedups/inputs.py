@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from keras_gpu_tools.memory.search import sample_batch
 from keras_gpu_tools.memory.timed_fit import FitInput
 from keras_gpu_tools.runtime.batches import leading_dim, map_leaves
 from keras_gpu_tools.speedups import rebatch
@@ -86,10 +87,7 @@ class TrainingInput:
             return self.batch
         if self.kind == ARRAYS and (self.samples or 0) >= b:
             return head(self.x, b), head(self.y, b)
-        import numpy as np
-
-        index = np.arange(b) % self.batch_size
-        return map_leaves(lambda a: np.asarray(a)[index], self.batch)
+        return sample_batch(*self.batch, b, self.batch_size)  # one batch: copying it whole is cheap
 
     def rebatch_refused(self, b: int) -> str | None:
         """Why this input cannot be timed at batch ``b`` (None where it can: arrays always)."""

@@ -194,10 +194,10 @@ __all__ = [
     "SpeedupRow",
     "ceiling_cost",
     "decide",
-    "order",
     "dispatch_seconds",
     "loss_check",
     "noise",
+    "order",
     "paid",
     "steps_per_execution",
 ]

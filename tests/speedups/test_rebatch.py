@@ -205,7 +205,7 @@ class _Plan:
 
 def test_one_batch_at_another_size_is_the_user_s_samples():
     """The numerical check's batch at a trial's batch size: the arrays' first samples, a dataset's first batch's
-    samples repeated (its only samples at hand), the dtypes as given."""
+    samples repeated (its only samples at hand)."""
     x, y = data(64)
     arrays = inputs.describe(x, y, 8)
     bx, by = arrays.batch_of(24)
