@@ -44,6 +44,9 @@ logger = logging.getLogger("keras_gpu_tools")
 PLAN_GROWTH = 8  # on a CPU (no memory to plan against) the batch plan's candidates go up to 8x the batch
 PLAN_SHARES = 2  # the batch plan measures several candidates: it is given the share of two trials
 REUSED_COMPILE = 0.1  # seconds: a timed fit's first call under this (or half the baseline's compile) compiled nothing
+# Seconds a window lasts on a GPU. Each window fills the device's queue and drains it once: windows of a few steps
+# read a fit several percent slower than its passes do (docs/decisions/0019); the planner's ranking does not mind.
+GPU_WINDOW = 1.0
 
 
 class _Finder:
@@ -58,7 +61,8 @@ class _Finder:
     ):
         self.model, self.data, self.budget, self.backend, self.wanted = model, data, budget, backend, wanted
         self.on_gpu = bool(backend.gpu_devices())
-        self.pace = Pace.for_device(self.on_gpu, budget.max_seconds)
+        pace = Pace.for_device(self.on_gpu, budget.max_seconds)
+        self.pace = dataclasses.replace(pace, epoch_seconds=GPU_WINDOW) if self.on_gpu else pace
         self.per_call = int(getattr(model, "steps_per_execution", 1) or 1)
         self.rows: list[SpeedupRow] = []
         self.left = 0  # trials still to run (each gets its share of what is left)

@@ -611,3 +611,24 @@ def test_a_baseline_that_cannot_be_timed_again_stands_and_says_why(monkeypatch):
     f._again(None)
     assert f.rows[1:] == rows[1:] and f.base.after == 100.0
     assert "not timed again after the other trials: its compile and measurement would take about 8.0 s" in f.base.cost
+
+
+def test_on_a_gpu_the_finder_times_windows_long_enough_that_the_queue_s_fill_does_not_show():
+    """A window fills and drains the device's queue once: the finder's GPU windows are longer than the planner's."""
+    from keras_gpu_tools import backends
+
+    class OnGPU:  # the backend as on a GPU machine: only its device list differs
+        def __init__(self, real):
+            self.real = real
+
+        def gpu_devices(self):
+            return ["gpu:0"]
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    x, y = data(64)
+    on_gpu = finder._Finder(mlp(), inputs.describe(x, y, 16), finder.Budget(60.0), OnGPU(backends.get()), ())
+    assert on_gpu.pace.epoch_seconds == finder.GPU_WINDOW > timed_fit.Pace.for_device(True).epoch_seconds
+    on_cpu = a_finder(mlp())
+    assert on_cpu.pace == timed_fit.Pace.for_device(False, 60.0)
