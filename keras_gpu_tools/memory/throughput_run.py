@@ -35,7 +35,7 @@ from keras_gpu_tools.memory.throughput import (
     saturation,
     slowest,
 )
-from keras_gpu_tools.memory.timed_fit import FitInput, Pace, time_batch, time_fit
+from keras_gpu_tools.memory.timed_fit import FitInput, Pace, current_pace, time_batch, time_fit
 from keras_gpu_tools.runtime.batches import map_leaves
 
 logger = logging.getLogger("keras_gpu_tools")
@@ -189,7 +189,7 @@ class ThroughputRun:
         self.exchange = topology.exchange if spans else None
         self.processes = topology.process_count if spans else 1
         self.peak_flops = peak_flops
-        self.pace = pace or Pace.for_device(bool(backend.gpu_devices()))
+        self.pace = pace or current_pace(bool(backend.gpu_devices()))
         self.key = f"plan{next(_serial)}"
         self._seconds: dict[int, tuple[float, float]] = {}  # per device size: (compile, expected wall) seconds
         self._steps: dict[int, float] = {}  # per device size: the measured step seconds

@@ -40,10 +40,12 @@ Keras's import is inside the functions (this module imports no framework).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from keras_gpu_tools.memory.throughput import (
@@ -105,6 +107,25 @@ class Pace:
     def steps_for(self, step_seconds: float) -> int:
         """Steps per window for a step of ``step_seconds``: a window of about ``epoch_seconds``, 2 to the most."""
         return int(min(self.max_steps_per_epoch, max(2, round(self.epoch_seconds / max(step_seconds, 1e-6)))))
+
+
+_PACE: contextvars.ContextVar[Pace | None] = contextvars.ContextVar("keras_gpu_tools_pace", default=None)
+
+
+@contextlib.contextmanager
+def paced(pace: Pace) -> Iterator[None]:
+    """Times every candidate planned inside at ``pace``: a caller comparing its own timings with a plan's keeps
+    them alike (a window's length moves what it reads)."""
+    token = _PACE.set(pace)
+    try:
+        yield
+    finally:
+        _PACE.reset(token)
+
+
+def current_pace(on_gpu: bool) -> Pace:
+    """The pace set by :func:`paced`, else the device's."""
+    return _PACE.get() or Pace.for_device(on_gpu)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,8 +365,10 @@ __all__ = [
     "FitInput",
     "Pace",
     "Timing",
+    "current_pace",
     "fit_side_effects",
     "forget_compiled_trials",
+    "paced",
     "restore_side_effects",
     "time_batch",
     "time_fit",

@@ -29,6 +29,7 @@ from keras_gpu_tools.memory.timed_fit import (
     Timing,
     fit_side_effects,
     forget_compiled_trials,
+    paced,
     restore_side_effects,
     time_batch,
     time_fit,
@@ -44,9 +45,7 @@ logger = logging.getLogger("keras_gpu_tools")
 PLAN_GROWTH = 8  # on a CPU (no memory to plan against) the batch plan's candidates go up to 8x the batch
 PLAN_SHARES = 2  # the batch plan measures several candidates: it is given the share of two trials
 REUSED_COMPILE = 0.1  # seconds: a timed fit's first call under this (or half the baseline's compile) compiled nothing
-# Seconds a window lasts on a GPU. Each window fills the device's queue and drains it once: windows of a few steps
-# read a fit several percent slower than its passes do (docs/decisions/0019); the planner's ranking does not mind.
-GPU_WINDOW = 1.0
+GPU_WINDOW = 1.0  # seconds: each window fills and drains the device's queue once (docs/decisions/0019)
 
 
 class _Finder:
@@ -237,7 +236,7 @@ class _Finder:
         self.left -= 2
         # The fewest windows a timing holds and its warm-up, each as long as the baseline's (a whole pass, where
         # windows are passes: then the compiling first call is a pass too, and its compile figure leaves it out).
-        window = max(self.pace.epoch_seconds, timing.step_seconds * timing.steps / max(1, timing.windows))
+        window = timing.step_seconds * timing.steps / timing.windows if timing.windows else self.pace.epoch_seconds
         given = self.data.fit_input(self.per_call)
         first = 1 if given.whole_passes and given.batches else 0
         least = (self.pace.min_windows + 1 + first) * window
@@ -319,7 +318,10 @@ class _Finder:
         given = (self.data.x, self.data.y) if self.data.kind == ARRAYS else self.data.batch
         start = time.perf_counter()
         try:
-            plan = plan_batch_size(base_model, *given, objective="throughput", max_batch_size=bound, max_seconds=share)
+            with paced(self.pace):  # its candidates are read against the ceiling: timed alike
+                plan = plan_batch_size(
+                    base_model, *given, objective="throughput", max_batch_size=bound, max_seconds=share
+                )
             logger.debug("find_speedups: the plan took %.1f s (share %.1f s)", time.perf_counter() - start, share)
         except Exception as e:
             self.left -= PLAN_SHARES

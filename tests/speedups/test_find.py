@@ -488,11 +488,13 @@ def test_a_trial_counts_its_check_s_compile_and_a_combination_its_parts_longest(
     assert not f.check_reused and f._expected(28.0, check=True) == 68.0
 
 
-def test_the_trials_that_compile_anew_run_first_and_the_rows_follow_the_guides_order(monkeypatch):
-    """jit_compile and mixed precision first, so that the combination's longest compile is known early."""
-    from keras_gpu_tools import backends
+KINDS = [R.CEILING, "batch_size", "steps_per_execution", "jit_compile", "mixed_precision", R.COMBINED]
 
-    ran = []
+
+def fake_trials(monkeypatch, timing: timed_fit.Timing) -> list[str]:
+    """Every trial replaced by one that lists its kind (returned, in the order run) and adds a row; each timing
+    gives ``timing``."""
+    ran: list[str] = []
 
     def trial(kind):
         def run(self, *args):
@@ -501,18 +503,41 @@ def test_the_trials_that_compile_anew_run_first_and_the_rows_follow_the_guides_o
 
         return run
 
-    kinds = [R.CEILING, "batch_size", "steps_per_execution", "jit_compile", "mixed_precision", R.COMBINED]
-    for kind in kinds:
+    for kind in KINDS:
         method = {R.CEILING: "_ceiling", R.COMBINED: "_combined"}.get(kind, f"_{kind}")
         monkeypatch.setattr(finder._Finder, method, trial(kind))
     monkeypatch.setattr(finder._Finder, "_again", lambda self, model: None)
-    quick = timed_fit.Timing(compile_seconds=0.0, step_seconds=0.01, steps=10, wall_seconds=1.0, windows=2)
-    monkeypatch.setattr(finder._Finder, "_time", lambda self, model, inputs, shares=1: quick)
+    monkeypatch.setattr(finder._Finder, "_time", lambda self, model, inputs, shares=1: timing)
+    return ran
+
+
+def test_the_trials_that_compile_anew_run_first_and_the_rows_follow_the_guides_order(monkeypatch):
+    """jit_compile and mixed precision first, so that the combination's longest compile is known early."""
+    from keras_gpu_tools import backends
+
+    ran = fake_trials(
+        monkeypatch, timed_fit.Timing(compile_seconds=0.0, step_seconds=0.01, steps=10, wall_seconds=1.0, windows=2)
+    )
     x, y = data(64)
     wanted = ("batch_size", "steps_per_execution", "jit_compile", "mixed_precision")
     rows = finder._Finder(mlp(), inputs.describe(x, y, 16), finder.Budget(60.0), backends.get(), wanted).run()
     assert ran == [R.CEILING, "jit_compile", "mixed_precision", "batch_size", "steps_per_execution", R.COMBINED]
-    assert [r.kind for r in rows] == [R.BASELINE, *kinds]
+    assert [r.kind for r in rows] == [R.BASELINE, *KINDS]
+
+
+def test_a_trial_is_expected_to_take_windows_as_long_as_the_baseline_s_even_under_the_pace_s_length(monkeypatch):
+    """Windows capped at a short pass (0.1 s of a 1 s GPU pace): the trials are expected to take the warm-up and
+    the fewest windows at 0.1 s each, not at the pace's length."""
+    from keras_gpu_tools import backends
+
+    short = timed_fit.Timing(compile_seconds=2.0, step_seconds=0.001, steps=200, wall_seconds=3.0, windows=2)
+    fake_trials(monkeypatch, short)
+    x, y = data(64)
+    f = finder._Finder(mlp(), inputs.describe(x, y, 16), finder.Budget(60.0), _OnDevice(backends.get(), ["gpu:0"]), ())
+    f.run()
+    least = (f.pace.min_windows + 1) * 0.1
+    assert f.pace.epoch_seconds == finder.GPU_WINDOW
+    assert f.expected == pytest.approx(finder.expected_seconds([(2.0, 2.0 + least)]))
 
 
 def test_the_combination_s_seconds_are_kept_from_the_other_trials_shares():
@@ -613,22 +638,47 @@ def test_a_baseline_that_cannot_be_timed_again_stands_and_says_why(monkeypatch):
     assert "not timed again after the other trials: its compile and measurement would take about 8.0 s" in f.base.cost
 
 
+class _OnDevice:
+    """The backend as on a machine with ``gpus``: only its device list differs."""
+
+    def __init__(self, real, gpus):
+        self.real, self.gpus = real, gpus
+
+    def gpu_devices(self):
+        return self.gpus
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
 def test_on_a_gpu_the_finder_times_windows_long_enough_that_the_queue_s_fill_does_not_show():
     """A window fills and drains the device's queue once: the finder's GPU windows are longer than the planner's."""
     from keras_gpu_tools import backends
 
-    class OnGPU:  # the backend as on a GPU machine: only its device list differs
-        def __init__(self, real):
-            self.real = real
-
-        def gpu_devices(self):
-            return ["gpu:0"]
-
-        def __getattr__(self, name):
-            return getattr(self.real, name)
-
     x, y = data(64)
-    on_gpu = finder._Finder(mlp(), inputs.describe(x, y, 16), finder.Budget(60.0), OnGPU(backends.get()), ())
-    assert on_gpu.pace.epoch_seconds == finder.GPU_WINDOW > timed_fit.Pace.for_device(True).epoch_seconds
-    on_cpu = a_finder(mlp())
-    assert on_cpu.pace == timed_fit.Pace.for_device(False, 60.0)
+    for gpus, pace in (([], timed_fit.Pace.for_device(False, 60.0)), (["gpu:0"], None)):
+        f = finder._Finder(mlp(), inputs.describe(x, y, 16), finder.Budget(60.0), _OnDevice(backends.get(), gpus), ())
+        if pace is None:
+            assert f.pace.epoch_seconds == finder.GPU_WINDOW > timed_fit.Pace.for_device(True).epoch_seconds
+        else:
+            assert f.pace == pace
+
+
+def test_the_batch_plan_inside_the_finder_times_its_candidates_at_the_finder_s_pace(monkeypatch):
+    """The plan's candidates are read against the finder's ceiling (the batch row, the per-call host time): the
+    same windows on both sides, and the planner's own pace again afterwards."""
+    from keras_gpu_tools import planner
+
+    seen = []
+
+    def plan(*args, **kwargs):
+        seen.append(timed_fit.current_pace(False))
+        raise ValueError("max_seconds: spent")
+
+    monkeypatch.setattr(planner, "plan_batch_size", plan)
+    f = a_finder(mlp())
+    f.left = 3
+    f._batch_size(finder.trial_model(f.model))
+    assert seen == [f.pace] and f.pace != timed_fit.Pace.for_device(False)
+    assert timed_fit.current_pace(False) == timed_fit.Pace.for_device(False)
+    assert f.rows[-1].status == R.NOT_MEASURED
