@@ -214,21 +214,24 @@ def timing_stop(
     min_windows: int,
     max_windows: int,
     target: float = TARGET_UNCERTAINTY,
+    window: float = 0.0,
 ) -> str:
     """Why a candidate's timing stops after these windows' step times, or "" to time another window.
 
     It stops once the mean is known within ``target`` (from ``min_windows``
-    windows on: :data:`STOP_KNOWN`), once ``elapsed`` (seconds since the
-    candidate started, its compile included) reaches its ``share`` of the
+    windows on: :data:`STOP_KNOWN`), once one more window (expected to last
+    ``window`` seconds, as the last did) would take ``elapsed`` (seconds since
+    the candidate started, its compile included) past its ``share`` of the
     budget (:data:`STOP_SHARE`, from two windows on, so that a spread is
-    known) or at ``max_windows`` (:data:`STOP_CAP`).
+    known; a timing ends within its share, not a window past it) or at
+    ``max_windows`` (:data:`STOP_CAP`).
     """
     n = len(step_seconds)
     if n >= min_windows:
         _, rel = spread(step_seconds)
         if rel is not None and rel <= target:
             return STOP_KNOWN
-    if share is not None and n >= 2 and elapsed >= share:
+    if share is not None and n >= 2 and elapsed + window >= share:
         return STOP_SHARE
     if n >= max_windows:
         return STOP_CAP

@@ -283,10 +283,14 @@ def time_fit(
         return _epochs(times)
 
     def stop(done: list[float], last: float, state: dict[str, Any]) -> bool:
-        """Whether the timing stops after the windows ``done`` (steps' seconds), the last epoch ``last`` long."""
-        if out_of_time is not None and len(done) >= 2 and out_of_time(last):
+        """Whether the timing stops after the windows ``done`` (steps' seconds), the last epoch ``last`` long. One
+        more window that would outlast the budget is never started, even where only one is done: max_seconds
+        holds where a window is a long pass."""
+        if out_of_time is not None and out_of_time(last):
             state["stopped"] = STOP_BUDGET
             return True
+        if not done:
+            return False
         state["stopped"] = timing_stop(
             done,
             elapsed=time.perf_counter() - start,
@@ -294,6 +298,7 @@ def time_fit(
             min_windows=pace.min_windows,
             max_windows=pace.max_windows,
             target=pace.target,
+            window=last,
         )
         return bool(state["stopped"])
 
@@ -303,7 +308,7 @@ def time_fit(
         # Every window is a pass, the rough epochs' too: no rough step is needed to size one. One fit: its first
         # pass compiles, its second warms up, and the windows follow.
         state: dict[str, Any] = {"stopped": ""}
-        epochs = fit(pace.max_windows + 2, one, lambda e: len(e) > 2 and stop([d / one for d in e[2:]], e[-1], state))
+        epochs = fit(pace.max_windows + 2, one, lambda e: len(e) > 1 and stop([d / one for d in e[2:]], e[-1], state))
         windows = [d / one for d in epochs[2:]] or [d / one for d in epochs[1:]]
         first = epochs[0] - spread(windows)[0] * (one - 1)  # the first pass's steps past its first are steady ones
         k, stopped = one, str(state["stopped"]) or STOP_CAP

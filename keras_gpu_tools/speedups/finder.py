@@ -35,6 +35,7 @@ from keras_gpu_tools.memory.timed_fit import (
     time_fit,
 )
 from keras_gpu_tools.speedups import rows as R
+from keras_gpu_tools.speedups import trials as T
 from keras_gpu_tools.speedups.inputs import ARRAYS, TrainingInput, batch_code, describe, head
 from keras_gpu_tools.speedups.report import SpeedupReport
 from keras_gpu_tools.speedups.rows import SpeedupRow
@@ -66,6 +67,7 @@ class _Finder:
         self.rows: list[SpeedupRow] = []
         self.left = 0  # trials still to run (each gets its share of what is left)
         self.expected = 0.0  # what a trial is expected to take: the baseline's compile and least steady time
+        self.window = 0.0  # seconds: the baseline's timing window
         self.base_compile = 0.0
         self.compiles: dict[str, float] = {}  # each measured row's compile beyond the baseline's, by change
         self.base: SpeedupRow | None = None
@@ -95,11 +97,12 @@ class _Finder:
 
     def _kept(self) -> float:
         """The seconds kept for the combination until its turn: what it is expected to take, as far as the rows
-        measured so far tell (their longest compile; a numerical check where any row was checked)."""
+        measured so far tell (their longest compile; a numerical check where any row was checked), and one window
+        more: the trial before it ends its fit up to a window past its share."""
         if not self.keeping:
             return 0.0
         extra = max(self.compiles.values(), default=0.0)
-        return self._expected(extra, any(r.check for r in self.rows), self._combined_batch())
+        return self._expected(extra, any(r.check for r in self.rows), self._combined_batch()) + self.window
 
     def _combined_batch(self) -> int | None:
         """The batch the combination trains at: the batch that paid, where the user's input can be made at it."""
@@ -240,6 +243,7 @@ class _Finder:
         given = self.data.fit_input(self.per_call)
         first = 1 if given.whole_passes and given.batches else 0
         least = (self.pace.min_windows + 1 + first) * window
+        self.window = window
         self.base_compile = timing.compile_seconds
         self.expected = expected_seconds([(timing.compile_seconds, timing.compile_seconds + least)])
         sps = self._sps(timing)
@@ -446,7 +450,7 @@ class _Finder:
 
     def _mixed_precision(self) -> None:
         row = self._row("mixed precision", "mixed_precision")
-        caps = self._capabilities()
+        caps = T.gpu_capabilities(self.on_gpu)
         dtype = str(getattr(getattr(self.model, "dtype_policy", None), "compute_dtype", "float32"))
         if dtype in ("float16", "bfloat16"):
             self.left -= 1
@@ -472,12 +476,6 @@ class _Finder:
         if row.paid:
             self.policy = policy
         self.rows.append(row)
-
-    def _capabilities(self) -> list[tuple[int, ...]]:
-        """The compute capabilities of the GPUs the step runs on (none on a CPU)."""
-        from keras_gpu_tools.mixed_precision.check import gpu_compute_capabilities
-
-        return [tuple(c) for c in gpu_compute_capabilities()] if self.on_gpu else []
 
     def _again(self, base_model) -> None:
         """The baseline timed again after the single changes: the search's own A/A.

@@ -31,6 +31,13 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 
+def gpu_capabilities(on_gpu: bool) -> list[tuple[int, ...]]:
+    """The compute capabilities of the GPUs the step runs on (none on a CPU)."""
+    from keras_gpu_tools.mixed_precision.check import gpu_compute_capabilities
+
+    return [tuple(c) for c in gpu_compute_capabilities()] if on_gpu else []
+
+
 def trial_model(model, compile_args: dict[str, Any] | None = None, policy: str | None = None):
     """A clone of ``model`` with its weights, compiled as ``model`` was with ``compile_args`` over its arguments."""
     import keras

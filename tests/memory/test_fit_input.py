@@ -124,7 +124,7 @@ def test_one_batch_is_repeated_in_the_backend_s_own_pipeline_where_it_has_one():
 
 
 def test_the_steady_state_stops_where_one_more_window_would_outlast_the_budget():
-    """``out_of_time`` is asked with the last window's seconds, after two steady windows, and ends the timing."""
+    """``out_of_time`` is asked with the last window's seconds, after each steady window, and ends the timing."""
     import keras
 
     from keras_gpu_tools.memory.throughput import STOP_BUDGET
@@ -140,8 +140,30 @@ def test_the_steady_state_stops_where_one_more_window_would_outlast_the_budget()
 
     batch = (np.ones((4, 2), "float32"), np.ones((4, 1), "float32"))
     timing = time_batch(model, batch, Pace(epoch_seconds=0.01, min_windows=4, max_windows=10), out_of_time=out_of_time)
-    assert timing.stopped == STOP_BUDGET and timing.windows == 2  # the first window warms up; two are kept
+    assert timing.stopped == STOP_BUDGET and timing.windows == 1  # the first window warms up; one is kept
     assert len(asked) == 1 and asked[0] > 0.0  # asked once, with a window's own length
+
+
+@pytest.mark.multibackend
+def test_whole_passes_stop_after_the_warm_up_pass_where_one_more_would_outlast_the_budget():
+    """A pass can be longer than what is left of the budget: the warm-up pass is then the one window, and no
+    further pass starts (a third pass would outlast max_seconds)."""
+    from keras_gpu_tools.memory.throughput import STOP_BUDGET
+    from keras_gpu_tools.memory.timed_fit import time_fit
+
+    model, asked, x, y = _dense(64)
+    inputs = FitInput(lambda: {"x": x, "y": y, "batch_size": 16}, batches=4, whole_passes=True)
+    seen: list[float] = []
+
+    def out_of_time(seconds: float) -> bool:
+        seen.append(seconds)
+        return True
+
+    pace = Pace(epoch_seconds=10.0, min_windows=2, max_windows=3)
+    timing = time_fit(model, inputs, pace, out_of_time=out_of_time)
+    assert timing.stopped == STOP_BUDGET and timing.windows == 1 and timing.steps == 4
+    assert model.history.epoch[-1] == 1 and len(seen) == 1  # the compiling pass and the warm-up pass only
+    assert timing.step_seconds > 0.0
 
 
 def test_a_first_window_far_shorter_than_meant_restarts_the_fit_once_with_windows_sized_by_it():

@@ -114,6 +114,9 @@ def test_the_step_time_spread_and_when_timing_stops():
     assert timing_stop(noisy * 10, elapsed=99.0, share=None, **kw) == STOP_CAP
     assert timing_stop(noisy[:1], elapsed=11.0, share=10.0, **kw) == ""  # one window: no spread yet
     assert timing_stop(noisy, elapsed=11.0, share=10.0, **kw) == STOP_SHARE
+    # One more window of 1 s would pass the share: the timing ends within it, not a window past it.
+    assert timing_stop(noisy, elapsed=9.5, share=10.0, window=1.0, **kw) == STOP_SHARE
+    assert timing_stop(noisy, elapsed=9.5, share=10.0, window=0.4, **kw) == ""
 
 
 def test_the_stop_rule_with_a_clock_moved_by_hand():
@@ -122,8 +125,8 @@ def test_the_stop_rule_with_a_clock_moved_by_hand():
     while not stopped:
         now += 0.25
         windows.append(0.010 * (1.1 if len(windows) % 2 else 0.9))
-        stopped = timing_stop(windows, elapsed=now, share=4.0, min_windows=4, max_windows=40)
-    assert stopped == STOP_SHARE and len(windows) == 16  # its share of 4 s went first
+        stopped = timing_stop(windows, elapsed=now, share=4.0, min_windows=4, max_windows=40, window=0.25)
+    assert stopped == STOP_SHARE and len(windows) == 15 and now <= 4.0  # its share of 4 s went first, not overrun
     now, windows, stopped = 0.0, [], ""
     while not stopped:
         now += 0.25

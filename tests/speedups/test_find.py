@@ -16,7 +16,7 @@ from keras import ops
 
 from keras_gpu_tools import find_speedups
 from keras_gpu_tools.memory import timed_fit
-from keras_gpu_tools.speedups import finder, inputs
+from keras_gpu_tools.speedups import finder, inputs, trials
 from keras_gpu_tools.speedups import rows as R
 from keras_gpu_tools.speedups.report import SpeedupReport
 from keras_gpu_tools.speedups.rows import SpeedupRow
@@ -135,7 +135,7 @@ def test_bad_arguments_are_refused_before_any_trial(monkeypatch):
 def test_a_change_that_diverges_is_unsafe_never_a_speed_up(monkeypatch):
     # Inputs of 1e5 overflow float16 (largest 65504) in the first Dense: the loss is inf or NaN under
     # mixed_float16, as on a GPU with tensor cores (the machine is told it has them; the math is real).
-    monkeypatch.setattr(finder._Finder, "_capabilities", lambda self: [(7, 5)])
+    monkeypatch.setattr(trials, "gpu_capabilities", lambda on_gpu: [(7, 5)])
     model = mlp(scale=1e5)
     x, y = data(64)
     report = find_speedups(model, x, y, batch_size=16, max_seconds=BUDGET, changes=["mixed_precision"])
@@ -543,13 +543,14 @@ def test_a_trial_is_expected_to_take_windows_as_long_as_the_baseline_s_even_unde
 def test_the_combination_s_seconds_are_kept_from_the_other_trials_shares():
     clock = [0.0]
     f = a_finder(mlp(), max_seconds=100.0, clock=clock)
-    f.expected, f.base_compile, f.left = 10.0, 2.0, 5  # four trials and the combination left
+    f.expected, f.base_compile, f.left, f.window = 10.0, 2.0, 5, 1.5  # four trials and the combination left
     f.compiles = {"jit_compile=True": 28.0}
     assert f._kept() == 0.0 and f._share() == 100.0 / 5  # a search of one change: no combination to keep for
     f.keeping = True
-    assert f._kept() == 38.0 and f._share() == (100.0 - 38.0) / 4
+    # Its expected seconds and one of the baseline's windows: the trial before it ends up to a window past its share.
+    assert f._kept() == 38.0 + 1.5 and f._share() == (100.0 - 39.5) / 4
     f.rows.append(SpeedupRow("jit_compile=True", "jit_compile", check="loss after 8 steps"))
-    assert f._kept() == 38.0 + 2.0 + 30.0  # its check: the baseline's loss, and a compile not yet shown reused
+    assert f._kept() == 38.0 + 2.0 + 30.0 + 1.5  # its check: the baseline's loss, and a compile not yet shown reused
     f.keeping = False  # the combination's own turn: all that is left
     f.left = 1
     assert f._share() == 100.0
