@@ -15,7 +15,9 @@ step; an epoch's end reads the logs, which waits for the device):
    each epoch is a window; the first is a warm-up and left out. Windows are
    timed until the mean step time is known within ``Pace.target`` (one
    standard error over the mean, :func:`~keras_gpu_tools.memory.throughput.timing_stop`),
-   or the candidate's ``share`` of the budget is spent, or ``max_windows``.
+   or one more window would pass the candidate's ``share`` of the budget, or ``max_windows``;
+   a window that would outlast the whole budget is never started (a pass after the warm-up
+   one included).
    A window under half as long as meant (the rough step was slow: a one-step
    epoch carries an epoch's fixed cost) restarts the fit once with more steps
    per window: short windows time an epoch's fixed cost more than the step.
