@@ -1,16 +1,13 @@
 """The trials of ``find_speedups`` in order, each a row; the model's state kept and put back.
 
-Order: the baseline (the fit as given) and the input-free ceiling (one
-batch repeated), ``jit_compile`` and mixed precision (the trials that
-compile anew: the longest compile the combination can hold is then known),
-the input changes, the batch size (its plan's candidates also give the
-per-call host time), ``steps_per_execution``, the baseline again (every row
-is read against the two timings' mean), then the changes that paid,
-together; the rows are listed in the guides' order. Each trial asks the
-:class:`~keras_gpu_tools.memory.throughput.Budget` first: one expected to
-outlast what is left of ``max_seconds`` is not measured, and a timing stops
-at its share of what is left once the combination's expected seconds are
-kept for it.
+Order: the baseline (the fit as given) and the input-free ceiling (one batch repeated), ``jit_compile`` and
+mixed precision (the trials that compile anew: the longest compile the combination can hold is then known), the
+input changes, the batch size (its plan's candidates also give the per-call host time), ``steps_per_execution``,
+the baseline again (every row is read against the two timings' mean; only where the seconds kept for the
+combination leave room for it), then the changes that paid, together; the rows are listed in the guides' order.
+Each trial asks the :class:`~keras_gpu_tools.memory.throughput.Budget` first: one expected to outlast what is
+left of ``max_seconds`` is not measured, and a timing stops at its share of what is left once the combination's
+expected seconds are kept for it.
 """
 
 from __future__ import annotations
@@ -491,8 +488,12 @@ class _Finder:
             return
         first = base.after
         try:
-            # Its step is compiled already: a steady timing without a compile.
-            reason = self.budget.refuses(self.expected - self.base_compile)
+            # Its step is compiled already. It stays out of the seconds kept for the combination: a timing with a
+            # share of next to none still takes its warm-up and a window.
+            need, kept = self.expected - self.base_compile, self._kept()
+            reason = self.budget.refuses(need)
+            if reason is None and kept and need + kept > self.budget.left():
+                reason = f"the {self.budget.left():.1f} s left are kept for the combination ({kept:.1f} s expected)"
             if reason is None:
                 timing = self._time(base_model, self.data.fit_input(self.per_call))
                 again = self._sps(timing)

@@ -639,6 +639,22 @@ def test_a_baseline_that_cannot_be_timed_again_stands_and_says_why(monkeypatch):
     assert "not timed again after the other trials: its compile and measurement would take about 8.0 s" in f.base.cost
 
 
+def test_the_baseline_is_not_timed_again_in_the_seconds_kept_for_the_combination(monkeypatch):
+    clock = [0.0]
+    f = a_finder(mlp(), max_seconds=100.0, clock=clock)
+    f.expected, f.base_compile, f.window, f.keeping = 10.0, 2.0, 1.0, True
+    f.compiles = {"jit_compile=True": 28.0}  # the combination is expected to take 10 + 28 s, and a window
+    searched(f, [("jit_compile=True", "jit_compile", 150.0, 0.01, {})])
+    timed_again(monkeypatch, 110.0, 0.01)
+    clock[0] = 55.0  # 45 s left: the 8 s of steady windows fit, but not beside the 39 s kept
+    f._again(None)
+    assert f.base.after == 100.0
+    assert "not timed again after the other trials: the 45.0 s left are kept for the combination (39.0 s" in f.base.cost
+    clock[0] = 50.0  # 50 s left: both fit
+    f._again(None)
+    assert f.base.after == pytest.approx(105.0)
+
+
 class _OnDevice:
     """The backend as on a machine with ``gpus``: only its device list differs."""
 
