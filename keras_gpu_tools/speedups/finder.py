@@ -114,13 +114,9 @@ class _Finder:
         else:
             t = time_fit(model, inputs, self.pace, out_of_time=out, share=share)
         # Where the budget went, for whoever tunes its split (logging's DEBUG level).
+        spent = (time.perf_counter() - start, share, t.compile_seconds, t.windows, self.budget.left())
         logger.debug(
-            "find_speedups: timed in %.1f s (share %.1f s, compile %.1f s, %d steady windows), %.1f s left",
-            time.perf_counter() - start,
-            share,
-            t.compile_seconds,
-            t.windows,
-            self.budget.left(),
+            "find_speedups: timed in %.1f s (share %.1f s, compile %.1f s, %d steady windows), %.1f s left", *spent
         )
         return t
 
@@ -332,6 +328,10 @@ class _Finder:
         self.left -= PLAN_SHARES
         self.points += [(c.batch_size, c.step_seconds) for c in plan.candidates if c.measured and c.step_seconds]
         b = plan.batch_size
+        unmeasured = T.larger_unmeasured(plan.candidates, b0) if b <= b0 else None
+        if unmeasured:  # the plan's share ran out (or memory) before any larger batch: no verdict on one
+            self.rows.append(dataclasses.replace(row, reason=f"not measured: no batch over {b0} timed ({unmeasured})"))
+            return
         # A batch the user's input can make, timed on that input: no larger than the plan measured fitting.
         fitting = max((c.batch_size for c in plan.candidates if c.measured), default=b)
         timeable = self.data.timeable_batch(b, fitting) if b > b0 else b

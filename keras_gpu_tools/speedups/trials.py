@@ -38,6 +38,15 @@ def gpu_capabilities(on_gpu: bool) -> list[tuple[int, ...]]:
     return [tuple(c) for c in gpu_compute_capabilities()] if on_gpu else []
 
 
+def larger_unmeasured(candidates: Any, b0: int) -> str | None:
+    """Why a plan says nothing about batches over ``b0``: none over it was measured (the reason of the first that
+    was not, as the plan gives it); None where one was. A plan at or under the batch given is then no verdict."""
+    larger = [c for c in candidates if c.batch_size > b0]
+    if any(c.measured for c in larger):
+        return None
+    return next((c.reason for c in larger if c.reason), "none was planned" if not larger else "none was timed")
+
+
 def trial_model(model, compile_args: dict[str, Any] | None = None, policy: str | None = None):
     """A clone of ``model`` with its weights, compiled as ``model`` was with ``compile_args`` over its arguments."""
     import keras

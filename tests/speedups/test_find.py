@@ -8,6 +8,7 @@ with small models, few changes and a small `max_seconds`.
 import dataclasses
 import random
 import time
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -335,6 +336,27 @@ def test_the_batch_is_planned_only_up_to_half_of_the_data(monkeypatch):
     row = find_speedups(mlp(), x, y, batch_size=32, max_seconds=BUDGET, changes=["batch_size"]).row("batch_size")
     assert bounds == [32] and row.status == R.NOT_APPLICABLE  # no plan: no batch over 32 fills the data twice
     assert row.reason == "your data holds 64 samples: a batch over 32 leaves under two steps an epoch"
+
+
+def test_a_plan_that_timed_no_larger_batch_is_no_verdict_on_one(monkeypatch):
+    """A plan whose share ran out after the batch given chose that batch without having timed a larger one: the row
+    says "not measured" and why, never that a larger batch trains no faster."""
+    import keras_gpu_tools.planner as planner
+    from keras_gpu_tools.memory.throughput import Candidate
+
+    def planned(largest_measured, reason=""):
+        rows = [Candidate(b, b, True, measured=b <= largest_measured, step_seconds=b / 1e4) for b in (8, 16, 32)]
+        rows[2] = dataclasses.replace(rows[2], reason="" if rows[2].measured else reason)
+        monkeypatch.setattr(planner, "plan_batch_size", lambda *a, **k: SimpleNamespace(batch_size=16, candidates=rows))
+        x, y = data(256)
+        return find_speedups(mlp(), x, y, batch_size=16, max_seconds=BUDGET, changes=["batch_size"]).row("batch_size")
+
+    row = planned(16, "the budget of 3 s was spent")
+    assert row.status == R.NOT_MEASURED and row.speedup is None
+    assert row.reason == "not measured: no batch over 16 timed (the budget of 3 s was spent)"
+    assert planned(16).reason == "not measured: no batch over 16 timed (none was timed)"
+    row = planned(32)  # 32 timed, and no faster a sample: the knee at the batch given
+    assert row.status == R.NO_GAIN and row.reason.startswith("the plan, 16, is not larger than your batch of 16")
 
 
 def test_the_samples_of_a_pass_bound_the_batch_where_they_are_known():
