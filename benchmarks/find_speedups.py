@@ -12,7 +12,7 @@ cancels out; where those two differ by more than 5% that goal fails and the row 
 plain fit with every change that paid (`report.apply` for the compile-time ones, the rows' code for
 the rest), bracketed the same way (its goal is a floor: where its baselines moved, it is judged over
 the faster of them). The finder runs in a process of its own, which has exited before
-the first plain fit: a process that ran its trials fits torch models 5-10% slower. Plain fits: each in a
+the first plain fit: a process that ran its trials fits torch models 6-10% slower. Plain fits: each in a
 fresh process on TensorFlow, as a user's script (its fits slow as a process fits more models; a
 smoke run fits only case (c)'s first baseline so); on JAX and torch, in the benchmark's process, one after
 the other (on a GPU, a second process alive beside it would share its memory); epoch 0 compiles,
@@ -215,8 +215,8 @@ def _by_hand(case: str, args, rows: list[Any], policy: str | None) -> float:
 def _fresh(args, first: bool = False) -> bool:
     """Whether a plain fit runs in a fresh process: on TensorFlow, whose fits slow as a process fits more models
     (JAX's and torch's do not, once the finder's trials are out of the process; on a GPU a second process would
-    share the first one's memory). A smoke run: one
-    first baseline alone, so that the path runs in CI within its limit."""
+    share the first one's memory). A smoke run: one first baseline alone, so that the path runs in CI within its
+    limit."""
     return _common.setup(args) == "tensorflow" and (first or not args.smoke)
 
 
@@ -246,7 +246,7 @@ def measure(case: str, args) -> dict[str, Any]:
     from keras_gpu_tools.speedups.report import SpeedupReport
 
     # The finder runs in a process of its own, and the plain fits after it: a process that has run the finder's
-    # trials (torch.compile's modules and caches, more live objects for every collection) fits 5-10% slower on
+    # trials (torch.compile's modules and caches, more live objects for every collection) fits 6-10% slower on
     # torch, which a plain fit made there would read as the change's (docs/decisions/0021).
     found = _finder(case, args)
     report, seconds, untouched = SpeedupReport.from_dict(found["report"]), found["seconds"], found["untouched"]

@@ -16,9 +16,10 @@ Keras is imported inside the functions.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from keras_gpu_tools.memory.throughput import Candidate
 from keras_gpu_tools.runtime import keras_internals as ki
 from keras_gpu_tools.runtime.batches import map_leaves
 
@@ -38,7 +39,7 @@ def gpu_capabilities(on_gpu: bool) -> list[tuple[int, ...]]:
     return [tuple(c) for c in gpu_compute_capabilities()] if on_gpu else []
 
 
-def larger_unmeasured(candidates: Any, b0: int) -> str | None:
+def larger_unmeasured(candidates: Sequence[Candidate], b0: int) -> str | None:
     """Why a plan says nothing about batches over ``b0``: none over it was measured (the reason of the first that
     was not, as the plan gives it); None where one was. A plan at or under the batch given is then no verdict."""
     larger = [c for c in candidates if c.batch_size > b0]
