@@ -229,11 +229,11 @@ def callback_makers(log_dir: str | None) -> dict[str, Callable[[], Any]]:
     }
 
 
-def epoch_clock(times: list[float], stop_after: tuple[int, float] | None = None):
+def epoch_clock(times: list[float], stop_after: tuple[int, float] | None = None, warmup: int = 1):
     """A callback that appends each epoch's wall time, in seconds, to ``times``.
 
-    ``stop_after=(epochs, seconds)`` ends the fit once at least ``epochs`` epochs past the first (which
-    compiles) have run and they took at least ``seconds`` together: a steady figure however long an epoch is.
+    ``stop_after=(epochs, seconds)`` ends the fit once at least ``epochs`` epochs past the first ``warmup`` (the
+    first compiles) have run and they took at least ``seconds`` together: a steady figure however long an epoch is.
     """
     import keras
 
@@ -243,7 +243,8 @@ def epoch_clock(times: list[float], stop_after: tuple[int, float] | None = None)
 
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.t0)
-            if stop_after is not None and len(times) > stop_after[0] and sum(times[1:]) >= stop_after[1]:
+            timed = times[warmup:]
+            if stop_after is not None and len(timed) >= stop_after[0] and sum(timed) >= stop_after[1]:
                 self.model.stop_training = True
 
     return Clock()
