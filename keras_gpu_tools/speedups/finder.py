@@ -3,11 +3,10 @@
 Order: the baseline (the fit as given) and the input-free ceiling (one batch repeated), ``jit_compile`` and
 mixed precision (the trials that compile anew: the longest compile the combination can hold is then known), the
 input changes, the batch size (its plan's candidates also give the per-call host time), ``steps_per_execution``,
-the baseline again (every row is read against the two timings' mean; only where the seconds kept for the
-combination leave room for it), then the changes that paid, together; the rows are listed in the guides' order.
-Each trial asks the :class:`~keras_gpu_tools.memory.throughput.Budget` first: one expected to outlast what is
-left of ``max_seconds`` is not measured, and a timing stops at its share of what is left once the combination's
-expected seconds are kept for it.
+the baseline again (every row is read against the two timings' mean), then the changes that paid, together; the
+rows are listed in the guides' order. Each trial asks the :class:`~keras_gpu_tools.memory.throughput.Budget`
+first: one expected to outlast what is left of ``max_seconds`` is not measured, and a timing stops at its share
+of what is left once the seconds of the baseline again and of the combination are kept for them.
 """
 
 from __future__ import annotations
@@ -74,6 +73,7 @@ class _Finder:
         self.base_loss: dict[tuple[int, int], tuple[float, float | None]] = {}
         self.check_reused = False  # whether a timed fit found the step its check compiled (until one shows, no)
         self.keeping = False  # whether the combination's seconds are kept for it (until its turn)
+        self.again_kept = False  # whether the baseline's second timing's seconds are kept for it (until its turn)
         self.points: list[tuple[int, float]] = []  # (batch, step seconds) of one batch repeated: the host time
         self.input_x: Any = None  # the input change that paid most
         self.input_data: dict[str, Any] = {}  # each input row's data, by change
@@ -87,19 +87,22 @@ class _Finder:
 
     # -- timing -----------------------------------------------------------------------
     def _share(self, shares: int = 1) -> float:
-        """A trial's seconds: its ``shares`` of what is left, once the combination's seconds are kept for it, among
-        the trials left."""
+        """A trial's seconds: its ``shares`` of what is left, once the seconds of the trials kept for the end are
+        kept for them, among the other trials left."""
         kept = self._kept()
-        return shares * max(0.0, self.budget.left() - kept) / max(1, self.left - (kept > 0))
+        return shares * max(0.0, self.budget.left() - kept) / max(1, self.left - self.again_kept - self.keeping)
 
     def _kept(self) -> float:
-        """The seconds kept for the combination until its turn: what it is expected to take, as far as the rows
-        measured so far tell (their longest compile; a numerical check where any row was checked), and one window
-        more: the trial before it ends its fit up to a window past its share."""
+        """The seconds kept until their turn for the baseline's second timing (its steady time: every row is read
+        against both timings, so that a host whose pace moves over the search shows in the baseline's ±) and for
+        the combination (what it is expected to take, as far as the rows measured so far tell: their longest
+        compile, a numerical check where any row was checked), and one window more: the trial before them ends its
+        fit up to a window past its share."""
+        again = self.expected - self.base_compile if self.again_kept else 0.0
         if not self.keeping:
-            return 0.0
+            return again + (self.window if again else 0.0)
         extra = max(self.compiles.values(), default=0.0)
-        return self._expected(extra, any(r.check for r in self.rows), self._combined_batch()) + self.window
+        return again + self._expected(extra, any(r.check for r in self.rows), self._combined_batch()) + self.window
 
     def _combined_batch(self) -> int | None:
         """The batch the combination trains at: the batch that paid, where the user's input can be made at it."""
@@ -239,6 +242,7 @@ class _Finder:
         self.window = window
         self.base_compile = timing.compile_seconds
         self.expected = expected_seconds([(timing.compile_seconds, timing.compile_seconds + least)])
+        self.again_kept = True
         sps = self._sps(timing)
         self.base = SpeedupRow(
             "baseline: the fit as given",
@@ -475,21 +479,17 @@ class _Finder:
         self.rows.append(row)
 
     def _again(self, base_model) -> None:
-        """The baseline timed again after the single changes: the search's own A/A.
-
-        Every row measured against the baseline is read against the two
-        timings' mean, with an uncertainty of at least half their difference,
-        and is decided again. A host whose pace moved during the search then
-        shows in the baseline's ±, not as a speed-up or a loss.
-        """
-        base = self.base
+        """The baseline timed again after the single changes: the search's own A/A. Every row measured against the
+        baseline is read against the two timings' mean, with an uncertainty of at least half their difference, and
+        is decided again: a host whose pace moved during the search shows in the baseline's ±, not as a speed-up."""
+        base, self.again_kept = self.base, False  # its turn: its seconds are no longer kept
         if base is None or base.after is None:
             self.left -= 1
             return
         first = base.after
         try:
-            # Its step is compiled already. It stays out of the seconds kept for the combination: a timing with a
-            # share of next to none still takes its warm-up and a window.
+            # Its step is compiled already. It stays out of the seconds kept for the combination (where the pace
+            # ran behind what was kept): a timing with a share of next to none still takes its warm-up and a window.
             need, kept = self.expected - self.base_compile, self._kept()
             reason = self.budget.refuses(need)
             if reason is None and kept and need + kept > self.budget.left():

@@ -677,6 +677,26 @@ def test_the_baseline_is_not_timed_again_in_the_seconds_kept_for_the_combination
     assert f.base.after == pytest.approx(105.0)
 
 
+def test_the_trials_before_the_baseline_s_second_timing_leave_it_its_seconds(monkeypatch):
+    """Once the baseline is timed, the seconds of its second timing (the search's A/A) are kept until its turn, as
+    the combination's are: the trials before it share what is left without them, and at its turn they are its."""
+    clock = [0.0]
+    f = a_finder(mlp(), max_seconds=100.0, clock=clock)
+    f.expected, f.base_compile, f.window, f.left = 10.0, 2.0, 1.0, 5
+    assert f._kept() == 0.0 and f._share() == pytest.approx(100.0 / 5)  # nothing kept before the baseline is timed
+    f.again_kept = True  # as run() sets it once the baseline is timed
+    assert f._kept() == pytest.approx(8.0 + 1.0)  # its steady windows and one window more
+    assert f._share() == pytest.approx((100.0 - 9.0) / 4)  # shared among the other four
+    f.keeping, f.compiles = True, {"jit_compile=True": 28.0}
+    assert f._kept() == pytest.approx(8.0 + (10.0 + 28.0) + 1.0)  # and the combination's
+    assert f._share() == pytest.approx((100.0 - 47.0) / 3)
+    searched(f, [("jit_compile=True", "jit_compile", 150.0, 0.01, {})])
+    timed_again(monkeypatch, 110.0, 0.01)
+    clock[0] = 53.0  # 47 s left: what was kept for both
+    f._again(None)
+    assert not f.again_kept and f.base.after == pytest.approx(105.0)  # timed: its own seconds were not kept from it
+
+
 class _OnDevice:
     """The backend as on a machine with ``gpus``: only its device list differs."""
 
