@@ -304,7 +304,8 @@ def measure(case: str, args) -> dict[str, Any]:
         except Exception as e:  # recorded, not fatal
             hand[row.change] = {"finder": row.speedup, "error": f"{type(e).__name__}: {str(e)[:200]}"}
             continue
-        print(f"  {row.change}: finder {row.speedup:.2f}x, by hand {hand[row.change]['by_hand']:.2f}x")
+        h = hand[row.change]
+        print(f"  {row.change}: finder {row.speedup:.2f}x, by hand {h['by_hand']:.2f}x (A/A {100 * h['a_a']:.1f}%)")
     combined = None
     if report.paid:
         mixed = policy if report.row("mixed_precision") in report.paid else None

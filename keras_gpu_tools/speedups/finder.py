@@ -96,11 +96,11 @@ class _Finder:
         """The seconds kept until their turn for the baseline's second timing (its steady time: every row is read
         against both timings, so that a host whose pace moves over the search shows in the baseline's ±) and for
         the combination (what it is expected to take, as far as the rows measured so far tell: their longest
-        compile, a numerical check where any row was checked), and one window more: the trial before them ends its
-        fit up to a window past its share."""
-        again = self.expected - self.base_compile if self.again_kept else 0.0
+        compile, a numerical check where any row was checked), and one window more for each: the trial before each
+        ends its fit up to a window past its share."""
+        again = self.expected - self.base_compile + self.window if self.again_kept else 0.0
         if not self.keeping:
-            return again + (self.window if again else 0.0)
+            return again
         extra = max(self.compiles.values(), default=0.0)
         return again + self._expected(extra, any(r.check for r in self.rows), self._combined_batch()) + self.window
 

@@ -688,11 +688,11 @@ def test_the_trials_before_the_baseline_s_second_timing_leave_it_its_seconds(mon
     assert f._kept() == pytest.approx(8.0 + 1.0)  # its steady windows and one window more
     assert f._share() == pytest.approx((100.0 - 9.0) / 4)  # shared among the other four
     f.keeping, f.compiles = True, {"jit_compile=True": 28.0}
-    assert f._kept() == pytest.approx(8.0 + (10.0 + 28.0) + 1.0)  # and the combination's
-    assert f._share() == pytest.approx((100.0 - 47.0) / 3)
+    assert f._kept() == pytest.approx(9.0 + (10.0 + 28.0) + 1.0)  # and the combination's, a window more
+    assert f._share() == pytest.approx((100.0 - 48.0) / 3)
     searched(f, [("jit_compile=True", "jit_compile", 150.0, 0.01, {})])
     timed_again(monkeypatch, 110.0, 0.01)
-    clock[0] = 53.0  # 47 s left: what was kept for both
+    clock[0] = 53.0  # 47 s left: the trial before it ran a window past its share
     f._again(None)
     assert not f.again_kept and f.base.after == pytest.approx(105.0)  # timed: its own seconds were not kept from it
 
