@@ -52,11 +52,13 @@ def find_speedups(
       the samples of one pass where that is known: a larger batch leaves
       under two steps an epoch (and a batch over the data is never trained).
 
-    Then the baseline again: each row is read against the two timings' mean,
-    with at least half their difference as its uncertainty, so that a host
-    whose pace moves during the search shows in the baseline's ± and not as
-    a speed-up. Then the changes that paid, together. Mixed precision and `jit_compile`
-    get a numerical check: the loss after a few steps against the float32
+    Then the baseline again: each row is read against the baseline as at the
+    row's own time, on the line between the two timings (a host whose pace
+    drifts during the search moves each row's "before" with it), with at
+    least half their difference as its uncertainty, so that the drift shows
+    in the baseline's ± and not as a speed-up. Then the changes that paid,
+    together, read against the second timing (the nearer). Mixed precision
+    and `jit_compile` get a numerical check: the loss after a few steps against the float32
     baseline's; a loss that diverges makes the change "unsafe". A change that
     raises is "not applicable" (with the error's first line), one that would
     not finish within `max_seconds` "not measured" (with the reason). The

@@ -3,7 +3,8 @@
 Order: the baseline (the fit as given) and the input-free ceiling (one batch repeated), ``jit_compile`` and
 mixed precision (the trials that compile anew: the longest compile the combination can hold is then known), the
 input changes, the batch size (its plan's candidates also give the per-call host time), ``steps_per_execution``,
-the baseline again (every row is read against the two timings' mean), then the changes that paid, together; the
+the baseline again (every row is read against it as at the row's own time, on the line between the two timings),
+then the changes that paid, together; the
 rows are listed in the guides' order. Each trial asks the :class:`~keras_gpu_tools.memory.throughput.Budget`
 first: one expected to outlast what is left of ``max_seconds`` is not measured, and a timing stops at its share
 of what is left once the seconds of the baseline again and of the combination are kept for them.
@@ -74,6 +75,10 @@ class _Finder:
         self.check_reused = False  # whether a timed fit found the step its check compiled (until one shows, no)
         self.keeping = False  # whether the combination's seconds are kept for it (until its turn)
         self.again_kept = False  # whether the baseline's second timing's seconds are kept for it (until its turn)
+        self.last_at: float | None = None  # when the last timing's steady windows ran (their middle, on the budget)
+        self.at: dict[str, float] = {}  # the same, for each row's timing, by change; and the baseline's first
+        self.base_at: float | None = None
+        self.again: float | None = None  # the baseline's second timing, samples/s
         self.points: list[tuple[int, float]] = []  # (batch, step seconds) of one batch repeated: the host time
         self.input_x: Any = None  # the input change that paid most
         self.input_data: dict[str, Any] = {}  # each input row's data, by change
@@ -116,6 +121,7 @@ class _Finder:
             t = time_batch(model, self.data.batch, self.pace, out_of_time=out, share=share, backend=self.backend)
         else:
             t = time_fit(model, inputs, self.pace, out_of_time=out, share=share)
+        self.last_at = self.budget.elapsed() - t.step_seconds * t.steps / 2
         # Where the budget went, for whoever tunes its split (logging's DEBUG level).
         spent = (time.perf_counter() - start, share, t.compile_seconds, t.windows, self.budget.left())
         logger.debug(
@@ -172,6 +178,8 @@ class _Finder:
                     if row.status == R.UNSAFE:
                         return row
                 timing = self._time(model, inputs)
+                if self.last_at is not None:
+                    self.at[row.change] = self.last_at
                 # The check's fit compiles the step first (and its evaluation's): the timed fit then finds it
                 # compiled, as a rule. A combination with this change checks, and so compiles, alike.
                 self.compiles[row.change] = max(0.0, max(timing.compile_seconds, checked) - self.base_compile)
@@ -209,13 +217,14 @@ class _Finder:
         self.backend.set_rng_state(self.rng)
 
     def _row(self, change: str, kind: str, code: str = "", cost: str = "", **compile_args: Any) -> SpeedupRow:
+        """A row read against the baseline; one timed after its second timing (the combination), against that."""
         base = self.base
         return SpeedupRow(
             change,
             kind,
             code=code,
             cost=cost,
-            before=None if base is None else base.after,
+            before=None if base is None else (self.again or base.after),
             before_uncertainty=None if base is None else base.after_uncertainty,
             compile_args=compile_args,
         )
@@ -233,6 +242,7 @@ class _Finder:
         base_model = trial_model(self.model)
         timing = self._time(base_model, self.data.fit_input(self.per_call), shares=2)
         self.left -= 2
+        self.base_at = self.last_at
         # The fewest windows a timing holds and its warm-up, each as long as the baseline's (a whole pass, where
         # windows are passes: then the compiling first call is a pass too, and its compile figure leaves it out).
         window = timing.step_seconds * timing.steps / timing.windows if timing.windows else self.pace.epoch_seconds
@@ -480,8 +490,9 @@ class _Finder:
 
     def _again(self, base_model) -> None:
         """The baseline timed again after the single changes: the search's own A/A. Every row measured against the
-        baseline is read against the two timings' mean, with an uncertainty of at least half their difference, and
-        is decided again: a host whose pace moved during the search shows in the baseline's ±, not as a speed-up."""
+        baseline is read against it as at the row's own time, on the line between the two timings (a host whose pace
+        drifts moves each row's "before" with it), with an uncertainty of at least half their difference (the drift
+        shows in the baseline's ±, not as a speed-up), and is decided again."""
         base, self.again_kept = self.base, False  # its turn: its seconds are no longer kept
         if base is None or base.after is None:
             self.left -= 1
@@ -496,7 +507,7 @@ class _Finder:
                 reason = f"the {self.budget.left():.1f} s left are kept for the combination ({kept:.1f} s expected)"
             if reason is None:
                 timing = self._time(base_model, self.data.fit_input(self.per_call))
-                again = self._sps(timing)
+                again, again_at = self._sps(timing), self.last_at
                 if not (again > 0 and math.isfinite(again)):
                     reason = f"it read {again} samples/s"
         except Exception as e:
@@ -513,20 +524,11 @@ class _Finder:
             base,
             after=mean,
             after_uncertainty=spread,
-            cost=f"{base.cost}; timed before and after the other trials: {first:,.0f} then {again:,.0f} samples/s",
+            cost=f"{base.cost}; timed before and after the other trials: {first:,.0f} then {again:,.0f} samples/s "
+            "(each row is read against it as at its own time, on the line between the two)",
         )
-        rows = []
-        for row in self.rows:
-            if row is base:
-                row = self.base
-            elif row.change not in self.against_ceiling:  # measured against the baseline
-                row = dataclasses.replace(row, before=mean, before_uncertainty=spread)
-                if row.kind == R.CEILING and row.after is not None:
-                    row = dataclasses.replace(row, cost=R.ceiling_cost(mean, row.after))
-                elif row.after is not None and row.status in (R.PAID, R.NO_GAIN):
-                    row = R.decide(row, row.after, row.after_uncertainty)
-            rows.append(row)
-        self.rows = rows
+        self.again, line = again, ((self.base_at, first), (again_at, again))
+        self.rows = rows = R.read_again(self.rows, base, self.base, line, self.at, spread, self.against_ceiling)
         # What the combination takes, as the rows are decided now.
         paid = {r.kind: r for r in rows if r.paid}
         inputs = [r for r in rows if r.kind == "input" and r.paid]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 # A row's status.
@@ -140,6 +140,46 @@ def decide(row: SpeedupRow, after: float, after_uncertainty: float | None, safe:
     return dataclasses.replace(row, after=after, after_uncertainty=after_uncertainty, status=status)
 
 
+Timed = tuple[float | None, float]  # a timing of the baseline: when (None where not known), samples/s
+
+
+def between(first: Timed, second: Timed, at: float | None) -> float:
+    """The baseline's samples/s at time ``at``, from its two timings ``(time, samples/s)``: on the line through them
+    (a host whose pace drifts over the search moves each row's "before" with it), held at the nearer one outside
+    them, and their mean where a time is not known."""
+    (t1, s1), (t2, s2) = first, second
+    if at is None or t1 is None or t2 is None or not t2 > t1:
+        return (s1 + s2) / 2
+    return s1 + min(1.0, max(0.0, (at - t1) / (t2 - t1))) * (s2 - s1)
+
+
+def read_again(
+    rows: Sequence[SpeedupRow],
+    base: SpeedupRow,
+    timed_again: SpeedupRow,
+    timings: tuple[Timed, Timed],
+    at: Mapping[str, float],
+    uncertainty: float,
+    apart: Collection[str] = (),
+) -> list[SpeedupRow]:
+    """``rows`` once the baseline ``base`` is ``timed_again``: each row measured against it (not one whose change is
+    in ``apart``) gets as its "before" the baseline :func:`between` its two ``timings`` as at the row's own time (in
+    ``at``, by change), with ``uncertainty``, and is decided again."""
+    out = []
+    for row in rows:
+        if row is base:
+            row = timed_again
+        elif row.change not in apart:
+            before = between(*timings, at.get(row.change))
+            row = dataclasses.replace(row, before=before, before_uncertainty=uncertainty)
+            if row.kind == CEILING and row.after is not None:
+                row = dataclasses.replace(row, cost=ceiling_cost(row.before, row.after))
+            elif row.after is not None and row.status in (PAID, NO_GAIN):
+                row = decide(row, row.after, row.after_uncertainty)
+        out.append(row)
+    return out
+
+
 def dispatch_seconds(points: Sequence[tuple[int, float]]) -> float | None:
     """The per-call host time: the intercept of step seconds over batch size (least squares), or None.
 
@@ -192,6 +232,7 @@ __all__ = [
     "STATUSES",
     "UNSAFE",
     "SpeedupRow",
+    "between",
     "ceiling_cost",
     "decide",
     "dispatch_seconds",
@@ -199,5 +240,6 @@ __all__ = [
     "noise",
     "order",
     "paid",
+    "read_again",
     "steps_per_execution",
 ]

@@ -22,7 +22,7 @@ from keras_gpu_tools.speedups import rows as R
 from keras_gpu_tools.speedups.report import SpeedupReport
 from keras_gpu_tools.speedups.rows import SpeedupRow
 from tests.helpers.models import BACKEND
-from tests.helpers.speedups import data, mlp
+from tests.helpers.speedups import against_baseline, data, mlp
 from tests.helpers.state import rng_states, values
 
 pytestmark = pytest.mark.multibackend
@@ -74,7 +74,7 @@ def test_the_rows_are_measured_on_clones_and_the_model_is_exactly_as_before():
     for row in report.rows:
         assert row.status in R.STATUSES and row.change
         if row.after is not None and row.kind != R.BASELINE:
-            assert row.before == base.after and row.speedup == pytest.approx(row.after / row.before)
+            assert against_baseline(row, base) and row.speedup == pytest.approx(row.after / row.before)
         if row.status in (R.NOT_APPLICABLE, R.NOT_MEASURED):
             assert row.reason and row.after is None
     spe = report.row("steps_per_execution")
@@ -591,11 +591,60 @@ def searched(f, rows, policy=None):
     return f.rows
 
 
-def timed_again(monkeypatch, samples_per_sec, uncertainty):
+def timed_again(monkeypatch, samples_per_sec, uncertainty, at=None):
+    """The baseline's second timing faked: ``samples_per_sec``, its windows' middle ``at`` (where given)."""
     again = timed_fit.Timing(
         compile_seconds=0.0, step_seconds=16 / samples_per_sec, steps=10, wall_seconds=1.0, uncertainty=uncertainty
     )
-    monkeypatch.setattr(finder._Finder, "_time", lambda self, model, inputs, shares=1: again)
+
+    def timed(self, model, inputs, shares=1):
+        if at is not None:
+            self.last_at = at
+        return again
+
+    monkeypatch.setattr(finder._Finder, "_time", timed)
+
+
+def test_a_timing_is_placed_at_the_middle_of_its_steady_windows(monkeypatch):
+    clock = [0.0]
+    f = a_finder(mlp(), max_seconds=600.0, clock=clock)
+    t = timed_fit.Timing(compile_seconds=3.0, step_seconds=0.5, steps=10, wall_seconds=9.0, uncertainty=0.01)
+
+    def fit(*args, **kwargs):
+        clock[0] = 30.0  # it ends at 30 s: its 5 s of steady windows ran from 25 s
+        return t
+
+    monkeypatch.setattr(finder, "time_fit", fit)
+    assert f._time(None, f.data.fit_input(1)) is t and f.last_at == pytest.approx(27.5)
+
+
+def test_each_row_is_read_against_the_baseline_as_at_its_own_time(monkeypatch):
+    """A host whose pace drifts over the search: each row's "before" is the baseline on the line between its two
+    timings at that row's time; the combination, timed after the second, is read against that one."""
+    f = a_finder(mlp(), max_seconds=600.0)
+    searched(
+        f,
+        [
+            ("jit_compile=True", "jit_compile", 108.0, 0.005, {}),  # against the mean (110) it reads 0.98x
+            ("mixed precision (mixed_bfloat16)", "mixed_precision", 150.0, 0.01, {"dtype_policy": "mixed_bfloat16"}),
+            ("input: workers=2", "input", 112.0, 0.01, {"workers": 2}),  # its time not known
+        ],
+    )
+    f.base_at, f.at = 10.0, {"jit_compile=True": 20.0, "mixed precision (mixed_bfloat16)": 50.0}
+    timed_again(monkeypatch, 120.0, 0.01, at=60.0)  # 100 samples/s at 10 s, 120 at 60 s
+    f._again(None)
+    base, jit, bf16, workers = f.rows
+    assert base.after == pytest.approx(110.0) and base.after_uncertainty == pytest.approx(10 / 110)
+    assert jit.before == pytest.approx(104.0) and jit.speedup == pytest.approx(108 / 104)
+    assert bf16.before == pytest.approx(116.0) and bf16.before_uncertainty == base.after_uncertainty
+    assert workers.before == pytest.approx(110.0)  # where its time is not known: the mean
+    assert jit.status == R.NO_GAIN and bf16.paid  # decided again, within and beyond the baseline's ±9%
+    combined = f._row("combined: mixed precision (mixed_bfloat16)", R.COMBINED)
+    assert combined.before == pytest.approx(120.0)
+    # Outside the two timings the line is not drawn on: held at the nearer one.
+    assert (
+        R.between((10.0, 100.0), (60.0, 120.0), 0.0) == 100.0 and R.between((10.0, 100.0), (60.0, 120.0), 70.0) == 120.0
+    )
 
 
 def test_the_baseline_timed_again_reads_every_row_against_the_mean_and_decides_it_again(monkeypatch):
