@@ -9,7 +9,8 @@ weights compared before and after), in a process of its own, which has exited be
 fit (a process that ran its trials fits torch models 6-10% slower); then, for every row it measured, a
 comparison by hand: plain `model.fit` calls of the model as given (the baseline, A) and of the model
 with that change made by hand (B), alternated A (B A) x3 in one process, each timing at least an epoch
-and 2 s after the model's first epoch (which compiles); samples/s is a call's median epoch. Each B is
+and 2 s after the model's first epoch (which compiles); samples/s is a call's samples over its epochs'
+time (what the fit pays, its slow epochs too, as the finder's timing reads it). Each B is
 read over the mean of the A's either side, seconds apart, and the row's ratio is the median of the
 three: plain fits move 6-40% from one fit to the next (a shared host's dispatch-bound steps, the first
 fit in a process), which one fit of each would read as the change's. The A/A, the median of how far
@@ -170,8 +171,10 @@ def _built(case: str, args, spec: dict[str, Any] | None) -> tuple[Any, dict[str,
 
 
 def _rate(model, data: dict[str, Any], smoke: bool) -> float:
-    """samples/s of one plain fit of an already compiled ``model``: the median of its epochs, timed until at least
-    ``CALL_EPOCHS`` of them have run for at least ``CALL_SECONDS`` together."""
+    """samples/s of one plain fit of an already compiled ``model``: its epochs' samples over their time, timed until
+    at least ``CALL_EPOCHS`` of them have run for at least ``CALL_SECONDS`` together. Their total, not their median:
+    a host that stalls one epoch in a few (a CPU's TensorFlow fits) makes the fit that much slower, and the finder's
+    timing, the mean over its windows, pays it too (docs/decisions/0024)."""
     times: list[float] = []
     # Timed by duration, not by steps: 600 steps of a 1 ms step is too short to read, and of a batch of 4096
     # decoded in Python far too long.
@@ -180,7 +183,7 @@ def _rate(model, data: dict[str, Any], smoke: bool) -> float:
     model.fit(**data, epochs=10_000, shuffle=False, verbose=0, callbacks=[clock])
     x = data["x"]
     samples = len(x) * x[0][0].shape[0] if "y" not in data else len(x)
-    return samples / statistics.median(times)
+    return samples * len(times) / sum(times)
 
 
 _BASELINES: dict[str, tuple[Any, dict[str, Any]]] = {}  # each case's baseline model, built once in this process
