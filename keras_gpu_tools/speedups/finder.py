@@ -4,10 +4,10 @@ Order: the baseline (the fit as given) and the input-free ceiling (one batch rep
 mixed precision (the trials that compile anew: the longest compile the combination can hold is then known), the
 input changes, the batch size (its plan's candidates also give the per-call host time), ``steps_per_execution``,
 the baseline again (every row is read against it as at the row's own time, on the line between the two timings),
-then the changes that paid, together; the
-rows are listed in the guides' order. Each trial asks the :class:`~keras_gpu_tools.memory.throughput.Budget`
-first: one expected to outlast what is left of ``max_seconds`` is not measured, and a timing stops at its share
-of what is left once the seconds of the baseline again and of the combination are kept for them.
+then the changes that paid, together; the rows are listed in the guides' order. Each trial asks the
+:class:`~keras_gpu_tools.memory.throughput.Budget` first: one expected to outlast what is left of ``max_seconds``
+is not measured, and a timing stops at its share of what is left once the seconds of the baseline again and of the
+combination are kept for them.
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ class _Finder:
         self.keeping = False  # whether the combination's seconds are kept for it (until its turn)
         self.again_kept = False  # whether the baseline's second timing's seconds are kept for it (until its turn)
         self.last_at: float | None = None  # when the last timing's steady windows ran (their middle, on the budget)
-        self.at: dict[str, float] = {}  # the same, for each row's timing, by change; and the baseline's first
-        self.base_at: float | None = None
+        self.at: dict[str, float] = {}  # the same, for each row's timing, by change
+        self.base_at: float | None = None  # the same, for the baseline's first timing
         self.again: float | None = None  # the baseline's second timing, samples/s
         self.points: list[tuple[int, float]] = []  # (batch, step seconds) of one batch repeated: the host time
         self.input_x: Any = None  # the input change that paid most

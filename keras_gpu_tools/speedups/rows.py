@@ -7,7 +7,9 @@ on fixed numbers: :func:`paid` (a speed-up beyond noise and
 :data:`MIN_GAIN`), :func:`loss_check` (a loss that diverges makes a change
 unsafe), :func:`dispatch_seconds` (the per-call host time, the intercept of
 step time over batch size in the planner's measured candidates) and
-:func:`steps_per_execution` (how many steps a call must run to hide it).
+:func:`steps_per_execution` (how many steps a call must run to hide it);
+:func:`between` and :func:`read_again` read each row against the baseline
+as at the row's own time, on the line between its two timings.
 """
 
 from __future__ import annotations

@@ -161,3 +161,12 @@ def test_the_training_report_shows_the_speed_ups_from_a_log_dir_and_from_the_rep
         html = shown.html()
         assert f"<h3>{SPEEDUPS_HEADING}</h3>" in html and "<th>numerical check</th>" in html
         assert "<td>batch size 128</td>" in html and "speedups" in shown.figures()
+
+
+def test_the_baseline_between_its_two_timings_is_on_their_line_and_held_at_the_nearer_outside_them():
+    first, second = (10.0, 100.0), (60.0, 80.0)  # a host that slowed 20% over 50 s
+    assert R.between(first, second, 35.0) == pytest.approx(90.0)
+    assert R.between(first, second, 5.0) == 100.0 and R.between(first, second, 99.0) == 80.0
+    # Where a time is not known, or the two are not apart in time: their mean.
+    assert R.between(first, second, None) == 90.0 and R.between((None, 100.0), second, 35.0) == 90.0
+    assert R.between((60.0, 100.0), second, 60.0) == 90.0
