@@ -258,13 +258,27 @@ def _fresh(args, first: bool = False) -> bool:
 
 
 def _finder(case: str, args) -> dict[str, Any]:
-    """The finder on the case's model and input: its report (as a dict), its wall time and whether the model's
-    weights are as before. Run here with ``--finder``; otherwise in a process of its own (see :func:`measure`)."""
+    """The finder on the case's model and input: its report (as a dict), its wall time, whether the model's
+    weights are as before, and its log (where its budget went: each trial's share and seconds, the package's DEBUG
+    lines), kept for whoever tunes the split. Run here with ``--finder``; otherwise in a process of its own (see
+    :func:`measure`)."""
     if not args.finder:
         return json.loads(_child(case, args, ["--finder"], "finder "))
+    import logging
+
     import numpy as np
 
     from keras_gpu_tools import find_speedups
+
+    log: list[str] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            log.append(f"{time.perf_counter() - t0:6.1f} s {record.getMessage()}")  # seconds into the finder
+
+    package = logging.getLogger("keras_gpu_tools")
+    package.addHandler(Kept(logging.DEBUG))
+    package.setLevel(logging.DEBUG)
 
     model = _model(case, args.smoke)
     data = _input(case, args)
@@ -276,7 +290,7 @@ def _finder(case: str, args) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     print(report)
     untouched = all(np.array_equal(a, b) for a, b in zip(weights, model.get_weights()))
-    return {"report": report.as_dict(), "seconds": seconds, "untouched": untouched}
+    return {"report": report.as_dict(), "seconds": seconds, "untouched": untouched, "log": log}
 
 
 def measure(case: str, args) -> dict[str, Any]:
@@ -329,6 +343,7 @@ def measure(case: str, args) -> dict[str, Any]:
         "baseline_samples_per_sec": statistics.mean(baselines),
         "baseline_a_a": baselines,
         "finder_seconds": round(seconds, 2),
+        "finder_log": found.get("log", []),
         "untouched": untouched,
         "report": report.as_dict(),
         "rows_by_hand": hand,
