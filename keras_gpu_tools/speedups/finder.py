@@ -5,9 +5,9 @@ mixed precision (the trials that compile anew: the longest compile the combinati
 input changes, the batch size (its plan's candidates also give the per-call host time), ``steps_per_execution``,
 the baseline again (every row is read against it as at the row's own time, on the line between the two timings),
 then the changes that paid, together; the rows are listed in the guides' order. Each trial asks the
-:class:`~keras_gpu_tools.memory.throughput.Budget` first: one expected to outlast what is left of ``max_seconds``
-is not measured, and a timing stops at its share of what is left once the seconds of the baseline again and of the
-combination are kept for them.
+:class:`~keras_gpu_tools.memory.throughput.Budget` first: one expected to outlast what is left of ``max_seconds``,
+or the seconds kept for the baseline again and the combination, is not measured; a timing stops at its share of
+what is left once those are kept.
 """
 
 from __future__ import annotations
@@ -68,9 +68,7 @@ class _Finder:
         self.base_compile = 0.0
         self.compiles: dict[str, float] = {}  # each measured row's compile beyond the baseline's, by change
         self.base: SpeedupRow | None = None
-        self.ceiling: Timing | None = None
-        # The baseline's loss after so many steps, and before them: by the steps (a multiple of every model's calls)
-        # and the batch.
+        # The baseline's loss after so many steps, and before them: by the steps (whole calls of each model) and batch.
         self.base_loss: dict[tuple[int, int], tuple[float, float | None]] = {}
         self.check_reused = False  # whether a timed fit found the step its check compiled (until one shows, no)
         self.keeping = False  # whether the combination's seconds are kept for it (until its turn)
@@ -99,10 +97,8 @@ class _Finder:
 
     def _kept(self) -> float:
         """The seconds kept until their turn for the baseline's second timing (its steady time: every row is read
-        against both timings, so that a host whose pace moves over the search shows in the baseline's ±) and for
-        the combination (what it is expected to take, as far as the rows measured so far tell: their longest
-        compile, a numerical check where any row was checked), and one window more for each: the trial before each
-        ends its fit up to a window past its share."""
+        against both timings) and for the combination (what it is expected to take, as far as the rows measured so
+        far tell: their longest compile, a check where any row was checked), and a window more for each."""
         again = self.expected - self.base_compile + self.window if self.again_kept else 0.0
         if not self.keeping:
             return again
@@ -145,8 +141,18 @@ class _Finder:
     def _refused(
         self, extra: float = 0.0, check: bool = False, batch: int | None = None, per_call: int = 1
     ) -> str | None:
-        """Why a trial is not run (it would outlast the budget: :meth:`_expected`), or None."""
-        return self.budget.refuses(self._expected(extra, check, batch, per_call))
+        """Why a trial is not run (it would outlast the budget, or the seconds kept: :meth:`_expected`), or None."""
+        return self._refuses(self._expected(extra, check, batch, per_call))
+
+    def _refuses(self, need: float) -> str | None:
+        """Why a trial expected to take ``need`` seconds is not run, or None: it would outlast what is left, or eat
+        the seconds kept for the trials at the end (a timing cannot stop short of its warm-up and first windows)."""
+        reason, kept, left = self.budget.refuses(need), self._kept(), self.budget.left()
+        if reason is None and kept and need + kept > left:
+            ends = (("the baseline's second timing", self.again_kept), ("the combination", self.keeping))
+            what = " and ".join(name for name, on in ends if on)
+            reason = f"the {left:.1f} s left are kept for {what} ({kept:.1f} s expected)"
+        return reason
 
     def _sps(self, t: Timing, batch: int | None = None, repeated: bool = False) -> float:
         """samples/s of a timing on the user's input at ``batch`` (its pass's last batch may be smaller), or on one
@@ -322,6 +328,7 @@ class _Finder:
             self.rows.append(dataclasses.replace(row, status=R.NOT_APPLICABLE, reason=reason))
             return
         share = self._share(PLAN_SHARES)
+        self.left -= PLAN_SHARES  # the plan's own, from here
         bound = None if self.on_gpu else PLAN_GROWTH * b0
         if most is not None:  # a batch the data cannot fill twice is not a batch a fit on it trains
             bound = most if bound is None else min(bound, most)
@@ -335,11 +342,9 @@ class _Finder:
                 )
             logger.debug("find_speedups: the plan took %.1f s (share %.1f s)", time.perf_counter() - start, share)
         except Exception as e:
-            self.left -= PLAN_SHARES
             status = R.NOT_MEASURED if "max_seconds" in str(e) else R.NOT_APPLICABLE
             self.rows.append(dataclasses.replace(row, status=status, reason=first_line(e)))
             return
-        self.left -= PLAN_SHARES
         self.points += [(c.batch_size, c.step_seconds) for c in plan.candidates if c.measured and c.step_seconds]
         b = plan.batch_size
         unmeasured = T.larger_unmeasured(plan.candidates, b0) if b <= b0 else None
@@ -499,12 +504,7 @@ class _Finder:
             return
         first = base.after
         try:
-            # Its step is compiled already. It stays out of the seconds kept for the combination (where the pace
-            # ran behind what was kept): a timing with a share of next to none still takes its warm-up and a window.
-            need, kept = self.expected - self.base_compile, self._kept()
-            reason = self.budget.refuses(need)
-            if reason is None and kept and need + kept > self.budget.left():
-                reason = f"the {self.budget.left():.1f} s left are kept for the combination ({kept:.1f} s expected)"
+            reason = self._refuses(self.expected - self.base_compile)  # its step is compiled already
             if reason is None:
                 timing = self._time(base_model, self.data.fit_input(self.per_call))
                 again, again_at = self._sps(timing), self.last_at

@@ -742,6 +742,37 @@ def test_the_trials_before_the_baseline_s_second_timing_leave_it_its_seconds(mon
     assert not f.again_kept and f.base.after == pytest.approx(105.0)  # timed: its own seconds were not kept from it
 
 
+def test_a_trial_that_would_eat_the_seconds_kept_for_the_end_is_not_measured_and_says_why(monkeypatch):
+    """A timing cannot stop short of its warm-up and first windows: a trial run with next to no share overruns it,
+    into the seconds kept for the baseline's second timing and the combination. It is refused first, as a trial that
+    would outlast the budget is; the plan is never asked for a budget of nothing."""
+    from keras_gpu_tools import planner
+
+    def never(*args, **kwargs):
+        raise AssertionError("a refused trial ran")
+
+    monkeypatch.setattr(finder._Finder, "_time", never)
+    monkeypatch.setattr(planner, "plan_batch_size", never)
+    clock = [0.0]
+    f = a_finder(mlp(), max_seconds=100.0, clock=clock)
+    f.expected, f.base_compile, f.window, f.left = 10.0, 2.0, 1.0, 6
+    f.again_kept, f.keeping, f.compiles = True, True, {"jit_compile=True": 28.0}
+    searched(f, [("jit_compile=True", "jit_compile", 150.0, 0.01, {})])
+    assert f._kept() == pytest.approx(9.0 + 39.0)  # the second timing's 8 s and the combination's 38 s, a window each
+    clock[0] = 45.0  # 55 s left: a trial's 10 s do not fit beside the 48 s kept
+    kept = "the 55.0 s left are kept for the baseline's second timing and the combination (48.0 s expected)"
+    row = f._trial(f._row("input: workers=8", "input"), lambda: (f.model, f.data.fit_input()))
+    assert row.status == R.NOT_MEASURED and row.after is None and row.reason == f"not measured: {kept}"
+    f._batch_size(finder.trial_model(f.model))
+    assert f.rows[-1].status == R.NOT_MEASURED and f.rows[-1].reason == f"not measured: {kept}"
+    f.again_kept = False  # the second timing's turn: the combination's seconds alone are kept from it
+    assert f._refuses(20.0) == "the 55.0 s left are kept for the combination (39.0 s expected)"
+    assert f._refuses(16.0) is None
+    clock[0] = 40.0  # 60 s left: a trial's 10 s fit beside the 48 s
+    f.again_kept = True
+    assert f._refused() is None
+
+
 class _OnDevice:
     """The backend as on a machine with ``gpus``: only its device list differs."""
 
