@@ -316,7 +316,7 @@ class _Finder:
 
         b0 = self.data.batch_size
         row = self._row("batch size: plan_batch_size(objective='throughput')", "batch_size")
-        reason = self._refused()
+        reason = self._refused(extra=self.expected)  # the plan, then the timing of the batch it picks: a trial each
         if reason:
             self.left -= PLAN_SHARES
             self.rows.append(dataclasses.replace(row, reason=f"not measured: {reason}"))

@@ -768,9 +768,11 @@ def test_a_trial_that_would_eat_the_seconds_kept_for_the_end_is_not_measured_and
     f.again_kept = False  # the second timing's turn: the combination's seconds alone are kept from it
     assert f._refuses(20.0) == "the 55.0 s left are kept for the combination (39.0 s expected)"
     assert f._refuses(16.0) is None
-    clock[0] = 40.0  # 60 s left: a trial's 10 s fit beside the 48 s
+    clock[0] = 40.0  # 60 s left: a trial's 10 s fit beside the 48 s, but not the plan's and its batch's timing
     f.again_kept = True
     assert f._refused() is None
+    f._batch_size(finder.trial_model(f.model))
+    assert f.rows[-1].reason == f"not measured: {kept.replace('55.0', '60.0')}"
 
 
 class _OnDevice:
