@@ -324,12 +324,12 @@ def measure(case: str, args) -> dict[str, Any]:
         h = hand[row.change]
         print(f"  {row.change}: finder {row.speedup:.2f}x, by hand {h['by_hand']:.2f}x (A/A {100 * h['a_a']:.1f}%)")
     combined = None
-    if report.paid:
-        mixed = policy if report.row("mixed_precision") in report.paid else None
+    if report.taken:
+        mixed = policy if report.row("mixed_precision") in report.taken else None
         applied = report.apply(_model(case, args.smoke, mixed))  # the compile-time changes, as a user applies them
-        inputs = [r for r in report.paid if r.kind == "input"]  # the fastest input change, as the finder combines
+        inputs = [r for r in report.taken if r.kind == "input"]  # the fastest input change, as the finder combines
         options = max(inputs, key=lambda r: r.after or 0.0).settings if inputs else {}
-        batch = next((r.settings["batch_size"] for r in report.paid if r.kind == "batch_size"), None)
+        batch = next((r.settings["batch_size"] for r in report.taken if r.kind == "batch_size"), None)
         # The model compiled with what apply() applied.
         try:
             combined = by_hand({"batch": batch, "options": options, "compile_args": applied, "policy": mixed})

@@ -95,12 +95,13 @@ class _Finder:
         kept = self._kept()
         return shares * max(0.0, self.budget.left() - kept) / max(1, self.left - self.again_kept - self.keeping)
 
-    def _kept(self) -> float:
+    def _kept(self, refusing: bool = False) -> float:
         """The seconds kept until their turn for the baseline's second timing (its steady time: every row is read
         against both timings) and for the combination (what it is expected to take, as far as the rows measured so
-        far tell: their longest compile, a check where any row was checked), and a window more for each."""
+        far tell: their longest compile, a check where any row was checked), and a window more for each. A trial is
+        ``refusing`` the combination's only once two changes paid: until then, the trial is what it would combine."""
         again = self.expected - self.base_compile + self.window if self.again_kept else 0.0
-        if not self.keeping:
+        if not self.keeping or (refusing and sum(r.paid for r in self.rows) < 2):
             return again
         extra = max(self.compiles.values(), default=0.0)
         return again + self._expected(extra, any(r.check for r in self.rows), self._combined_batch()) + self.window
@@ -147,7 +148,7 @@ class _Finder:
     def _refuses(self, need: float) -> str | None:
         """Why a trial expected to take ``need`` seconds is not run, or None: it would outlast what is left, or eat
         the seconds kept for the trials at the end (a timing cannot stop short of its warm-up and first windows)."""
-        reason, kept, left = self.budget.refuses(need), self._kept(), self.budget.left()
+        reason, kept, left = self.budget.refuses(need), self._kept(refusing=True), self.budget.left()
         if reason is None and kept and need + kept > left:
             ends = (("the baseline's second timing", self.again_kept), ("the combination", self.keeping))
             what = " and ".join(name for name, on in ends if on)
@@ -545,11 +546,8 @@ class _Finder:
             return
         if len(paid) == 1:  # nothing to combine: the one change's figures
             one = paid[0]
-            self.rows.append(
-                dataclasses.replace(
-                    one, change=row.change, kind=R.COMBINED, reason="one change paid: the combination is that change"
-                )
-            )
+            why = "one change paid: the combination is that change"
+            self.rows.append(dataclasses.replace(one, change=row.change, kind=R.COMBINED, reason=why))
             return
         args: dict[str, Any] = {}
         for r in paid:
@@ -568,7 +566,8 @@ class _Finder:
         self.left, self.keeping = 1, False  # the last trial: all that is left
         checked = bool(self.policy) or "jit_compile" in args
         extra = max(self.compiles.get(r.change, 0.0) for r in paid)  # the longest compile of its parts
-        self.rows.append(self._trial(row, build, check=checked, batch=batch, extra=extra))
+        row = self._trial(row, build, check=checked, batch=batch, extra=extra)
+        self.rows.append(R.against_parts(row, [r for r in paid if r.change not in self.against_ceiling]))
 
 
 def run(model, x, y, batch_size: int | None, max_seconds: float, wanted: tuple[str, ...]) -> SpeedupReport:

@@ -66,24 +66,31 @@ class SpeedupReport:
         return [r for r in self.rows if r.status == PAID and r.kind != COMBINED]
 
     @property
+    def taken(self) -> list[SpeedupRow]:
+        """The changes to take: those that paid, or the one among them that alone ran faster than their
+        combination (the others held it back)."""
+        instead = self.combined.settings.get("instead") if self.combined is not None else None
+        return [r for r in self.paid if r.change == instead] if instead else self.paid
+
+    @property
     def combined(self) -> SpeedupRow | None:
         return next((r for r in self.rows if r.kind == COMBINED), None)
 
     @property
     def compile_args(self) -> dict[str, Any]:
-        """The ``model.compile`` arguments of the compile-time changes that paid: what :meth:`apply` sets."""
+        """The ``model.compile`` arguments of the compile-time changes to take: what :meth:`apply` sets."""
         out: dict[str, Any] = {}
-        for r in self.paid:
+        for r in self.taken:
             if r.kind in COMPILE_KINDS:
                 out.update(r.compile_args)
         return out
 
     def code(self) -> list[str]:
-        """The lines of code of every change that paid (input and precision changes are the user's to make)."""
-        return [r.code for r in self.paid if r.code]
+        """The lines of code of every change to take (input and precision changes are the user's to make)."""
+        return [r.code for r in self.taken if r.code]
 
     def apply(self, model) -> dict[str, Any]:
-        """Re-compiles ``model`` with the compile-time changes that paid; returns them (empty: nothing changed).
+        """Re-compiles ``model`` with the compile-time changes to take (:attr:`taken`); returns them (empty: nothing changed).
 
         The model keeps its optimizer (the same instance, its state), its
         loss, metrics and other compile arguments. Input, precision and
@@ -124,7 +131,10 @@ class SpeedupReport:
         parts.append("paid: " + (", ".join(names) if names else "none"))
         combined = self.combined
         if combined is not None and combined.speedup is not None:
-            parts.append(f"combined {combined.speedup:.2f}x ({combined.status})")
+            instead = combined.settings.get("instead")
+            parts.append(
+                f"combined {combined.speedup:.2f}x ({combined.status})" + (f": take {instead} alone" if instead else "")
+            )
         return "; ".join(parts)
 
     def __str__(self) -> str:
@@ -141,7 +151,7 @@ class SpeedupReport:
         if code:
             lines.append("To apply:")
             lines.extend(f"  {line}" for line in code)
-        notes = [f"  {r.change}: {r.cost}" for r in self.paid if r.cost]
+        notes = [f"  {r.change}: {r.cost}" for r in self.taken if r.cost]
         if notes:
             lines.append("What they change:")
             lines.extend(notes)

@@ -9,7 +9,8 @@ unsafe), :func:`dispatch_seconds` (the per-call host time, the intercept of
 step time over batch size in the planner's measured candidates) and
 :func:`steps_per_execution` (how many steps a call must run to hide it);
 :func:`between` and :func:`read_again` read each row against the baseline
-as at the row's own time, on the line between its two timings.
+as at the row's own time, on the line between its two timings;
+:func:`against_parts` says when a combination is slower than one of its parts.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class SpeedupRow:
         reason: why it is not applicable, not measured or unsafe ("" otherwise).
         compile_args: the `model.compile` arguments it sets (what `apply` re-compiles with).
         settings: what it sets, by name: `{"workers": 8, "use_multiprocessing": False}` for a
-            `PyDataset`, `{"batch_size": 256}`, `{"dtype_policy": "mixed_bfloat16"}`, the compile arguments.
+            `PyDataset`, `{"batch_size": 256}`, `{"dtype_policy": "mixed_bfloat16"}`, the compile arguments;
+            for a combination slower than one of its parts alone, `{"instead": that part's change}`.
     """
 
     change: str
@@ -206,6 +208,22 @@ def steps_per_execution(dispatch: float, step: float) -> int:
     return steps_per_execution_for(dispatch, max(step - dispatch, 1e-9))
 
 
+def against_parts(combined: SpeedupRow, parts: Sequence[SpeedupRow]) -> SpeedupRow:
+    """The ``combined`` row, no longer paid where one of its ``parts`` alone ran faster beyond noise: its changes
+    hold each other back (a larger batch leaves input workers fewer batches to fetch ahead), and that part alone is
+    the faster fit to take."""
+    best = max((p for p in parts if p.after is not None), key=lambda p: p.after or 0.0, default=None)
+    if combined.status != PAID or combined.after is None or best is None or best.after is None:
+        return combined
+    if not paid(combined.after, combined.after_uncertainty, best.after, best.after_uncertainty):
+        return combined
+    reason = (
+        f"slower than {best.change} alone ({best.after:,.0f} samples/s): its changes hold each other back; "
+        "that change alone is the faster fit"
+    )
+    return dataclasses.replace(combined, status=NO_GAIN, reason=reason, settings={"instead": best.change})
+
+
 def order(row: SpeedupRow) -> int:
     """A row's place in a report (:data:`ORDER`; a kind not listed there goes last)."""
     return ORDER.index(row.kind) if row.kind in ORDER else len(ORDER)
@@ -234,6 +252,7 @@ __all__ = [
     "STATUSES",
     "UNSAFE",
     "SpeedupRow",
+    "against_parts",
     "between",
     "ceiling_cost",
     "decide",

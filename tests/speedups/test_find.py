@@ -706,12 +706,59 @@ def test_a_baseline_that_cannot_be_timed_again_stands_and_says_why(monkeypatch):
     assert "not timed again after the other trials: its compile and measurement would take about 8.0 s" in f.base.cost
 
 
+TWO_PAID = [
+    ("jit_compile=True", "jit_compile", 150.0, 0.01, {}),
+    ("steps_per_execution=8", "steps_per_execution", 140.0, 0.01, {"steps_per_execution": 8}),
+]
+
+
+def test_the_combination_s_seconds_refuse_a_trial_only_once_two_changes_paid():
+    """Until two changes paid, a trial refused for the combination's seconds is what the combination would need:
+    refused, it leaves a combination of one change, which takes no seconds. It runs; its own figure is known."""
+    clock = [0.0]
+    f = a_finder(mlp(), max_seconds=100.0, clock=clock)
+    f.expected, f.base_compile, f.window, f.left = 10.0, 2.0, 1.0, 6
+    f.again_kept, f.keeping, f.compiles = True, True, {"jit_compile=True": 28.0}
+    searched(f, TWO_PAID[:1])
+    clock[0] = 45.0  # 55 s left: a trial's 10 s fit beside the second timing's 9 s, not beside the 48 s
+    assert f._kept() == pytest.approx(9.0 + 39.0) and f._refuses(10.0) is None
+    assert f._share() == pytest.approx((55.0 - 48.0) / 4)  # the shares still keep them
+    searched(f, TWO_PAID)
+    assert (
+        f._refuses(10.0)
+        == "the 55.0 s left are kept for the baseline's second timing and the combination (48.0 s expected)"
+    )
+
+
+def test_a_combination_slower_than_one_of_its_parts_alone_is_not_paid_and_names_it(monkeypatch):
+    f = a_finder(mlp(), max_seconds=600.0)
+    rows = searched(
+        f,
+        [
+            ("input: workers=2", "input", 300.0, 0.01, {"workers": 2}),
+            ("steps_per_execution=8", "steps_per_execution", 125.0, 0.01, {"steps_per_execution": 8}),
+        ],
+    )
+    f.input_data["input: workers=2"], f.input_x = data, data
+    assert all(r.paid for r in rows[1:])
+    timed_again(monkeypatch, 220.0, 0.01)  # the combination: 2.2x the baseline, under workers=2 alone
+    f._combined()
+    combined = f.rows[-1]
+    assert combined.kind == R.COMBINED and combined.speedup == pytest.approx(2.2)
+    assert combined.status == R.NO_GAIN
+    assert combined.reason.startswith("slower than input: workers=2 alone (300 samples/s)")
+    timed_again(monkeypatch, 310.0, 0.01)  # within noise of workers=2 alone: it stands
+    f.rows.pop()
+    f._combined()
+    assert f.rows[-1].paid and f.rows[-1].reason == ""
+
+
 def test_the_baseline_is_not_timed_again_in_the_seconds_kept_for_the_combination(monkeypatch):
     clock = [0.0]
     f = a_finder(mlp(), max_seconds=100.0, clock=clock)
     f.expected, f.base_compile, f.window, f.keeping = 10.0, 2.0, 1.0, True
     f.compiles = {"jit_compile=True": 28.0}  # the combination is expected to take 10 + 28 s, and a window
-    searched(f, [("jit_compile=True", "jit_compile", 150.0, 0.01, {})])
+    searched(f, TWO_PAID)
     timed_again(monkeypatch, 110.0, 0.01)
     clock[0] = 55.0  # 45 s left: the 8 s of steady windows fit, but not beside the 39 s kept
     f._again(None)
@@ -757,7 +804,7 @@ def test_a_trial_that_would_eat_the_seconds_kept_for_the_end_is_not_measured_and
     f = a_finder(mlp(), max_seconds=100.0, clock=clock)
     f.expected, f.base_compile, f.window, f.left = 10.0, 2.0, 1.0, 6
     f.again_kept, f.keeping, f.compiles = True, True, {"jit_compile=True": 28.0}
-    searched(f, [("jit_compile=True", "jit_compile", 150.0, 0.01, {})])
+    searched(f, TWO_PAID)
     assert f._kept() == pytest.approx(9.0 + 39.0)  # the second timing's 8 s and the combination's 38 s, a window each
     clock[0] = 45.0  # 55 s left: a trial's 10 s do not fit beside the 48 s kept
     kept = "the 55.0 s left are kept for the baseline's second timing and the combination (48.0 s expected)"

@@ -1,5 +1,6 @@
 """The decisions of find_speedups on fixed figures, and its report's text, Markdown and compile arguments."""
 
+import dataclasses
 import math
 
 import pytest
@@ -120,6 +121,27 @@ def test_the_report_shows_every_row_and_applies_only_compile_time_changes_that_p
     assert "`model.compile(..., steps_per_execution=16)`" in markdown[6]
     assert "no tensor cores: not measured" in markdown[9]
     assert [r["speedup"] for r in report.as_dict()["rows"]][2] == pytest.approx(1.4)
+
+
+def test_a_combination_slower_than_one_of_its_parts_leaves_that_part_alone_to_take_and_apply():
+    found = _report()
+    rows = list(found.rows)
+    rows[-1] = R.against_parts(rows[-1], [rows[2], rows[4]])
+    assert rows[-1] == found.rows[-1]  # 1700 beats both parts: it stands
+    faster = dataclasses.replace(rows[2], after=2000.0)  # steps_per_execution=16 alone beats the combination
+    rows[2], rows[-1] = faster, R.against_parts(rows[-1], [faster, rows[4]])
+    assert rows[-1].status == R.NO_GAIN and rows[-1].settings == {"instead": "steps_per_execution=16"}
+    assert rows[-1].reason.startswith("slower than steps_per_execution=16 alone (2,000 samples/s)")
+    report = dataclasses.replace(found, rows=rows)
+    assert [r.change for r in report.paid] == ["steps_per_execution=16", "batch size 128"]  # each paid alone
+    assert report.taken == [faster] and report.code() == ["model.compile(..., steps_per_execution=16)"]
+    assert "combined 1.70x (no gain): take steps_per_execution=16 alone" in report.summary()
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    assert report.apply(model) == {"steps_per_execution": 16} and model.steps_per_execution == 16
+    assert SpeedupReport.from_dict(report.as_dict()).taken == [faster]
 
 
 def test_the_report_is_written_to_a_log_dir_and_tensorboard_reads_its_table_and_chart(tmp_path):
